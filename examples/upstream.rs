@@ -1,0 +1,163 @@
+//! A small, fast HTTP/1.1 upstream for the demo (`make run`), the tests and the benchmarks.
+//!
+//! `upstream [ADDR] [NAME]` (default 127.0.0.1:9001, name = ADDR) prints `listening on ADDR`
+//! once bound (ADDR may use port 0). Every request gets 200 with a JSON body naming the server
+//! and echoing the method, path and request headers, so tests can see what reached the
+//! upstream. `/healthz` answers 200 `ok`; `/status/NNN` answers with status NNN.
+
+use std::io::Write as _;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn find_head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+}
+
+/// Skip a chunked body in `buf[start..]`; returns the end offset once complete.
+fn chunked_end(buf: &[u8], mut i: usize) -> Option<usize> {
+    loop {
+        let line_end = buf[i..].windows(2).position(|w| w == b"\r\n")? + i;
+        let size_txt = std::str::from_utf8(&buf[i..line_end]).ok()?;
+        let size = usize::from_str_radix(size_txt.split(';').next()?.trim(), 16).ok()?;
+        i = line_end + 2;
+        if size == 0 {
+            // trailers until an empty line
+            loop {
+                let e = buf[i..].windows(2).position(|w| w == b"\r\n")? + i;
+                if e == i {
+                    return Some(e + 2);
+                }
+                i = e + 2;
+            }
+        }
+        if buf.len() < i + size + 2 {
+            return None;
+        }
+        i += size + 2;
+    }
+}
+
+async fn serve(mut sock: TcpStream, name: String) {
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut tmp = [0u8; 8192];
+    loop {
+        // read one request (head + body)
+        let (head_end, body_end) = loop {
+            if let Some(h) = find_head_end(&buf) {
+                let head = String::from_utf8_lossy(&buf[..h]).to_ascii_lowercase();
+                let cl = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok());
+                let chunked = head
+                    .lines()
+                    .any(|l| l.starts_with("transfer-encoding:") && l.contains("chunked"));
+                let end = if chunked {
+                    chunked_end(&buf, h)
+                } else {
+                    let n = cl.unwrap_or(0);
+                    (buf.len() >= h + n).then_some(h + n)
+                };
+                if let Some(e) = end {
+                    break (h, e);
+                }
+            }
+            match sock.read(&mut tmp).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&tmp[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let mut lines = head.split("\r\n");
+        let request_line = lines.next().unwrap_or_default();
+        let mut parts = request_line.split(' ');
+        let method = parts.next().unwrap_or_default();
+        let path = parts.next().unwrap_or_default();
+        let mut headers = Vec::new();
+        let mut close = false;
+        for l in lines.filter(|l| !l.is_empty()) {
+            if let Some((k, v)) = l.split_once(':') {
+                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
+                if k == "connection" && v.eq_ignore_ascii_case("close") {
+                    close = true;
+                }
+                headers.push((k, v));
+            }
+        }
+        let (status, body) = if path == "/healthz" {
+            (200u16, "ok\n".to_string())
+        } else if let Some(code) = path
+            .strip_prefix("/status/")
+            .and_then(|c| c.parse::<u16>().ok())
+        {
+            (
+                code,
+                format!("{{\"server\":{},\"status\":{code}}}", json_str(&name)),
+            )
+        } else {
+            let hs: Vec<String> = headers
+                .iter()
+                .map(|(k, v)| format!("[{},{}]", json_str(k), json_str(v)))
+                .collect();
+            (
+                200,
+                format!(
+                    "{{\"server\":{},\"method\":{},\"path\":{},\"headers\":[{}]}}",
+                    json_str(&name),
+                    json_str(method),
+                    json_str(path),
+                    hs.join(",")
+                ),
+            )
+        };
+        let resp = format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}\r\n{body}",
+            body.len(),
+            if close { "connection: close\r\n" } else { "" }
+        );
+        if sock.write_all(resp.as_bytes()).await.is_err() || close {
+            return;
+        }
+        buf.drain(..body_end);
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let addr = args.next().unwrap_or_else(|| "127.0.0.1:9001".to_string());
+    let listener = match TcpListener::bind(&addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("upstream: cannot bind {addr}: {e}");
+            std::process::exit(1);
+        }
+    };
+    let local = listener
+        .local_addr()
+        .map_or(addr.clone(), |a| a.to_string());
+    let name = args.next().unwrap_or_else(|| local.clone());
+    println!("listening on {local}");
+    let _ = std::io::stdout().flush();
+    loop {
+        if let Ok((sock, _)) = listener.accept().await {
+            let _ = sock.set_nodelay(true);
+            tokio::spawn(serve(sock, name.clone()));
+        }
+    }
+}

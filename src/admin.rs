@@ -1,0 +1,115 @@
+//! The admin listener: `/healthz`, `/readyz`, `/metrics`.
+
+use crate::metrics::Metrics;
+use crate::snapshot::SharedSnapshot;
+use async_trait::async_trait;
+use http::{Response, StatusCode};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct Admin {
+    pub shared: SharedSnapshot,
+    pub metrics: Arc<Metrics>,
+    pub ready: Arc<AtomicBool>,
+}
+
+fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .header("content-length", body.len())
+        .header("cache-control", "no-store")
+        .body(body)
+        .unwrap_or_else(|_| Response::new(Vec::new()))
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let path = session.req_header().uri.path();
+        match path {
+            "/healthz" => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
+            "/readyz" => {
+                let ready = self.ready.load(Ordering::Acquire);
+                let redis = match self.shared.load().config.redis {
+                    None => "not_configured",
+                    Some(_) => "not_connected",
+                };
+                let body = serde_json::json!({
+                    "ready": ready,
+                    "config": "loaded",
+                    "redis": redis,
+                });
+                let status = if ready {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                reply(status, "application/json", body.to_string().into_bytes())
+            }
+            "/metrics" => reply(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                self.metrics.render(),
+            ),
+            _ => reply(
+                StatusCode::NOT_FOUND,
+                crate::problem::CONTENT_TYPE,
+                crate::problem::body(
+                    404,
+                    "Not Found",
+                    "admin endpoints: /healthz, /readyz, /metrics",
+                    "about:blank",
+                    "",
+                )
+                .to_vec(),
+            ),
+        }
+    }
+}
+
+/// Marks the process ready once every data plane listener accepts connections.
+pub struct ReadinessProbe {
+    pub listen: Vec<SocketAddr>,
+    pub ready: Arc<AtomicBool>,
+}
+
+fn dialable(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
+        _ => addr,
+    }
+}
+
+#[async_trait]
+impl BackgroundService for ReadinessProbe {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        for addr in &self.listen {
+            loop {
+                if tokio::net::TcpStream::connect(dialable(*addr))
+                    .await
+                    .is_ok()
+                {
+                    break;
+                }
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+        }
+        self.ready.store(true, Ordering::Release);
+        log::info!("ready: listening on {:?}", self.listen);
+    }
+}

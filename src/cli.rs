@@ -1,0 +1,149 @@
+//! Command line (contract section 1) and process start-up.
+
+use crate::admin::{Admin, ReadinessProbe};
+use crate::config;
+use crate::metrics::Metrics;
+use crate::proxy::Gateway;
+use crate::snapshot::{SharedSnapshot, Snapshot};
+use crate::upstream::HealthChecker;
+use arc_swap::ArcSwap;
+use clap::Parser;
+use pingora::prelude::{background_service, Opt, Server};
+use pingora::server::configuration::ServerConf;
+use pingora::services::listening::Service;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "Edge API gateway with tenant-aware, fleet-wide rate limiting",
+    after_help = "Signals: SIGHUP reloads the config, SIGQUIT hands the listeners to a process started with -u, SIGTERM drains and exits, SIGINT exits at once."
+)]
+pub struct Args {
+    /// The configuration file (YAML)
+    #[arg(short = 'c', long = "conf", value_name = "FILE")]
+    pub conf: PathBuf,
+    /// Validate the configuration, print a summary and exit (0 valid, 1 invalid)
+    #[arg(short = 't', long = "test")]
+    pub test: bool,
+    /// Run in the background (pingora daemon mode)
+    #[arg(short = 'd', long = "daemon")]
+    pub daemon: bool,
+    /// Take over the listeners of a running instance (graceful upgrade, with SIGQUIT to the old one)
+    #[arg(short = 'u', long = "upgrade")]
+    pub upgrade: bool,
+}
+
+/// Run the command line; returns the exit status.
+pub fn main() -> i32 {
+    let args = Args::parse();
+    let cfg = match config::load(&args.conf) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return 1;
+        }
+    };
+    if args.test {
+        print!("{}", config::summary::summary(&cfg));
+        return 0;
+    }
+    init_logging();
+    let snapshot = match Snapshot::build(cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "{}:1:1: cannot build upstream pools: {e}",
+                args.conf.display()
+            );
+            return 1;
+        }
+    };
+    let metrics = match Metrics::new() {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            eprintln!("cannot set up metrics: {e}");
+            return 1;
+        }
+    };
+    run(&args, snapshot, metrics)
+}
+
+fn init_logging() {
+    let env = env_logger::Env::default().default_filter_or("info");
+    let _ = env_logger::Builder::from_env(env)
+        .format_timestamp_millis()
+        .try_init();
+}
+
+fn run(args: &Args, snapshot: Snapshot, metrics: Arc<Metrics>) -> i32 {
+    let server_cfg = snapshot.config.server.clone();
+    let mut conf = ServerConf {
+        threads: server_cfg.threads,
+        daemon: args.daemon,
+        pid_file: server_cfg.pid_file.clone(),
+        upgrade_sock: server_cfg.upgrade_sock.clone(),
+        grace_period_seconds: Some(server_cfg.grace_period.as_secs()),
+        graceful_shutdown_timeout_seconds: Some(1),
+        max_retries: 2,
+        ..ServerConf::default()
+    };
+    conf.work_stealing = true;
+    let opt = Opt {
+        upgrade: args.upgrade,
+        daemon: args.daemon,
+        nocapture: false,
+        test: false,
+        conf: None,
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    server.bootstrap();
+
+    let shared: SharedSnapshot = Arc::new(ArcSwap::from_pointee(snapshot));
+    let ready = Arc::new(AtomicBool::new(false));
+
+    let gateway = Gateway {
+        shared: shared.clone(),
+        metrics: metrics.clone(),
+    };
+    let mut proxy = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        gateway,
+        "tollgate proxy",
+    );
+    for addr in &server_cfg.listen {
+        proxy.add_tcp(&addr.to_string());
+    }
+    server.add_service(proxy);
+
+    if let Some(admin_addr) = server_cfg.admin {
+        let mut admin = Service::new(
+            "tollgate admin".to_string(),
+            Admin {
+                shared: shared.clone(),
+                metrics: metrics.clone(),
+                ready: ready.clone(),
+            },
+        );
+        admin.add_tcp(&admin_addr.to_string());
+        admin.threads = Some(1);
+        server.add_service(admin);
+    }
+    server.add_service(background_service(
+        "upstream health checks",
+        HealthChecker {
+            shared: shared.clone(),
+        },
+    ));
+    server.add_service(background_service(
+        "readiness probe",
+        ReadinessProbe {
+            listen: server_cfg.listen.clone(),
+            ready,
+        },
+    ));
+    server.run_forever()
+}

@@ -1,0 +1,129 @@
+//! Durations as written in the config file: an integer (seconds) or a string with a unit
+//! (`ms`, `s`, `m`, `h`), e.g. `10`, `"500ms"`, `"1m"`.
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+use std::fmt;
+use std::time::Duration;
+
+/// A duration read from the config file. Zero is representable; callers that need a positive
+/// value check it (and report the position) themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConfDuration(pub Duration);
+
+const ACCEPTED: &str =
+    "an integer number of seconds or a string such as \"500ms\", \"10s\", \"1m\", \"1h\"";
+
+/// Parse `500ms`, `10s`, `1m`, `1h` or a bare integer (seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    if number.is_empty() {
+        return Err(format!("invalid duration {text:?}: expected {ACCEPTED}"));
+    }
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {text:?}: number too large"))?;
+    let millis_per_unit: u64 = match unit.trim() {
+        "" | "s" => 1000,
+        "ms" => 1,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        other => {
+            return Err(format!(
+                "invalid duration unit {other:?} in {text:?}: expected one of ms, s, m, h"
+            ))
+        }
+    };
+    value
+        .checked_mul(millis_per_unit)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("invalid duration {text:?}: too large"))
+}
+
+/// Write a duration in its normalized form: the largest unit that divides it exactly
+/// (`10s`, `500ms`, `1m`, `2h`). Used in RateLimit-Policy names and the `-t` summary.
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms != 0 && ms % 3_600_000 == 0 {
+        format!("{}h", ms / 3_600_000)
+    } else if ms != 0 && ms % 60_000 == 0 {
+        format!("{}m", ms / 60_000)
+    } else if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+impl fmt::Display for ConfDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for ConfDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct DurationVisitor;
+        impl Visitor<'_> for DurationVisitor {
+            type Value = ConfDuration;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(ACCEPTED)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ConfDuration, E> {
+                v.checked_mul(1000)
+                    .map(|ms| ConfDuration(Duration::from_millis(ms)))
+                    .ok_or_else(|| E::custom("duration too large"))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ConfDuration, E> {
+                if v < 0 {
+                    return Err(E::custom(format!(
+                        "invalid duration {v}: must not be negative; expected {ACCEPTED}"
+                    )));
+                }
+                self.visit_u64(v as u64)
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<ConfDuration, E> {
+                Err(E::custom(format!(
+                    "invalid duration {v}: fractions are not accepted, write \"{}ms\" instead",
+                    (v * 1000.0).round()
+                )))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ConfDuration, E> {
+                parse_duration(v).map(ConfDuration).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_any(DurationVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units_and_bare_seconds() {
+        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        assert!(parse_duration("10x").unwrap_err().contains("unit"));
+        assert!(parse_duration("ms").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("99999999999999999999s").is_err());
+    }
+
+    #[test]
+    fn formats_with_largest_exact_unit() {
+        assert_eq!(format_duration(Duration::from_secs(10)), "10s");
+        assert_eq!(format_duration(Duration::from_millis(500)), "500ms");
+        assert_eq!(format_duration(Duration::from_secs(60)), "1m");
+        assert_eq!(format_duration(Duration::from_secs(90)), "90s");
+        assert_eq!(format_duration(Duration::from_secs(3600)), "1h");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+    }
+}

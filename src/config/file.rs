@@ -1,0 +1,297 @@
+//! The configuration file model: exactly what the YAML says, typed but not yet checked for
+//! meaning. `validate` turns it into the running model. Unknown keys are errors everywhere, so
+//! a typo never silently disables a limit.
+
+use super::duration::ConfDuration;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub server: ServerFile,
+    pub upstreams: BTreeMap<String, UpstreamFile>,
+    pub routes: Vec<RouteFile>,
+    #[serde(default)]
+    pub tenant: Option<TenantFile>,
+    #[serde(default)]
+    pub plans: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub limits: Option<LimitsFile>,
+    #[serde(default)]
+    pub redis: Option<RedisFile>,
+    #[serde(default)]
+    pub headers: Option<HeadersFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerFile {
+    pub listen: Vec<String>,
+    #[serde(default)]
+    pub admin: Option<String>,
+    #[serde(default)]
+    pub threads: Option<usize>,
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    /// How long SIGTERM waits for in-flight requests (default 5s).
+    #[serde(default)]
+    pub grace_period: Option<ConfDuration>,
+    #[serde(default)]
+    pub pid_file: Option<String>,
+    #[serde(default)]
+    pub upgrade_sock: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    #[default]
+    RoundRobin,
+    Random,
+    ConsistentHash,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamFile {
+    pub servers: Vec<String>,
+    #[serde(default)]
+    pub balance: Balance,
+    #[serde(default)]
+    pub health_check: Option<HealthCheckFile>,
+    #[serde(default)]
+    pub connect_timeout: Option<ConfDuration>,
+    #[serde(default)]
+    pub read_timeout: Option<ConfDuration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheckFile {
+    pub interval: ConfDuration,
+    #[serde(default)]
+    pub http: Option<HttpCheckFile>,
+    #[serde(default)]
+    pub timeout: Option<ConfDuration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpCheckFile {
+    pub path: String,
+    #[serde(default)]
+    pub host: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteFile {
+    pub id: String,
+    #[serde(default)]
+    pub host: Option<String>,
+    pub path: String,
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    pub upstream: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantFile {
+    #[serde(default)]
+    pub from: Vec<TenantSourceFile>,
+    #[serde(default)]
+    pub required: bool,
+    #[serde(default)]
+    pub forward_header: Option<String>,
+}
+
+/// One entry of `tenant.from`: a map with exactly one of the keys below.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "TenantSourceMap")]
+pub enum TenantSourceFile {
+    ApiKey(ApiKeyFile),
+    Path(String),
+    Header(String),
+    ClientIp(EmptyFile),
+}
+
+/// How a tenant source is written (serde_yaml 0.9 reads enums only from YAML tags, so the
+/// single-key map is read as a struct and checked in `try_from`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantSourceMap {
+    #[serde(default)]
+    api_key: Option<ApiKeyFile>,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    header: Option<String>,
+    #[serde(default)]
+    client_ip: Option<EmptyFile>,
+}
+
+impl TryFrom<TenantSourceMap> for TenantSourceFile {
+    type Error = String;
+    fn try_from(m: TenantSourceMap) -> Result<Self, String> {
+        let mut found = Vec::new();
+        if let Some(k) = m.api_key {
+            found.push(TenantSourceFile::ApiKey(k));
+        }
+        if let Some(p) = m.path {
+            found.push(TenantSourceFile::Path(p));
+        }
+        if let Some(h) = m.header {
+            found.push(TenantSourceFile::Header(h));
+        }
+        if let Some(c) = m.client_ip {
+            found.push(TenantSourceFile::ClientIp(c));
+        }
+        match (found.pop(), found.is_empty()) {
+            (Some(one), true) => Ok(one),
+            _ => Err("each tenant source has exactly one key: api_key: {...}, path: PATTERN, header: NAME or client_ip: {}".to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyFile {
+    #[serde(default = "default_api_key_header")]
+    pub header: String,
+    #[serde(default)]
+    pub keys: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub keys_file: Option<String>,
+}
+
+fn default_api_key_header() -> String {
+    "x-api-key".to_string()
+}
+
+/// `client_ip: {}`: a source with no settings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyFile {}
+
+/// `limits:` is either the list of rules or the path of a YAML file holding that list.
+#[derive(Debug)]
+pub enum LimitsFile {
+    Inline(Vec<RuleFile>),
+    Include(String),
+}
+
+impl<'de> Deserialize<'de> for LimitsFile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct LimitsVisitor;
+        impl<'de> Visitor<'de> for LimitsVisitor {
+            type Value = LimitsFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of rules or the path of a YAML file holding that list")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<LimitsFile, E> {
+                Ok(LimitsFile::Include(v.to_string()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<LimitsFile, A::Error> {
+                Vec::<RuleFile>::deserialize(de::value::SeqAccessDeserializer::new(seq))
+                    .map(LimitsFile::Inline)
+            }
+        }
+        deserializer.deserialize_any(LimitsVisitor)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleFile {
+    pub id: String,
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    #[serde(rename = "pathPattern")]
+    pub path_pattern: String,
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default)]
+    pub per: Option<String>,
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    pub tiers: Vec<TierFile>,
+    #[serde(default)]
+    pub plans: BTreeMap<String, Vec<TierFile>>,
+    #[serde(default)]
+    pub action: Action,
+    #[serde(default)]
+    pub status: Option<u16>,
+    #[serde(default)]
+    pub max_delay: Option<ConfDuration>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    #[default]
+    FixedWindow,
+    SlidingWindow,
+    TokenBucket,
+}
+
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    #[default]
+    Reject,
+    Delay,
+    Shadow,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierFile {
+    pub period: ConfDuration,
+    pub threshold: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisFile {
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub cluster: Option<Vec<String>>,
+    #[serde(default)]
+    pub sync_interval: Option<ConfDuration>,
+    #[serde(default)]
+    pub timeout: Option<ConfDuration>,
+    #[serde(default)]
+    pub key_prefix: Option<String>,
+    #[serde(default)]
+    pub on_failure: OnFailure,
+}
+
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFailure {
+    #[default]
+    LocalShare,
+    Local,
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeadersFile {
+    #[serde(default = "default_true")]
+    pub x_ratelimit: bool,
+    #[serde(default = "default_true")]
+    pub ietf: bool,
+}

@@ -1,0 +1,164 @@
+//! Where each value of a YAML document stands, so that checks made after deserialization
+//! (unknown upstream, duplicate id, bad glob...) can still say `FILE:LINE:COLUMN`.
+//!
+//! serde_yaml reports positions only for its own errors; this module reads the same text with
+//! a marked event parser and records, for every value, its path (`routes[1].upstream`) and
+//! position.
+
+use super::error::Pos;
+use std::collections::HashMap;
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::Marker;
+
+/// Positions of values by path: `server.listen[0]`, `limits[2].tiers[0].period`.
+#[derive(Debug, Default)]
+pub struct Locator {
+    positions: HashMap<String, Pos>,
+}
+
+enum Frame {
+    Seq { path: String, next: usize },
+    Map { path: String, key: Option<String> },
+}
+
+struct Recorder {
+    stack: Vec<Frame>,
+    positions: HashMap<String, Pos>,
+}
+
+impl Recorder {
+    /// The path of the value about to start, or None when the event is a mapping key.
+    fn next_value_path(&mut self) -> Option<String> {
+        match self.stack.last_mut() {
+            None => Some(String::new()),
+            Some(Frame::Seq { path, next }) => {
+                let p = format!("{path}[{next}]");
+                *next += 1;
+                Some(p)
+            }
+            Some(Frame::Map { path, key }) => key.take().map(|k| {
+                if path.is_empty() {
+                    k
+                } else {
+                    format!("{path}.{k}")
+                }
+            }),
+        }
+    }
+}
+
+impl MarkedEventReceiver for Recorder {
+    fn on_event(&mut self, ev: Event, mark: Marker) {
+        let pos = Pos {
+            line: mark.line(),
+            column: mark.col(),
+        };
+        match ev {
+            Event::Scalar(value, ..) => match self.next_value_path() {
+                Some(path) => {
+                    self.positions.entry(path).or_insert(pos);
+                }
+                None => {
+                    if let Some(Frame::Map { path, key }) = self.stack.last_mut() {
+                        // Remember the key's own position too, for "missing field" style errors.
+                        let full = if path.is_empty() {
+                            value.clone()
+                        } else {
+                            format!("{path}.{value}")
+                        };
+                        self.positions.insert(format!("{full}#key"), pos);
+                        *key = Some(value);
+                    }
+                }
+            },
+            Event::Alias(_) => {
+                let _ = self.next_value_path();
+            }
+            Event::SequenceStart(..) => {
+                let path = self.next_value_path().unwrap_or_default();
+                self.positions.entry(path.clone()).or_insert(pos);
+                self.stack.push(Frame::Seq { path, next: 0 });
+            }
+            Event::MappingStart(..) => {
+                let path = self.next_value_path().unwrap_or_default();
+                self.positions.entry(path.clone()).or_insert(pos);
+                self.stack.push(Frame::Map { path, key: None });
+            }
+            Event::SequenceEnd | Event::MappingEnd => {
+                self.stack.pop();
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Locator {
+    /// Index a document. A syntax error leaves the index partial; serde_yaml reports it.
+    pub fn new(text: &str) -> Self {
+        let mut rec = Recorder {
+            stack: Vec::new(),
+            positions: HashMap::new(),
+        };
+        let mut parser = Parser::new_from_str(text);
+        let _ = parser.load(&mut rec, false);
+        Locator {
+            positions: rec.positions,
+        }
+    }
+
+    /// Position of the value at `path`, or of its nearest enclosing value that is known.
+    pub fn at(&self, path: &str) -> Pos {
+        let mut p = path;
+        loop {
+            if let Some(pos) = self.positions.get(p) {
+                return *pos;
+            }
+            match p.rfind(['.', '[']) {
+                Some(i) => p = &p[..i],
+                None => {
+                    return self
+                        .positions
+                        .get("")
+                        .copied()
+                        .unwrap_or(Pos { line: 1, column: 1 })
+                }
+            }
+        }
+    }
+
+    /// Position of the key `path` (e.g. `routes[0].upstream`), falling back to its value.
+    pub fn key(&self, path: &str) -> Pos {
+        self.positions
+            .get(&format!("{path}#key"))
+            .copied()
+            .unwrap_or_else(|| self.at(path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_nested_paths() {
+        let text = "server:\n  listen: [\"a\", \"b\"]\nroutes:\n  - id: x\n    upstream: up\n";
+        let loc = Locator::new(text);
+        assert_eq!(
+            loc.at("server.listen[1]"),
+            Pos {
+                line: 2,
+                column: 16
+            }
+        );
+        assert_eq!(
+            loc.at("routes[0].upstream"),
+            Pos {
+                line: 5,
+                column: 15
+            }
+        );
+        assert_eq!(loc.key("routes[0].upstream"), Pos { line: 5, column: 5 });
+        // unknown paths fall back to the nearest parent
+        assert_eq!(loc.at("routes[0].nothing"), loc.at("routes[0]"));
+    }
+}

@@ -1,0 +1,29 @@
+//! Configuration: the YAML file model (`file`), its validation (`validate`) into the running
+//! model (`model`), with every error located (`error`, `locate`).
+
+pub mod duration;
+pub mod error;
+pub mod file;
+pub mod locate;
+pub mod model;
+pub mod summary;
+pub mod validate;
+
+pub use error::{ConfigError, ConfigErrors};
+pub use model::Config;
+
+use std::path::Path;
+
+/// Read, parse and validate a config file and everything it includes.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::whole_file(path, format!("cannot read config file: {e}")))?;
+    load_str(path, &text)
+}
+
+/// Parse and validate config text as if read from `path` (includes resolve against it).
+pub fn load_str(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
+    let model: file::FileConfig =
+        serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(path, &e))?;
+    validate::validate(path, locate::Locator::new(text), model)
+}

@@ -1,0 +1,159 @@
+//! The validated configuration: what the gateway runs on. Built only by `validate`, so every
+//! value here has been checked; nothing on the request path needs to re-check or unwrap.
+
+pub use super::file::{Action, Algorithm, Balance, OnFailure};
+use crate::matching::{HostMatch, MethodSet, PathPattern};
+use http::header::HeaderName;
+use ipnet::IpNet;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug)]
+pub struct Config {
+    /// The main file, and every file it includes (limits, API keys), for reload and `-t`.
+    pub file: PathBuf,
+    pub includes: Vec<PathBuf>,
+    pub server: ServerSettings,
+    pub upstreams: Vec<UpstreamSpec>,
+    pub routes: Vec<Route>,
+    pub tenant: TenantSettings,
+    pub plans: Plans,
+    pub rules: Vec<Rule>,
+    pub redis: Option<RedisSettings>,
+    pub headers: HeaderSettings,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerSettings {
+    pub listen: Vec<SocketAddr>,
+    pub admin: Option<SocketAddr>,
+    pub threads: usize,
+    pub trusted_proxies: Vec<IpNet>,
+    pub grace_period: Duration,
+    pub pid_file: String,
+    pub upgrade_sock: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamSpec {
+    pub name: String,
+    pub servers: Vec<SocketAddr>,
+    pub balance: Balance,
+    pub health_check: Option<HealthCheckSpec>,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthCheckSpec {
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// `Some((path, host))` for an HTTP check (a 2xx answer is healthy); `None` for TCP connect.
+    pub http: Option<(String, String)>,
+}
+
+#[derive(Debug)]
+pub struct Route {
+    pub id: String,
+    pub host: Option<HostMatch>,
+    pub path: PathPattern,
+    pub methods: MethodSet,
+    /// Index into `Config::upstreams`.
+    pub upstream: usize,
+}
+
+#[derive(Debug, Default)]
+pub struct TenantSettings {
+    pub sources: Vec<TenantSource>,
+    pub required: bool,
+    pub forward_header: Option<HeaderName>,
+}
+
+#[derive(Debug)]
+pub enum TenantSource {
+    ApiKey {
+        header: HeaderName,
+        /// key -> tenant
+        keys: HashMap<String, String>,
+    },
+    Path(PathPattern),
+    Header(HeaderName),
+    ClientIp,
+}
+
+/// Named groups of tenants with their own tiers.
+#[derive(Debug, Default)]
+pub struct Plans {
+    pub names: Vec<String>,
+    /// tenant id -> index into `names`
+    pub by_tenant: HashMap<Box<[u8]>, usize>,
+}
+
+impl Plans {
+    pub fn plan_of(&self, tenant: &[u8]) -> Option<usize> {
+        self.by_tenant.get(tenant).copied()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tier {
+    pub period: Duration,
+    pub threshold: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartitionBy {
+    Tenant,
+    Ip,
+    Global,
+    Header(HeaderName),
+}
+
+#[derive(Debug)]
+pub struct Rule {
+    pub id: String,
+    pub enabled: bool,
+    pub methods: MethodSet,
+    pub path: PathPattern,
+    pub host: Option<HostMatch>,
+    pub per: PartitionBy,
+    pub algorithm: Algorithm,
+    pub tiers: Vec<Tier>,
+    /// Per plan (indexed like `Plans::names`): tiers replacing `tiers` for that plan's tenants.
+    pub plan_tiers: Vec<Option<Vec<Tier>>>,
+    pub action: Action,
+    pub status: u16,
+    pub max_delay: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisEndpoint {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    pub endpoint: RedisEndpoint,
+    pub sync_interval: Duration,
+    pub timeout: Duration,
+    pub key_prefix: String,
+    pub on_failure: OnFailure,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderSettings {
+    pub x_ratelimit: bool,
+    pub ietf: bool,
+}
+
+impl Default for HeaderSettings {
+    fn default() -> Self {
+        HeaderSettings {
+            x_ratelimit: true,
+            ietf: true,
+        }
+    }
+}

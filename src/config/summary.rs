@@ -1,0 +1,174 @@
+//! The one-screen summary printed by `tollgate -t`.
+
+use super::duration::format_duration;
+use super::model::*;
+use std::fmt::Write;
+
+fn tiers_text(tiers: &[Tier]) -> String {
+    tiers
+        .iter()
+        .map(|t| format!("{}/{}", t.threshold, format_duration(t.period)))
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+fn per_text(p: &PartitionBy) -> String {
+    match p {
+        PartitionBy::Tenant => "tenant".into(),
+        PartitionBy::Ip => "ip".into(),
+        PartitionBy::Global => "global".into(),
+        PartitionBy::Header(h) => format!("header:{h}"),
+    }
+}
+
+pub fn summary(cfg: &Config) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "configuration {} is valid", cfg.file.display());
+    for inc in &cfg.includes {
+        let _ = writeln!(s, "  includes {}", inc.display());
+    }
+    let listen: Vec<String> = cfg.server.listen.iter().map(|a| a.to_string()).collect();
+    let _ = writeln!(
+        s,
+        "listeners: {}  admin: {}  threads: {}",
+        listen.join(", "),
+        cfg.server
+            .admin
+            .map_or("none".to_string(), |a| a.to_string()),
+        cfg.server.threads
+    );
+    let _ = writeln!(s, "upstreams ({}):", cfg.upstreams.len());
+    for u in &cfg.upstreams {
+        let servers: Vec<String> = u.servers.iter().map(|a| a.to_string()).collect();
+        let hc = match &u.health_check {
+            None => "no health check".to_string(),
+            Some(h) => match &h.http {
+                Some((path, _)) => format!("http {path} every {}", format_duration(h.interval)),
+                None => format!("tcp every {}", format_duration(h.interval)),
+            },
+        };
+        let _ = writeln!(
+            s,
+            "  {:<16} {:?} [{}] {hc}",
+            u.name,
+            u.balance,
+            servers.join(", ")
+        );
+    }
+    let _ = writeln!(s, "routes ({}, first match wins):", cfg.routes.len());
+    for r in &cfg.routes {
+        let methods = if r.methods.is_all() {
+            "*".to_string()
+        } else {
+            r.methods.names().join(",")
+        };
+        let _ = writeln!(
+            s,
+            "  {:<16} {} {}{} -> {}",
+            r.id,
+            methods,
+            r.host
+                .as_ref()
+                .map_or(String::new(), |h| format!("{} ", h.as_display())),
+            r.path.as_str(),
+            cfg.upstreams[r.upstream].name
+        );
+    }
+    let sources: Vec<String> = cfg
+        .tenant
+        .sources
+        .iter()
+        .map(|src| match src {
+            TenantSource::ApiKey { header, keys } => {
+                format!("api_key({header}, {} keys)", keys.len())
+            }
+            TenantSource::Path(p) => format!("path({})", p.as_str()),
+            TenantSource::Header(h) => format!("header({h})"),
+            TenantSource::ClientIp => "client_ip".to_string(),
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "tenant: from [{}], required: {}",
+        sources.join(", "),
+        cfg.tenant.required
+    );
+    if !cfg.plans.names.is_empty() {
+        let _ = writeln!(s, "plans: {}", cfg.plans.names.join(", "));
+    }
+    let _ = writeln!(s, "rules ({}):", cfg.rules.len());
+    for r in &cfg.rules {
+        let methods = if r.methods.is_all() {
+            "*".to_string()
+        } else {
+            r.methods.names().join(",")
+        };
+        let _ = writeln!(
+            s,
+            "  {:<16} {methods} {} per {} {:?} {:?} tiers {}{}",
+            r.id,
+            r.path.as_str(),
+            per_text(&r.per),
+            r.algorithm,
+            r.action,
+            tiers_text(&r.tiers),
+            if r.enabled { "" } else { " (disabled)" }
+        );
+        for (i, pt) in r.plan_tiers.iter().enumerate() {
+            if let Some(t) = pt {
+                let _ = writeln!(
+                    s,
+                    "  {:<16}   plan {}: {}",
+                    "",
+                    cfg.plans.names[i],
+                    tiers_text(t)
+                );
+            }
+        }
+    }
+    match &cfg.redis {
+        None => {
+            let _ = writeln!(s, "redis: none (counts are local to this process)");
+        }
+        Some(r) => {
+            let mode = match &r.endpoint {
+                RedisEndpoint::Single(u) => format!("single {}", redact(u)),
+                RedisEndpoint::Cluster(n) => format!(
+                    "cluster [{}]",
+                    n.iter().map(|u| redact(u)).collect::<Vec<_>>().join(", ")
+                ),
+            };
+            let _ = writeln!(
+                s,
+                "redis: {mode}, sync every {}, timeout {}, prefix {}, on_failure {:?}",
+                format_duration(r.sync_interval),
+                format_duration(r.timeout),
+                r.key_prefix,
+                r.on_failure
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "headers: x-ratelimit {}, ietf {}",
+        on_off(cfg.headers.x_ratelimit),
+        on_off(cfg.headers.ietf)
+    );
+    s
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// Hide a password in a Redis URL (`redis://:secret@host` -> `redis://***@host`).
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
+        _ => url.to_string(),
+    }
+}

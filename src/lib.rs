@@ -1,0 +1,19 @@
+//! Tollgate: an edge API gateway on Pingora with tenant-aware, fleet-wide rate limiting.
+//!
+//! Follow one request: [`config`] (file model -> validated snapshot, held in [`snapshot`]) ->
+//! [`tenant`] resolution (with the [`client_addr`]) -> [`routing`] on [`matching`] ->
+//! [`proxy`] to an [`upstream`] pool -> [`problem`] answers on errors; beside it the [`admin`]
+//! listener and [`metrics`].
+
+pub mod admin;
+pub mod cli;
+pub mod client_addr;
+pub mod config;
+pub mod matching;
+pub mod metrics;
+pub mod problem;
+pub mod proxy;
+pub mod routing;
+pub mod snapshot;
+pub mod tenant;
+pub mod upstream;

@@ -1,0 +1,140 @@
+//! Path normalization (contract section 3): query dropped, duplicate slashes merged, `.` and
+//! `..` resolved, percent-encoded unreserved characters decoded, a trailing slash ignored.
+//! Other escapes keep their meaning (`%2F` stays an escaped slash) with upper-case hex, so
+//! `%2f` and `%2F` are one spelling.
+
+use std::borrow::Cow;
+
+fn is_unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// True when `path` is already in normal form, so the common case allocates nothing.
+fn is_normal(path: &str) -> bool {
+    let b = path.as_bytes();
+    if b.first() != Some(&b'/') {
+        return false;
+    }
+    if b.len() > 1 && b[b.len() - 1] == b'/' {
+        return false;
+    }
+    if b.contains(&b'%') {
+        return false;
+    }
+    // no empty, "." or ".." segment
+    path[1..]
+        .split('/')
+        .all(|s| !s.is_empty() && s != "." && s != "..")
+        || path == "/"
+}
+
+/// Decode escapes of unreserved characters; upper-case the hex of the others.
+fn decode_unreserved(path: &str) -> String {
+    let b = path.as_bytes();
+    let mut out = String::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex_value(b[i + 1]), hex_value(b[i + 2])) {
+                let v = h * 16 + l;
+                if is_unreserved(v) {
+                    out.push(v as char);
+                } else {
+                    out.push('%');
+                    out.push(b[i + 1].to_ascii_uppercase() as char);
+                    out.push(b[i + 2].to_ascii_uppercase() as char);
+                }
+                i += 3;
+                continue;
+            }
+        }
+        // `path` is ASCII in practice (http::Uri), but stay correct for any UTF-8.
+        let ch_len = path[i..].chars().next().map_or(1, char::len_utf8);
+        out.push_str(&path[i..i + ch_len]);
+        i += ch_len;
+    }
+    out
+}
+
+/// Normalize a request path (query and fragment, if present, are dropped).
+pub fn normalize_path(raw: &str) -> Cow<'_, str> {
+    let path = match raw.find(['?', '#']) {
+        Some(i) => &raw[..i],
+        None => raw,
+    };
+    if is_normal(path) {
+        return Cow::Borrowed(path);
+    }
+    let decoded = decode_unreserved(path);
+    let mut segments: Vec<&str> = Vec::new();
+    for seg in decoded.split('/') {
+        match seg {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len() + 1);
+    if segments.is_empty() {
+        out.push('/');
+    }
+    for s in segments {
+        out.push('/');
+        out.push_str(s);
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn examples() {
+        let cases = [
+            ("/", "/"),
+            ("", "/"),
+            ("/a/b", "/a/b"),
+            ("/a/b/", "/a/b"),
+            ("//a///b", "/a/b"),
+            ("/a/./b", "/a/b"),
+            ("/a/../b", "/b"),
+            ("/../../a", "/a"),
+            ("/a/b/..", "/a"),
+            ("/a?x=1", "/a"),
+            ("/%61%62c", "/abc"),
+            ("/a/%2e%2e/b", "/b"),
+            ("/a%2fb", "/a%2Fb"),
+            ("/a%2Fb", "/a%2Fb"),
+            ("/a%zz", "/a%zz"),
+            ("/a%", "/a%"),
+            ("/a%4", "/a%4"),
+            ("/%7Euser", "/~user"),
+            ("a/b", "/a/b"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(normalize_path(input), want, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn normal_paths_are_borrowed() {
+        assert!(matches!(
+            normalize_path("/v1/x/product/7"),
+            Cow::Borrowed(_)
+        ));
+        assert!(matches!(normalize_path("/"), Cow::Borrowed(_)));
+        assert!(matches!(normalize_path("/a/"), Cow::Owned(_)));
+    }
+}

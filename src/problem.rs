@@ -1,0 +1,71 @@
+//! Error answers to clients as `application/problem+json` (RFC 9457). Bodies say what went
+//! wrong in the client's terms only: never a Redis key or error, a stack trace, an internal
+//! address, or another tenant's data.
+
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use pingora::Result;
+
+pub const CONTENT_TYPE: &str = "application/problem+json";
+
+/// Build a problem body. `extra` is appended as raw JSON members (already serialized).
+pub fn body(status: u16, title: &str, detail: &str, type_uri: &str, extra: &str) -> Bytes {
+    let mut s = String::with_capacity(128 + detail.len() + extra.len());
+    s.push_str("{\"type\":");
+    s.push_str(&serde_json::Value::from(type_uri).to_string());
+    s.push_str(",\"title\":");
+    s.push_str(&serde_json::Value::from(title).to_string());
+    s.push_str(",\"status\":");
+    s.push_str(&status.to_string());
+    s.push_str(",\"detail\":");
+    s.push_str(&serde_json::Value::from(detail).to_string());
+    if !extra.is_empty() {
+        s.push(',');
+        s.push_str(extra);
+    }
+    s.push('}');
+    Bytes::from(s)
+}
+
+/// The response header of a problem answer.
+pub fn header(status: u16, body_len: usize) -> Result<ResponseHeader> {
+    let mut h = ResponseHeader::build(status, Some(4))?;
+    h.insert_header("content-type", CONTENT_TYPE)?;
+    h.insert_header("content-length", body_len.to_string())?;
+    h.insert_header("cache-control", "no-store")?;
+    Ok(h)
+}
+
+/// Send a plain problem (`type: about:blank`) with the standard reason phrase as title.
+pub async fn respond(session: &mut Session, status: u16, detail: &str) -> Result<()> {
+    let title = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Error");
+    let b = body(status, title, detail, "about:blank", "");
+    let h = header(status, b.len())?;
+    session.write_response_header(Box::new(h), false).await?;
+    session.write_response_body(Some(b), true).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_is_valid_json_with_escaping() {
+        let b = body(
+            404,
+            "Not Found",
+            "no route for \"/x\"",
+            "about:blank",
+            "\"retry_after\":1",
+        );
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["status"], 404);
+        assert_eq!(v["detail"], "no route for \"/x\"");
+        assert_eq!(v["retry_after"], 1);
+    }
+}

@@ -1,0 +1,238 @@
+//! The request path, phase by phase (pingora's `ProxyHttp`):
+//!
+//! 1. `request_filter`: load the config snapshot, normalize the path, match the route (404),
+//!    find the client address and the tenant (401).
+//! 2. `upstream_peer`: pick a server of the route's pool.
+//! 3. `upstream_request_filter`: strip hop-by-hop headers, set the tenant header, append
+//!    X-Forwarded-For.
+//! 4. `fail_to_proxy`: problem+json for upstream failures (502, 504) and bad requests.
+//! 5. `logging`: metrics.
+
+use crate::client_addr::client_ip;
+use crate::matching::normalize_path;
+use crate::metrics::Metrics;
+use crate::problem;
+use crate::routing::find_route;
+use crate::snapshot::{SharedSnapshot, Snapshot};
+use crate::tenant::{self, RequestFacts};
+use async_trait::async_trait;
+use http::header::{self, HeaderName, HeaderValue};
+use pingora::http::RequestHeader;
+use pingora::prelude::HttpPeer;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::{Error, ErrorSource, ErrorType, Result};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+/// Per-request state carried across phases.
+#[derive(Default)]
+pub struct RequestCtx {
+    snapshot: Option<Arc<Snapshot>>,
+    route: Option<usize>,
+    tenant: Vec<u8>,
+    client_ip: Option<IpAddr>,
+}
+
+pub struct Gateway {
+    pub shared: SharedSnapshot,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Hop-by-hop headers (RFC 9110 section 7.6.1), never forwarded. Framing is redone by pingora.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(req: &mut RequestHeader) {
+    // Headers named in Connection are hop-by-hop too.
+    let named: Vec<HeaderName> = req
+        .headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().to_ascii_lowercase().as_bytes()).ok())
+        .collect();
+    for name in named {
+        req.remove_header(&name);
+    }
+    for name in HOP_BY_HOP {
+        req.remove_header(name);
+    }
+    req.remove_header(&header::TRANSFER_ENCODING);
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::default()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let snap = self.shared.load_full();
+        let cfg = &snap.config;
+        let req = session.req_header();
+        let path = normalize_path(req.uri.path());
+        let host = req
+            .headers
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| req.uri.host());
+
+        let Some((route_idx, _route)) = find_route(&cfg.routes, &req.method, host, &path) else {
+            ctx.snapshot = Some(snap);
+            problem::respond(session, 404, "no route matches this request").await?;
+            return Ok(true);
+        };
+
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip())
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        let client = client_ip(
+            peer,
+            req.headers
+                .get_all("x-forwarded-for")
+                .iter()
+                .map(|v| v.as_bytes()),
+            &cfg.server.trusted_proxies,
+        );
+        let facts = RequestFacts {
+            headers: &req.headers,
+            normalized_path: &path,
+            client_ip: client,
+        };
+        let tenant = tenant::resolve(&cfg.tenant, &facts);
+        drop(path);
+        ctx.route = Some(route_idx);
+        ctx.client_ip = Some(client);
+        ctx.snapshot = Some(snap);
+        match tenant {
+            Some(t) => ctx.tenant = t,
+            None => {
+                problem::respond(session, 401, "this request does not identify a tenant").await?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Box<HttpPeer>> {
+        let (Some(snap), Some(route)) = (&ctx.snapshot, ctx.route) else {
+            return Error::e_explain(ErrorType::InternalError, "no route selected");
+        };
+        let pool = &snap.pools[snap.config.routes[route].upstream];
+        match pool.select(&ctx.tenant) {
+            Some(backend) => Ok(Box::new(pool.peer(backend))),
+            None => {
+                let mut e = Error::new_up(ErrorType::ConnectNoRoute);
+                e.context = Some("no healthy server in the pool".into());
+                Err(e)
+            }
+        }
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        strip_hop_by_hop(upstream_request);
+        if let Some(snap) = &ctx.snapshot {
+            if let Some(name) = &snap.config.tenant.forward_header {
+                upstream_request.remove_header(name);
+                match HeaderValue::from_bytes(&ctx.tenant) {
+                    Ok(v) => {
+                        upstream_request.insert_header(name.clone(), v)?;
+                    }
+                    Err(_) => log::warn!("tenant id is not a valid header value; {name} not set"),
+                }
+            }
+        }
+        if let Some(ip) = ctx.client_ip {
+            let mut xff = String::new();
+            for v in upstream_request.headers.get_all("x-forwarded-for") {
+                if let Ok(s) = v.to_str() {
+                    if !xff.is_empty() {
+                        xff.push_str(", ");
+                    }
+                    xff.push_str(s.trim());
+                }
+            }
+            if !xff.is_empty() {
+                xff.push_str(", ");
+            }
+            xff.push_str(&ip.to_string());
+            upstream_request.insert_header("x-forwarded-for", xff)?;
+        }
+        Ok(())
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        _ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let code = match e.etype() {
+            ErrorType::HTTPStatus(code) => *code,
+            etype => match e.esource() {
+                ErrorSource::Upstream => match etype {
+                    ErrorType::ConnectTimedout
+                    | ErrorType::ReadTimedout
+                    | ErrorType::WriteTimedout => 504,
+                    _ => 502,
+                },
+                ErrorSource::Downstream => match etype {
+                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                    _ => 400,
+                },
+                ErrorSource::Internal | ErrorSource::Unset => 500,
+            },
+        };
+        if code > 0 {
+            let detail = match code {
+                502 => "the upstream service could not be reached",
+                504 => "the upstream service did not answer in time",
+                400 => "the request could not be read",
+                _ => "the gateway could not handle this request",
+            };
+            if let Err(err) = problem::respond(session, code, detail).await {
+                log::debug!("could not send the error answer: {err}");
+            }
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+        let status = session
+            .response_written()
+            .map_or(http::StatusCode::INTERNAL_SERVER_ERROR, |r| r.status);
+        let route = match (&ctx.snapshot, ctx.route) {
+            (Some(s), Some(r)) => s.config.routes[r].id.as_str(),
+            _ => "none",
+        };
+        self.metrics
+            .requests
+            .with_label_values(&[route, status.as_str()])
+            .inc();
+    }
+}

@@ -1,0 +1,87 @@
+//! Route matching: the first route whose method, host and path match wins.
+
+use crate::config::model::Route;
+use http::Method;
+
+/// Find the route for a request. `path` must be normalized; `host` is the request's Host.
+pub fn find_route<'a>(
+    routes: &'a [Route],
+    method: &Method,
+    host: Option<&str>,
+    path: &str,
+) -> Option<(usize, &'a Route)> {
+    routes.iter().enumerate().find(|(_, r)| {
+        r.methods.contains(method)
+            && match (&r.host, host) {
+                (None, _) => true,
+                (Some(h), Some(req_host)) => h.matches(req_host),
+                (Some(_), None) => false,
+            }
+            && r.path.matches(path)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matching::{HostMatch, MethodSet, PathPattern};
+
+    fn route(id: &str, host: Option<&str>, path: &str, methods: Option<&[&str]>) -> Route {
+        Route {
+            id: id.into(),
+            host: host.map(|h| HostMatch::parse(h).unwrap()),
+            path: PathPattern::compile(path).unwrap(),
+            methods: methods.map_or(MethodSet::ALL, |m| MethodSet::parse(m).unwrap()),
+            upstream: 0,
+        }
+    }
+
+    #[test]
+    fn first_match_wins_with_method_and_host() {
+        let routes = vec![
+            route(
+                "products",
+                Some("api.example.com"),
+                "/v1/organizations/*/product/**",
+                Some(&["GET", "PUT"]),
+            ),
+            route("default", None, "/**", None),
+        ];
+        let id = |m: Method, h: Option<&str>, p: &str| {
+            find_route(&routes, &m, h, p).map(|(_, r)| r.id.clone())
+        };
+        assert_eq!(
+            id(
+                Method::GET,
+                Some("api.example.com"),
+                "/v1/organizations/a/product/1"
+            )
+            .as_deref(),
+            Some("products")
+        );
+        assert_eq!(
+            id(
+                Method::POST,
+                Some("api.example.com"),
+                "/v1/organizations/a/product/1"
+            )
+            .as_deref(),
+            Some("default")
+        );
+        assert_eq!(
+            id(
+                Method::GET,
+                Some("other.com"),
+                "/v1/organizations/a/product/1"
+            )
+            .as_deref(),
+            Some("default")
+        );
+        assert_eq!(
+            id(Method::GET, None, "/v1/organizations/a/product/1").as_deref(),
+            Some("default")
+        );
+        let only = vec![route("p", None, "/p/*", None)];
+        assert!(find_route(&only, &Method::GET, None, "/q").is_none());
+    }
+}

@@ -1,0 +1,169 @@
+//! Upstream pools: a pingora load balancer per pool (round robin, random, or consistent hash of
+//! the tenant), TCP or HTTP health checks, and the peer options (timeouts, keepalive) that
+//! every proxied request uses.
+
+use crate::config::model::{Balance, UpstreamSpec};
+use crate::snapshot::SharedSnapshot;
+use async_trait::async_trait;
+use pingora::http::RequestHeader;
+use pingora::lb::health_check::{HealthCheck, HttpHealthCheck, TcpHealthCheck};
+use pingora::lb::selection::{Consistent, Random, RoundRobin};
+use pingora::lb::{Backend, LoadBalancer};
+use pingora::prelude::HttpPeer;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use pingora::{Error, ErrorType};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long an idle upstream connection is kept for reuse.
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many backends `select` may look at to find a healthy one.
+const MAX_SELECT_ITERATIONS: usize = 256;
+
+enum Balancer {
+    RoundRobin(LoadBalancer<RoundRobin>),
+    Random(LoadBalancer<Random>),
+    Consistent(LoadBalancer<Consistent>),
+}
+
+/// One upstream pool, built from its spec. Rebuilt (with fresh health state) on reload.
+pub struct Pool {
+    pub spec: UpstreamSpec,
+    balancer: Balancer,
+    last_check: Mutex<Option<Instant>>,
+    checking: AtomicBool,
+}
+
+fn health_check(spec: &UpstreamSpec) -> Option<Box<dyn HealthCheck + Send + Sync>> {
+    let hc = spec.health_check.as_ref()?;
+    match &hc.http {
+        None => {
+            let mut tcp = TcpHealthCheck::new();
+            tcp.peer_template.options.connection_timeout = Some(hc.timeout);
+            Some(tcp)
+        }
+        Some((path, host)) => {
+            let mut http = HttpHealthCheck::new(host, false);
+            if let Ok(mut req) = RequestHeader::build("GET", path.as_bytes(), None) {
+                let _ = req.insert_header("Host", host.as_str());
+                let _ = req.insert_header("User-Agent", "tollgate-health-check");
+                http.req = req;
+            }
+            http.peer_template.options.connection_timeout = Some(hc.timeout);
+            http.peer_template.options.read_timeout = Some(hc.timeout);
+            http.validator = Some(Box::new(|resp| {
+                if resp.status.is_success() {
+                    Ok(())
+                } else {
+                    Error::e_explain(
+                        ErrorType::CustomCode("health check status", resp.status.as_u16()),
+                        "non-2xx answer to the health check",
+                    )
+                }
+            }));
+            Some(Box::new(http))
+        }
+    }
+}
+
+impl Pool {
+    pub fn build(spec: &UpstreamSpec) -> std::io::Result<Pool> {
+        let addrs = spec.servers.iter().copied();
+        let hc = health_check(spec);
+        macro_rules! lb {
+            ($variant:ident) => {{
+                let mut lb = LoadBalancer::try_from_iter(addrs)?;
+                if let Some(hc) = hc {
+                    lb.set_health_check(hc);
+                }
+                Balancer::$variant(lb)
+            }};
+        }
+        let balancer = match spec.balance {
+            Balance::RoundRobin => lb!(RoundRobin),
+            Balance::Random => lb!(Random),
+            Balance::ConsistentHash => lb!(Consistent),
+        };
+        Ok(Pool {
+            spec: spec.clone(),
+            balancer,
+            last_check: Mutex::new(None),
+            checking: AtomicBool::new(false),
+        })
+    }
+
+    /// Pick a healthy server. `tenant` is the hash key for `consistent_hash`.
+    pub fn select(&self, tenant: &[u8]) -> Option<Backend> {
+        match &self.balancer {
+            Balancer::RoundRobin(lb) => lb.select(b"", MAX_SELECT_ITERATIONS),
+            Balancer::Random(lb) => lb.select(b"", MAX_SELECT_ITERATIONS),
+            Balancer::Consistent(lb) => lb.select(tenant, MAX_SELECT_ITERATIONS),
+        }
+    }
+
+    /// The peer for a selected server, with this pool's timeouts and connection reuse.
+    pub fn peer(&self, backend: Backend) -> HttpPeer {
+        let mut peer = HttpPeer::new(backend, false, String::new());
+        peer.options.connection_timeout = Some(self.spec.connect_timeout);
+        peer.options.total_connection_timeout = Some(self.spec.connect_timeout);
+        peer.options.read_timeout = Some(self.spec.read_timeout);
+        peer.options.write_timeout = Some(self.spec.read_timeout);
+        peer.options.idle_timeout = Some(UPSTREAM_IDLE_TIMEOUT);
+        peer
+    }
+
+    /// Is a health check due at `now`? Marks it started if so.
+    fn start_check_if_due(&self, now: Instant) -> bool {
+        let Some(hc) = &self.spec.health_check else {
+            return false;
+        };
+        let Ok(mut last) = self.last_check.lock() else {
+            return false;
+        };
+        let due = last.is_none_or(|t| now.duration_since(t) >= hc.interval);
+        if due && !self.checking.swap(true, Ordering::AcqRel) {
+            *last = Some(now);
+            return true;
+        }
+        false
+    }
+
+    async fn run_health_check(&self) {
+        match &self.balancer {
+            Balancer::RoundRobin(lb) => lb.backends().run_health_check(true).await,
+            Balancer::Random(lb) => lb.backends().run_health_check(true).await,
+            Balancer::Consistent(lb) => lb.backends().run_health_check(true).await,
+        }
+        self.checking.store(false, Ordering::Release);
+    }
+}
+
+/// Background service running the health checks of the pools of the current snapshot, each at
+/// its own interval. After a reload it checks the new pools.
+pub struct HealthChecker {
+    pub shared: SharedSnapshot,
+}
+
+#[async_trait]
+impl BackgroundService for HealthChecker {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {}
+            }
+            let snap = self.shared.load_full();
+            let now = Instant::now();
+            for pool in &snap.pools {
+                if pool.start_check_if_due(now) {
+                    let pool = Arc::clone(pool);
+                    tokio::spawn(async move { pool.run_health_check().await });
+                }
+            }
+        }
+    }
+}
