@@ -45,6 +45,22 @@ pub struct ServerFile {
     pub upgrade_sock: Option<String>,
 }
 
+/// `Display` writes an enum value as it is spelled in the config file.
+macro_rules! config_names {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(match self { $($ty::$variant => $name),+ })
+            }
+        }
+    };
+}
+
+config_names!(Balance { RoundRobin => "round_robin", Random => "random", ConsistentHash => "consistent_hash" });
+config_names!(Algorithm { FixedWindow => "fixed_window", SlidingWindow => "sliding_window", TokenBucket => "token_bucket" });
+config_names!(Action { Reject => "reject", Delay => "delay", Shadow => "shadow" });
+config_names!(OnFailure { LocalShare => "local_share", Local => "local", Allow => "allow", Deny => "deny" });
+
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Balance {

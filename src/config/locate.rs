@@ -49,9 +49,10 @@ impl Recorder {
 
 impl MarkedEventReceiver for Recorder {
     fn on_event(&mut self, ev: Event, mark: Marker) {
+        // yaml-rust2 counts lines from 1 but columns from 0; serde_yaml counts both from 1.
         let pos = Pos {
             line: mark.line(),
-            column: mark.col(),
+            column: mark.col() + 1,
         };
         match ev {
             Event::Scalar(value, ..) => match self.next_value_path() {
@@ -147,7 +148,7 @@ mod tests {
             loc.at("server.listen[1]"),
             Pos {
                 line: 2,
-                column: 16
+                column: 17
             }
         );
         assert_eq!(

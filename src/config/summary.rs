@@ -49,7 +49,7 @@ pub fn summary(cfg: &Config) -> String {
         };
         let _ = writeln!(
             s,
-            "  {:<16} {:?} [{}] {hc}",
+            "  {:<16} {} [{}] {hc}",
             u.name,
             u.balance,
             servers.join(", ")
@@ -105,7 +105,7 @@ pub fn summary(cfg: &Config) -> String {
         };
         let _ = writeln!(
             s,
-            "  {:<16} {methods} {} per {} {:?} {:?} tiers {}{}",
+            "  {:<16} {methods} {} per {} {} {} tiers {}{}",
             r.id,
             r.path.as_str(),
             per_text(&r.per),
@@ -140,7 +140,7 @@ pub fn summary(cfg: &Config) -> String {
             };
             let _ = writeln!(
                 s,
-                "redis: {mode}, sync every {}, timeout {}, prefix {}, on_failure {:?}",
+                "redis: {mode}, sync every {}, timeout {}, prefix {}, on_failure {}",
                 format_duration(r.sync_interval),
                 format_duration(r.timeout),
                 r.key_prefix,

@@ -3,7 +3,7 @@
 //! collected, so one run shows every mistake.
 
 use super::duration::{format_duration, ConfDuration};
-use super::error::{ConfigError, ConfigErrors};
+use super::error::{ConfigError, ConfigErrors, Pos};
 use super::file::*;
 use super::locate::Locator;
 use super::model::*;
@@ -26,26 +26,29 @@ pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
 struct Checker<'a> {
     file: PathBuf,
     loc: Locator,
+    /// Prepended to paths in messages (an included limits file says `limits[0]...`).
+    label: &'static str,
     errors: &'a mut Vec<ConfigError>,
 }
 
 impl Checker<'_> {
-    fn err(&mut self, path: &str, message: impl Into<String>) {
-        let pos = self.loc.at(path);
+    fn push(&mut self, pos: Pos, path: &str, message: String) {
+        let label = self.label;
         self.errors.push(ConfigError::new(
             &self.file,
             pos,
-            format!("{path}: {}", message.into()),
+            format!("{label}{path}: {message}"),
         ));
     }
 
+    /// An error about the value at `path`.
+    fn err(&mut self, path: &str, message: impl Into<String>) {
+        self.push(self.loc.at(path), path, message.into());
+    }
+
+    /// An error about the key `path` itself (a name that is wrong, not its value).
     fn err_key(&mut self, path: &str, message: impl Into<String>) {
-        let pos = self.loc.key(path);
-        self.errors.push(ConfigError::new(
-            &self.file,
-            pos,
-            format!("{path}: {}", message.into()),
-        ));
+        self.push(self.loc.key(path), path, message.into());
     }
 }
 
@@ -90,10 +93,12 @@ fn resolve_relative(base_file: &Path, target: &str) -> PathBuf {
     }
 }
 
-/// Read and deserialize an included YAML file; errors name that file.
+/// Read and deserialize an included YAML file; errors name that file, and paths inside it are
+/// written from `label` (the key that includes it).
 fn read_include<T: serde::de::DeserializeOwned>(
     including: &mut Checker,
     key_path: &str,
+    label: &str,
     file: &Path,
 ) -> Option<(T, Locator)> {
     let text = match std::fs::read_to_string(file) {
@@ -106,7 +111,11 @@ fn read_include<T: serde::de::DeserializeOwned>(
     match serde_yaml::from_str::<T>(&text) {
         Ok(v) => Some((v, Locator::new(&text))),
         Err(e) => {
-            including.errors.push(ConfigError::from_yaml(file, &e));
+            let mut err = ConfigError::from_yaml(file, &e);
+            if err.message.starts_with('[') || err.message.starts_with(".[") {
+                err.message = format!("{label}{}", err.message.trim_start_matches('.'));
+            }
+            including.errors.push(err);
             None
         }
     }
@@ -119,6 +128,7 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
     let mut c = Checker {
         file: file.to_path_buf(),
         loc,
+        label: "",
         errors: &mut errors,
     };
 
@@ -136,11 +146,12 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
         Some(LimitsFile::Include(name)) => {
             let target = resolve_relative(file, &name);
             includes.push(target.clone());
-            match read_include::<Vec<RuleFile>>(&mut c, "limits", &target) {
+            match read_include::<Vec<RuleFile>>(&mut c, "limits", "limits", &target) {
                 Some((list, inc_loc)) => {
                     let mut inc = Checker {
                         file: target,
                         loc: inc_loc,
+                        label: "limits",
                         errors: c.errors,
                     };
                     check_rules(&mut inc, "", &list, &plans)
@@ -449,6 +460,7 @@ fn check_tenant(c: &mut Checker, t: &TenantFile, includes: &mut Vec<PathBuf>) ->
                         read_include::<BTreeMap<String, String>>(
                             c,
                             &format!("{base}.api_key.keys_file"),
+                            "keys_file",
                             &target,
                         )
                         .map(|(m, _)| m)

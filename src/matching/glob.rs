@@ -47,9 +47,11 @@ impl PathPattern {
                             "path pattern {pattern:?} has an empty segment ('//')"
                         ))
                     }
-                    "." | ".." => return Err(format!(
+                    "." | ".." => {
+                        return Err(format!(
                         "path pattern {pattern:?} has a '{seg}' segment; write the normalized path"
-                    )),
+                    ))
+                    }
                     "*" => Seg::One,
                     "**" => {
                         if segs.last() == Some(&Seg::Any) {

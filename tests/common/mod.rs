@@ -1,0 +1,333 @@
+//! Test harness: real processes on ephemeral ports. `Upstream` runs the example upstream
+//! server, `Gateway` runs the real `tollgate` binary on a config written to a temp dir, and
+//! `request` is a small HTTP/1.1 client over a plain TCP socket.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub fn tollgate_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_tollgate")
+}
+
+/// `target/<profile>/examples/upstream`, built by `cargo test` along with the tests.
+pub fn upstream_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = profile_dir.join("examples").join("upstream");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test` (which builds examples)",
+        bin.display()
+    );
+    bin
+}
+
+/// A fresh temp directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "tollgate-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, text).expect("write temp file");
+        p
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+pub struct Upstream {
+    child: Child,
+    pub addr: SocketAddr,
+    pub name: String,
+}
+
+impl Upstream {
+    pub fn start(name: &str) -> Self {
+        Self::start_on("127.0.0.1:0", name)
+    }
+
+    pub fn start_on(addr: &str, name: &str) -> Self {
+        let mut child = Command::new(upstream_bin())
+            .args([addr, name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn upstream");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("upstream prints its address");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected upstream output {line:?}"));
+        Upstream {
+            child,
+            addr,
+            name: name.to_string(),
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub struct Gateway {
+    pub child: Child,
+    pub dir: TempDir,
+    pub config: PathBuf,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+}
+
+impl Gateway {
+    /// Start the gateway on `config_template`, where `{LISTEN}` and `{ADMIN}` are replaced by
+    /// free addresses. Waits until `/readyz` answers 200.
+    pub fn start(config_template: &str) -> Self {
+        Self::start_with_files(config_template, &[])
+    }
+
+    /// Like `start`, writing `files` (name, text) beside the config first.
+    pub fn start_with_files(config_template: &str, files: &[(&str, &str)]) -> Self {
+        let dir = TempDir::new();
+        for (name, text) in files {
+            dir.write(name, text);
+        }
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let text = config_template
+            .replace("{LISTEN}", &addr.to_string())
+            .replace("{ADMIN}", &admin.to_string())
+            .replace("{DIR}", &dir.0.display().to_string());
+        let config = dir.write("gateway.yaml", &text);
+        let log = std::fs::File::create(dir.0.join("gateway.log")).expect("log file");
+        let child = Command::new(tollgate_bin())
+            .arg("-c")
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn tollgate");
+        let mut gw = Gateway {
+            child,
+            dir,
+            config,
+            addr,
+            admin,
+        };
+        gw.wait_ready();
+        gw
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("gateway exited early ({status}); log:\n{}", self.log());
+            }
+            if let Ok(r) = request(self.admin, "GET", "/readyz", &[]) {
+                if r.status == 200 {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("gateway not ready in time; log:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("gateway.log")).unwrap_or_default()
+    }
+
+    pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
+        request(self.addr, "GET", path, headers).expect("request to gateway")
+    }
+
+    pub fn metrics(&self) -> String {
+        request(self.admin, "GET", "/metrics", &[])
+            .expect("metrics")
+            .body
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+    }
+
+    /// For echo responses of the example upstream: the headers the upstream received.
+    pub fn upstream_headers(&self, name: &str) -> Vec<String> {
+        self.json()["headers"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter(|h| h[0].as_str() == Some(name))
+                    .filter_map(|h| h[1].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn decode_chunked(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(i) = body.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let size = std::str::from_utf8(&body[..i])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.split(';').next().unwrap_or("").trim(), 16).ok())
+            .unwrap_or(0);
+        if size == 0 || body.len() < i + 2 + size {
+            return out;
+        }
+        out.extend_from_slice(&body[i + 2..i + 2 + size]);
+        body = &body[(i + 4 + size).min(body.len())..];
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`; `path` is sent as written.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<Response> {
+    let mut raw = format!("{method} {path} HTTP/1.1\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        raw.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in headers {
+        raw.push_str(&format!("{k}: {v}\r\n"));
+    }
+    raw.push_str("Connection: close\r\n\r\n");
+    request_raw(addr, raw.as_bytes())
+}
+
+/// Send raw bytes and read the whole answer (the server closes the connection).
+pub fn request_raw(addr: SocketAddr, raw: &[u8]) -> std::io::Result<Response> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(raw)?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    parse_response(&buf)
+}
+
+pub fn parse_response(buf: &[u8]) -> std::io::Result<Response> {
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+    let head_end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| bad("no end of head"))?;
+    let head = String::from_utf8_lossy(&buf[..head_end]);
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("bad status line"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let raw_body = &buf[head_end + 4..];
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        decode_chunked(raw_body)
+    } else {
+        raw_body.to_vec()
+    };
+    Ok(Response {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
+
+/// Run `tollgate` with arguments; returns (exit code, stdout, stderr).
+pub fn run_tollgate(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(tollgate_bin())
+        .args(args)
+        .output()
+        .expect("run tollgate");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Poll `f` until it returns true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    f()
+}

@@ -1,0 +1,330 @@
+//! Every class of configuration error, through `tollgate -t`: exit status 1, no panic, and
+//! `FILE:LINE:COLUMN: message` naming the field and what would be accepted.
+
+mod common;
+use common::{run_tollgate, TempDir};
+
+/// A valid config; each case below replaces one line of it.
+const BASE: &str = r#"server:
+  listen: ["127.0.0.1:8080"]
+  admin: "127.0.0.1:9090"
+upstreams:
+  products:
+    servers: ["127.0.0.1:9001"]
+    health_check: { interval: 1s }
+routes:
+  - id: products
+    path: /v1/**
+    upstream: products
+tenant:
+  from:
+    - header: x-org-id
+  required: true
+plans:
+  premium: [acme]
+limits:
+  - id: get-product
+    methods: [GET]
+    pathPattern: /v1/organizations/*/product/*
+    tiers:
+      - { period: 1, threshold: 10 }
+"#;
+
+/// Replace `from` (which must occur once) in BASE.
+fn with(from: &str, to: &str) -> String {
+    assert_eq!(
+        BASE.matches(from).count(),
+        1,
+        "{from:?} must occur once in BASE"
+    );
+    BASE.replace(from, to)
+}
+
+/// Check the config fails with an error at `line:col` whose message contains every `needles`.
+fn assert_error(text: &str, line: usize, col: usize, needles: &[&str]) {
+    let dir = TempDir::new();
+    let path = dir.write("gateway.yaml", text);
+    let p = path.display().to_string();
+    let (code, _out, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 1, "exit status; stderr: {err}");
+    let prefix = format!("{p}:{line}:{col}: ");
+    let line_found = err
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no error at {line}:{col}; stderr: {err}"));
+    for n in needles {
+        assert!(line_found.contains(n), "{n:?} missing in {line_found:?}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("backtrace"), "{err}");
+}
+
+#[test]
+fn base_config_is_valid() {
+    let dir = TempDir::new();
+    let p = dir.write("gateway.yaml", BASE).display().to_string();
+    let (code, out, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("is valid"));
+}
+
+#[test]
+fn yaml_syntax_error() {
+    assert_error(
+        &with(
+            "  listen: [\"127.0.0.1:8080\"]",
+            "  listen: [\"127.0.0.1:8080\"",
+        ),
+        3,
+        3,
+        &["did not find expected"],
+    );
+}
+
+#[test]
+fn unknown_key_is_a_typo() {
+    assert_error(
+        &with("    upstream: products", "    uptream: products"),
+        11,
+        5,
+        &["routes[0]", "unknown field `uptream`", "`upstream`"],
+    );
+    assert_error(
+        &with("    methods: [GET]", "    method: [GET]"),
+        20,
+        5,
+        &["limits[0]", "unknown field `method`", "`methods`"],
+    );
+}
+
+#[test]
+fn wrong_type() {
+    assert_error(
+        &with(
+            "  admin: \"127.0.0.1:9090\"",
+            "  admin: \"127.0.0.1:9090\"\n  threads: two",
+        ),
+        4,
+        12,
+        &["server.threads", "invalid type", "expected usize"],
+    );
+}
+
+#[test]
+fn bad_duration() {
+    assert_error(
+        &with("{ interval: 1s }", "{ interval: 1y }"),
+        7,
+        31,
+        &["health_check.interval", "unit \"y\"", "ms, s, m, h"],
+    );
+    assert_error(
+        &with("{ interval: 1s }", "{ interval: -3 }"),
+        7,
+        31,
+        &["health_check.interval", "negative"],
+    );
+}
+
+#[test]
+fn unknown_upstream_in_route() {
+    assert_error(
+        &with("    upstream: products", "    upstream: prodcts"),
+        11,
+        15,
+        &[
+            "routes[0].upstream",
+            "unknown upstream \"prodcts\"",
+            "products",
+        ],
+    );
+}
+
+#[test]
+fn duplicate_route_and_rule_ids() {
+    let routes = with(
+        "    upstream: products\n",
+        "    upstream: products\n  - id: products\n    path: /x\n    upstream: products\n",
+    );
+    assert_error(
+        &routes,
+        12,
+        9,
+        &["routes[1].id", "duplicate route id \"products\""],
+    );
+    let rules = format!("{BASE}  - id: get-product\n    pathPattern: /x\n    tiers: [{{ period: 1, threshold: 1 }}]\n");
+    assert_error(
+        &rules,
+        24,
+        9,
+        &["limits[1].id", "duplicate rule id \"get-product\""],
+    );
+}
+
+#[test]
+fn bad_glob() {
+    assert_error(
+        &with("    path: /v1/**", "    path: /v1/a*b"),
+        10,
+        11,
+        &["routes[0].path", "whole segments"],
+    );
+    assert_error(
+        &with(
+            "    pathPattern: /v1/organizations/*/product/*",
+            "    pathPattern: v1/x",
+        ),
+        21,
+        18,
+        &["limits[0].pathPattern", "must start with '/'"],
+    );
+}
+
+#[test]
+fn period_or_threshold_zero_or_negative() {
+    assert_error(
+        &with(
+            "{ period: 1, threshold: 10 }",
+            "{ period: 0, threshold: 10 }",
+        ),
+        23,
+        19,
+        &["limits[0].tiers[0].period", "greater than 0"],
+    );
+    assert_error(
+        &with(
+            "{ period: 1, threshold: 10 }",
+            "{ period: 1, threshold: -4 }",
+        ),
+        23,
+        33,
+        &["limits[0].tiers[0].threshold", "positive integer"],
+    );
+    assert_error(
+        &with(
+            "{ period: 1, threshold: 10 }",
+            "{ period: 1, threshold: 0 }",
+        ),
+        23,
+        33,
+        &["threshold", "positive integer"],
+    );
+}
+
+#[test]
+fn empty_server_list() {
+    assert_error(
+        &with("    servers: [\"127.0.0.1:9001\"]", "    servers: []"),
+        6,
+        14,
+        &["upstreams.products.servers", "at least one server"],
+    );
+}
+
+#[test]
+fn bad_server_and_listen_addresses() {
+    assert_error(
+        &with(
+            "    servers: [\"127.0.0.1:9001\"]",
+            "    servers: [\"nowhere\"]",
+        ),
+        6,
+        15,
+        &["servers[0]", "HOST:PORT"],
+    );
+    assert_error(
+        &with("  listen: [\"127.0.0.1:8080\"]", "  listen: [\"8080\"]"),
+        2,
+        12,
+        &["server.listen[0]", "IP:PORT"],
+    );
+}
+
+#[test]
+fn unknown_plan() {
+    assert_error(
+        &with("      - { period: 1, threshold: 10 }\n", "      - { period: 1, threshold: 10 }\n    plans:\n      gold: [{ period: 1, threshold: 99 }]\n"),
+        25, 7, &["limits[0].plans.gold", "unknown plan \"gold\"", "premium"],
+    );
+}
+
+#[test]
+fn bad_enum_value_lists_accepted_values() {
+    assert_error(
+        &with(
+            "    methods: [GET]",
+            "    methods: [GET]\n    algorithm: leaky",
+        ),
+        21,
+        16,
+        &[
+            "limits[0].algorithm",
+            "unknown variant `leaky`",
+            "fixed_window",
+        ],
+    );
+    assert_error(
+        &with("    methods: [GET]", "    methods: [GETS]"),
+        20,
+        14,
+        &["limits[0].methods", "unknown method \"GETS\""],
+    );
+}
+
+#[test]
+fn tenant_source_with_unknown_kind() {
+    assert_error(
+        &with("    - header: x-org-id", "    - heder: x-org-id"),
+        14,
+        7,
+        &["tenant.from[0]", "unknown field `heder`", "`header`"],
+    );
+}
+
+#[test]
+fn error_inside_included_limits_file_names_that_file() {
+    let dir = TempDir::new();
+    dir.write(
+        "limits.yaml",
+        "- id: a\n  pathPattern: /a\n  tiers:\n    - period: 10\n      threshold: 0\n",
+    );
+    let main = BASE.split("limits:").next().unwrap().to_string() + "limits: limits.yaml\n";
+    let p = dir.write("gateway.yaml", &main);
+    let (code, _, err) = run_tollgate(&["-t", "-c", &p.display().to_string()]);
+    assert_eq!(code, 1);
+    let inc = dir.0.join("limits.yaml").display().to_string();
+    assert!(
+        err.starts_with(&format!("{inc}:5:18: limits[0].tiers[0].threshold")),
+        "{err}"
+    );
+    // a typo inside the included file too
+    dir.write("limits.yaml", "- id: a\n  pathPatern: /a\n  tiers: []\n");
+    let (code, _, err) = run_tollgate(&["-t", "-c", &p.display().to_string()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with(&format!("{inc}:2:3: limits[0]: unknown field `pathPatern`")),
+        "{err}"
+    );
+    // a missing include names the key that includes it
+    std::fs::remove_file(dir.0.join("limits.yaml")).unwrap();
+    let (code, _, err) = run_tollgate(&["-t", "-c", &p.display().to_string()]);
+    assert_eq!(code, 1);
+    assert!(err.contains(":18:9: limits: cannot read"), "{err}");
+}
+
+#[test]
+fn missing_file_and_several_errors_at_once() {
+    let (code, _, err) = run_tollgate(&["-t", "-c", "/nonexistent/gateway.yaml"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with("/nonexistent/gateway.yaml:1:1: cannot read config file"),
+        "{err}"
+    );
+    let text = with("    upstream: products", "    upstream: nope")
+        .replace("threshold: 10", "threshold: 0");
+    let dir = TempDir::new();
+    let p = dir.write("gateway.yaml", &text).display().to_string();
+    let (code, _, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 1);
+    assert_eq!(err.lines().count(), 2, "both errors reported: {err}");
+}
