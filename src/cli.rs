@@ -85,6 +85,7 @@ fn run(args: &Args, snapshot: Snapshot, metrics: Arc<Metrics>) -> i32 {
         threads: server_cfg.threads,
         daemon: args.daemon,
         pid_file: server_cfg.pid_file.clone(),
+        error_log: server_cfg.error_log.clone(),
         upgrade_sock: server_cfg.upgrade_sock.clone(),
         grace_period_seconds: Some(server_cfg.grace_period.as_secs()),
         graceful_shutdown_timeout_seconds: Some(1),

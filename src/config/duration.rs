@@ -48,11 +48,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// (`10s`, `500ms`, `1m`, `2h`). Used in RateLimit-Policy names and the `-t` summary.
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms != 0 && ms % 3_600_000 == 0 {
+    if ms != 0 && ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)
-    } else if ms != 0 && ms % 60_000 == 0 {
+    } else if ms != 0 && ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 {
+    } else if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")

@@ -39,6 +39,9 @@ pub struct ServerFile {
     /// How long SIGTERM waits for in-flight requests (default 5s).
     #[serde(default)]
     pub grace_period: Option<ConfDuration>,
+    /// With `-d`: where the log goes (otherwise the inherited stderr is kept).
+    #[serde(default)]
+    pub error_log: Option<String>,
     #[serde(default)]
     pub pid_file: Option<String>,
     #[serde(default)]

@@ -32,6 +32,7 @@ pub struct ServerSettings {
     pub threads: usize,
     pub trusted_proxies: Vec<IpNet>,
     pub grace_period: Duration,
+    pub error_log: Option<String>,
     pub pid_file: String,
     pub upgrade_sock: String,
 }

@@ -1,0 +1,46 @@
+# Tollgate: `make run` (demo) and `make test` (everything CI checks).
+CARGO ?= cargo
+# command:debian-package pairs
+BUILD_DEPS := cmake:cmake cc:gcc
+TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools
+BENCH_DEPS := wrk:wrk nginx:nginx
+
+.PHONY: all deps deps-test deps-bench build release run test lint fmt bench check-configs clean
+
+all: build
+
+deps:
+	@scripts/ensure-packages $(BUILD_DEPS)
+
+deps-test: deps
+	@scripts/ensure-packages $(TEST_DEPS)
+
+deps-bench: deps
+	@scripts/ensure-packages $(BENCH_DEPS)
+
+build: deps
+	$(CARGO) build --bins --examples
+
+release: deps
+	$(CARGO) build --release --bins --examples
+
+## Build, start the demo upstreams and run the gateway on conf/gateway.yaml (no Redis needed).
+run: release
+	scripts/run-demo
+
+lint: deps
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+## Lints, then every unit and integration test (real gateway, upstreams and redis-server).
+test: deps-test lint
+	$(CARGO) test
+
+check-configs: build
+	@for f in conf/*.yaml; do grep -q '^server:' $$f && target/debug/tollgate -t -c $$f >/dev/null && echo "ok $$f"; done; true
+
+fmt:
+	$(CARGO) fmt --all
+
+clean:
+	$(CARGO) clean

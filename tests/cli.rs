@@ -1,0 +1,123 @@
+//! The command line (contract section 1) and every config file shipped in `conf/`.
+
+mod common;
+use common::{free_port, request, run_tollgate, TempDir, Upstream};
+use std::path::Path;
+use std::time::Duration;
+
+#[test]
+fn version_and_help() {
+    let (code, out, _) = run_tollgate(&["--version"]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("tollgate "), "{out}");
+    let (code, out, _) = run_tollgate(&["--help"]);
+    assert_eq!(code, 0);
+    for flag in ["-c", "-t", "-d", "-u", "SIGHUP"] {
+        assert!(out.contains(flag), "{flag} missing in help: {out}");
+    }
+}
+
+/// Every shipped config passes `tollgate -t`. Files included by another config (a limits
+/// file) are checked through the config that includes them.
+#[test]
+fn every_config_in_conf_is_valid() {
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
+    let mut checked = Vec::new();
+    let mut included = Vec::new();
+    let mut candidates: Vec<_> = std::fs::read_dir(&conf)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    candidates.sort();
+    for p in &candidates {
+        let text = std::fs::read_to_string(p).unwrap();
+        if text.contains("\nserver:") || text.starts_with("server:") {
+            let (code, out, err) = run_tollgate(&["-t", "-c", &p.display().to_string()]);
+            assert_eq!(code, 0, "{}: {err}", p.display());
+            assert!(out.contains("is valid"));
+            for line in out
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("includes "))
+            {
+                included.push(std::fs::canonicalize(line).unwrap());
+            }
+            checked.push(p.clone());
+        }
+    }
+    assert!(!checked.is_empty(), "no gateway config found in conf/");
+    for p in &candidates {
+        let canon = std::fs::canonicalize(p).unwrap();
+        assert!(
+            checked.contains(p) || included.contains(&canon),
+            "{} is neither a gateway config nor included by one",
+            p.display()
+        );
+    }
+}
+
+#[test]
+fn summary_lists_listeners_upstreams_routes_rules_and_redis_mode() {
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/gateway.yaml");
+    let (code, out, _) = run_tollgate(&["-t", "-c", &conf.display().to_string()]);
+    assert_eq!(code, 0);
+    for want in [
+        "listeners: 127.0.0.1:8080",
+        "products",
+        "round_robin",
+        "get-product",
+        "1000/10s",
+        "put-product",
+        "100/10s",
+        "redis: none",
+    ] {
+        assert!(out.contains(want), "{want:?} missing in summary:\n{out}");
+    }
+    assert!(out.lines().count() < 40, "fits on one screen");
+}
+
+#[test]
+fn daemon_mode_detaches_and_serves() {
+    let up = Upstream::start("u1");
+    let dir = TempDir::new();
+    let port = free_port();
+    let pid_file = dir.0.join("tollgate.pid");
+    let config = format!(
+        "server:\n  listen: [\"127.0.0.1:{port}\"]\n  threads: 1\n  pid_file: {}\n  upgrade_sock: {}\nupstreams:\n  u:\n    servers: [\"{}\"]\nroutes:\n  - id: all\n    path: /**\n    upstream: u\n",
+        pid_file.display(),
+        dir.0.join("upgrade.sock").display(),
+        up.addr
+    );
+    let config = config.replace(
+        "  threads: 1\n",
+        &format!(
+            "  threads: 1\n  error_log: {}\n",
+            dir.0.join("error.log").display()
+        ),
+    );
+    let p = dir.write("gateway.yaml", &config);
+    // as an init system would: stdio not piped to us, so the daemon holds nothing of ours
+    let status = std::process::Command::new(common::tollgate_bin())
+        .args(["-d", "-c", &p.display().to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "the foreground parent exits 0 after forking"
+    );
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let ok = common::eventually(Duration::from_secs(10), || {
+        request(addr, "GET", "/x", &[]).is_ok_and(|r| r.status == 200)
+    });
+    let pid = std::fs::read_to_string(&pid_file).unwrap_or_default();
+    if let Ok(pid) = pid.trim().parse::<i32>() {
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &pid.to_string()])
+            .status();
+    }
+    assert!(ok, "daemon did not serve");
+    assert!(!pid.trim().is_empty(), "no pid file");
+}

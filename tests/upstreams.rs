@@ -1,0 +1,168 @@
+//! Upstream pools: balancing, health checks, and problem answers when upstreams fail.
+
+mod common;
+use common::{eventually, free_port, Gateway, Upstream};
+use std::collections::HashMap;
+use std::time::Duration;
+
+fn config(servers: &[String], pool_extra: &str) -> String {
+    let list: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
+    format!(
+        r#"server:
+  listen: ["{{LISTEN}}"]
+  admin: "{{ADMIN}}"
+  threads: 1
+upstreams:
+  pool:
+    servers: [{}]
+{pool_extra}
+routes:
+  - id: all
+    path: /**
+    upstream: pool
+tenant:
+  from:
+    - header: x-org-id
+  required: false
+"#,
+        list.join(", ")
+    )
+}
+
+fn hits(gw: &Gateway, n: usize, tenant: &str) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    for _ in 0..n {
+        let r = gw.get("/x", &[("x-org-id", tenant)]);
+        assert_eq!(r.status, 200, "{r:?}");
+        *seen
+            .entry(r.json()["server"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    seen
+}
+
+#[test]
+fn round_robin_spreads_evenly() {
+    let (a, b) = (Upstream::start("a"), Upstream::start("b"));
+    let gw = Gateway::start(&config(
+        &[a.addr.to_string(), b.addr.to_string()],
+        "    balance: round_robin",
+    ));
+    let seen = hits(&gw, 20, "t");
+    assert_eq!(seen.get("a"), Some(&10), "{seen:?}");
+    assert_eq!(seen.get("b"), Some(&10), "{seen:?}");
+}
+
+#[test]
+fn random_uses_every_server() {
+    let (a, b) = (Upstream::start("a"), Upstream::start("b"));
+    let gw = Gateway::start(&config(
+        &[a.addr.to_string(), b.addr.to_string()],
+        "    balance: random",
+    ));
+    let seen = hits(&gw, 60, "t");
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}
+
+#[test]
+fn consistent_hash_keeps_a_tenant_on_one_server() {
+    let ups: Vec<Upstream> = ["a", "b", "c"].iter().map(|n| Upstream::start(n)).collect();
+    let addrs: Vec<String> = ups.iter().map(|u| u.addr.to_string()).collect();
+    let gw = Gateway::start(&config(&addrs, "    balance: consistent_hash"));
+    let mut servers_used = std::collections::HashSet::new();
+    for t in 0..12 {
+        let seen = hits(&gw, 5, &format!("tenant-{t}"));
+        assert_eq!(seen.len(), 1, "tenant-{t} moved between servers: {seen:?}");
+        servers_used.extend(seen.into_keys());
+    }
+    assert!(
+        servers_used.len() >= 2,
+        "tenants are spread: {servers_used:?}"
+    );
+}
+
+#[test]
+fn dead_server_in_health_checked_pool_gets_no_traffic() {
+    let (a, mut b) = (Upstream::start("a"), Upstream::start("b"));
+    let gw = Gateway::start(&config(
+        &[a.addr.to_string(), b.addr.to_string()],
+        "    health_check: { interval: 200ms, http: { path: /healthz } }",
+    ));
+    assert_eq!(hits(&gw, 10, "t").len(), 2);
+    b.kill();
+    // after a health check, every request goes to the live server, none fails
+    std::thread::sleep(Duration::from_millis(600));
+    let seen = hits(&gw, 30, "t");
+    assert_eq!(seen.get("a"), Some(&30), "{seen:?}");
+}
+
+#[test]
+fn tcp_health_check_marks_dead_server() {
+    let a = Upstream::start("a");
+    let dead = format!("127.0.0.1:{}", free_port());
+    let gw = Gateway::start(&config(
+        &[a.addr.to_string(), dead],
+        "    health_check: { interval: 100ms }",
+    ));
+    std::thread::sleep(Duration::from_millis(400));
+    let seen = hits(&gw, 20, "t");
+    assert_eq!(seen.get("a"), Some(&20), "{seen:?}");
+}
+
+#[test]
+fn http_health_check_needs_a_2xx_answer() {
+    let a = Upstream::start("a");
+    // the server is up, but its health endpoint answers 503: no eligible server -> 502
+    let gw = Gateway::start(&config(
+        &[a.addr.to_string()],
+        "    health_check: { interval: 100ms, http: { path: /status/503 } }",
+    ));
+    assert!(eventually(Duration::from_secs(3), || gw
+        .get("/x", &[])
+        .status
+        == 502));
+    let r = gw.get("/x", &[]);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+}
+
+#[test]
+fn upstream_down_is_502_problem_without_internal_detail() {
+    let dead = format!("127.0.0.1:{}", free_port());
+    let gw = Gateway::start(&config(std::slice::from_ref(&dead), ""));
+    let r = gw.get("/x", &[]);
+    assert_eq!(r.status, 502);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(r.json()["status"], 502);
+    let port = dead.rsplit(':').next().unwrap();
+    assert!(
+        !r.body.contains(port),
+        "leaks the upstream address: {}",
+        r.body
+    );
+    assert!(
+        !r.body.to_lowercase().contains("refused"),
+        "leaks the error: {}",
+        r.body
+    );
+    assert!(gw
+        .metrics()
+        .contains(r#"tollgate_requests_total{route="all",status="502"} 1"#));
+}
+
+#[test]
+fn slow_upstream_is_504_after_read_timeout() {
+    // a server that accepts and never answers
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let _hold = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        for c in listener.incoming().take(4) {
+            conns.push(c);
+        }
+        std::thread::sleep(Duration::from_secs(5));
+    });
+    let gw = Gateway::start(&config(&[addr], "    read_timeout: 300ms"));
+    let r = gw.get("/x", &[]);
+    assert_eq!(r.status, 504, "{r:?}");
+    assert_eq!(r.json()["status"], 504);
+}
