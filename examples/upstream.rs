@@ -125,8 +125,15 @@ async fn serve(mut sock: TcpStream, name: String) {
                 ),
             )
         };
+        let reason = match status {
+            200 => "OK",
+            404 => "Not Found",
+            500 => "Internal Server Error",
+            503 => "Service Unavailable",
+            _ => "Status",
+        };
         let resp = format!(
-            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}\r\n{body}",
+            "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}\r\n{body}",
             body.len(),
             if close { "connection: close\r\n" } else { "" }
         );
