@@ -2,9 +2,11 @@
 
 use crate::admin::{Admin, ReadinessProbe};
 use crate::config;
+use crate::limits::sweeper::Sweeper;
+use crate::limits::{CounterRegistry, SystemClock};
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
-use crate::snapshot::{SharedSnapshot, Snapshot};
+use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
 use crate::upstream::HealthChecker;
 use arc_swap::ArcSwap;
 use clap::Parser;
@@ -52,7 +54,22 @@ pub fn main() -> i32 {
         return 0;
     }
     init_logging();
-    let snapshot = match Snapshot::build(cfg) {
+    let metrics = match Metrics::new() {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            eprintln!("cannot set up metrics: {e}");
+            return 1;
+        }
+    };
+    let rt = Runtime {
+        registry: Arc::new(CounterRegistry::new(
+            metrics.evictions.clone(),
+            metrics.untracked.clone(),
+        )),
+        metrics,
+        clock: Arc::new(SystemClock),
+    };
+    let snapshot = match Snapshot::build(cfg, &rt) {
         Ok(s) => s,
         Err(e) => {
             eprintln!(
@@ -62,14 +79,7 @@ pub fn main() -> i32 {
             return 1;
         }
     };
-    let metrics = match Metrics::new() {
-        Ok(m) => Arc::new(m),
-        Err(e) => {
-            eprintln!("cannot set up metrics: {e}");
-            return 1;
-        }
-    };
-    run(&args, snapshot, metrics)
+    run(&args, snapshot, rt)
 }
 
 fn init_logging() {
@@ -79,7 +89,8 @@ fn init_logging() {
         .try_init();
 }
 
-fn run(args: &Args, snapshot: Snapshot, metrics: Arc<Metrics>) -> i32 {
+fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
+    let metrics = rt.metrics.clone();
     let server_cfg = snapshot.config.server.clone();
     let mut conf = ServerConf {
         threads: server_cfg.threads,
@@ -137,6 +148,14 @@ fn run(args: &Args, snapshot: Snapshot, metrics: Arc<Metrics>) -> i32 {
         "upstream health checks",
         HealthChecker {
             shared: shared.clone(),
+        },
+    ));
+    server.add_service(background_service(
+        "counter sweeper",
+        Sweeper {
+            registry: rt.registry.clone(),
+            clock: rt.clock.clone(),
+            tracked: metrics.tracked_counters.clone(),
         },
     ));
     server.add_service(background_service(

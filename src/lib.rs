@@ -1,14 +1,15 @@
 //! Tollgate: an edge API gateway on Pingora with tenant-aware, fleet-wide rate limiting.
 //!
 //! Follow one request: [`config`] (file model -> validated snapshot, held in [`snapshot`]) ->
-//! [`tenant`] resolution (with the [`client_addr`]) -> [`routing`] on [`matching`] ->
-//! [`proxy`] to an [`upstream`] pool -> [`problem`] answers on errors; beside it the [`admin`]
+//! [`tenant`] resolution (with the [`client_addr`]) -> [`routing`] on [`matching`] -> the
+//! [`limits`] decision on local counters -> [`proxy`] to an [`upstream`] pool -> [`problem`] answers on errors; beside it the [`admin`]
 //! listener and [`metrics`].
 
 pub mod admin;
 pub mod cli;
 pub mod client_addr;
 pub mod config;
+pub mod limits;
 pub mod matching;
 pub mod metrics;
 pub mod problem;

@@ -1,7 +1,7 @@
 //! Prometheus metrics, served by the admin listener. No label carries a tenant, a key or a
 //! client address: label values come from the config (route and rule ids) or small fixed sets.
 
-use prometheus::{Encoder, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 pub struct Metrics {
     registry: Registry,
@@ -9,6 +9,14 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     /// `tollgate_config_reloads_total{result}`
     pub reloads: IntCounterVec,
+    /// `tollgate_ratelimit_decisions_total{rule,decision}`
+    pub decisions: IntCounterVec,
+    /// `tollgate_tracked_counters`
+    pub tracked_counters: IntGauge,
+    /// `tollgate_ratelimit_counter_evictions_total`
+    pub evictions: IntCounter,
+    /// `tollgate_ratelimit_untracked_total`
+    pub untracked: IntCounter,
 }
 
 impl Metrics {
@@ -28,12 +36,39 @@ impl Metrics {
             ),
             &["result"],
         )?;
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "tollgate_ratelimit_decisions_total",
+                "Rate-limit decisions, by rule and decision (allowed, denied, shadow_denied, delayed)",
+            ),
+            &["rule", "decision"],
+        )?;
+        let tracked_counters = IntGauge::new(
+            "tollgate_tracked_counters",
+            "Rate-limit counters held in memory (refreshed every second)",
+        )?;
+        let evictions = IntCounter::new(
+            "tollgate_ratelimit_counter_evictions_total",
+            "Counters dropped to admit a new partition while at max_counters_per_rule",
+        )?;
+        let untracked = IntCounter::new(
+            "tollgate_ratelimit_untracked_total",
+            "Decisions made on the sketch estimate because the counter cap was reached",
+        )?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(reloads.clone()))?;
+        registry.register(Box::new(decisions.clone()))?;
+        registry.register(Box::new(tracked_counters.clone()))?;
+        registry.register(Box::new(evictions.clone()))?;
+        registry.register(Box::new(untracked.clone()))?;
         Ok(Metrics {
             registry,
             requests,
             reloads,
+            decisions,
+            tracked_counters,
+            evictions,
+            untracked,
         })
     }
 

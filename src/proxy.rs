@@ -1,14 +1,18 @@
 //! The request path, phase by phase (pingora's `ProxyHttp`):
 //!
 //! 1. `request_filter`: load the config snapshot, normalize the path, match the route (404),
-//!    find the client address and the tenant (401).
+//!    find the client address and the tenant (401), and take the rate-limit decision (429/503,
+//!    or a delay).
 //! 2. `upstream_peer`: pick a server of the route's pool.
 //! 3. `upstream_request_filter`: strip hop-by-hop headers, set the tenant header, append
 //!    X-Forwarded-For.
-//! 4. `fail_to_proxy`: problem+json for upstream failures (502, 504) and bad requests.
-//! 5. `logging`: metrics.
+//! 4. `response_filter`: the quota headers.
+//! 5. `fail_to_proxy`: problem+json for upstream failures (502, 504) and bad requests.
+//! 6. `logging`: metrics.
 
 use crate::client_addr::client_ip;
+use crate::limits::headers;
+use crate::limits::{Decision, LimitRequest, Verdict};
 use crate::matching::normalize_path;
 use crate::metrics::Metrics;
 use crate::problem;
@@ -17,20 +21,23 @@ use crate::snapshot::{SharedSnapshot, Snapshot};
 use crate::tenant::{self, RequestFacts};
 use async_trait::async_trait;
 use http::header::{self, HeaderName, HeaderValue};
-use pingora::http::RequestHeader;
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// Per-request state carried across phases.
-#[derive(Default)]
 pub struct RequestCtx {
     snapshot: Option<Arc<Snapshot>>,
     route: Option<usize>,
     tenant: Vec<u8>,
     client_ip: Option<IpAddr>,
+    /// The rate-limit decision (empty when no rule applied), for the response headers.
+    decision: Decision,
 }
 
 pub struct Gateway {
@@ -74,7 +81,13 @@ impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::default()
+        RequestCtx {
+            snapshot: None,
+            route: None,
+            tenant: Vec::new(),
+            client_ip: None,
+            decision: Decision::none(),
+        }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
@@ -113,18 +126,88 @@ impl ProxyHttp for Gateway {
             client_ip: client,
         };
         let tenant = tenant::resolve(&cfg.tenant, &facts);
-        drop(path);
         ctx.route = Some(route_idx);
         ctx.client_ip = Some(client);
+        let Some(tenant) = tenant else {
+            drop(path);
+            ctx.snapshot = Some(snap);
+            problem::respond(session, 401, "this request does not identify a tenant").await?;
+            return Ok(true);
+        };
+
+        // The rate-limit decision; `delay` waits on a timer, never blocking a worker thread.
+        let limiter = &snap.limiter;
+        let mut delayed = false;
+        let decision = if limiter.is_empty() {
+            Decision::none()
+        } else {
+            let lreq = LimitRequest {
+                method: &req.method,
+                host,
+                path: &path,
+                tenant: &tenant,
+                client_ip: client,
+                headers: &req.headers,
+            };
+            let mut d = limiter.decide(&lreq, &cfg.plans);
+            if let Verdict::Delay { max_delay_ms, .. } = d.verdict {
+                let deadline = Instant::now() + Duration::from_millis(max_delay_ms);
+                while let Verdict::Delay {
+                    wait_ms, status, ..
+                } = d.verdict
+                {
+                    let wake = Instant::now() + Duration::from_millis(wait_ms.max(1));
+                    if wake > deadline {
+                        d.verdict = Verdict::Reject { status };
+                        break;
+                    }
+                    tokio::time::sleep_until(wake).await;
+                    delayed = true;
+                    d = limiter.decide(&lreq, &cfg.plans);
+                }
+            }
+            d
+        };
+        drop(path);
+        ctx.tenant = tenant;
+        let admitted = decision.verdict == Verdict::Allow;
+        limiter.record(&decision, admitted, delayed);
+        if let Verdict::Reject { status } = decision.verdict {
+            let body = headers::denial_body(limiter, &decision, status);
+            let mut resp = problem::header(status, body.len())?;
+            headers::apply(&mut resp, limiter, &decision, cfg.headers, true)?;
+            resp.insert_header(
+                "retry-after",
+                HeaderValue::from(headers::retry_after_secs(&decision)),
+            )?;
+            ctx.snapshot = Some(snap);
+            session.write_response_header(Box::new(resp), false).await?;
+            session.write_response_body(Some(body), true).await?;
+            return Ok(true);
+        }
+        ctx.decision = decision;
         ctx.snapshot = Some(snap);
-        match tenant {
-            Some(t) => ctx.tenant = t,
-            None => {
-                problem::respond(session, 401, "this request does not identify a tenant").await?;
-                return Ok(true);
+        Ok(false)
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if let Some(snap) = &ctx.snapshot {
+            if !ctx.decision.tiers.is_empty() {
+                headers::apply(
+                    upstream_response,
+                    &snap.limiter,
+                    &ctx.decision,
+                    snap.config.headers,
+                    false,
+                )?;
             }
         }
-        Ok(false)
+        Ok(())
     }
 
     async fn upstream_peer(

@@ -39,6 +39,9 @@ pub struct ServerFile {
     /// How long SIGTERM waits for in-flight requests (default 5s).
     #[serde(default)]
     pub grace_period: Option<ConfDuration>,
+    /// Cap on the counters each rate-limit rule tracks (memory bound under hostile input).
+    #[serde(default)]
+    pub max_counters_per_rule: Option<usize>,
     /// With `-d`: where the log goes (otherwise the inherited stderr is kept).
     #[serde(default)]
     pub error_log: Option<String>,
@@ -254,7 +257,7 @@ fn default_true() -> bool {
     true
 }
 
-#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Algorithm {
     #[default]

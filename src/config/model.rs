@@ -8,6 +8,7 @@ use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug)]
@@ -20,7 +21,7 @@ pub struct Config {
     pub routes: Vec<Route>,
     pub tenant: TenantSettings,
     pub plans: Plans,
-    pub rules: Vec<Rule>,
+    pub rules: Vec<Arc<Rule>>,
     pub redis: Option<RedisSettings>,
     pub headers: HeaderSettings,
 }
@@ -32,6 +33,7 @@ pub struct ServerSettings {
     pub threads: usize,
     pub trusted_proxies: Vec<IpNet>,
     pub grace_period: Duration,
+    pub max_counters_per_rule: usize,
     pub error_log: Option<String>,
     pub pid_file: String,
     pub upgrade_sock: String,
@@ -104,7 +106,7 @@ pub struct Tier {
     pub threshold: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum PartitionBy {
     Tenant,
     Ip,

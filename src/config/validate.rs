@@ -13,6 +13,7 @@ use ipnet::IpNet;
 use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default per-upstream timeouts (documented in the README).
@@ -21,6 +22,7 @@ pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_millis(500);
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
+pub const DEFAULT_MAX_COUNTERS_PER_RULE: usize = 200_000;
 
 /// One file being validated: its path, its position index and the errors found so far.
 struct Checker<'a> {
@@ -257,7 +259,16 @@ fn check_server(c: &mut Checker, s: &ServerFile) -> ServerSettings {
         Some(ConfDuration(d)) => d,
         None => DEFAULT_GRACE_PERIOD,
     };
+    let max_counters_per_rule = match s.max_counters_per_rule {
+        Some(0) => {
+            c.err("server.max_counters_per_rule", "must be at least 1");
+            1
+        }
+        Some(n) => n,
+        None => DEFAULT_MAX_COUNTERS_PER_RULE,
+    };
     ServerSettings {
+        max_counters_per_rule,
         listen,
         admin,
         threads,
@@ -604,7 +615,7 @@ fn check_per(c: &mut Checker, path: &str, per: &Option<String>) -> PartitionBy {
     }
 }
 
-fn check_rules(c: &mut Checker, prefix: &str, list: &[RuleFile], plans: &Plans) -> Vec<Rule> {
+fn check_rules(c: &mut Checker, prefix: &str, list: &[RuleFile], plans: &Plans) -> Vec<Arc<Rule>> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for (i, r) in list.iter().enumerate() {
@@ -672,20 +683,27 @@ fn check_rules(c: &mut Checker, prefix: &str, list: &[RuleFile], plans: &Plans) 
             }
             (_, None) => DEFAULT_MAX_DELAY,
         };
-        out.push(Rule {
+        let per = check_per(c, &format!("{base}.per"), &r.per);
+        if per != PartitionBy::Tenant && !r.plans.is_empty() {
+            c.err_key(
+                &format!("{base}.plans"),
+                "plans give tenants their own tiers: they apply only to rules with `per: tenant`",
+            );
+        }
+        out.push(Arc::new(Rule {
             id: r.id.clone(),
             enabled: r.enabled,
             methods: check_methods(c, &format!("{base}.methods"), &r.methods),
             path: check_pattern(c, &format!("{base}.pathPattern"), &r.path_pattern),
             host: check_host(c, &format!("{base}.host"), &r.host),
-            per: check_per(c, &format!("{base}.per"), &r.per),
+            per,
             algorithm: r.algorithm,
             tiers,
             plan_tiers,
             action: r.action,
             status,
             max_delay,
-        });
+        }));
     }
     out
 }

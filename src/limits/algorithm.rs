@@ -1,0 +1,320 @@
+//! The three algorithms, as pure functions of (state, tier, now). No clock, no storage, no
+//! locking here: the store owns the state, the limiter owns the clock.
+//!
+//! - `fixed_window`: windows aligned to the epoch, start = floor(now_ms / period_ms) * period_ms.
+//! - `sliding_window`: the previous window's count weighted by the part of it still inside the
+//!   sliding window, plus the current window's count.
+//! - `token_bucket`: GCRA. `threshold` tokens, refilled evenly, `threshold` every `period`.
+//!
+//! `evaluate` answers "would one more request pass?" without consuming anything; `commit`
+//! consumes. A request is committed only when every tier of every rule passed.
+
+use super::clock::NANOS_PER_MS;
+use crate::config::model::{Algorithm, Tier};
+
+/// The state of one tier of one counter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierState {
+    /// Windows: start of the current window (ms since the epoch).
+    pub window_start_ms: u64,
+    /// Windows: requests counted in the current window.
+    pub current: u64,
+    /// Sliding window: requests counted in the previous window.
+    pub previous: u64,
+    /// Token bucket: the theoretical arrival time (ns since the epoch).
+    pub tat_ns: u64,
+}
+
+/// The answer of one tier for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierVerdict {
+    pub allowed: bool,
+    /// Requests still allowed after this one (0 when denied).
+    pub remaining: u64,
+    /// Milliseconds until the window resets (token bucket: until the bucket is full again).
+    pub reset_ms: u64,
+    /// When denied: milliseconds until one request would pass.
+    pub retry_after_ms: u64,
+}
+
+fn period_ms(tier: &Tier) -> u64 {
+    (tier.period.as_millis() as u64).max(1)
+}
+
+fn ceil_div(a: u128, b: u128) -> u128 {
+    a.div_ceil(b.max(1))
+}
+
+/// Move the windows of `state` to `now` (forgetting windows that have passed). Consumes
+/// nothing: safe to call before a check that ends in a denial.
+pub fn roll(state: &mut TierState, tier: &Tier, algorithm: Algorithm, now_ns: u64) {
+    if algorithm == Algorithm::TokenBucket {
+        return;
+    }
+    let p = period_ms(tier);
+    let start = (now_ns / NANOS_PER_MS) / p * p;
+    if start > state.window_start_ms {
+        state.previous = if state.window_start_ms + p == start {
+            state.current
+        } else {
+            0
+        };
+        state.current = 0;
+        state.window_start_ms = start;
+    }
+}
+
+/// Would one more request pass? Call `roll` first.
+pub fn evaluate(state: &TierState, tier: &Tier, algorithm: Algorithm, now_ns: u64) -> TierVerdict {
+    let threshold = tier.threshold;
+    let now_ms = now_ns / NANOS_PER_MS;
+    match algorithm {
+        Algorithm::FixedWindow => {
+            let p = period_ms(tier);
+            let reset_ms = (state.window_start_ms + p).saturating_sub(now_ms).max(1);
+            let allowed = state.current < threshold;
+            TierVerdict {
+                allowed,
+                remaining: if allowed {
+                    threshold - state.current - 1
+                } else {
+                    0
+                },
+                reset_ms,
+                retry_after_ms: if allowed { 0 } else { reset_ms },
+            }
+        }
+        Algorithm::SlidingWindow => {
+            let p = period_ms(tier) as u128;
+            let elapsed = (now_ms.saturating_sub(state.window_start_ms) as u128).min(p);
+            let reset_ms = (p - elapsed).max(1) as u64;
+            let prev = state.previous as u128;
+            let cur = state.current as u128;
+            let t = threshold as u128;
+            // estimate * p = prev * (p - elapsed) + cur * p, compared in integers
+            let weighted = prev * (p - elapsed) + cur * p;
+            let budget = t * p;
+            let allowed = weighted + p <= budget;
+            let remaining = if allowed {
+                ((budget - weighted - p) / p) as u64
+            } else {
+                0
+            };
+            let retry_after_ms = if allowed {
+                0
+            } else if cur < t {
+                // wait until enough of the previous window has slid out:
+                // prev * (p - e) <= (t - cur - 1) * p
+                let room = (t - cur - 1) * p;
+                let e_needed = p - room / prev.max(1);
+                ceil_div(e_needed.saturating_sub(elapsed), 1) as u64
+            } else {
+                // the current window is full: wait for the next one, where it weighs as
+                // `previous`: cur * (p - e) <= (t - 1) * p
+                let to_next = p - elapsed;
+                let e_needed = p - ((t - 1) * p) / cur.max(1);
+                (to_next + e_needed) as u64
+            };
+            TierVerdict {
+                allowed,
+                remaining,
+                reset_ms,
+                retry_after_ms: retry_after_ms.max(if allowed { 0 } else { 1 }),
+            }
+        }
+        Algorithm::TokenBucket => {
+            let p_ns = period_ms(tier) as u128 * NANOS_PER_MS as u128;
+            let t = threshold.max(1) as u128;
+            let interval = (p_ns / t).max(1); // one token every `interval`
+            let now = now_ns as u128;
+            let tat = (state.tat_ns as u128).max(now);
+            let new_tat = tat + interval;
+            let allowed = new_tat - now <= p_ns;
+            let ms = NANOS_PER_MS as u128;
+            if allowed {
+                TierVerdict {
+                    allowed,
+                    remaining: ((p_ns - (new_tat - now)) / interval) as u64,
+                    reset_ms: ceil_div(new_tat - now, ms).max(1) as u64,
+                    retry_after_ms: 0,
+                }
+            } else {
+                TierVerdict {
+                    allowed,
+                    remaining: 0,
+                    reset_ms: ceil_div(tat - now, ms).max(1) as u64,
+                    retry_after_ms: ceil_div(new_tat - now - p_ns, ms).max(1) as u64,
+                }
+            }
+        }
+    }
+}
+
+/// Consume one request. Call only after `evaluate` allowed it (for every tier).
+pub fn commit(state: &mut TierState, tier: &Tier, algorithm: Algorithm, now_ns: u64) {
+    match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => state.current += 1,
+        Algorithm::TokenBucket => {
+            let p_ns = period_ms(tier) as u128 * NANOS_PER_MS as u128;
+            let interval = (p_ns / tier.threshold.max(1) as u128).max(1);
+            let tat = (state.tat_ns as u128).max(now_ns as u128);
+            state.tat_ns = u64::try_from(tat + interval).unwrap_or(u64::MAX);
+        }
+    }
+}
+
+/// Until when (ms since the epoch) this state still matters; after that it can be dropped.
+pub fn needed_until_ms(state: &TierState, tier: &Tier, algorithm: Algorithm) -> u64 {
+    let p = period_ms(tier);
+    match algorithm {
+        Algorithm::FixedWindow => state.window_start_ms + p,
+        Algorithm::SlidingWindow => state.window_start_ms + 2 * p,
+        Algorithm::TokenBucket => state.tat_ns / NANOS_PER_MS + 1,
+    }
+}
+
+/// The weight of a state for eviction: how much would be lost by forgetting it at `now`.
+pub fn weight(state: &TierState, tier: &Tier, algorithm: Algorithm, now_ns: u64) -> u64 {
+    let mut s = *state;
+    roll(&mut s, tier, algorithm, now_ns);
+    match algorithm {
+        Algorithm::FixedWindow => s.current,
+        Algorithm::SlidingWindow => s.current + s.previous,
+        Algorithm::TokenBucket => {
+            let p_ns = period_ms(tier) as u128 * NANOS_PER_MS as u128;
+            let interval = (p_ns / tier.threshold.max(1) as u128).max(1);
+            ((s.tat_ns as u128).saturating_sub(now_ns as u128) / interval) as u64
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::clock::{Clock, FakeClock};
+    use std::time::Duration;
+
+    fn tier(period_s: u64, threshold: u64) -> Tier {
+        Tier {
+            period: Duration::from_secs(period_s),
+            threshold,
+        }
+    }
+
+    /// Send one request at the clock's time; return its verdict (committed if allowed).
+    fn hit(s: &mut TierState, t: &Tier, a: Algorithm, clock: &FakeClock) -> TierVerdict {
+        let now = clock.now_ns();
+        roll(s, t, a, now);
+        let v = evaluate(s, t, a, now);
+        if v.allowed {
+            commit(s, t, a, now);
+        }
+        v
+    }
+
+    #[test]
+    fn fixed_window_counts_down_and_resets_on_epoch_boundary() {
+        let t = tier(10, 5);
+        let clock = FakeClock::at_ms(162_731_878_077); // the seed's example: window 162731870000..162731880000
+        let mut s = TierState::default();
+        let remaining: Vec<u64> = (0..5)
+            .map(|_| hit(&mut s, &t, Algorithm::FixedWindow, &clock).remaining)
+            .collect();
+        assert_eq!(remaining, vec![4, 3, 2, 1, 0]);
+        assert_eq!(s.window_start_ms, 162_731_870_000);
+        let denied = hit(&mut s, &t, Algorithm::FixedWindow, &clock);
+        assert!(!denied.allowed);
+        assert_eq!(denied.retry_after_ms, 162_731_880_000 - 162_731_878_077);
+        assert_eq!(s.current, 5, "a denial consumes nothing");
+        clock.set_ms(162_731_880_000); // next window
+        assert_eq!(hit(&mut s, &t, Algorithm::FixedWindow, &clock).remaining, 4);
+    }
+
+    #[test]
+    fn sliding_window_weighs_previous_window() {
+        let t = tier(10, 10);
+        let clock = FakeClock::at_ms(100_000);
+        let mut s = TierState::default();
+        for _ in 0..10 {
+            assert!(hit(&mut s, &t, Algorithm::SlidingWindow, &clock).allowed);
+        }
+        assert!(!hit(&mut s, &t, Algorithm::SlidingWindow, &clock).allowed);
+        // 5 s into the next window, half of the previous 10 still count: 5 left
+        clock.set_ms(115_000);
+        let allowed = (0..10)
+            .filter(|_| hit(&mut s, &t, Algorithm::SlidingWindow, &clock).allowed)
+            .count();
+        assert_eq!(allowed, 5);
+        // a fixed window would have allowed all 10 here
+        let mut f = TierState::default();
+        clock.set_ms(100_000);
+        (0..10).for_each(|_| {
+            hit(&mut f, &t, Algorithm::FixedWindow, &clock);
+        });
+        clock.set_ms(115_000);
+        assert_eq!(
+            (0..10)
+                .filter(|_| hit(&mut f, &t, Algorithm::FixedWindow, &clock).allowed)
+                .count(),
+            10
+        );
+    }
+
+    #[test]
+    fn sliding_window_retry_after_is_when_a_request_fits() {
+        let t = tier(10, 10);
+        let clock = FakeClock::at_ms(100_000);
+        let mut s = TierState::default();
+        (0..10).for_each(|_| {
+            hit(&mut s, &t, Algorithm::SlidingWindow, &clock);
+        });
+        clock.set_ms(112_000); // 2 s into next window: prev 10 weighs 8
+        (0..2).for_each(|_| assert!(hit(&mut s, &t, Algorithm::SlidingWindow, &clock).allowed));
+        let d = hit(&mut s, &t, Algorithm::SlidingWindow, &clock);
+        assert!(!d.allowed);
+        clock.advance_ms(d.retry_after_ms - 1);
+        let mut probe = s;
+        roll(&mut probe, &t, Algorithm::SlidingWindow, clock.now_ns());
+        assert!(!evaluate(&probe, &t, Algorithm::SlidingWindow, clock.now_ns()).allowed);
+        clock.advance_ms(1);
+        assert!(
+            hit(&mut s, &t, Algorithm::SlidingWindow, &clock).allowed,
+            "fits exactly at retry_after"
+        );
+    }
+
+    #[test]
+    fn token_bucket_bursts_then_refills_evenly() {
+        let t = tier(10, 5); // one token every 2 s, burst of 5
+        let clock = FakeClock::at_ms(1_000_000);
+        let mut s = TierState::default();
+        let remaining: Vec<u64> = (0..5)
+            .map(|_| hit(&mut s, &t, Algorithm::TokenBucket, &clock).remaining)
+            .collect();
+        assert_eq!(remaining, vec![4, 3, 2, 1, 0]);
+        let d = hit(&mut s, &t, Algorithm::TokenBucket, &clock);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_ms, 2000);
+        clock.advance_ms(1999);
+        assert!(!hit(&mut s, &t, Algorithm::TokenBucket, &clock).allowed);
+        clock.advance_ms(1);
+        assert!(hit(&mut s, &t, Algorithm::TokenBucket, &clock).allowed);
+        // after a full period the bucket is full again
+        clock.advance_ms(10_000);
+        assert_eq!(hit(&mut s, &t, Algorithm::TokenBucket, &clock).remaining, 4);
+    }
+
+    #[test]
+    fn windows_forget_old_counts_and_report_reset() {
+        let t = tier(1, 2);
+        let clock = FakeClock::at_ms(5_250);
+        let mut s = TierState::default();
+        let v = hit(&mut s, &t, Algorithm::FixedWindow, &clock);
+        assert_eq!(v.reset_ms, 750);
+        clock.set_ms(9_000); // several windows later: previous is not the adjacent window
+        roll(&mut s, &t, Algorithm::SlidingWindow, clock.now_ns());
+        assert_eq!((s.current, s.previous), (0, 0));
+        assert_eq!(needed_until_ms(&s, &t, Algorithm::FixedWindow), 10_000);
+        assert_eq!(needed_until_ms(&s, &t, Algorithm::SlidingWindow), 11_000);
+    }
+}

@@ -1,0 +1,382 @@
+//! The decision for one request: which rules apply, and whether every tier of every applying
+//! rule lets it through. Check, then commit: a request denied by any tier consumes nothing from
+//! any tier.
+//!
+//! Concurrency: the shards of all applying rules are locked together, always in the order of
+//! their counters' `uid` (stable across reloads), so check-then-commit is exact and two requests
+//! can never deadlock, even when one runs under an older config than the other.
+
+use super::algorithm::{self, TierState, TierVerdict};
+use super::clock::{Clock, NANOS_PER_MS};
+use super::partition::{PartitionValue, KEY_BUF};
+use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Untracked};
+use crate::config::model::{Action, Algorithm, PartitionBy, Plans, Rule, Tier};
+use http::{HeaderMap, Method};
+use prometheus::{IntCounter, IntCounterVec};
+use smallvec::SmallVec;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// Decision metrics of one rule (`tollgate_ratelimit_decisions_total{rule,decision}`).
+pub struct RuleMetrics {
+    pub allowed: IntCounter,
+    pub denied: IntCounter,
+    pub shadow_denied: IntCounter,
+    pub delayed: IntCounter,
+}
+
+pub struct CompiledRule {
+    pub rule: Arc<Rule>,
+    pub counters: Arc<RuleCounters>,
+    /// For each config plan (by index): the tier list of `counters` its tenants use.
+    plan_lists: Vec<u16>,
+    pub metrics: RuleMetrics,
+}
+
+/// The rate limiter of one config snapshot. Its counters outlive it (see `CounterRegistry`).
+pub struct Limiter {
+    pub rules: Vec<CompiledRule>,
+    clock: Arc<dyn Clock>,
+}
+
+/// What the limiter needs to know about a request.
+pub struct LimitRequest<'a> {
+    pub method: &'a Method,
+    pub host: Option<&'a str>,
+    /// The normalized path.
+    pub path: &'a str,
+    pub tenant: &'a [u8],
+    pub client_ip: IpAddr,
+    pub headers: &'a HeaderMap,
+}
+
+/// One tier's answer, for headers and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierReport {
+    /// Index into `Limiter::rules`.
+    pub rule: u16,
+    pub threshold: u64,
+    pub period_ms: u64,
+    pub verdict: TierVerdict,
+    pub shadow: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// Over the limit: answer `status` now.
+    Reject {
+        status: u16,
+    },
+    /// Over the limit of `delay` rules only: try again after `wait_ms` (at most `max_delay_ms`
+    /// after the first attempt).
+    Delay {
+        wait_ms: u64,
+        max_delay_ms: u64,
+        status: u16,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// Every tier of every applying rule (shadow rules flagged).
+    pub tiers: SmallVec<[TierReport; 6]>,
+    /// (rule index, violated) for every applying rule.
+    pub applied: SmallVec<[(u16, bool); 4]>,
+}
+
+impl Decision {
+    pub fn none() -> Self {
+        Decision {
+            verdict: Verdict::Allow,
+            tiers: SmallVec::new(),
+            applied: SmallVec::new(),
+        }
+    }
+
+    /// The longest wait among violated enforcing tiers.
+    pub fn retry_after_ms(&self) -> u64 {
+        self.tiers
+            .iter()
+            .filter(|t| !t.shadow && !t.verdict.allowed)
+            .map(|t| t.verdict.retry_after_ms)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// An applying rule during one decision.
+struct Applying {
+    rule: u16,
+    list: u16,
+    key_start: usize,
+    key_end: usize,
+}
+
+/// Where a decision reads and writes tier states: a tracked counter, or a stand-in built from
+/// the sketch estimate of an untracked partition (never committed).
+enum Slot<'g> {
+    Tracked(&'g mut Counter),
+    Untracked(SmallVec<[TierState; 2]>),
+}
+
+impl Slot<'_> {
+    fn states(&mut self) -> &mut [TierState] {
+        match self {
+            Slot::Tracked(c) => &mut c.tiers,
+            Slot::Untracked(s) => s,
+        }
+    }
+}
+
+/// State standing in for an untracked partition that has been seen `seen` times (this request
+/// included): as if its earlier requests all fell in the current window.
+fn stand_in(tier: &Tier, algo: Algorithm, now_ns: u64, seen: u64) -> TierState {
+    let before = seen.saturating_sub(1);
+    let p_ms = (tier.period.as_millis() as u64).max(1);
+    let mut s = TierState {
+        window_start_ms: (now_ns / NANOS_PER_MS) / p_ms * p_ms,
+        current: before,
+        ..TierState::default()
+    };
+    if algo == Algorithm::TokenBucket {
+        let interval = (p_ms * NANOS_PER_MS / tier.threshold.max(1)).max(1);
+        s.tat_ns = now_ns.saturating_add(before.saturating_mul(interval));
+    }
+    s
+}
+
+impl Limiter {
+    /// Compile the rules of a config, reusing the counters of rules whose identity is unchanged.
+    pub fn build(
+        rules: &[Arc<Rule>],
+        plans: &Plans,
+        registry: &CounterRegistry,
+        decisions: &IntCounterVec,
+        cap_per_rule: usize,
+        clock: Arc<dyn Clock>,
+    ) -> Limiter {
+        let compiled = rules
+            .iter()
+            .filter(|r| r.enabled)
+            .map(|r| {
+                let mut lists = vec![(None, r.tiers.clone())];
+                let mut plan_lists = vec![0u16; plans.names.len()];
+                for (p, tiers) in r.plan_tiers.iter().enumerate() {
+                    if let Some(t) = tiers {
+                        plan_lists[p] = lists.len() as u16;
+                        lists.push((Some(plans.names[p].clone()), t.clone()));
+                    }
+                }
+                let identity = RuleIdentity {
+                    id: r.id.clone(),
+                    algorithm: r.algorithm,
+                    per: r.per.clone(),
+                    lists,
+                };
+                let m = |d: &str| decisions.with_label_values(&[r.id.as_str(), d]);
+                CompiledRule {
+                    rule: Arc::clone(r),
+                    counters: registry.get_or_create(identity, cap_per_rule),
+                    plan_lists,
+                    metrics: RuleMetrics {
+                        allowed: m("allowed"),
+                        denied: m("denied"),
+                        shadow_denied: m("shadow_denied"),
+                        delayed: m("delayed"),
+                    },
+                }
+            })
+            .collect();
+        Limiter {
+            rules: compiled,
+            clock,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    fn partition<'a>(rule: &Rule, req: &LimitRequest<'a>) -> Option<PartitionValue<'a>> {
+        Some(match &rule.per {
+            PartitionBy::Tenant => PartitionValue::Bytes(req.tenant),
+            PartitionBy::Ip => PartitionValue::Ip(req.client_ip),
+            PartitionBy::Global => PartitionValue::Global,
+            // a request without the header is not counted by that rule
+            PartitionBy::Header(h) => PartitionValue::Bytes(req.headers.get(h)?.as_bytes()),
+        })
+    }
+
+    /// Decide, and commit if the request is allowed.
+    pub fn decide(&self, req: &LimitRequest, plans: &Plans) -> Decision {
+        let mut decision = Decision::none();
+        if self.rules.is_empty() {
+            return decision;
+        }
+        let plan = if plans.names.is_empty() {
+            None
+        } else {
+            plans.plan_of(req.tenant)
+        };
+
+        // 1. the applying rules, with their partition keys in one arena
+        let mut arena: SmallVec<[u8; 256]> = SmallVec::new();
+        let mut applying: SmallVec<[Applying; 4]> = SmallVec::new();
+        let mut key = [0u8; KEY_BUF];
+        for (i, cr) in self.rules.iter().enumerate() {
+            let r = &cr.rule;
+            if !r.methods.contains(req.method)
+                || !r
+                    .host
+                    .as_ref()
+                    .is_none_or(|h| req.host.is_some_and(|rh| h.matches(rh)))
+                || !r.path.matches(req.path)
+            {
+                continue;
+            }
+            let Some(part) = Self::partition(r, req) else {
+                continue;
+            };
+            let n = part.store_key(&mut key);
+            let key_start = arena.len();
+            arena.extend_from_slice(&key[..n]);
+            let list = match (&r.per, plan) {
+                (PartitionBy::Tenant, Some(p)) => cr.plan_lists.get(p).copied().unwrap_or(0),
+                _ => 0,
+            };
+            applying.push(Applying {
+                rule: i as u16,
+                list,
+                key_start,
+                key_end: arena.len(),
+            });
+        }
+        if applying.is_empty() {
+            return decision;
+        }
+        // 2. lock in uid order
+        applying.sort_unstable_by_key(|a| self.rules[a.rule as usize].counters.uid);
+        let mut guards: SmallVec<[_; 4]> = applying
+            .iter()
+            .map(|a| {
+                let rc = &self.rules[a.rule as usize].counters;
+                rc.lock(rc.shard_of(&arena[a.key_start..a.key_end]))
+            })
+            .collect();
+        let now = self.clock.now_ns();
+
+        // 3. check every tier
+        let mut slots: SmallVec<[Slot; 4]> = SmallVec::new();
+        for (a, guard) in applying.iter().zip(guards.iter_mut()) {
+            let cr = &self.rules[a.rule as usize];
+            let rc = &cr.counters;
+            let tiers = rc.tiers(a.list);
+            let algo = rc.algorithm();
+            let mut slot = match rc.counter(guard, &arena[a.key_start..a.key_end], a.list, now) {
+                Ok(c) => Slot::Tracked(c),
+                Err(Untracked(seen)) => {
+                    Slot::Untracked(tiers.iter().map(|t| stand_in(t, algo, now, seen)).collect())
+                }
+            };
+            let shadow = cr.rule.action == Action::Shadow;
+            let mut violated = false;
+            for (state, tier) in slot.states().iter_mut().zip(tiers) {
+                algorithm::roll(state, tier, algo, now);
+                let verdict = algorithm::evaluate(state, tier, algo, now);
+                violated |= !verdict.allowed;
+                decision.tiers.push(TierReport {
+                    rule: a.rule,
+                    threshold: tier.threshold,
+                    period_ms: tier.period.as_millis() as u64,
+                    verdict,
+                    shadow,
+                });
+            }
+            decision.applied.push((a.rule, violated));
+            slots.push(slot);
+        }
+
+        // 4. the verdict
+        let mut reject: Option<u16> = None;
+        let mut delay: Option<(u64, u16)> = None; // (smallest max_delay, status)
+        for &(rule, violated) in &decision.applied {
+            let r = &self.rules[rule as usize].rule;
+            if !violated {
+                continue;
+            }
+            match r.action {
+                Action::Shadow => {}
+                Action::Reject => {
+                    reject.get_or_insert(r.status);
+                }
+                Action::Delay => {
+                    let md = r.max_delay.as_millis() as u64;
+                    delay = Some(match delay {
+                        Some((d, s)) if d <= md => (d, s),
+                        _ => (md, r.status),
+                    });
+                }
+            }
+        }
+        decision.verdict = match (reject, delay) {
+            (Some(status), _) => Verdict::Reject { status },
+            (None, Some((max_delay_ms, status))) => {
+                let wait_ms = decision.retry_after_ms();
+                if wait_ms <= max_delay_ms {
+                    Verdict::Delay {
+                        wait_ms,
+                        max_delay_ms,
+                        status,
+                    }
+                } else {
+                    Verdict::Reject { status }
+                }
+            }
+            (None, None) => Verdict::Allow,
+        };
+
+        // 5. commit (shadow rules only where they themselves passed)
+        if decision.verdict == Verdict::Allow {
+            for ((a, slot), &(_, violated)) in
+                applying.iter().zip(slots.iter_mut()).zip(&decision.applied)
+            {
+                if violated {
+                    continue;
+                }
+                if let Slot::Tracked(c) = slot {
+                    let rc = &self.rules[a.rule as usize].counters;
+                    let algo = rc.algorithm();
+                    for (state, tier) in c.tiers.iter_mut().zip(rc.tiers(a.list)) {
+                        algorithm::commit(state, tier, algo, now);
+                    }
+                }
+            }
+            // the remaining counts reported were computed as if committed
+        }
+        drop(slots);
+        drop(guards);
+        decision
+    }
+
+    /// Count the final outcome of a request in the decision metrics.
+    pub fn record(&self, d: &Decision, admitted: bool, was_delayed: bool) {
+        for &(rule, violated) in &d.applied {
+            let cr = &self.rules[rule as usize];
+            let m = &cr.metrics;
+            match (cr.rule.action, admitted, violated) {
+                (Action::Shadow, _, true) => m.shadow_denied.inc(),
+                (Action::Shadow, _, false) => m.allowed.inc(),
+                (Action::Delay, true, _) if was_delayed => m.delayed.inc(),
+                (_, true, _) => m.allowed.inc(),
+                (_, false, true) => m.denied.inc(),
+                (_, false, false) => {}
+            }
+        }
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+}

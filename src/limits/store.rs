@@ -1,0 +1,353 @@
+//! Local counters: exact per-counter state, sharded, with bounded memory.
+//!
+//! One `RuleCounters` per rule identity (id, algorithm, `per`, tiers): it lives outside the
+//! config snapshot, in the `CounterRegistry`, so a reload that keeps a rule's id and tiers keeps
+//! its counts. Inside, counters are keyed by the partition's store key and spread over shards,
+//! each behind its own mutex.
+//!
+//! Memory is bounded by `cap` counters per rule. When a shard is full, a new partition may take
+//! the place of the lightest of a few sampled counters, but only if a count-min sketch
+//! (pingora-limits' `Estimator`: fixed memory, never under-counts) says the newcomer has been
+//! seen more often than that counter's weight (TinyLFU admission). A flood of one-off tenant
+//! ids therefore cannot evict a busy tenant's counter. A partition that is not admitted is
+//! judged on its sketch estimate instead of an exact count (conservative: the sketch only
+//! over-counts).
+
+use super::algorithm::{self, TierState};
+use crate::config::model::{Algorithm, PartitionBy, Tier};
+use hashbrown::hash_map::EntryRef;
+use hashbrown::HashMap;
+use parking_lot::{Mutex, MutexGuard};
+use pingora_limits::estimator::Estimator;
+use prometheus::IntCounter;
+use smallvec::{smallvec, SmallVec};
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+/// Shards per rule: enough to keep two to a few dozen worker threads off each other's locks.
+pub const SHARDS: usize = 32;
+/// How many counters are looked at to find one to evict.
+const EVICTION_SAMPLE: usize = 8;
+/// Counters are kept this long after the last window they matter for.
+pub const GRACE_MS: u64 = 1000;
+
+/// What makes counts of one rule comparable across reloads.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RuleIdentity {
+    pub id: String,
+    pub algorithm: Algorithm,
+    pub per: PartitionBy,
+    /// Index 0: the rule's `tiers`; then one list per plan that has its own, by plan name.
+    pub lists: Vec<(Option<String>, Vec<Tier>)>,
+}
+
+/// The state of one partition of one rule: one `TierState` per tier of its tier list.
+#[derive(Debug, Clone)]
+pub struct Counter {
+    pub list: u16,
+    pub tiers: SmallVec<[TierState; 2]>,
+}
+
+pub struct Shard {
+    map: HashMap<Box<[u8]>, Counter, RandomState>,
+}
+
+/// Why a partition has no exact counter: its sketch estimate (requests seen, this one included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Untracked(pub u64);
+
+pub struct RuleCounters {
+    /// Unique and increasing: locks of several rules are always taken in `uid` order.
+    pub uid: u64,
+    pub identity: RuleIdentity,
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    shard_cap: AtomicUsize,
+    sketch: Estimator,
+    evictions: IntCounter,
+    untracked: IntCounter,
+}
+
+impl RuleCounters {
+    fn new(
+        uid: u64,
+        identity: RuleIdentity,
+        cap: usize,
+        evictions: IntCounter,
+        untracked: IntCounter,
+    ) -> Self {
+        let hasher = RandomState::new();
+        let shards = (0..SHARDS)
+            .map(|_| {
+                Mutex::new(Shard {
+                    map: HashMap::with_hasher(hasher.clone()),
+                })
+            })
+            .collect();
+        RuleCounters {
+            uid,
+            identity,
+            shards,
+            hasher,
+            shard_cap: AtomicUsize::new(cap.div_ceil(SHARDS).max(1)),
+            sketch: Estimator::new(4, 4096),
+            evictions,
+            untracked,
+        }
+    }
+
+    pub fn tiers(&self, list: u16) -> &[Tier] {
+        self.identity
+            .lists
+            .get(list as usize)
+            .map_or(&[][..], |(_, t)| t.as_slice())
+    }
+
+    pub fn algorithm(&self) -> Algorithm {
+        self.identity.algorithm
+    }
+
+    pub fn shard_of(&self, key: &[u8]) -> usize {
+        (self.hasher.hash_one(key) as usize) % SHARDS
+    }
+
+    pub fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
+        self.shards[shard % SHARDS].lock()
+    }
+
+    /// The counter of `key` (tier list `list`) in a locked shard, created if there is room or
+    /// the newcomer is admitted over a lighter counter.
+    pub fn counter<'s>(
+        &self,
+        shard: &'s mut Shard,
+        key: &[u8],
+        list: u16,
+        now_ns: u64,
+    ) -> Result<&'s mut Counter, Untracked> {
+        let n = self.tiers(list).len();
+        let fresh = || Counter {
+            list,
+            tiers: smallvec![TierState::default(); n],
+        };
+        let cap = self.shard_cap.load(Ordering::Relaxed);
+        if shard.map.len() < cap || shard.map.contains_key(key) {
+            let c = shard.map.entry_ref(key).or_insert_with(fresh);
+            if c.list != list || c.tiers.len() != n {
+                *c = fresh(); // the partition moved to another plan
+            }
+            return Ok(c);
+        }
+        // Full: admit the newcomer only over a lighter counter.
+        let seen = self.sketch.incr(key, 1).max(1) as u64;
+        let victim = shard
+            .map
+            .iter()
+            .take(EVICTION_SAMPLE)
+            .map(|(k, c)| (self.weight(c, now_ns), k))
+            .min_by_key(|(w, _)| *w)
+            .map(|(w, k)| (w, k.clone()));
+        match victim {
+            Some((w, victim_key)) if w == 0 || seen > w => {
+                shard.map.remove(&victim_key);
+                self.evictions.inc();
+                let c = match shard.map.entry_ref(key) {
+                    EntryRef::Occupied(o) => o.into_mut(),
+                    EntryRef::Vacant(v) => v.insert(fresh()),
+                };
+                Ok(c)
+            }
+            _ => {
+                self.untracked.inc();
+                Err(Untracked(seen))
+            }
+        }
+    }
+
+    fn weight(&self, c: &Counter, now_ns: u64) -> u64 {
+        let algo = self.algorithm();
+        c.tiers
+            .iter()
+            .zip(self.tiers(c.list))
+            .map(|(s, t)| algorithm::weight(s, t, algo, now_ns))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Drop counters no window needs any more; returns how many are left.
+    pub fn sweep(&self, now_ms: u64) -> usize {
+        let algo = self.algorithm();
+        let mut left = 0;
+        for shard in self.shards.iter() {
+            let mut s = shard.lock();
+            s.map.retain(|_, c| {
+                c.tiers
+                    .iter()
+                    .zip(self.tiers(c.list))
+                    .any(|(st, t)| algorithm::needed_until_ms(st, t, algo) + GRACE_MS > now_ms)
+            });
+            left += s.map.len();
+        }
+        left
+    }
+
+    /// Forget the sketch's history (called periodically, so old frequencies fade).
+    pub fn reset_sketch(&self) {
+        self.sketch.reset();
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().map.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A copy of the counter of `key`, if tracked (for tests and inspection).
+    pub fn get(&self, key: &[u8]) -> Option<Counter> {
+        self.lock(self.shard_of(key)).map.get(key).cloned()
+    }
+}
+
+/// Every rule's counters, by identity; outlives config snapshots.
+pub struct CounterRegistry {
+    rules: Mutex<HashMap<RuleIdentity, Weak<RuleCounters>, RandomState>>,
+    next_uid: AtomicU64,
+    evictions: IntCounter,
+    untracked: IntCounter,
+}
+
+impl CounterRegistry {
+    pub fn new(evictions: IntCounter, untracked: IntCounter) -> Self {
+        CounterRegistry {
+            rules: Mutex::new(HashMap::with_hasher(RandomState::new())),
+            next_uid: AtomicU64::new(1),
+            evictions,
+            untracked,
+        }
+    }
+
+    /// The counters of a rule: the existing ones if a live rule has the same identity.
+    pub fn get_or_create(&self, identity: RuleIdentity, cap: usize) -> Arc<RuleCounters> {
+        let mut rules = self.rules.lock();
+        if let Some(existing) = rules.get(&identity).and_then(Weak::upgrade) {
+            existing
+                .shard_cap
+                .store(cap.div_ceil(SHARDS).max(1), Ordering::Relaxed);
+            return existing;
+        }
+        let uid = self.next_uid.fetch_add(1, Ordering::Relaxed);
+        let rc = Arc::new(RuleCounters::new(
+            uid,
+            identity.clone(),
+            cap,
+            self.evictions.clone(),
+            self.untracked.clone(),
+        ));
+        rules.insert(identity, Arc::downgrade(&rc));
+        rc
+    }
+
+    /// The rules still in use by some snapshot (forgets the others).
+    pub fn live(&self) -> Vec<Arc<RuleCounters>> {
+        let mut rules = self.rules.lock();
+        rules.retain(|_, w| w.strong_count() > 0);
+        rules.values().filter_map(Weak::upgrade).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn registry() -> CounterRegistry {
+        CounterRegistry::new(
+            IntCounter::new("e", "e").unwrap(),
+            IntCounter::new("u", "u").unwrap(),
+        )
+    }
+
+    fn identity(id: &str) -> RuleIdentity {
+        RuleIdentity {
+            id: id.into(),
+            algorithm: Algorithm::FixedWindow,
+            per: PartitionBy::Tenant,
+            lists: vec![(
+                None,
+                vec![Tier {
+                    period: Duration::from_secs(10),
+                    threshold: 100,
+                }],
+            )],
+        }
+    }
+
+    fn hit(rc: &RuleCounters, key: &[u8], now_ns: u64) -> bool {
+        let mut shard = rc.lock(rc.shard_of(key));
+        match rc.counter(&mut shard, key, 0, now_ns) {
+            Ok(c) => {
+                let t = rc.tiers(0)[0];
+                algorithm::roll(&mut c.tiers[0], &t, Algorithm::FixedWindow, now_ns);
+                algorithm::commit(&mut c.tiers[0], &t, Algorithm::FixedWindow, now_ns);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    #[test]
+    fn same_identity_shares_counters_other_identity_does_not() {
+        let reg = registry();
+        let a = reg.get_or_create(identity("a"), 100);
+        let a2 = reg.get_or_create(identity("a"), 100);
+        let b = reg.get_or_create(identity("b"), 100);
+        assert!(Arc::ptr_eq(&a, &a2));
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert!(b.uid > a.uid);
+        drop((a, a2));
+        assert_eq!(reg.live().len(), 1, "dropped rules are forgotten");
+    }
+
+    #[test]
+    fn a_million_distinct_tenants_cannot_evict_a_busy_one_and_memory_stays_capped() {
+        let reg = registry();
+        let cap = 1000;
+        let rc = reg.get_or_create(identity("flood"), cap);
+        let now = 5_000_000_000_000u64;
+        for _ in 0..50 {
+            assert!(hit(&rc, b"busy", now));
+        }
+        for i in 0..1_000_000u32 {
+            hit(&rc, format!("flood-{i}").as_bytes(), now);
+            if i % 1000 == 0 {
+                hit(&rc, b"busy", now);
+            }
+        }
+        assert!(
+            rc.len() <= cap.div_ceil(SHARDS) * SHARDS,
+            "len {}",
+            rc.len()
+        );
+        let busy = rc.get(b"busy").expect("busy tenant still tracked");
+        assert_eq!(
+            busy.tiers[0].current,
+            50 + 1000,
+            "its count was never reset"
+        );
+    }
+
+    #[test]
+    fn sweep_drops_counters_after_their_window_and_grace() {
+        let reg = registry();
+        let rc = reg.get_or_create(identity("s"), 100);
+        let t0 = 1_000_000u64; // ms
+        hit(&rc, b"x", t0 * 1_000_000);
+        assert_eq!(rc.sweep(t0 + 9_000), 1);
+        // window [1000000, 1010000) + grace
+        assert_eq!(rc.sweep(1_010_000 + GRACE_MS - 1), 1);
+        assert_eq!(rc.sweep(1_010_000 + GRACE_MS), 0);
+    }
+}
