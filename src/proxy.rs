@@ -13,7 +13,7 @@
 use crate::client_addr::client_ip;
 use crate::limits::headers;
 use crate::limits::{Decision, LimitRequest, Verdict};
-use crate::matching::normalize_path;
+use crate::matching::{normalize_path, Segments};
 use crate::metrics::Metrics;
 use crate::problem;
 use crate::routing::find_route;
@@ -101,7 +101,9 @@ impl ProxyHttp for Gateway {
             .and_then(|v| v.to_str().ok())
             .or_else(|| req.uri.host());
 
-        let Some((route_idx, _route)) = find_route(&cfg.routes, &req.method, host, &path) else {
+        let segments = Segments::new(&path);
+        let Some((route_idx, _route)) = find_route(&cfg.routes, &req.method, host, &segments)
+        else {
             ctx.snapshot = Some(snap);
             problem::respond(session, 404, "no route matches this request").await?;
             return Ok(true);
@@ -129,6 +131,7 @@ impl ProxyHttp for Gateway {
         ctx.route = Some(route_idx);
         ctx.client_ip = Some(client);
         let Some(tenant) = tenant else {
+            drop(segments);
             drop(path);
             ctx.snapshot = Some(snap);
             problem::respond(session, 401, "this request does not identify a tenant").await?;
@@ -144,7 +147,7 @@ impl ProxyHttp for Gateway {
             let lreq = LimitRequest {
                 method: &req.method,
                 host,
-                path: &path,
+                path: &segments,
                 tenant: &tenant,
                 client_ip: client,
                 headers: &req.headers,
@@ -168,6 +171,7 @@ impl ProxyHttp for Gateway {
             }
             d
         };
+        drop(segments);
         drop(path);
         ctx.tenant = tenant;
         let admitted = decision.verdict == Verdict::Allow;

@@ -1,14 +1,15 @@
 //! Route matching: the first route whose method, host and path match wins.
 
 use crate::config::model::Route;
+use crate::matching::Segments;
 use http::Method;
 
-/// Find the route for a request. `path` must be normalized; `host` is the request's Host.
+/// Find the route for a request: `path` is the normalized path, split; `host` the request's Host.
 pub fn find_route<'a>(
     routes: &'a [Route],
     method: &Method,
     host: Option<&str>,
-    path: &str,
+    path: &Segments,
 ) -> Option<(usize, &'a Route)> {
     routes.iter().enumerate().find(|(_, r)| {
         r.methods.contains(method)
@@ -17,7 +18,7 @@ pub fn find_route<'a>(
                 (Some(h), Some(req_host)) => h.matches(req_host),
                 (Some(_), None) => false,
             }
-            && r.path.matches(path)
+            && r.path.matches_segments(path)
     })
 }
 
@@ -48,7 +49,7 @@ mod tests {
             route("default", None, "/**", None),
         ];
         let id = |m: Method, h: Option<&str>, p: &str| {
-            find_route(&routes, &m, h, p).map(|(_, r)| r.id.clone())
+            find_route(&routes, &m, h, &Segments::new(p)).map(|(_, r)| r.id.clone())
         };
         assert_eq!(
             id(
@@ -82,6 +83,6 @@ mod tests {
             Some("default")
         );
         let only = vec![route("p", None, "/p/*", None)];
-        assert!(find_route(&only, &Method::GET, None, "/q").is_none());
+        assert!(find_route(&only, &Method::GET, None, &Segments::new("/q")).is_none());
     }
 }

@@ -11,6 +11,7 @@ use super::clock::{Clock, NANOS_PER_MS};
 use super::partition::{PartitionValue, KEY_BUF};
 use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Untracked};
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans, Rule, Tier};
+use crate::matching::Segments;
 use http::{HeaderMap, Method};
 use prometheus::{IntCounter, IntCounterVec};
 use smallvec::SmallVec;
@@ -43,8 +44,8 @@ pub struct Limiter {
 pub struct LimitRequest<'a> {
     pub method: &'a Method,
     pub host: Option<&'a str>,
-    /// The normalized path.
-    pub path: &'a str,
+    /// The normalized path, split into segments.
+    pub path: &'a Segments<'a>,
     pub tenant: &'a [u8],
     pub client_ip: IpAddr,
     pub headers: &'a HeaderMap,
@@ -110,6 +111,7 @@ impl Decision {
 struct Applying {
     rule: u16,
     list: u16,
+    hash: u64,
     key_start: usize,
     key_end: usize,
 }
@@ -232,7 +234,7 @@ impl Limiter {
                     .host
                     .as_ref()
                     .is_none_or(|h| req.host.is_some_and(|rh| h.matches(rh)))
-                || !r.path.matches(req.path)
+                || !r.path.matches_segments(req.path)
             {
                 continue;
             }
@@ -249,6 +251,7 @@ impl Limiter {
             applying.push(Applying {
                 rule: i as u16,
                 list,
+                hash: cr.counters.hash_of(&key[..n]),
                 key_start,
                 key_end: arena.len(),
             });
@@ -261,8 +264,9 @@ impl Limiter {
         let mut guards: SmallVec<[_; 4]> = applying
             .iter()
             .map(|a| {
-                let rc = &self.rules[a.rule as usize].counters;
-                rc.lock(rc.shard_of(&arena[a.key_start..a.key_end]))
+                self.rules[a.rule as usize]
+                    .counters
+                    .lock(RuleCounters::shard_of_hash(a.hash))
             })
             .collect();
         let now = self.clock.now_ns();
@@ -274,7 +278,8 @@ impl Limiter {
             let rc = &cr.counters;
             let tiers = rc.tiers(a.list);
             let algo = rc.algorithm();
-            let mut slot = match rc.counter(guard, &arena[a.key_start..a.key_end], a.list, now) {
+            let key = &arena[a.key_start..a.key_end];
+            let mut slot = match rc.counter(guard, key, a.hash, a.list, now) {
                 Ok(c) => Slot::Tracked(c),
                 Err(Untracked(seen)) => {
                     Slot::Untracked(tiers.iter().map(|t| stand_in(t, algo, now, seen)).collect())

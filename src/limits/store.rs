@@ -15,14 +15,13 @@
 
 use super::algorithm::{self, TierState};
 use crate::config::model::{Algorithm, PartitionBy, Tier};
-use hashbrown::hash_map::EntryRef;
+use ahash::RandomState;
+use hashbrown::hash_map::RawEntryMut;
 use hashbrown::HashMap;
 use parking_lot::{Mutex, MutexGuard};
 use pingora_limits::estimator::Estimator;
 use prometheus::IntCounter;
 use smallvec::{smallvec, SmallVec};
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -109,20 +108,32 @@ impl RuleCounters {
         self.identity.algorithm
     }
 
+    /// The key's hash (randomly keyed per process, so hostile ids cannot aim at one bucket);
+    /// computed once per decision and used for both the shard and the map.
+    pub fn hash_of(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The shard of a hash: bits that the map's own bucket index and tag bits do not use.
+    pub fn shard_of_hash(hash: u64) -> usize {
+        ((hash >> 32) as usize) % SHARDS
+    }
+
     pub fn shard_of(&self, key: &[u8]) -> usize {
-        (self.hasher.hash_one(key) as usize) % SHARDS
+        Self::shard_of_hash(self.hash_of(key))
     }
 
     pub fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
         self.shards[shard % SHARDS].lock()
     }
 
-    /// The counter of `key` (tier list `list`) in a locked shard, created if there is room or
-    /// the newcomer is admitted over a lighter counter.
+    /// The counter of `key` (with hash `hash`, tier list `list`) in its locked shard, created
+    /// if there is room or the newcomer is admitted over a lighter counter.
     pub fn counter<'s>(
         &self,
         shard: &'s mut Shard,
         key: &[u8],
+        hash: u64,
         list: u16,
         now_ns: u64,
     ) -> Result<&'s mut Counter, Untracked> {
@@ -132,37 +143,41 @@ impl RuleCounters {
             tiers: smallvec![TierState::default(); n],
         };
         let cap = self.shard_cap.load(Ordering::Relaxed);
-        if shard.map.len() < cap || shard.map.contains_key(key) {
-            let c = shard.map.entry_ref(key).or_insert_with(fresh);
-            if c.list != list || c.tiers.len() != n {
-                *c = fresh(); // the partition moved to another plan
-            }
-            return Ok(c);
-        }
-        // Full: admit the newcomer only over a lighter counter.
-        let seen = self.sketch.incr(key, 1).max(1) as u64;
-        let victim = shard
-            .map
-            .iter()
-            .take(EVICTION_SAMPLE)
-            .map(|(k, c)| (self.weight(c, now_ns), k))
-            .min_by_key(|(w, _)| *w)
-            .map(|(w, k)| (w, k.clone()));
-        match victim {
-            Some((w, victim_key)) if w == 0 || seen > w => {
-                shard.map.remove(&victim_key);
-                self.evictions.inc();
-                let c = match shard.map.entry_ref(key) {
-                    EntryRef::Occupied(o) => o.into_mut(),
-                    EntryRef::Vacant(v) => v.insert(fresh()),
-                };
-                Ok(c)
-            }
-            _ => {
-                self.untracked.inc();
-                Err(Untracked(seen))
+        if shard.map.len() >= cap
+            && shard
+                .map
+                .raw_entry()
+                .from_key_hashed_nocheck(hash, key)
+                .is_none()
+        {
+            // Full, and a new partition: admit it only over a lighter counter.
+            let seen = self.sketch.incr(key, 1).max(1) as u64;
+            let victim = shard
+                .map
+                .iter()
+                .take(EVICTION_SAMPLE)
+                .map(|(k, c)| (self.weight(c, now_ns), k))
+                .min_by_key(|(w, _)| *w)
+                .map(|(w, k)| (w, k.clone()));
+            match victim {
+                Some((w, victim_key)) if w == 0 || seen > w => {
+                    shard.map.remove(&victim_key);
+                    self.evictions.inc();
+                }
+                _ => {
+                    self.untracked.inc();
+                    return Err(Untracked(seen));
+                }
             }
         }
+        let c = match shard.map.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
+            RawEntryMut::Occupied(o) => o.into_mut(),
+            RawEntryMut::Vacant(v) => v.insert_hashed_nocheck(hash, key.into(), fresh()).1,
+        };
+        if c.list != list || c.tiers.len() != n {
+            *c = fresh(); // the partition moved to another plan
+        }
+        Ok(c)
     }
 
     fn weight(&self, c: &Counter, now_ns: u64) -> u64 {
@@ -207,7 +222,12 @@ impl RuleCounters {
 
     /// A copy of the counter of `key`, if tracked (for tests and inspection).
     pub fn get(&self, key: &[u8]) -> Option<Counter> {
-        self.lock(self.shard_of(key)).map.get(key).cloned()
+        let hash = self.hash_of(key);
+        self.lock(Self::shard_of_hash(hash))
+            .map
+            .raw_entry()
+            .from_key_hashed_nocheck(hash, key)
+            .map(|(_, c)| c.clone())
     }
 }
 
@@ -286,8 +306,9 @@ mod tests {
     }
 
     fn hit(rc: &RuleCounters, key: &[u8], now_ns: u64) -> bool {
-        let mut shard = rc.lock(rc.shard_of(key));
-        match rc.counter(&mut shard, key, 0, now_ns) {
+        let hash = rc.hash_of(key);
+        let mut shard = rc.lock(RuleCounters::shard_of_hash(hash));
+        match rc.counter(&mut shard, key, hash, 0, now_ns) {
             Ok(c) => {
                 let t = rc.tiers(0)[0];
                 algorithm::roll(&mut c.tiers[0], &t, Algorithm::FixedWindow, now_ns);

@@ -2,6 +2,7 @@
 //! segments, `{tenant}` is one segment, captured. Patterns match normalized paths.
 
 use super::normalize::normalize_path;
+use smallvec::SmallVec;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Seg {
@@ -100,21 +101,31 @@ impl PathPattern {
 
     /// Does the normalized `path` match?
     pub fn matches(&self, path: &str) -> bool {
-        self.match_capture(path).is_some()
+        self.matches_segments(&Segments::new(path))
     }
 
     /// Match the normalized `path`; on a match, return the `{tenant}` segment if the pattern
-    /// has one. Runs in O(segments x pattern length) whatever the input, with no allocation.
+    /// has one.
     pub fn match_capture<'a>(&self, path: &'a str) -> Option<Option<&'a str>> {
-        let body = path.strip_prefix('/').unwrap_or(path);
-        let end = body.len();
-        let next_start = |seg_end: usize| if seg_end < end { seg_end + 1 } else { end };
-        let seg_end_at = |s: usize| body[s..].find('/').map_or(end, |i| s + i);
+        let segs = Segments::new(path);
+        self.match_at(&segs).map(|cap| cap.map(|i| segs.get(i)))
+    }
 
-        let mut p = 0; // index into segs
-        let mut s = 0; // byte offset of the current path segment (== end: no segments left)
-        let mut star: Option<(usize, usize)> = None; // (pattern index after **, resume offset)
-        let mut capture: Option<&'a str> = None;
+    /// Does a path, already split, match? (The request path is split once and matched against
+    /// every route and rule.)
+    pub fn matches_segments(&self, segs: &Segments) -> bool {
+        self.match_at(segs).is_some()
+    }
+
+    /// The matcher: `**` backtracks to its last position only, so this runs in
+    /// O(segments x pattern length) whatever the input, with no allocation. On a match, returns
+    /// the index of the captured segment, if any.
+    fn match_at(&self, segs: &Segments) -> Option<Option<usize>> {
+        let n = segs.len();
+        let mut p = 0; // index into the pattern
+        let mut s = 0; // index into the path's segments
+        let mut star: Option<(usize, usize)> = None; // (pattern index after **, resume segment)
+        let mut capture = None;
         loop {
             if p < self.segs.len() {
                 if self.segs[p] == Seg::Any {
@@ -122,37 +133,76 @@ impl PathPattern {
                     p += 1;
                     continue;
                 }
-                if s < end {
-                    let e = seg_end_at(s);
-                    let seg = &body[s..e];
+                if s < n {
+                    let seg = segs.get(s);
                     let ok = match &self.segs[p] {
-                        Seg::Literal(l) => **l == *seg,
+                        Seg::Literal(l) => l.as_bytes() == seg.as_bytes(),
                         Seg::One | Seg::Capture => !seg.is_empty(),
                         Seg::Any => false,
                     };
                     if ok {
                         if self.segs[p] == Seg::Capture {
-                            capture = Some(seg);
+                            capture = Some(s);
                         }
                         p += 1;
-                        s = next_start(e);
+                        s += 1;
                         continue;
                     }
                 }
-            } else if s >= end {
+            } else if s >= n {
                 return Some(capture);
             }
             // mismatch: let the last `**` swallow one more segment
             match star {
-                Some((sp, ss)) if ss < end => {
-                    let resume = next_start(seg_end_at(ss));
-                    star = Some((sp, resume));
+                Some((sp, ss)) if ss < n => {
+                    star = Some((sp, ss + 1));
                     p = sp;
-                    s = resume;
+                    s = ss + 1;
                 }
                 _ => return None,
             }
         }
+    }
+}
+
+/// A normalized path split into segments (`/` alone has none), kept inline for short paths.
+pub struct Segments<'a> {
+    path: &'a str,
+    bounds: SmallVec<[(u32, u32); 12]>,
+}
+
+impl<'a> Segments<'a> {
+    pub fn new(path: &'a str) -> Self {
+        let bytes = path.as_bytes();
+        let mut bounds = SmallVec::new();
+        let mut start = usize::from(bytes.first() == Some(&b'/'));
+        if start < bytes.len() {
+            for (i, &b) in bytes.iter().enumerate().skip(start) {
+                if b == b'/' {
+                    bounds.push((start as u32, i as u32));
+                    start = i + 1;
+                }
+            }
+            bounds.push((start as u32, bytes.len() as u32));
+        }
+        Segments { path, bounds }
+    }
+
+    pub fn len(&self) -> usize {
+        self.bounds.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bounds.is_empty()
+    }
+
+    pub fn get(&self, i: usize) -> &'a str {
+        let (a, b) = self.bounds[i];
+        &self.path[a as usize..b as usize]
+    }
+
+    pub fn path(&self) -> &'a str {
+        self.path
     }
 }
 
@@ -217,5 +267,55 @@ mod tests {
             .contains("empty segment"));
         assert!(PathPattern::compile("/{tenant}/{tenant}").is_err());
         assert!(PathPattern::compile("/a/../b").is_err());
+    }
+}
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A naive reference: recursive matching over segment lists.
+    fn reference(pat: &[&str], path: &[&str]) -> bool {
+        match pat.split_first() {
+            None => path.is_empty(),
+            Some((&"**", rest)) => (0..=path.len()).any(|i| reference(rest, &path[i..])),
+            Some((p, rest)) => match path.split_first() {
+                Some((s, prest)) => {
+                    (*p == "*" || *p == "{tenant}" || p == s)
+                        && !s.is_empty()
+                        && reference(rest, prest)
+                }
+                None => false,
+            },
+        }
+    }
+
+    fn seg() -> impl Strategy<Value = &'static str> {
+        prop_oneof![Just("a"), Just("b"), Just("c")]
+    }
+
+    fn pat_seg() -> impl Strategy<Value = &'static str> {
+        prop_oneof![
+            Just("a"),
+            Just("b"),
+            Just("*"),
+            Just("**"),
+            Just("{tenant}")
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn agrees_with_reference(pat in proptest::collection::vec(pat_seg(), 0..6),
+                                 path in proptest::collection::vec(seg(), 0..8)) {
+            if pat.iter().filter(|s| **s == "{tenant}").count() > 1 {
+                return Ok(());
+            }
+            let text = format!("/{}", pat.join("/"));
+            let compiled = PathPattern::compile(&text).unwrap();
+            let p = format!("/{}", path.join("/"));
+            prop_assert_eq!(compiled.matches(&p), reference(&pat, &path), "{} vs {}", text, p);
+        }
     }
 }

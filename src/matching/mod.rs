@@ -7,7 +7,7 @@ pub mod host;
 pub mod methods;
 pub mod normalize;
 
-pub use glob::PathPattern;
+pub use glob::{PathPattern, Segments};
 pub use host::HostMatch;
 pub use methods::MethodSet;
 pub use normalize::normalize_path;

@@ -138,3 +138,85 @@ mod tests {
         assert!(matches!(normalize_path("/a/"), Cow::Owned(_)));
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One segment made of unreserved characters and escapes of reserved ones.
+    fn segment() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![
+                Just("a"),
+                Just("Z"),
+                Just("9"),
+                Just("-"),
+                Just("_"),
+                Just("~"),
+                Just("%2F"),
+                Just("%3A")
+            ],
+            1..4,
+        )
+        .prop_map(|parts| parts.concat())
+        .prop_filter("not a dot segment", |s| s != "." && s != "..")
+    }
+
+    /// A spelling of the path `segs` that a client might send instead.
+    fn respell(segs: &[String], noise: &[u8]) -> String {
+        let mut out = String::new();
+        for (i, s) in segs.iter().enumerate() {
+            let n = noise.get(i).copied().unwrap_or(0);
+            out.push('/');
+            if n & 1 != 0 {
+                out.push('/'); // duplicate slash
+            }
+            if n & 2 != 0 {
+                out.push_str("./");
+            }
+            if n & 4 != 0 {
+                out.push_str("junk/../");
+            }
+            if n & 8 != 0 {
+                // percent-encode the unreserved characters, lower-case hex
+                for ch in s.chars() {
+                    if ch.is_ascii_alphanumeric() || "-_~".contains(ch) {
+                        out.push_str(&format!("%{:02x}", ch as u8));
+                    } else {
+                        out.push(ch);
+                    }
+                }
+                continue;
+            }
+            out.push_str(&s.replace("%2F", "%2f"));
+        }
+        if noise.last().is_some_and(|n| n & 16 != 0) {
+            out.push('/');
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn every_spelling_normalizes_to_the_canonical_path(
+            segs in proptest::collection::vec(segment(), 0..6),
+            noise in proptest::collection::vec(any::<u8>(), 0..7),
+        ) {
+            let canonical = if segs.is_empty() { "/".to_string() } else { format!("/{}", segs.join("/")) };
+            prop_assert_eq!(normalize_path(&canonical), canonical.as_str());
+            let spelled = respell(&segs, &noise);
+            prop_assert_eq!(normalize_path(&spelled), canonical.as_str(), "spelled {}", spelled);
+        }
+
+        #[test]
+        fn normalization_is_idempotent_and_clean(raw in "[a-z/.%0-9A-F?]{0,40}") {
+            let once = normalize_path(&raw).into_owned();
+            prop_assert_eq!(normalize_path(&once), once.as_str());
+            prop_assert!(once.starts_with('/'));
+            prop_assert!(!once.contains("//"));
+            prop_assert!(!once.split('/').any(|s| s == "." || s == ".."));
+            prop_assert!(once == "/" || !once.ends_with('/'));
+        }
+    }
+}
