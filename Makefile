@@ -36,6 +36,11 @@ lint: deps
 test: deps-test lint
 	$(CARGO) test
 
+## Criterion benchmark of the decision, then the whole gateway under wrk (rules vs no rules).
+bench: deps-bench release
+	$(CARGO) bench --bench decision
+	scripts/bench-gateway
+
 check-configs: build
 	@for f in conf/*.yaml; do grep -q '^server:' $$f && target/debug/tollgate -t -c $$f >/dev/null && echo "ok $$f"; done; true
 

@@ -2,16 +2,32 @@
 //! restrictive tier, `RateLimit-Policy` for every applying tier, `RateLimit` for the most
 //! restrictive, and on denial `Retry-After` and a problem+json body. Shadow rules are never
 //! shown to clients.
+//!
+//! The texts of each tier are made once per config (`TierText`), and a `RateLimit-Policy` value
+//! once per set of applying tiers (`PolicyCache`), so an allowed request formats one short
+//! string (`RateLimit`).
 
 use super::limiter::{Decision, Limiter, TierReport};
-use crate::config::model::HeaderSettings;
+use crate::config::model::{HeaderSettings, Tier};
 use crate::problem;
 use bytes::Bytes;
 use http::HeaderValue;
+use parking_lot::RwLock;
 use pingora::http::ResponseHeader;
+use smallvec::SmallVec;
+use std::collections::HashMap;
 use std::fmt::Write;
+use std::sync::OnceLock;
 
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// The texts of one tier: `"get-product/10s"` and `"get-product/10s";q=10;w=10`.
+#[derive(Debug, Clone)]
+pub struct TierText {
+    pub name: Box<str>,
+    pub policy: Box<str>,
+    pub limit: HeaderValue,
+}
 
 fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
@@ -39,12 +55,79 @@ fn write_window_secs(out: &mut String, ms: u64) {
     };
 }
 
-fn write_name(out: &mut String, limiter: &Limiter, t: &TierReport) {
-    out.push('"');
-    out.push_str(&limiter.rules[t.rule as usize].rule.id);
-    out.push('/');
-    write_period(out, t.period_ms);
-    out.push('"');
+/// The texts of a tier list of rule `id`.
+pub fn tier_texts(id: &str, tiers: &[Tier]) -> Vec<TierText> {
+    tiers
+        .iter()
+        .map(|t| {
+            let ms = t.period.as_millis() as u64;
+            let mut name = String::from("\"");
+            name.push_str(id);
+            name.push('/');
+            write_period(&mut name, ms);
+            name.push('"');
+            let mut policy = name.clone();
+            let _ = write!(policy, ";q={};w=", t.threshold);
+            write_window_secs(&mut policy, ms);
+            TierText {
+                name: name.into(),
+                policy: policy.into(),
+                limit: HeaderValue::from(t.threshold),
+            }
+        })
+        .collect()
+}
+
+/// A header value for a number; the small ones are made once and shared.
+fn number(v: u64) -> HeaderValue {
+    static SMALL: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+    let small = SMALL.get_or_init(|| (0..=1024u64).map(HeaderValue::from).collect());
+    small
+        .get(v as usize)
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from(v))
+}
+
+fn text<'l>(limiter: &'l Limiter, t: &TierReport) -> Option<&'l TierText> {
+    limiter
+        .rules
+        .get(t.rule as usize)?
+        .texts
+        .get(t.list as usize)?
+        .get(t.tier as usize)
+}
+
+/// `RateLimit-Policy` values by the tiers they list; at most `MAX` kept.
+#[derive(Default)]
+pub struct PolicyCache(RwLock<HashMap<SmallVec<[u32; 4]>, HeaderValue>>);
+
+impl PolicyCache {
+    const MAX: usize = 1024;
+
+    fn value(&self, limiter: &Limiter, d: &Decision) -> Option<HeaderValue> {
+        let key: SmallVec<[u32; 4]> = d
+            .tiers
+            .iter()
+            .filter(|t| !t.shadow && t.tier == 0)
+            .map(|t| (u32::from(t.rule) << 16) | u32::from(t.list))
+            .collect();
+        if let Some(v) = self.0.read().get(&key) {
+            return Some(v.clone());
+        }
+        let mut policy = String::with_capacity(48 * d.tiers.len());
+        for t in d.tiers.iter().filter(|t| !t.shadow) {
+            if !policy.is_empty() {
+                policy.push_str(", ");
+            }
+            policy.push_str(&text(limiter, t)?.policy);
+        }
+        let v = HeaderValue::try_from(policy).ok()?;
+        let mut map = self.0.write();
+        if map.len() < Self::MAX {
+            map.insert(key, v.clone());
+        }
+        Some(v)
+    }
 }
 
 /// The tier the client hears about: when allowed, the one with the fewest requests left
@@ -76,26 +159,22 @@ pub fn apply(
     let Some(top) = most_restrictive(d, denied) else {
         return Ok(());
     };
+    let Some(top_text) = text(limiter, top) else {
+        return Ok(());
+    };
     let remaining = if denied { 0 } else { top.verdict.remaining };
     let reset = ceil_secs(top.verdict.reset_ms).max(1);
     if settings.x_ratelimit {
-        resp.insert_header("x-ratelimit-limit", HeaderValue::from(top.threshold))?;
-        resp.insert_header("x-ratelimit-remaining", HeaderValue::from(remaining))?;
-        resp.insert_header("x-ratelimit-reset", HeaderValue::from(reset))?;
+        resp.insert_header("x-ratelimit-limit", top_text.limit.clone())?;
+        resp.insert_header("x-ratelimit-remaining", number(remaining))?;
+        resp.insert_header("x-ratelimit-reset", number(reset))?;
     }
     if settings.ietf {
-        let mut policy = String::with_capacity(48 * d.tiers.len());
-        for t in d.tiers.iter().filter(|t| !t.shadow) {
-            if !policy.is_empty() {
-                policy.push_str(", ");
-            }
-            write_name(&mut policy, limiter, t);
-            let _ = write!(policy, ";q={};w=", t.threshold);
-            write_window_secs(&mut policy, t.period_ms);
+        if let Some(policy) = limiter.policy_cache.value(limiter, d) {
+            resp.insert_header("ratelimit-policy", policy)?;
         }
-        resp.insert_header("ratelimit-policy", policy)?;
-        let mut rl = String::with_capacity(48);
-        write_name(&mut rl, limiter, top);
+        let mut rl = String::with_capacity(top_text.name.len() + 24);
+        rl.push_str(&top_text.name);
         let _ = write!(rl, ";r={remaining};t={reset}");
         resp.insert_header("ratelimit", rl)?;
     }
@@ -109,11 +188,6 @@ pub fn retry_after_secs(d: &Decision) -> u64 {
 
 /// The problem+json body of a denial.
 pub fn denial_body(limiter: &Limiter, d: &Decision, status: u16) -> Bytes {
-    let shown: Vec<&TierReport> = d
-        .tiers
-        .iter()
-        .filter(|t| !t.shadow && !t.verdict.allowed)
-        .collect();
     let mut detail = String::new();
     if let Some(first) = most_restrictive(d, true) {
         let _ = write!(
@@ -124,11 +198,14 @@ pub fn denial_body(limiter: &Limiter, d: &Decision, status: u16) -> Bytes {
         write_period(&mut detail, first.period_ms);
     }
     let mut extra = String::from("\"violated-policies\":[");
-    for (i, t) in shown.iter().enumerate() {
+    let violated = d.tiers.iter().filter(|t| !t.shadow && !t.verdict.allowed);
+    for (i, t) in violated.enumerate() {
         if i > 0 {
             extra.push(',');
         }
-        write_name(&mut extra, limiter, t);
+        if let Some(tt) = text(limiter, t) {
+            extra.push_str(&tt.name);
+        }
     }
     let _ = write!(extra, "],\"retry_after\":{}", retry_after_secs(d));
     let title = if status == 503 {
@@ -142,17 +219,33 @@ pub fn denial_body(limiter: &Limiter, d: &Decision, status: u16) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
-    fn periods_and_windows() {
-        let mut s = String::new();
-        for ms in [1000, 10_000, 500, 60_000, 3_600_000, 1500] {
-            write_period(&mut s, ms);
-            s.push(' ');
-        }
-        assert_eq!(s, "1s 10s 500ms 1m 1h 1500ms ");
-        let mut w = String::new();
-        write_window_secs(&mut w, 500);
-        assert_eq!(w, "0.500");
+    fn tier_texts_in_contract_form() {
+        let t = tier_texts(
+            "get-product",
+            &[
+                Tier {
+                    period: Duration::from_secs(10),
+                    threshold: 50,
+                },
+                Tier {
+                    period: Duration::from_millis(500),
+                    threshold: 5,
+                },
+                Tier {
+                    period: Duration::from_secs(60),
+                    threshold: 100,
+                },
+            ],
+        );
+        assert_eq!(&*t[0].name, "\"get-product/10s\"");
+        assert_eq!(&*t[0].policy, "\"get-product/10s\";q=50;w=10");
+        assert_eq!(&*t[1].policy, "\"get-product/500ms\";q=5;w=0.500");
+        assert_eq!(&*t[2].name, "\"get-product/1m\"");
+        assert_eq!(t[2].limit, "100");
+        assert_eq!(number(7), "7");
+        assert_eq!(number(123_456), "123456");
     }
 }

@@ -8,6 +8,7 @@
 
 use super::algorithm::{self, TierState, TierVerdict};
 use super::clock::{Clock, NANOS_PER_MS};
+use super::headers::{tier_texts, PolicyCache, TierText};
 use super::partition::{PartitionValue, KEY_BUF};
 use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Untracked};
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans, Rule, Tier};
@@ -32,12 +33,16 @@ pub struct CompiledRule {
     /// For each config plan (by index): the tier list of `counters` its tenants use.
     plan_lists: Vec<u16>,
     pub metrics: RuleMetrics,
+    /// Header texts of each tier, by tier list then tier, made once per config.
+    pub texts: Vec<Vec<TierText>>,
 }
 
 /// The rate limiter of one config snapshot. Its counters outlive it (see `CounterRegistry`).
 pub struct Limiter {
     pub rules: Vec<CompiledRule>,
     clock: Arc<dyn Clock>,
+    /// `RateLimit-Policy` values by the set of tiers that applied (bounded).
+    pub(crate) policy_cache: PolicyCache,
 }
 
 /// What the limiter needs to know about a request.
@@ -56,6 +61,9 @@ pub struct LimitRequest<'a> {
 pub struct TierReport {
     /// Index into `Limiter::rules`.
     pub rule: u16,
+    /// Which tier list of the rule (0: `tiers`, else a plan's), and which tier in it.
+    pub list: u16,
+    pub tier: u8,
     pub threshold: u64,
     pub period_ms: u64,
     pub verdict: TierVerdict,
@@ -171,6 +179,7 @@ impl Limiter {
                         lists.push((Some(plans.names[p].clone()), t.clone()));
                     }
                 }
+                let texts = lists.iter().map(|(_, t)| tier_texts(&r.id, t)).collect();
                 let identity = RuleIdentity {
                     id: r.id.clone(),
                     algorithm: r.algorithm,
@@ -179,6 +188,7 @@ impl Limiter {
                 };
                 let m = |d: &str| decisions.with_label_values(&[r.id.as_str(), d]);
                 CompiledRule {
+                    texts,
                     rule: Arc::clone(r),
                     counters: registry.get_or_create(identity, cap_per_rule),
                     plan_lists,
@@ -194,6 +204,7 @@ impl Limiter {
         Limiter {
             rules: compiled,
             clock,
+            policy_cache: PolicyCache::default(),
         }
     }
 
@@ -287,12 +298,14 @@ impl Limiter {
             };
             let shadow = cr.rule.action == Action::Shadow;
             let mut violated = false;
-            for (state, tier) in slot.states().iter_mut().zip(tiers) {
+            for (ti, (state, tier)) in slot.states().iter_mut().zip(tiers).enumerate() {
                 algorithm::roll(state, tier, algo, now);
                 let verdict = algorithm::evaluate(state, tier, algo, now);
                 violated |= !verdict.allowed;
                 decision.tiers.push(TierReport {
                     rule: a.rule,
+                    list: a.list,
+                    tier: ti as u8,
                     threshold: tier.threshold,
                     period_ms: tier.period.as_millis() as u64,
                     verdict,
