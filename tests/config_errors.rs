@@ -249,6 +249,17 @@ fn unknown_plan() {
 }
 
 #[test]
+fn plans_only_with_per_tenant() {
+    assert_error(
+        &with(
+            "      - { period: 1, threshold: 10 }\n",
+            "      - { period: 1, threshold: 10 }\n    per: ip\n    plans:\n      premium: [{ period: 1, threshold: 99 }]\n",
+        ),
+        25, 5, &["limits[0].plans", "only to rules with `per: tenant`"],
+    );
+}
+
+#[test]
 fn bad_enum_value_lists_accepted_values() {
     assert_error(
         &with(

@@ -410,8 +410,15 @@ fn a_flood_of_tenant_ids_keeps_memory_capped_and_a_busy_counter() {
     for _ in 0..10 {
         assert_eq!(get(&gw, "/x", "busy").status, 200);
     }
-    for i in 0..1500 {
+    // wave 1: one-off ids fill the store with counters of weight 1; the rest are untracked
+    for i in 0..1000 {
         assert_eq!(get(&gw, "/x", &format!("flood-{i}")).status, 200);
+    }
+    // wave 2: new ids seen twice are seen more often than those and evict them
+    for i in 0..200 {
+        for _ in 0..2 {
+            assert_eq!(get(&gw, "/x", &format!("wave-{i}")).status, 200);
+        }
     }
     let r = get(&gw, "/x", "busy");
     assert_eq!(
@@ -428,10 +435,15 @@ fn a_flood_of_tenant_ids_keeps_memory_capped_and_a_busy_counter() {
         tracked.is_some_and(|t| t > 0 && t <= 64)
     }));
     let m = gw.metrics();
-    let evictions: u64 = m
-        .lines()
-        .find_map(|l| l.strip_prefix("tollgate_ratelimit_counter_evictions_total "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    assert!(evictions > 0, "{m}");
+    let metric = |name: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        metric("tollgate_ratelimit_counter_evictions_total ") > 0,
+        "{m}"
+    );
+    assert!(metric("tollgate_ratelimit_untracked_total ") > 0, "{m}");
 }

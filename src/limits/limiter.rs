@@ -17,6 +17,7 @@ use http::{HeaderMap, Method};
 use prometheus::{IntCounter, IntCounterVec};
 use smallvec::SmallVec;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Decision metrics of one rule (`tollgate_ratelimit_decisions_total{rule,decision}`).
@@ -25,6 +26,9 @@ pub struct RuleMetrics {
     pub denied: IntCounter,
     pub shadow_denied: IntCounter,
     pub delayed: IntCounter,
+    /// Shadow denials not yet logged, and when the last log line was written (ms).
+    shadow_unlogged: AtomicU64,
+    shadow_logged_ms: AtomicU64,
 }
 
 pub struct CompiledRule {
@@ -197,6 +201,8 @@ impl Limiter {
                         denied: m("denied"),
                         shadow_denied: m("shadow_denied"),
                         delayed: m("delayed"),
+                        shadow_unlogged: AtomicU64::new(0),
+                        shadow_logged_ms: AtomicU64::new(0),
                     },
                 }
             })
@@ -384,13 +390,38 @@ impl Limiter {
             let cr = &self.rules[rule as usize];
             let m = &cr.metrics;
             match (cr.rule.action, admitted, violated) {
-                (Action::Shadow, _, true) => m.shadow_denied.inc(),
+                (Action::Shadow, _, true) => {
+                    m.shadow_denied.inc();
+                    self.log_shadow(cr);
+                }
                 (Action::Shadow, _, false) => m.allowed.inc(),
                 (Action::Delay, true, _) if was_delayed => m.delayed.inc(),
                 (_, true, _) => m.allowed.inc(),
                 (_, false, true) => m.denied.inc(),
                 (_, false, false) => {}
             }
+        }
+    }
+
+    /// Log shadow denials: at most one line per rule per second, with the count since the last.
+    fn log_shadow(&self, cr: &CompiledRule) {
+        let m = &cr.metrics;
+        let pending = m.shadow_unlogged.fetch_add(1, Ordering::Relaxed) + 1;
+        let now_ms = self.clock.now_ns() / NANOS_PER_MS;
+        let last = m.shadow_logged_ms.load(Ordering::Relaxed);
+        if now_ms >= last + 1000
+            && m.shadow_logged_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let n = m
+                .shadow_unlogged
+                .swap(0, Ordering::Relaxed)
+                .max(pending.min(1));
+            log::info!(
+                "shadow rule {} would have denied {n} request(s) since its last report",
+                cr.rule.id
+            );
         }
     }
 
