@@ -47,16 +47,23 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// Write a duration in its normalized form: the largest unit that divides it exactly
 /// (`10s`, `500ms`, `1m`, `2h`). Used in RateLimit-Policy names and the `-t` summary.
 pub fn format_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms != 0 && ms.is_multiple_of(3_600_000) {
-        format!("{}h", ms / 3_600_000)
+    let mut s = String::with_capacity(8);
+    write_duration_ms(&mut s, d.as_millis() as u64);
+    s
+}
+
+/// `format_duration` into an existing string, from milliseconds.
+pub fn write_duration_ms(out: &mut String, ms: u64) {
+    use std::fmt::Write;
+    let _ = if ms != 0 && ms.is_multiple_of(3_600_000) {
+        write!(out, "{}h", ms / 3_600_000)
     } else if ms != 0 && ms.is_multiple_of(60_000) {
-        format!("{}m", ms / 60_000)
+        write!(out, "{}m", ms / 60_000)
     } else if ms.is_multiple_of(1000) {
-        format!("{}s", ms / 1000)
+        write!(out, "{}s", ms / 1000)
     } else {
-        format!("{ms}ms")
-    }
+        write!(out, "{ms}ms")
+    };
 }
 
 impl fmt::Display for ConfDuration {

@@ -8,6 +8,7 @@
 //! string (`RateLimit`).
 
 use super::limiter::{Decision, Limiter, TierReport};
+use crate::config::duration::write_duration_ms;
 use crate::config::model::{HeaderSettings, Tier};
 use crate::problem;
 use bytes::Bytes;
@@ -33,19 +34,6 @@ fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// `10s`, `500ms`, `1m`, `1h`: the period as in policy names.
-fn write_period(out: &mut String, ms: u64) {
-    let _ = if ms != 0 && ms.is_multiple_of(3_600_000) {
-        write!(out, "{}h", ms / 3_600_000)
-    } else if ms != 0 && ms.is_multiple_of(60_000) {
-        write!(out, "{}m", ms / 60_000)
-    } else if ms.is_multiple_of(1000) {
-        write!(out, "{}s", ms / 1000)
-    } else {
-        write!(out, "{ms}ms")
-    };
-}
-
 /// Period in seconds for `w=`: an integer, or a decimal for sub-second periods.
 fn write_window_secs(out: &mut String, ms: u64) {
     let _ = if ms.is_multiple_of(1000) {
@@ -64,7 +52,7 @@ pub fn tier_texts(id: &str, tiers: &[Tier]) -> Vec<TierText> {
             let mut name = String::from("\"");
             name.push_str(id);
             name.push('/');
-            write_period(&mut name, ms);
+            write_duration_ms(&mut name, ms);
             name.push('"');
             let mut policy = name.clone();
             let _ = write!(policy, ";q={};w=", t.threshold);
@@ -195,7 +183,7 @@ pub fn denial_body(limiter: &Limiter, d: &Decision, status: u16) -> Bytes {
             "rate limit {} exceeded: {} per ",
             limiter.rules[first.rule as usize].rule.id, first.threshold
         );
-        write_period(&mut detail, first.period_ms);
+        write_duration_ms(&mut detail, first.period_ms);
     }
     let mut extra = String::from("\"violated-policies\":[");
     let violated = d.tiers.iter().filter(|t| !t.shadow && !t.verdict.allowed);
