@@ -57,6 +57,7 @@ fn bench(c: &mut Criterion) {
         &metrics.decisions,
         100_000,
         Arc::new(SystemClock),
+        Arc::new(tollgate::fleet_sync::FleetState::default()),
     );
     let tenants: Vec<Vec<u8>> = (0..25)
         .map(|i| format!("tenant-{i}").into_bytes())

@@ -1,5 +1,6 @@
 //! The admin listener: `/healthz`, `/readyz`, `/metrics`.
 
+use crate::fleet_sync::FleetState;
 use crate::metrics::Metrics;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
@@ -17,6 +18,7 @@ pub struct Admin {
     pub shared: SharedSnapshot,
     pub metrics: Arc<Metrics>,
     pub ready: Arc<AtomicBool>,
+    pub fleet: Arc<FleetState>,
 }
 
 fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
@@ -37,9 +39,10 @@ impl ServeHttp for Admin {
             "/healthz" => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
             "/readyz" => {
                 let ready = self.ready.load(Ordering::Acquire);
-                let redis = match self.shared.load().config.redis {
-                    None => "not_configured",
-                    Some(_) => "not_connected",
+                let redis = match (self.fleet.is_configured(), self.fleet.is_connected()) {
+                    (false, _) => "not_configured",
+                    (true, true) => "connected",
+                    (true, false) => "disconnected",
                 };
                 let body = serde_json::json!({
                     "ready": ready,

@@ -2,6 +2,8 @@
 
 use crate::admin::{Admin, ReadinessProbe};
 use crate::config;
+use crate::fleet_sync::backend;
+use crate::fleet_sync::{FleetState, SyncService};
 use crate::limits::sweeper::Sweeper;
 use crate::limits::{CounterRegistry, SystemClock};
 use crate::metrics::Metrics;
@@ -61,11 +63,16 @@ pub fn main() -> i32 {
             return 1;
         }
     };
+    let fleet = Arc::new(FleetState::default());
+    if let Some(r) = &cfg.redis {
+        fleet.configure(true, r.on_failure);
+    }
     let rt = Runtime {
         registry: Arc::new(CounterRegistry::new(
             metrics.evictions.clone(),
             metrics.untracked.clone(),
         )),
+        fleet,
         metrics,
         clock: Arc::new(SystemClock),
     };
@@ -80,6 +87,14 @@ pub fn main() -> i32 {
         }
     };
     run(&args, snapshot, rt)
+}
+
+/// A name for this process in the fleet's heartbeat set: unique per process start.
+fn instance_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}-{:x}", std::process::id(), nanos)
 }
 
 fn init_logging() {
@@ -131,6 +146,24 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
     }
     server.add_service(proxy);
 
+    if let Some(redis) = shared.load().config.redis.clone() {
+        if let Err(e) = backend::check(&redis) {
+            eprintln!("{}: redis: {e}", args.conf.display());
+            return 1;
+        }
+        server.add_service(background_service(
+            "redis sync",
+            SyncService {
+                settings: redis,
+                registry: rt.registry.clone(),
+                fleet: rt.fleet.clone(),
+                clock: rt.clock.clone(),
+                metrics: metrics.clone(),
+                instance: instance_id(),
+            },
+        ));
+    }
+
     if let Some(admin_addr) = server_cfg.admin {
         let mut admin = Service::new(
             "tollgate admin".to_string(),
@@ -138,6 +171,7 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
                 shared: shared.clone(),
                 metrics: metrics.clone(),
                 ready: ready.clone(),
+                fleet: rt.fleet.clone(),
             },
         );
         admin.add_tcp(&admin_addr.to_string());

@@ -3,12 +3,13 @@
 //! Follow one request: [`config`] (file model -> validated snapshot, held in [`snapshot`]) ->
 //! [`tenant`] resolution (with the [`client_addr`]) -> [`routing`] on [`matching`] -> the
 //! [`limits`] decision on local counters -> [`proxy`] to an [`upstream`] pool -> [`problem`] answers on errors; beside it the [`admin`]
-//! listener and [`metrics`].
+//! listener and [`metrics`], and the [`fleet_sync`] to Redis.
 
 pub mod admin;
 pub mod cli;
 pub mod client_addr;
 pub mod config;
+pub mod fleet_sync;
 pub mod limits;
 pub mod matching;
 pub mod metrics;

@@ -1,7 +1,10 @@
 //! Prometheus metrics, served by the admin listener. No label carries a tenant, a key or a
 //! client address: label values come from the config (route and rule ids) or small fixed sets.
 
-use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
 
 pub struct Metrics {
     registry: Registry,
@@ -17,6 +20,14 @@ pub struct Metrics {
     pub evictions: IntCounter,
     /// `tollgate_ratelimit_untracked_total`
     pub untracked: IntCounter,
+    /// `tollgate_redis_sync_total{result}`
+    pub redis_sync: IntCounterVec,
+    /// `tollgate_redis_sync_duration_seconds`
+    pub redis_sync_duration: Histogram,
+    /// `tollgate_redis_pending_deltas`
+    pub redis_pending: IntGauge,
+    /// `tollgate_redis_live_instances`
+    pub redis_instances: IntGauge,
 }
 
 impl Metrics {
@@ -55,6 +66,34 @@ impl Metrics {
             "tollgate_ratelimit_untracked_total",
             "Decisions made on the sketch estimate because the counter cap was reached",
         )?;
+        let redis_sync = IntCounterVec::new(
+            Opts::new(
+                "tollgate_redis_sync_total",
+                "Redis sync rounds, by result (ok, error)",
+            ),
+            &["result"],
+        )?;
+        let redis_sync_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "tollgate_redis_sync_duration_seconds",
+                "Duration of a Redis sync round (one pipelined round trip)",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            ]),
+        )?;
+        let redis_pending = IntGauge::new(
+            "tollgate_redis_pending_deltas",
+            "Counts admitted here that Redis has not acknowledged yet (after the last round)",
+        )?;
+        let redis_instances = IntGauge::new(
+            "tollgate_redis_live_instances",
+            "Gateway instances sharing the limits, as last seen in Redis",
+        )?;
+        registry.register(Box::new(redis_sync.clone()))?;
+        registry.register(Box::new(redis_sync_duration.clone()))?;
+        registry.register(Box::new(redis_pending.clone()))?;
+        registry.register(Box::new(redis_instances.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(reloads.clone()))?;
         registry.register(Box::new(decisions.clone()))?;
@@ -69,6 +108,10 @@ impl Metrics {
             tracked_counters,
             evictions,
             untracked,
+            redis_sync,
+            redis_sync_duration,
+            redis_pending,
+            redis_instances,
         })
     }
 

@@ -3,6 +3,7 @@
 //! so a reload is a swap: in-flight requests finish under the old snapshot.
 
 use crate::config::Config;
+use crate::fleet_sync::FleetState;
 use crate::limits::{Clock, CounterRegistry, Limiter};
 use crate::metrics::Metrics;
 use crate::upstream::Pool;
@@ -21,6 +22,7 @@ pub struct Snapshot {
 #[derive(Clone)]
 pub struct Runtime {
     pub registry: Arc<CounterRegistry>,
+    pub fleet: Arc<FleetState>,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
 }
@@ -42,6 +44,7 @@ impl Snapshot {
             &rt.metrics.decisions,
             config.server.max_counters_per_rule,
             rt.clock.clone(),
+            rt.fleet.clone(),
         );
         Ok(Snapshot {
             config,

@@ -23,6 +23,14 @@ pub struct TierState {
     pub previous: u64,
     /// Token bucket: the theoretical arrival time (ns since the epoch).
     pub tat_ns: u64,
+    /// Fleet sync (windows): the fleet's total for the current window at the last sync.
+    pub base: u64,
+    /// Fleet sync: requests admitted here in the current window, not yet sent to Redis.
+    pub pending: u64,
+    /// Fleet sync: the same for the previous window.
+    pub prev_pending: u64,
+    /// Fleet sync: this instance used up its share; the next sync should fetch the total.
+    pub refresh: bool,
 }
 
 /// The answer of one tier for one request.
@@ -54,17 +62,57 @@ pub fn roll(state: &mut TierState, tier: &Tier, algorithm: Algorithm, now_ns: u6
     let p = period_ms(tier);
     let start = (now_ns / NANOS_PER_MS) / p * p;
     if start > state.window_start_ms {
-        state.previous = if state.window_start_ms + p == start {
-            state.current
-        } else {
-            0
-        };
+        let adjacent = state.window_start_ms + p == start;
+        state.previous = if adjacent { state.current } else { 0 };
+        // counts not yet sent still belong to their window's key; older ones no longer matter
+        state.prev_pending = if adjacent { state.pending } else { 0 };
         state.current = 0;
+        state.pending = 0;
+        state.base = 0;
+        state.refresh = false;
         state.window_start_ms = start;
     }
 }
 
-/// Would one more request pass? Call `roll` first.
+/// This instance's share of what is left in the current window, when a fleet shares the
+/// limit: it may count up to `base + max(1, floor((threshold - base) / instances))` before it
+/// hears from Redis again (nothing once the fleet is at the threshold). `None` when no share
+/// applies (no fleet, or `on_failure: local`).
+pub fn local_limit(state: &TierState, tier: &Tier, instances: Option<u64>) -> u64 {
+    match instances {
+        Some(n) if n > 1 => {
+            let left = tier.threshold.saturating_sub(state.base);
+            let share = if left == 0 { 0 } else { (left / n).max(1) };
+            state.base + share
+        }
+        _ => u64::MAX,
+    }
+}
+
+/// Would one more request pass? Call `roll` first. `instances` is the number of fleet
+/// instances sharing the limit between syncs (`None`: this instance alone decides).
+pub fn evaluate_shared(
+    state: &TierState,
+    tier: &Tier,
+    algorithm: Algorithm,
+    now_ns: u64,
+    instances: Option<u64>,
+) -> TierVerdict {
+    let mut v = evaluate(state, tier, algorithm, now_ns);
+    if v.allowed
+        && algorithm != Algorithm::TokenBucket
+        && state.current >= local_limit(state, tier, instances)
+    {
+        // The fleet may still have room, but this instance has used its share: deny until the
+        // next sync (which it asks for) tells it more.
+        v.allowed = false;
+        v.remaining = 0;
+        v.retry_after_ms = 1;
+    }
+    v
+}
+
+/// Would one more request pass, for this instance alone? Call `roll` first.
 pub fn evaluate(state: &TierState, tier: &Tier, algorithm: Algorithm, now_ns: u64) -> TierVerdict {
     let threshold = tier.threshold;
     let now_ms = now_ns / NANOS_PER_MS;
@@ -153,7 +201,10 @@ pub fn evaluate(state: &TierState, tier: &Tier, algorithm: Algorithm, now_ns: u6
 /// Consume one request. Call only after `evaluate` allowed it (for every tier).
 pub fn commit(state: &mut TierState, tier: &Tier, algorithm: Algorithm, now_ns: u64) {
     match algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindow => state.current += 1,
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+            state.current += 1;
+            state.pending += 1;
+        }
         Algorithm::TokenBucket => {
             let p_ns = period_ms(tier) as u128 * NANOS_PER_MS as u128;
             let interval = (p_ns / tier.threshold.max(1) as u128).max(1);
@@ -302,6 +353,41 @@ mod tests {
         // after a full period the bucket is full again
         clock.advance_ms(10_000);
         assert_eq!(hit(&mut s, &t, Algorithm::TokenBucket, &clock).remaining, 4);
+    }
+
+    #[test]
+    fn a_fleet_member_admits_only_its_share_between_syncs() {
+        let t = tier(30, 60);
+        let clock = FakeClock::at_ms(3_000_000);
+        let mut s = TierState::default();
+        let mut admitted = 0;
+        for _ in 0..100 {
+            let now = clock.now_ns();
+            roll(&mut s, &t, Algorithm::FixedWindow, now);
+            if evaluate_shared(&s, &t, Algorithm::FixedWindow, now, Some(3)).allowed {
+                commit(&mut s, &t, Algorithm::FixedWindow, now);
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 20, "60 / 3 instances");
+        assert_eq!(s.pending, 20);
+        // a sync reports 50 in the fleet (ours included): 10 left, a third of it is ours
+        s.base = 50;
+        s.current = 50;
+        s.pending = 0;
+        let more = (0..10)
+            .filter(|_| {
+                let now = clock.now_ns();
+                let ok = evaluate_shared(&s, &t, Algorithm::FixedWindow, now, Some(3)).allowed;
+                if ok {
+                    commit(&mut s, &t, Algorithm::FixedWindow, now);
+                }
+                ok
+            })
+            .count();
+        assert_eq!(more, 3, "floor(10 / 3)");
+        // alone, the full threshold applies
+        assert!(evaluate_shared(&s, &t, Algorithm::FixedWindow, clock.now_ns(), None).allowed);
     }
 
     #[test]

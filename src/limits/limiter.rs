@@ -12,6 +12,7 @@ use super::headers::{tier_texts, PolicyCache, TierText};
 use super::partition::{PartitionValue, KEY_BUF};
 use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Untracked};
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans, Rule, Tier};
+use crate::fleet_sync::{FleetMode, FleetState};
 use crate::matching::Segments;
 use http::{HeaderMap, Method};
 use prometheus::{IntCounter, IntCounterVec};
@@ -45,6 +46,7 @@ pub struct CompiledRule {
 pub struct Limiter {
     pub rules: Vec<CompiledRule>,
     clock: Arc<dyn Clock>,
+    fleet: Arc<FleetState>,
     /// `RateLimit-Policy` values by the set of tiers that applied (bounded).
     pub(crate) policy_cache: PolicyCache,
 }
@@ -170,6 +172,7 @@ impl Limiter {
         decisions: &IntCounterVec,
         cap_per_rule: usize,
         clock: Arc<dyn Clock>,
+        fleet: Arc<FleetState>,
     ) -> Limiter {
         let compiled = rules
             .iter()
@@ -210,6 +213,7 @@ impl Limiter {
         Limiter {
             rules: compiled,
             clock,
+            fleet,
             policy_cache: PolicyCache::default(),
         }
     }
@@ -287,6 +291,12 @@ impl Limiter {
             })
             .collect();
         let now = self.clock.now_ns();
+        let mode = self.fleet.mode();
+        let instances = match mode {
+            FleetMode::Shared { instances } => Some(instances),
+            _ => None,
+        };
+        let mut wake_sync = false;
 
         // 3. check every tier
         let mut slots: SmallVec<[Slot; 4]> = SmallVec::new();
@@ -306,7 +316,12 @@ impl Limiter {
             let mut violated = false;
             for (ti, (state, tier)) in slot.states().iter_mut().zip(tiers).enumerate() {
                 algorithm::roll(state, tier, algo, now);
-                let verdict = algorithm::evaluate(state, tier, algo, now);
+                let verdict = algorithm::evaluate_shared(state, tier, algo, now, instances);
+                if !verdict.allowed && algorithm::evaluate(state, tier, algo, now).allowed {
+                    // this instance used its share of the fleet's quota: ask for a sync now
+                    state.refresh = true;
+                    wake_sync = true;
+                }
                 violated |= !verdict.allowed;
                 decision.tiers.push(TierReport {
                     rule: a.rule,
@@ -344,7 +359,13 @@ impl Limiter {
                 }
             }
         }
+        let enforced = decision
+            .applied
+            .iter()
+            .any(|&(r, _)| self.rules[r as usize].rule.action != Action::Shadow);
         decision.verdict = match (reject, delay) {
+            _ if mode == FleetMode::AllowAll => Verdict::Allow,
+            _ if mode == FleetMode::DenyAll && enforced => Verdict::Reject { status: 503 },
             (Some(status), _) => Verdict::Reject { status },
             (None, Some((max_delay_ms, status))) => {
                 let wait_ms = decision.retry_after_ms();
@@ -366,7 +387,7 @@ impl Limiter {
             for ((a, slot), &(_, violated)) in
                 applying.iter().zip(slots.iter_mut()).zip(&decision.applied)
             {
-                if violated {
+                if violated && mode != FleetMode::AllowAll {
                     continue;
                 }
                 if let Slot::Tracked(c) = slot {
@@ -374,10 +395,26 @@ impl Limiter {
                     let algo = rc.algorithm();
                     for (state, tier) in c.tiers.iter_mut().zip(rc.tiers(a.list)) {
                         algorithm::commit(state, tier, algo, now);
+                        // Sync sooner as the fleet nears the threshold: once half of this
+                        // instance's share is used, so that what the others hold unsent
+                        // shrinks with what is left.
+                        if let Some(n) = instances {
+                            let share = algorithm::local_limit(state, tier, Some(n))
+                                .saturating_sub(state.base);
+                            if n > 1
+                                && algo != Algorithm::TokenBucket
+                                && 2 * (state.current - state.base) >= share
+                            {
+                                wake_sync = true;
+                            }
+                        }
                     }
                 }
             }
             // the remaining counts reported were computed as if committed
+        }
+        if wake_sync {
+            self.fleet.wake.notify_one();
         }
         drop(slots);
         drop(guards);

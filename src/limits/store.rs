@@ -22,7 +22,7 @@ use parking_lot::{Mutex, MutexGuard};
 use pingora_limits::estimator::Estimator;
 use prometheus::IntCounter;
 use smallvec::{smallvec, SmallVec};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 /// Shards per rule: enough to keep two to a few dozen worker threads off each other's locks.
@@ -67,6 +67,8 @@ pub struct RuleCounters {
     sketch: Estimator,
     evictions: IntCounter,
     untracked: IntCounter,
+    /// Set while a fleet sync runs: counters with unsent counts are then kept.
+    syncing: Arc<AtomicBool>,
 }
 
 impl RuleCounters {
@@ -76,6 +78,7 @@ impl RuleCounters {
         cap: usize,
         evictions: IntCounter,
         untracked: IntCounter,
+        syncing: Arc<AtomicBool>,
     ) -> Self {
         let hasher = RandomState::new();
         let shards = (0..SHARDS)
@@ -94,7 +97,14 @@ impl RuleCounters {
             sketch: Estimator::new(4, 4096),
             evictions,
             untracked,
+            syncing,
         }
+    }
+
+    /// Does `c` hold counts that a running fleet sync has not sent yet?
+    fn has_unsent(&self, c: &Counter) -> bool {
+        self.syncing.load(Ordering::Relaxed)
+            && c.tiers.iter().any(|t| t.pending > 0 || t.prev_pending > 0)
     }
 
     pub fn tiers(&self, list: u16) -> &[Tier] {
@@ -152,9 +162,11 @@ impl RuleCounters {
         {
             // Full, and a new partition: admit it only over a lighter counter.
             let seen = self.sketch.incr(key, 1).max(1) as u64;
+            // counters holding counts not yet sent to Redis are never evicted
             let victim = shard
                 .map
                 .iter()
+                .filter(|(_, c)| !self.has_unsent(c))
                 .take(EVICTION_SAMPLE)
                 .map(|(k, c)| (self.weight(c, now_ns), k))
                 .min_by_key(|(w, _)| *w)
@@ -190,21 +202,46 @@ impl RuleCounters {
             .unwrap_or(0)
     }
 
-    /// Drop counters no window needs any more; returns how many are left.
+    /// Drop counters no window needs any more (keeping those with counts not yet sent to
+    /// Redis); returns how many are left.
     pub fn sweep(&self, now_ms: u64) -> usize {
         let algo = self.algorithm();
         let mut left = 0;
         for shard in self.shards.iter() {
             let mut s = shard.lock();
             s.map.retain(|_, c| {
-                c.tiers
-                    .iter()
-                    .zip(self.tiers(c.list))
-                    .any(|(st, t)| algorithm::needed_until_ms(st, t, algo) + GRACE_MS > now_ms)
+                self.has_unsent(c)
+                    || c.tiers
+                        .iter()
+                        .zip(self.tiers(c.list))
+                        .any(|(st, t)| algorithm::needed_until_ms(st, t, algo) + GRACE_MS > now_ms)
             });
             left += s.map.len();
         }
         left
+    }
+
+    /// Visit every counter, shard by shard (each shard locked while visited).
+    pub fn for_each(&self, mut f: impl FnMut(&[u8], &mut Counter)) {
+        for shard in self.shards.iter() {
+            let mut s = shard.lock();
+            for (k, c) in s.map.iter_mut() {
+                f(k, c);
+            }
+        }
+    }
+
+    /// Change the counter of `key`, if it is still tracked.
+    pub fn update(&self, key: &[u8], f: impl FnOnce(&mut Counter)) -> bool {
+        let hash = self.hash_of(key);
+        let mut s = self.lock(Self::shard_of_hash(hash));
+        match s.map.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
+            RawEntryMut::Occupied(o) => {
+                f(o.into_mut());
+                true
+            }
+            RawEntryMut::Vacant(_) => false,
+        }
     }
 
     /// Forget the sketch's history (called periodically, so old frequencies fade).
@@ -237,6 +274,7 @@ pub struct CounterRegistry {
     next_uid: AtomicU64,
     evictions: IntCounter,
     untracked: IntCounter,
+    syncing: Arc<AtomicBool>,
 }
 
 impl CounterRegistry {
@@ -246,7 +284,13 @@ impl CounterRegistry {
             next_uid: AtomicU64::new(1),
             evictions,
             untracked,
+            syncing: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Tell every rule's counters whether a fleet sync is running.
+    pub fn set_syncing(&self, on: bool) {
+        self.syncing.store(on, Ordering::Relaxed);
     }
 
     /// The counters of a rule: the existing ones if a live rule has the same identity.
@@ -265,6 +309,7 @@ impl CounterRegistry {
             cap,
             self.evictions.clone(),
             self.untracked.clone(),
+            self.syncing.clone(),
         ));
         rules.insert(identity, Arc::downgrade(&rc));
         rc

@@ -331,3 +331,119 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
     f()
 }
+
+/// A real `redis-server` on an ephemeral port (no persistence), killed on drop.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: TempDir,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Self {
+        let mut r = RedisServer {
+            child: None,
+            port: free_port(),
+            dir: TempDir::new(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        r.restart();
+        r
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// (Re)start on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&self.dir.0)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (install redis-server)");
+        self.child = Some(child);
+        let port = self.port;
+        assert!(
+            eventually(Duration::from_secs(10), || redis_cmd(port, &["PING"])
+                .is_ok()),
+            "redis-server did not start on {port}"
+        );
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn cmd(&self, args: &[&str]) -> redis::Value {
+        redis_cmd(self.port, args).expect("redis command")
+    }
+
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        match self.cmd(&["KEYS", pattern]) {
+            redis::Value::Array(v) => v
+                .into_iter()
+                .filter_map(|k| match k {
+                    redis::Value::BulkString(b) => String::from_utf8(b).ok(),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn int(&self, args: &[&str]) -> i64 {
+        match self.cmd(args) {
+            redis::Value::Int(i) => i,
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).parse().unwrap_or(0),
+            _ => 0,
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn redis_cmd(port: u16, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.query(&mut conn)
+}
+
+/// Sum of a metric's samples whose line starts with `prefix` (name and label start).
+pub fn metric_sum(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

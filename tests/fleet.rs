@@ -1,0 +1,239 @@
+//! Fleet-wide limits through real redis-server processes and real gateway processes
+//! (contract section 6).
+
+mod common;
+use common::{eventually, metric_sum, request, Gateway, RedisServer, Upstream};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn config(up: &Upstream, redis: &str, tiers: &str, extra_redis: &str) -> String {
+    format!(
+        r#"server:
+  listen: ["{{LISTEN}}"]
+  admin: "{{ADMIN}}"
+  threads: 1
+upstreams:
+  app:
+    servers: ["{up}"]
+routes:
+  - id: all
+    path: /**
+    upstream: app
+tenant:
+  from:
+    - header: x-org-id
+  required: true
+limits:
+  - id: fleet
+    pathPattern: /**
+    tiers: {tiers}
+redis:
+  {redis}
+  key_prefix: tg
+{extra_redis}
+"#,
+        up = up.addr
+    )
+}
+
+fn avoid_window_edge(period_ms: u64, margin_ms: u64) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let left = period_ms - now % period_ms;
+    if left < margin_ms {
+        std::thread::sleep(Duration::from_millis(left + 20));
+    }
+}
+
+fn wait_connected(gw: &Gateway) {
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            request(gw.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == "connected")
+        }),
+        "gateway did not connect to redis; log:\n{}",
+        gw.log()
+    );
+}
+
+#[test]
+fn three_instances_enforce_one_shared_limit_within_5_percent() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}", redis.url()),
+        "[{ period: 30, threshold: 60 }]",
+        "",
+    );
+    let gws: Vec<Gateway> = (0..3).map(|_| Gateway::start(&cfg)).collect();
+    gws.iter().for_each(wait_connected);
+    // all three see each other in the heartbeat set
+    assert!(eventually(Duration::from_secs(5), || gws.iter().all(
+        |g| metric_sum(&g.metrics(), "tollgate_redis_live_instances") == 3.0
+    )));
+    avoid_window_edge(30_000, 14_000);
+    let started = Instant::now();
+    let before: Vec<f64> = gws
+        .iter()
+        .map(|g| metric_sum(&g.metrics(), "tollgate_redis_sync_total"))
+        .collect();
+    // one tenant sends 3x its limit, round-robin, over about 9 s
+    let mut admitted = 0;
+    for i in 0..180 {
+        let r = gws[i % 3].get("/x", &[("x-org-id", "acme")]);
+        assert!(r.status == 200 || r.status == 429, "status {}", r.status);
+        if r.status == 200 {
+            admitted += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    eprintln!("fleet accuracy: admitted {admitted} of a limit of 60 (3 instances)");
+    assert!(
+        (57..=63).contains(&admitted),
+        "admitted {admitted} of a limit of 60"
+    );
+    // round trips: at most 1/sync_interval + 20 per second per instance
+    for (g, b) in gws.iter().zip(before) {
+        let rounds = metric_sum(&g.metrics(), "tollgate_redis_sync_total") - b;
+        eprintln!(
+            "redis round trips: {rounds} in {elapsed:.1} s = {:.1}/s",
+            rounds / elapsed
+        );
+        assert!(
+            rounds <= (elapsed + 1.0) * 21.0,
+            "{rounds} rounds in {elapsed:.1} s"
+        );
+    }
+    // the fleet's count is in Redis, under the contract's key, with a TTL
+    std::thread::sleep(Duration::from_millis(1500));
+    let keys = redis.keys("tg:{acme}:fleet:*");
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let parts: Vec<&str> = keys[0].split(':').collect();
+    let (start, end): (u64, u64) = (parts[3].parse().unwrap(), parts[4].parse().unwrap());
+    assert_eq!(end - start, 30_000);
+    assert_eq!(start % 30_000, 0, "epoch-aligned");
+    assert_eq!(redis.int(&["GET", &keys[0]]), admitted as i64);
+    let ttl = redis.int(&["PTTL", &keys[0]]);
+    assert!(ttl > 0 && ttl <= 30_000 + 60_000, "pttl {ttl}");
+}
+
+#[test]
+fn redis_down_keeps_traffic_flowing_and_counts_arrive_when_it_returns() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}\n  timeout: 200ms", redis.url()),
+        "[{ period: 1h, threshold: 1000 }]",
+        "",
+    );
+    let gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    avoid_window_edge(3_600_000, 60_000);
+    for _ in 0..5 {
+        assert_eq!(gw.get("/x", &[("x-org-id", "t1")]).status, 200);
+    }
+    assert!(eventually(Duration::from_secs(5), || redis
+        .keys("tg:{t1}:*")
+        .len()
+        == 1));
+    redis.kill();
+    // traffic keeps flowing, no 5xx, while the counts wait
+    for _ in 0..7 {
+        assert_eq!(gw.get("/x", &[("x-org-id", "t1")]).status, 200);
+    }
+    assert!(eventually(Duration::from_secs(5), || {
+        request(gw.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == "disconnected")
+    }));
+    let m = gw.metrics();
+    assert!(
+        metric_sum(&m, "tollgate_redis_pending_deltas") >= 7.0,
+        "{m}"
+    );
+    assert!(metric_sum(&m, "tollgate_redis_sync_total{result=\"error\"}") >= 1.0);
+    let log = gw.log();
+    assert_eq!(
+        log.matches("redis: sync failed").count(),
+        1,
+        "one log line per state change:\n{log}"
+    );
+    // Redis comes back empty: the 7 counts made meanwhile reach it
+    redis.restart();
+    wait_connected(&gw);
+    assert!(eventually(Duration::from_secs(10), || {
+        redis
+            .keys("tg:{t1}:*")
+            .first()
+            .is_some_and(|k| redis.int(&["GET", k]) == 7)
+    }));
+    // no key without a TTL
+    for k in redis.keys("*") {
+        assert!(redis.int(&["PTTL", &k]) > 0, "{k} has no TTL");
+    }
+}
+
+#[test]
+fn on_failure_deny_answers_503_and_allow_lets_everything_through() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let url = format!("url: {}\n  timeout: 200ms", redis.url());
+    let deny = Gateway::start(&config(
+        &up,
+        &url,
+        "[{ period: 1h, threshold: 2 }]",
+        "  on_failure: deny",
+    ));
+    let allow = Gateway::start(&config(
+        &up,
+        &url,
+        "[{ period: 1h, threshold: 2 }]",
+        "  on_failure: allow",
+    ));
+    wait_connected(&deny);
+    wait_connected(&allow);
+    redis.kill();
+    for gw in [&deny, &allow] {
+        assert!(eventually(Duration::from_secs(5), || {
+            request(gw.admin, "GET", "/readyz", &[])
+                .is_ok_and(|r| r.json()["redis"] == "disconnected")
+        }));
+    }
+    let r = deny.get("/x", &[("x-org-id", "t")]);
+    assert_eq!(r.status, 503);
+    assert!(
+        !r.body.to_lowercase().contains("redis"),
+        "no Redis detail to clients: {}",
+        r.body
+    );
+    for _ in 0..5 {
+        assert_eq!(allow.get("/x", &[("x-org-id", "t")]).status, 200);
+    }
+}
+
+#[test]
+fn local_share_divides_the_threshold_while_redis_is_down() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let url = format!("url: {}\n  timeout: 200ms", redis.url());
+    let cfg = config(&up, &url, "[{ period: 1h, threshold: 10 }]", "");
+    let a = Gateway::start(&cfg);
+    let b = Gateway::start(&cfg);
+    wait_connected(&a);
+    wait_connected(&b);
+    assert!(eventually(Duration::from_secs(5), || metric_sum(
+        &a.metrics(),
+        "tollgate_redis_live_instances"
+    ) == 2.0));
+    avoid_window_edge(3_600_000, 60_000);
+    redis.kill();
+    assert!(eventually(Duration::from_secs(5), || {
+        request(a.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == "disconnected")
+    }));
+    // threshold 10 over the 2 instances last seen: 5 here
+    let admitted = (0..10)
+        .filter(|_| a.get("/x", &[("x-org-id", "t")]).status == 200)
+        .count();
+    assert_eq!(admitted, 5);
+}
