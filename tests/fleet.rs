@@ -237,3 +237,119 @@ fn local_share_divides_the_threshold_while_redis_is_down() {
         .count();
     assert_eq!(admitted, 5);
 }
+
+/// A local Redis Cluster of three masters.
+struct Cluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "2000",
+                ])
+            })
+            .collect();
+        let mut create = std::process::Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli (install redis-tools)");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let ok = eventually(Duration::from_secs(15), || {
+            nodes.iter().all(|n| match n.cmd(&["CLUSTER", "INFO"]) {
+                redis::Value::BulkString(b) => {
+                    String::from_utf8_lossy(&b).contains("cluster_state:ok")
+                }
+                redis::Value::VerbatimString { text, .. } => text.contains("cluster_state:ok"),
+                _ => false,
+            })
+        });
+        assert!(ok, "cluster did not become ok");
+        Cluster { nodes }
+    }
+
+    /// (key, value) of every key matching `pattern`, on whichever node holds it.
+    fn keys(&self, pattern: &str) -> Vec<(u16, String, i64)> {
+        let mut out = Vec::new();
+        for n in &self.nodes {
+            for k in n.keys(pattern) {
+                let v = n.int(&["GET", &k]);
+                out.push((n.port, k, v));
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn a_redis_cluster_shares_counts_across_two_instances() {
+    let cluster = Cluster::start();
+    let up = Upstream::start("u");
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("\"{}\"", n.url()))
+        .collect();
+    let cfg = config(
+        &up,
+        &format!("cluster: [{}]", seeds.join(", ")),
+        "[{ period: 1h, threshold: 10 }]",
+        "",
+    );
+    let a = Gateway::start(&cfg);
+    let b = Gateway::start(&cfg);
+    wait_connected(&a);
+    wait_connected(&b);
+    assert!(eventually(Duration::from_secs(5), || metric_sum(
+        &a.metrics(),
+        "tollgate_redis_live_instances"
+    ) == 2.0));
+    avoid_window_edge(3_600_000, 60_000);
+    let tenants = ["acme", "globex", "initech", "umbrella", "hooli", "tyrell"];
+    for t in tenants {
+        let mut admitted = 0;
+        for i in 0..16 {
+            let gw = if i % 2 == 0 { &a } else { &b };
+            if gw.get("/x", &[("x-org-id", t)]).status == 200 {
+                admitted += 1;
+            }
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        assert!(
+            (10..=11).contains(&admitted),
+            "{t}: admitted {admitted} of 10"
+        );
+    }
+    // each tenant's counter is one key, in its hash-tag slot, holding the fleet's count
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let k = cluster.keys("tg:{*");
+            k.len() == tenants.len() && k.iter().all(|(_, _, v)| (10..=11).contains(v))
+        }),
+        "{:?}",
+        cluster.keys("tg:{*")
+    );
+    let nodes_used: std::collections::HashSet<u16> = cluster
+        .keys("tg:{*")
+        .into_iter()
+        .map(|(p, _, _)| p)
+        .collect();
+    assert!(
+        nodes_used.len() >= 2,
+        "counters spread over the masters: {nodes_used:?}"
+    );
+}
