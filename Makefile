@@ -36,10 +36,12 @@ lint: deps
 test: deps-test lint
 	$(CARGO) test
 
-## Criterion benchmark of the decision, then the whole gateway under wrk (rules vs no rules).
-bench: deps-bench release
+## Criterion benchmark of the decision, the whole gateway under wrk (rules vs no rules), and
+## the seed scenario of three instances sharing limits through Redis.
+bench: deps-bench deps-test release
 	$(CARGO) bench --bench decision
 	scripts/bench-gateway
+	scripts/bench-fleet
 
 check-configs: build
 	@for f in conf/*.yaml; do grep -q '^server:' $$f && target/debug/tollgate -t -c $$f >/dev/null && echo "ok $$f"; done; true
