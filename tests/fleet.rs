@@ -353,3 +353,72 @@ fn a_redis_cluster_shares_counts_across_two_instances() {
         "counters spread over the masters: {nodes_used:?}"
     );
 }
+
+#[test]
+fn on_failure_local_gives_each_instance_the_full_threshold() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let url = format!("url: {}\n  timeout: 200ms", redis.url());
+    let cfg = config(
+        &up,
+        &url,
+        "[{ period: 1h, threshold: 4 }]",
+        "  on_failure: local",
+    );
+    let a = Gateway::start(&cfg);
+    let b = Gateway::start(&cfg);
+    wait_connected(&a);
+    wait_connected(&b);
+    assert!(eventually(Duration::from_secs(5), || metric_sum(
+        &a.metrics(),
+        "tollgate_redis_live_instances"
+    ) == 2.0));
+    avoid_window_edge(3_600_000, 60_000);
+    redis.kill();
+    assert!(eventually(Duration::from_secs(5), || {
+        request(a.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == "disconnected")
+    }));
+    let admitted = (0..8)
+        .filter(|_| a.get("/x", &[("x-org-id", "t")]).status == 200)
+        .count();
+    assert_eq!(admitted, 4, "the full threshold, not a share");
+}
+
+#[test]
+fn a_redis_restart_that_loses_every_key_costs_at_most_one_window() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}\n  timeout: 200ms", redis.url()),
+        "[{ period: 1h, threshold: 5 }]",
+        "",
+    );
+    let gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    avoid_window_edge(3_600_000, 60_000);
+    let hit = || gw.get("/x", &[("x-org-id", "t")]).status;
+    assert_eq!((0..8).filter(|_| hit() == 200).count(), 5);
+    assert!(eventually(Duration::from_secs(5), || redis
+        .keys("tg:{t}:*")
+        .first()
+        .is_some_and(|k| redis.int(&["GET", k]) == 5)));
+    redis.restart(); // empty
+    wait_connected(&gw);
+    // at most one more window's worth gets through, and the count starts again in Redis
+    std::thread::sleep(Duration::from_millis(1500));
+    let extra = (0..10).filter(|_| hit() == 200).count();
+    assert!(
+        extra <= 5,
+        "{extra} extra admissions after losing every key"
+    );
+    // what was admitted since reaches the new Redis (an absent key counts 0)
+    assert!(eventually(Duration::from_secs(5), || {
+        let total: i64 = redis
+            .keys("tg:{t}:*")
+            .iter()
+            .map(|k| redis.int(&["GET", k]))
+            .sum();
+        total == extra as i64
+    }));
+}
