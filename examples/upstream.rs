@@ -3,7 +3,8 @@
 //! `upstream [ADDR] [NAME]` (default 127.0.0.1:9001, name = ADDR) prints `listening on ADDR`
 //! once bound (ADDR may use port 0). Every request gets 200 with a JSON body naming the server
 //! and echoing the method, path and request headers, so tests can see what reached the
-//! upstream. `/healthz` answers 200 `ok`; `/status/NNN` answers with status NNN.
+//! upstream. `/healthz` answers 200 `ok`; `/status/NNN` answers with status NNN; `/delay/MS`
+//! answers after MS milliseconds.
 
 use std::io::Write as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -98,6 +99,12 @@ async fn serve(mut sock: TcpStream, name: String) {
                 }
                 headers.push((k, v));
             }
+        }
+        if let Some(ms) = path
+            .strip_prefix("/delay/")
+            .and_then(|m| m.parse::<u64>().ok())
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(ms.min(60_000))).await;
         }
         let (status, body) = if path == "/healthz" {
             (200u16, "ok\n".to_string())

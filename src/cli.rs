@@ -8,6 +8,7 @@ use crate::limits::sweeper::Sweeper;
 use crate::limits::{CounterRegistry, SystemClock};
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
+use crate::reload::{install_sighup, Reloader};
 use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
 use crate::upstream::HealthChecker;
 use arc_swap::ArcSwap;
@@ -126,6 +127,14 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         test: false,
         conf: None,
     };
+    // before anything can accept a request: SIGHUP would otherwise kill the process
+    let sighup = match install_sighup() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cannot install the SIGHUP handler: {e}");
+            return 1;
+        }
+    };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
@@ -146,23 +155,34 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
     }
     server.add_service(proxy);
 
-    if let Some(redis) = shared.load().config.redis.clone() {
-        if let Err(e) = backend::check(&redis) {
+    if let Some(redis) = &shared.load().config.redis {
+        if let Err(e) = backend::check(redis) {
             eprintln!("{}: redis: {e}", args.conf.display());
             return 1;
         }
-        server.add_service(background_service(
-            "redis sync",
-            SyncService {
-                settings: redis,
-                registry: rt.registry.clone(),
-                fleet: rt.fleet.clone(),
-                clock: rt.clock.clone(),
-                metrics: metrics.clone(),
-                instance: instance_id(),
-            },
-        ));
     }
+    // runs always: idle without a `redis` section, so that a reload can add one
+    server.add_service(background_service(
+        "redis sync",
+        SyncService {
+            shared: shared.clone(),
+            registry: rt.registry.clone(),
+            fleet: rt.fleet.clone(),
+            clock: rt.clock.clone(),
+            metrics: metrics.clone(),
+            instance: instance_id(),
+        },
+    ));
+    server.add_service(background_service(
+        "config reloader",
+        Reloader {
+            path: args.conf.clone(),
+            shared: shared.clone(),
+            runtime: rt.clone(),
+            metrics: metrics.clone(),
+            flag: sighup,
+        },
+    ));
 
     if let Some(admin_addr) = server_cfg.admin {
         let mut admin = Service::new(

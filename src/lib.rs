@@ -3,7 +3,7 @@
 //! Follow one request: [`config`] (file model -> validated snapshot, held in [`snapshot`]) ->
 //! [`tenant`] resolution (with the [`client_addr`]) -> [`routing`] on [`matching`] -> the
 //! [`limits`] decision on local counters -> [`proxy`] to an [`upstream`] pool -> [`problem`] answers on errors; beside it the [`admin`]
-//! listener and [`metrics`], and the [`fleet_sync`] to Redis.
+//! listener and [`metrics`], the [`fleet_sync`] to Redis, and the [`reload`]er.
 
 pub mod admin;
 pub mod cli;
@@ -15,6 +15,7 @@ pub mod matching;
 pub mod metrics;
 pub mod problem;
 pub mod proxy;
+pub mod reload;
 pub mod routing;
 pub mod snapshot;
 pub mod tenant;

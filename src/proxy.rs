@@ -38,6 +38,10 @@ pub struct RequestCtx {
     client_ip: Option<IpAddr>,
     /// The rate-limit decision (empty when no rule applied), for the response headers.
     decision: Decision,
+    /// For the access log.
+    started: Instant,
+    upstream: Option<std::net::SocketAddr>,
+    delayed: bool,
 }
 
 pub struct Gateway {
@@ -76,6 +80,30 @@ fn strip_hop_by_hop(req: &mut RequestHeader) {
     req.remove_header(&header::TRANSFER_ENCODING);
 }
 
+/// One access log line (target `tollgate::access`). The tenant and path are escaped, so a
+/// hostile id cannot forge log lines.
+fn access_log(session: &Session, ctx: &RequestCtx, route: &str, status: http::StatusCode) {
+    let req = session.req_header();
+    let decision = match (&ctx.decision.tiers.is_empty(), ctx.delayed, status.as_u16()) {
+        (_, _, 429) => "denied",
+        (_, true, _) => "delayed",
+        (true, false, _) => "none",
+        (false, false, _) => "allowed",
+    };
+    let upstream = ctx
+        .upstream
+        .map_or_else(|| "-".to_string(), |a| a.to_string());
+    log::info!(
+        target: "tollgate::access",
+        "route={route} tenant=\"{}\" method={} path=\"{}\" status={} decision={decision} upstream={upstream} latency_ms={:.3}",
+        String::from_utf8_lossy(&ctx.tenant).escape_debug(),
+        req.method,
+        req.uri.path().escape_debug(),
+        status.as_u16(),
+        ctx.started.elapsed().as_secs_f64() * 1000.0
+    );
+}
+
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
@@ -87,6 +115,9 @@ impl ProxyHttp for Gateway {
             tenant: Vec::new(),
             client_ip: None,
             decision: Decision::none(),
+            started: Instant::now(),
+            upstream: None,
+            delayed: false,
         }
     }
 
@@ -174,6 +205,7 @@ impl ProxyHttp for Gateway {
         drop(segments);
         drop(path);
         ctx.tenant = tenant;
+        ctx.delayed = delayed;
         let admitted = decision.verdict == Verdict::Allow;
         limiter.record(&decision, admitted, delayed);
         if let Verdict::Reject { status } = decision.verdict {
@@ -224,7 +256,10 @@ impl ProxyHttp for Gateway {
         };
         let pool = &snap.pools[snap.config.routes[route].upstream];
         match pool.select(&ctx.tenant) {
-            Some(backend) => Ok(Box::new(pool.peer(backend))),
+            Some(backend) => {
+                ctx.upstream = backend.addr.as_inet().copied();
+                Ok(Box::new(pool.peer(backend)))
+            }
             None => {
                 let mut e = Error::new_up(ErrorType::ConnectNoRoute);
                 e.context = Some("no healthy server in the pool".into());
@@ -321,5 +356,12 @@ impl ProxyHttp for Gateway {
             .requests
             .with_label_values(&[route, status.as_str()])
             .inc();
+        if ctx
+            .snapshot
+            .as_ref()
+            .is_some_and(|s| s.config.server.access_log)
+        {
+            access_log(session, ctx, route, status);
+        }
     }
 }

@@ -42,6 +42,9 @@ pub struct ServerFile {
     /// Cap on the counters each rate-limit rule tracks (memory bound under hostile input).
     #[serde(default)]
     pub max_counters_per_rule: Option<usize>,
+    /// One log line per request (target `tollgate::access`); off by default.
+    #[serde(default)]
+    pub access_log: bool,
     /// With `-d`: where the log goes (otherwise the inherited stderr is kept).
     #[serde(default)]
     pub error_log: Option<String>,

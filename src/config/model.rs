@@ -34,6 +34,7 @@ pub struct ServerSettings {
     pub trusted_proxies: Vec<IpNet>,
     pub grace_period: Duration,
     pub max_counters_per_rule: usize,
+    pub access_log: bool,
     pub error_log: Option<String>,
     pub pid_file: String,
     pub upgrade_sock: String,

@@ -274,6 +274,7 @@ fn check_server(c: &mut Checker, s: &ServerFile) -> ServerSettings {
         threads,
         trusted_proxies: trusted,
         grace_period,
+        access_log: s.access_log,
         error_log: s.error_log.clone(),
         pid_file: s
             .pid_file

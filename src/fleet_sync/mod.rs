@@ -17,6 +17,7 @@ use crate::limits::clock::{Clock, NANOS_PER_MS};
 use crate::limits::partition::{redis_key, redis_partition};
 use crate::limits::store::{CounterRegistry, RuleCounters};
 use crate::metrics::Metrics;
+use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
 use backend::{Heartbeat, Increment, SyncBackend};
 use pingora::server::ShutdownWatch;
@@ -45,7 +46,9 @@ struct Drained {
 }
 
 pub struct SyncService {
-    pub settings: RedisSettings,
+    /// The running config: the `redis` section is read from it, so a reload that changes it
+    /// reconnects (or stops syncing).
+    pub shared: SharedSnapshot,
     pub registry: Arc<CounterRegistry>,
     pub fleet: Arc<FleetState>,
     pub clock: Arc<dyn Clock>,
@@ -55,7 +58,7 @@ pub struct SyncService {
 
 impl SyncService {
     /// Take every count not yet sent (and every counter that asked for a fresh total).
-    fn drain(&self) -> (Vec<Drained>, Vec<Increment>) {
+    fn drain(&self, settings: &RedisSettings) -> (Vec<Drained>, Vec<Increment>) {
         let mut drained = Vec::new();
         let mut incs = Vec::new();
         for rc in self.registry.live() {
@@ -81,13 +84,7 @@ impl SyncService {
                     let mut take = |start: u64, delta: u64, previous: bool| {
                         let partition = redis_partition(&per, key);
                         incs.push(Increment {
-                            key: redis_key(
-                                &self.settings.key_prefix,
-                                &partition,
-                                &id,
-                                start,
-                                start + p,
-                            ),
+                            key: redis_key(&settings.key_prefix, &partition, &id, start, start + p),
                             delta,
                             expire_at_ms: start + p + keep + KEY_GRACE_MS,
                         });
@@ -170,20 +167,20 @@ impl SyncService {
     }
 
     /// One round; returns whether Redis answered.
-    pub async fn round(&self, backend: &dyn SyncBackend) -> bool {
-        let (drained, incs) = self.drain();
+    pub async fn round(&self, settings: &RedisSettings, backend: &dyn SyncBackend) -> bool {
+        let (drained, incs) = self.drain(settings);
         let now_ms = self.clock.now_ns() / NANOS_PER_MS;
-        let interval_ms = self.settings.sync_interval.as_millis() as u64;
+        let interval_ms = settings.sync_interval.as_millis() as u64;
         let hb = Heartbeat {
-            key: format!("{}:instances", self.settings.key_prefix),
+            key: format!("{}:instances", settings.key_prefix),
             instance: self.instance.clone(),
             now_ms,
             liveness_ms: (3 * interval_ms).max(3000),
         };
         let started = Instant::now();
-        let outcome = tokio::time::timeout(self.settings.timeout, backend.exchange(&incs, &hb))
+        let outcome = tokio::time::timeout(settings.timeout, backend.exchange(&incs, &hb))
             .await
-            .map_err(|_| format!("no answer within {:?}", self.settings.timeout))
+            .map_err(|_| format!("no answer within {:?}", settings.timeout))
             .and_then(|r| r);
         self.metrics
             .redis_sync_duration
@@ -217,25 +214,34 @@ impl SyncService {
 #[async_trait]
 impl BackgroundService for SyncService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let backend = match backend::make(&self.settings) {
-            Ok(b) => b,
-            Err(e) => {
-                log::error!("redis: cannot set up the sync ({e}); counting locally");
-                return;
-            }
-        };
-        let backend = backend.as_ref();
-        self.registry.set_syncing(true);
-        let interval = self.settings.sync_interval;
-        let mut backoff = interval;
+        let mut current: Option<(RedisSettings, Box<dyn SyncBackend>)> = None;
+        let mut backoff = Duration::from_secs(1);
         let mut next = tokio::time::Instant::now();
         let mut last = tokio::time::Instant::now() - MIN_ROUND_GAP;
         loop {
-            let healthy = self.fleet.is_connected();
+            // follow the running config's `redis` section
+            let want = self.shared.load().config.redis.clone();
+            if want.as_ref() != current.as_ref().map(|(s, _)| s) {
+                current = want.and_then(|s| match backend::make(&s) {
+                    Ok(b) => Some((s, b)),
+                    Err(e) => {
+                        log::error!("redis: cannot set up the sync ({e}); counting locally");
+                        None
+                    }
+                });
+                self.registry.set_syncing(current.is_some());
+                next = tokio::time::Instant::now();
+            }
+            let interval = current
+                .as_ref()
+                .map_or(Duration::from_secs(1), |(s, _)| s.sync_interval);
+            let healthy = current.is_some() && self.fleet.is_connected();
             tokio::select! {
                 _ = shutdown.changed() => {
                     // last chance for the counts of this instance to reach the fleet
-                    let _ = self.round(backend).await;
+                    if let Some((s, b)) = &current {
+                        let _ = self.round(s, b.as_ref()).await;
+                    }
                     return;
                 }
                 _ = tokio::time::sleep_until(next) => {}
@@ -248,7 +254,11 @@ impl BackgroundService for SyncService {
                 }
             }
             last = tokio::time::Instant::now();
-            if self.round(backend).await {
+            let Some((settings, backend)) = &current else {
+                next = last + interval;
+                continue;
+            };
+            if self.round(settings, backend.as_ref()).await {
                 backoff = interval;
                 next = last + interval;
             } else {

@@ -1,0 +1,314 @@
+//! Live operations (contract sections 1 and 7): SIGHUP reload, graceful upgrade, shutdown,
+//! access log. Real processes, real signals.
+
+mod common;
+use common::{eventually, metric_sum, request, Gateway, Upstream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn config(up: &Upstream, extra_server: &str, threshold: u64) -> String {
+    format!(
+        r#"server:
+  listen: ["{{LISTEN}}"]
+  admin: "{{ADMIN}}"
+  threads: 2
+  grace_period: 2s
+  pid_file: {{DIR}}/tollgate.pid
+  upgrade_sock: {{DIR}}/upgrade.sock
+{extra_server}
+upstreams:
+  app:
+    servers: ["{up}"]
+routes:
+  - id: all
+    path: /**
+    upstream: app
+tenant:
+  from:
+    - header: x-org-id
+  required: false
+limits:
+  - id: api
+    pathPattern: /limited/**
+    tiers: [{{ period: 1h, threshold: {threshold} }}]
+"#,
+        up = up.addr
+    )
+}
+
+fn signal(gw: &Gateway, sig: i32) {
+    let pid = gw.child.id() as i32;
+    // SAFETY: sending a signal to our own child process.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// Write a new config for `gw` (placeholders resolved as at start) and send SIGHUP.
+fn rewrite(gw: &Gateway, template: &str) {
+    let text = template
+        .replace("{LISTEN}", &gw.addr.to_string())
+        .replace("{ADMIN}", &gw.admin.to_string())
+        .replace("{DIR}", &gw.dir.0.display().to_string());
+    std::fs::write(&gw.config, text).unwrap();
+}
+
+fn server_of(gw: &Gateway) -> String {
+    let r = gw.get("/x", &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    r.json()["server"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn sighup_swaps_the_config_and_keeps_counters_of_unchanged_rules() {
+    let (a, b) = (Upstream::start("a"), Upstream::start("b"));
+    let gw = Gateway::start(&config(&a, "", 3));
+    assert_eq!(
+        gw.get("/limited/1", &[]).header("x-ratelimit-remaining"),
+        Some("2")
+    );
+    assert_eq!(
+        gw.get("/limited/1", &[]).header("x-ratelimit-remaining"),
+        Some("1")
+    );
+    rewrite(&gw, &config(&b, "", 3));
+    signal(&gw, libc::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(5), || server_of(&gw) == "b"),
+        "new upstream pool in use"
+    );
+    // same rule id and tiers: the count went on
+    assert_eq!(
+        gw.get("/limited/1", &[]).header("x-ratelimit-remaining"),
+        Some("0")
+    );
+    assert_eq!(gw.get("/limited/1", &[]).status, 429);
+    // changed tiers: a new counter
+    rewrite(&gw, &config(&b, "", 5));
+    signal(&gw, libc::SIGHUP);
+    assert!(eventually(Duration::from_secs(5), || gw
+        .get("/limited/1", &[])
+        .header("x-ratelimit-limit")
+        == Some("5")));
+    assert!(
+        metric_sum(
+            &gw.metrics(),
+            "tollgate_config_reloads_total{result=\"ok\"}"
+        ) >= 2.0
+    );
+}
+
+#[test]
+fn an_invalid_file_keeps_the_running_config_and_is_logged_with_its_position() {
+    let (a, b) = (Upstream::start("a"), Upstream::start("b"));
+    let gw = Gateway::start(&config(&a, "", 3));
+    rewrite(
+        &gw,
+        &config(&b, "", 3).replace("    upstream: app", "    upstream: nope"),
+    );
+    signal(&gw, libc::SIGHUP);
+    assert!(eventually(Duration::from_secs(5), || metric_sum(
+        &gw.metrics(),
+        "tollgate_config_reloads_total{result=\"error\"}"
+    ) == 1.0));
+    assert_eq!(server_of(&gw), "a");
+    let log = gw.log();
+    let want = format!(
+        "{}:15:15: routes[0].upstream: unknown upstream \"nope\"",
+        gw.config.display()
+    );
+    assert!(log.contains(&want), "log lacks {want:?}:\n{log}");
+    // a listener change is applied only by a restart or upgrade, and the log says so
+    rewrite(
+        &gw,
+        &config(&a, "", 3).replace("  threads: 2", "  threads: 1"),
+    );
+    signal(&gw, libc::SIGHUP);
+    assert!(eventually(Duration::from_secs(5), || gw
+        .log()
+        .contains("need a restart or a graceful upgrade")));
+}
+
+/// Send requests back to back until `stop`; count failures (non-200 or connection errors).
+fn traffic(gw: &Gateway, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(usize, usize)> {
+    let addr = gw.addr;
+    std::thread::spawn(move || {
+        let (mut ok, mut failed) = (0, 0);
+        while !stop.load(Ordering::Relaxed) {
+            match request(addr, "GET", "/x", &[]) {
+                Ok(r) if r.status == 200 => ok += 1,
+                _ => failed += 1,
+            }
+        }
+        (ok, failed)
+    })
+}
+
+#[test]
+fn twenty_reloads_under_load_fail_no_request() {
+    let (a, b) = (Upstream::start("a"), Upstream::start("b"));
+    let valid = [config(&a, "", 3), config(&b, "", 3)];
+    let gw = Gateway::start(&valid[0]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(&gw, stop.clone());
+    for i in 0..20 {
+        if i % 2 == 0 {
+            rewrite(&gw, &valid[(i / 2) % 2]);
+        } else {
+            rewrite(&gw, "server: [this is not valid");
+        }
+        signal(&gw, libc::SIGHUP);
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failed) = load.join().unwrap();
+    assert!(ok > 50, "traffic flowed: {ok}");
+    assert_eq!(failed, 0, "{failed} requests failed during reloads");
+    let m = gw.metrics();
+    assert_eq!(
+        metric_sum(&m, "tollgate_config_reloads_total{result=\"ok\"}"),
+        10.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(&m, "tollgate_config_reloads_total{result=\"error\"}"),
+        10.0
+    );
+}
+
+#[test]
+fn a_storm_of_sighups_leaves_the_last_valid_config_running() {
+    let ups: Vec<Upstream> = (0..3).map(|i| Upstream::start(&format!("u{i}"))).collect();
+    let gw = Gateway::start(&config(&ups[0], "", 3));
+    let started = Instant::now();
+    for i in 0..50 {
+        // the last file written (i = 49) is valid and points at u1
+        if i % 5 == 3 {
+            rewrite(&gw, "routes: [oops");
+        } else {
+            rewrite(&gw, &config(&ups[1 + (i % 2)], "", 3));
+        }
+        signal(&gw, libc::SIGHUP);
+        std::thread::sleep(Duration::from_millis(18));
+    }
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    assert!(eventually(Duration::from_secs(5), || server_of(&gw) == "u2"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(server_of(&gw), "u2");
+    assert!(gw.child.id() > 0);
+}
+
+#[test]
+fn sigterm_drains_in_flight_requests_then_exits() {
+    let up = Upstream::start("a");
+    let mut gw = Gateway::start(&config(&up, "", 3));
+    let addr = gw.addr;
+    let slow = std::thread::spawn(move || request(addr, "GET", "/delay/1000", &[]));
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    signal(&gw, libc::SIGTERM);
+    let r = slow.join().unwrap().expect("in-flight request answered");
+    assert_eq!(r.status, 200, "the request in flight completed");
+    assert!(
+        eventually(Duration::from_secs(10), || gw
+            .child
+            .try_wait()
+            .ok()
+            .flatten()
+            .is_some()),
+        "exited after the grace period"
+    );
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(8),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn sigint_exits_at_once() {
+    let up = Upstream::start("a");
+    let mut gw = Gateway::start(&config(&up, "", 3));
+    let t = Instant::now();
+    signal(&gw, libc::SIGINT);
+    assert!(eventually(Duration::from_secs(3), || gw
+        .child
+        .try_wait()
+        .ok()
+        .flatten()
+        .is_some()));
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
+#[test]
+fn graceful_upgrade_hands_over_listeners_without_refusing_a_connection() {
+    let up = Upstream::start("a");
+    let gw = Gateway::start(&config(&up, "", 3));
+    let stop = Arc::new(AtomicBool::new(false));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let load = traffic(&gw, stop.clone());
+    std::thread::sleep(Duration::from_millis(200));
+    // a new process with a bad config exits 1; the old one keeps serving
+    let bad = gw.dir.write("bad.yaml", "server: [");
+    let st = std::process::Command::new(common::tollgate_bin())
+        .args(["-u", "-c", &bad.display().to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(st.status.code(), Some(1));
+    // the new process waits for the listeners; SIGQUIT makes the old one hand them over
+    let log = std::fs::File::create(gw.dir.0.join("new.log")).unwrap();
+    let mut new = std::process::Command::new(common::tollgate_bin())
+        .args(["-u", "-c", &gw.config.display().to_string()])
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    signal(&gw, libc::SIGQUIT);
+    // keep the traffic going through the hand-over and past the old process's exit
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failed) = load.join().unwrap();
+    let _ = new.kill();
+    let _ = new.wait();
+    assert!(ok > 50, "traffic flowed: {ok}");
+    assert_eq!(
+        failed + refused.load(Ordering::Relaxed),
+        0,
+        "{failed} requests failed or were refused"
+    );
+}
+
+#[test]
+fn access_log_has_one_line_per_request() {
+    let up = Upstream::start("a");
+    let gw = Gateway::start(&config(&up, "  access_log: true", 1));
+    gw.get("/limited/1", &[("x-org-id", "acme\"\n")]);
+    gw.get("/limited/1", &[("x-org-id", "acme\"\n")]);
+    assert!(eventually(Duration::from_secs(2), || gw
+        .log()
+        .matches("tollgate::access")
+        .count()
+        == 2));
+    let log = gw.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("tollgate::access") && l.contains("status=200"))
+        .unwrap();
+    for part in [
+        "route=all",
+        "method=GET",
+        "decision=allowed",
+        "latency_ms=",
+        &format!("upstream={}", up.addr),
+    ] {
+        assert!(line.contains(part), "{part} missing in {line}");
+    }
+    assert!(
+        line.contains("tenant=\"acme\\\"\""),
+        "tenant escaped: {line}"
+    );
+    assert!(log
+        .lines()
+        .any(|l| l.contains("tollgate::access") && l.contains("status=429 decision=denied")));
+}
