@@ -312,3 +312,29 @@ fn access_log_has_one_line_per_request() {
         .lines()
         .any(|l| l.contains("tollgate::access") && l.contains("status=429 decision=denied")));
 }
+
+#[test]
+fn a_reload_that_adds_redis_starts_syncing() {
+    let up = Upstream::start("a");
+    let redis = common::RedisServer::start();
+    let gw = Gateway::start(&config(&up, "", 100));
+    assert_eq!(
+        request(gw.admin, "GET", "/readyz", &[]).unwrap().json()["redis"],
+        "not_configured"
+    );
+    let with_redis = format!(
+        "{}redis:\n  url: {}\n  key_prefix: op\n",
+        config(&up, "", 100),
+        redis.url()
+    );
+    rewrite(&gw, &with_redis);
+    signal(&gw, libc::SIGHUP);
+    assert!(eventually(Duration::from_secs(5), || {
+        request(gw.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == "connected")
+    }));
+    gw.get("/limited/1", &[("x-org-id", "t")]);
+    assert!(eventually(Duration::from_secs(5), || redis
+        .keys("op:{t}:api:*")
+        .len()
+        == 1));
+}
