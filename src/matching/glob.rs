@@ -90,6 +90,15 @@ impl PathPattern {
         })
     }
 
+    /// `/**`: every path.
+    pub fn any() -> Self {
+        PathPattern {
+            source: "/**".to_string(),
+            segs: vec![Seg::Any],
+            has_capture: false,
+        }
+    }
+
     /// The pattern as written in the config.
     pub fn as_str(&self) -> &str {
         &self.source
