@@ -1,5 +1,7 @@
 # Tollgate: `make run` (demo) and `make test` (everything CI checks).
 CARGO ?= cargo
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
 # command:debian-package pairs
 BUILD_DEPS := cmake:cmake cc:gcc
 TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools
@@ -33,8 +35,11 @@ lint: deps
 	$(CARGO) clippy --all-targets -- -D warnings
 
 ## Lints, then every unit and integration test (real gateway, upstreams and redis-server).
+## The integration tests run the example upstream, so examples are built first.
 test: deps-test lint
-	$(CARGO) test
+	$(CARGO) build --examples
+	$(CARGO) test --lib --bins --tests 2>&1 | tee target/test.log
+	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
 
 ## Criterion benchmark of the decision, the whole gateway under wrk (rules vs no rules), and
 ## the seed scenario of three instances sharing limits through Redis.
