@@ -2,8 +2,10 @@
 //! (contract section 6).
 
 mod common;
-use common::{eventually, metric_sum, request, Gateway, RedisServer, Upstream};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use common::{
+    avoid_window_edge, eventually, metric_sum, wait_redis_state, Gateway, RedisServer, Upstream,
+};
+use std::time::{Duration, Instant};
 
 fn config(up: &Upstream, redis: &str, tiers: &str, extra_redis: &str) -> String {
     format!(
@@ -35,22 +37,9 @@ redis:
     )
 }
 
-fn avoid_window_edge(period_ms: u64, margin_ms: u64) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let left = period_ms - now % period_ms;
-    if left < margin_ms {
-        std::thread::sleep(Duration::from_millis(left + 20));
-    }
-}
-
 fn wait_connected(gw: &Gateway) {
     assert!(
-        eventually(Duration::from_secs(10), || {
-            request(gw.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == "connected")
-        }),
+        wait_redis_state(gw, "connected"),
         "gateway did not connect to redis; log:\n{}",
         gw.log()
     );
@@ -144,9 +133,7 @@ fn redis_down_keeps_traffic_flowing_and_counts_arrive_when_it_returns() {
     for _ in 0..7 {
         assert_eq!(gw.get("/x", &[("x-org-id", "t1")]).status, 200);
     }
-    assert!(eventually(Duration::from_secs(5), || {
-        request(gw.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == "disconnected")
-    }));
+    assert!(wait_redis_state(&gw, "disconnected"));
     let m = gw.metrics();
     assert!(
         metric_sum(&m, "tollgate_redis_pending_deltas") >= 7.0,
@@ -195,10 +182,7 @@ fn on_failure_deny_answers_503_and_allow_lets_everything_through() {
     wait_connected(&allow);
     redis.kill();
     for gw in [&deny, &allow] {
-        assert!(eventually(Duration::from_secs(5), || {
-            request(gw.admin, "GET", "/readyz", &[])
-                .is_ok_and(|r| r.json()["redis"] == "disconnected")
-        }));
+        assert!(wait_redis_state(gw, "disconnected"));
     }
     let r = deny.get("/x", &[("x-org-id", "t")]);
     assert_eq!(r.status, 503);
@@ -228,9 +212,7 @@ fn local_share_divides_the_threshold_while_redis_is_down() {
     ) == 2.0));
     avoid_window_edge(3_600_000, 60_000);
     redis.kill();
-    assert!(eventually(Duration::from_secs(5), || {
-        request(a.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == "disconnected")
-    }));
+    assert!(wait_redis_state(&a, "disconnected"));
     // threshold 10 over the 2 instances last seen: 5 here
     let admitted = (0..10)
         .filter(|_| a.get("/x", &[("x-org-id", "t")]).status == 200)
@@ -375,9 +357,7 @@ fn on_failure_local_gives_each_instance_the_full_threshold() {
     ) == 2.0));
     avoid_window_edge(3_600_000, 60_000);
     redis.kill();
-    assert!(eventually(Duration::from_secs(5), || {
-        request(a.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == "disconnected")
-    }));
+    assert!(wait_redis_state(&a, "disconnected"));
     let admitted = (0..8)
         .filter(|_| a.get("/x", &[("x-org-id", "t")]).status == 200)
         .count();

@@ -2,8 +2,8 @@
 //! check-then-commit, plans, actions, partitions, headers and hostile input.
 
 mod common;
-use common::{eventually, request, Gateway, Upstream};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use common::{avoid_window_edge, eventually, request, Gateway, Upstream};
+use std::time::Duration;
 
 /// Gateway config with the given `limits` list (YAML, indented by two spaces) and extras.
 fn config(up: &Upstream, limits: &str, extra: &str) -> String {
@@ -37,17 +37,6 @@ limits:
 
 /// Make sure at least `margin_ms` remain in the current epoch-aligned window of `period_ms`,
 /// so a test's requests all fall in one window.
-fn avoid_window_edge(period_ms: u64, margin_ms: u64) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let left = period_ms - now % period_ms;
-    if left < margin_ms {
-        std::thread::sleep(Duration::from_millis(left + 20));
-    }
-}
-
 fn get(gw: &Gateway, path: &str, tenant: &str) -> common::Response {
     gw.get(path, &[("x-org-id", tenant)])
 }

@@ -329,9 +329,7 @@ fn a_reload_that_adds_redis_starts_syncing() {
     );
     rewrite(&gw, &with_redis);
     signal(&gw, libc::SIGHUP);
-    assert!(eventually(Duration::from_secs(5), || {
-        request(gw.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == "connected")
-    }));
+    assert!(common::wait_redis_state(&gw, "connected"));
     gw.get("/limited/1", &[("x-org-id", "t")]);
     assert!(eventually(Duration::from_secs(5), || redis
         .keys("op:{t}:api:*")

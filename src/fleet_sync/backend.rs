@@ -43,16 +43,16 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4]) return redis.call('ZCARD', KEYS[1])";
 /// How long the heartbeat set outlives its last writer.
 pub const HEARTBEAT_TTL_MS: u64 = 60_000;
 
-pub fn pipeline(incs: &[Increment], hb: &Heartbeat) -> redis::Pipeline {
-    let mut p = redis::pipe();
-    for i in incs {
-        p.cmd("EVAL")
-            .arg(INCR_SCRIPT)
-            .arg(1)
-            .arg(&i.key)
-            .arg(i.delta)
-            .arg(i.expire_at_ms);
-    }
+fn add_increment(p: &mut redis::Pipeline, i: &Increment) {
+    p.cmd("EVAL")
+        .arg(INCR_SCRIPT)
+        .arg(1)
+        .arg(&i.key)
+        .arg(i.delta)
+        .arg(i.expire_at_ms);
+}
+
+fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
     p.cmd("EVAL")
         .arg(HEARTBEAT_SCRIPT)
         .arg(1)
@@ -61,6 +61,13 @@ pub fn pipeline(incs: &[Increment], hb: &Heartbeat) -> redis::Pipeline {
         .arg(&hb.instance)
         .arg(hb.liveness_ms)
         .arg(HEARTBEAT_TTL_MS);
+}
+
+/// The round's pipeline for one server: every increment, then the heartbeat.
+pub fn pipeline(incs: &[Increment], hb: &Heartbeat) -> redis::Pipeline {
+    let mut p = redis::pipe();
+    incs.iter().for_each(|i| add_increment(&mut p, i));
+    add_heartbeat(&mut p, hb);
     p
 }
 
@@ -320,24 +327,9 @@ impl SyncBackend for ClusterRedis {
                 continue;
             }
             let mut p = redis::pipe();
-            for &i in idxs {
-                let inc = &incs[i];
-                p.cmd("EVAL")
-                    .arg(INCR_SCRIPT)
-                    .arg(1)
-                    .arg(&inc.key)
-                    .arg(inc.delta)
-                    .arg(inc.expire_at_ms);
-            }
+            idxs.iter().for_each(|&i| add_increment(&mut p, &incs[i]));
             if n == hb_node {
-                p.cmd("EVAL")
-                    .arg(HEARTBEAT_SCRIPT)
-                    .arg(1)
-                    .arg(&hb.key)
-                    .arg(hb.now_ms)
-                    .arg(&hb.instance)
-                    .arg(hb.liveness_ms)
-                    .arg(HEARTBEAT_TTL_MS);
+                add_heartbeat(&mut p, hb);
             }
             let mut conn = topo.nodes[n].clone();
             tasks.push((

@@ -33,6 +33,10 @@ pub const KEY_GRACE_MS: u64 = 10_000;
 /// Longest wait between retries while Redis is failing.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+fn period_ms(tier: &crate::config::model::Tier) -> u64 {
+    (tier.period.as_millis() as u64).max(1)
+}
+
 /// One drained count, remembered until Redis has answered for it.
 struct Drained {
     counters: Arc<RuleCounters>,
@@ -75,7 +79,7 @@ impl SyncService {
                     let Some(tier) = counters.tiers(list).get(ti).copied() else {
                         continue;
                     };
-                    let p = (tier.period.as_millis() as u64).max(1);
+                    let p = period_ms(&tier);
                     let keep = if algo == Algorithm::SlidingWindow {
                         p
                     } else {

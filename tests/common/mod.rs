@@ -447,3 +447,22 @@ pub fn metric_sum(metrics: &str, prefix: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Make sure at least `margin_ms` remain in the current epoch-aligned window of `period_ms`,
+/// so that a test's requests all fall in one window.
+pub fn avoid_window_edge(period_ms: u64, margin_ms: u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let left = period_ms - now % period_ms;
+    if left < margin_ms {
+        std::thread::sleep(Duration::from_millis(left + 20));
+    }
+}
+
+/// Wait until the gateway's `/readyz` reports `redis` as `state`.
+pub fn wait_redis_state(gw: &Gateway, state: &str) -> bool {
+    eventually(Duration::from_secs(10), || {
+        request(gw.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == state)
+    })
+}
