@@ -42,6 +42,7 @@ pub struct RequestCtx {
     started: Instant,
     upstream: Option<std::net::SocketAddr>,
     delayed: bool,
+    denied: bool,
 }
 
 pub struct Gateway {
@@ -84,11 +85,11 @@ fn strip_hop_by_hop(req: &mut RequestHeader) {
 /// hostile id cannot forge log lines.
 fn access_log(session: &Session, ctx: &RequestCtx, route: &str, status: http::StatusCode) {
     let req = session.req_header();
-    let decision = match (&ctx.decision.tiers.is_empty(), ctx.delayed, status.as_u16()) {
-        (_, _, 429) => "denied",
-        (_, true, _) => "delayed",
-        (true, false, _) => "none",
-        (false, false, _) => "allowed",
+    let decision = match (ctx.denied, ctx.delayed, ctx.decision.tiers.is_empty()) {
+        (true, _, _) => "denied",
+        (false, true, _) => "delayed",
+        (false, false, true) => "none",
+        (false, false, false) => "allowed",
     };
     let upstream = ctx
         .upstream
@@ -118,6 +119,7 @@ impl ProxyHttp for Gateway {
             started: Instant::now(),
             upstream: None,
             delayed: false,
+            denied: false,
         }
     }
 
@@ -209,6 +211,7 @@ impl ProxyHttp for Gateway {
         let admitted = decision.verdict == Verdict::Allow;
         limiter.record(&decision, admitted, delayed);
         if let Verdict::Reject { status } = decision.verdict {
+            ctx.denied = true;
             let body = headers::denial_body(limiter, &decision, status);
             let mut resp = problem::header(status, body.len())?;
             headers::apply(&mut resp, limiter, &decision, cfg.headers, true)?;
