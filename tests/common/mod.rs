@@ -54,12 +54,22 @@ impl Drop for TempDir {
     }
 }
 
-/// A port that was free a moment ago.
+/// A free port for a server a test starts. Ports come from 20000-31999, below the kernel's
+/// ephemeral range (where processes binding port 0 land), handed out once per process from a
+/// counter seeded by the pid: parallel tests never get the same port, and a port cannot be
+/// taken by someone's port-0 bind between this check and the server's own bind.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    use std::sync::atomic::AtomicU32;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    let seed = (std::process::id() % 60) * 200;
+    loop {
+        let p = LOW + (seed + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        if TcpListener::bind(("127.0.0.1", p as u16)).is_ok() {
+            return p as u16;
+        }
+    }
 }
 
 pub struct Upstream {
