@@ -13,6 +13,7 @@ pub mod backend;
 pub mod state;
 
 use crate::config::model::{Algorithm, RedisSettings};
+use crate::limits::algorithm::TierState;
 use crate::limits::clock::{Clock, NANOS_PER_MS};
 use crate::limits::partition::{redis_key, redis_partition};
 use crate::limits::store::{CounterRegistry, RuleCounters};
@@ -117,27 +118,34 @@ impl SyncService {
         (drained, incs)
     }
 
+    /// Change the tier state a drained count came from, if its counter is still tracked with
+    /// the same tier list; `f` gets the state and whether the count's window is the current one
+    /// (`true`) or, having rolled since, the previous one (`false`). Other windows are gone.
+    fn with_window(d: &Drained, f: impl FnOnce(&mut TierState, bool)) {
+        d.counters.update(&d.key, |c| {
+            if c.list != d.list {
+                return;
+            }
+            let Some(p) = d.counters.tiers(c.list).get(d.tier).map(period_ms) else {
+                return;
+            };
+            let st = &mut c.tiers[d.tier];
+            if !d.previous && st.window_start_ms == d.window_start_ms {
+                f(st, true);
+            } else if st.window_start_ms == d.window_start_ms + p {
+                f(st, false);
+            }
+        });
+    }
+
     /// Feed the fleet totals back: the counter now sees the fleet, plus what it admitted since.
     fn apply(drained: &[Drained], totals: &[u64]) {
         for (d, &total) in drained.iter().zip(totals) {
-            d.counters.update(&d.key, |c| {
-                let Some(p) = d
-                    .counters
-                    .tiers(c.list)
-                    .get(d.tier)
-                    .map(|t| (t.period.as_millis() as u64).max(1))
-                else {
-                    return;
-                };
-                if c.list != d.list {
-                    return;
-                }
-                let st = &mut c.tiers[d.tier];
-                if !d.previous && st.window_start_ms == d.window_start_ms {
+            Self::with_window(d, |st, current| {
+                if current {
                     st.base = total;
                     st.current = total + st.pending;
-                } else if st.window_start_ms == d.window_start_ms + p {
-                    // the window rolled while the round was out: it is now the previous one
+                } else {
                     st.previous = total + st.prev_pending;
                 }
             });
@@ -148,23 +156,13 @@ impl SyncService {
     fn restore(drained: &[Drained]) -> u64 {
         let mut kept = 0;
         for d in drained.iter().filter(|d| d.delta > 0) {
-            d.counters.update(&d.key, |c| {
-                let Some(p) = d
-                    .counters
-                    .tiers(c.list)
-                    .get(d.tier)
-                    .map(|t| (t.period.as_millis() as u64).max(1))
-                else {
-                    return;
-                };
-                let st = &mut c.tiers[d.tier];
-                if st.window_start_ms == d.window_start_ms && !d.previous {
+            Self::with_window(d, |st, current| {
+                if current {
                     st.pending += d.delta;
-                    kept += d.delta;
-                } else if st.window_start_ms == d.window_start_ms + p {
+                } else {
                     st.prev_pending += d.delta;
-                    kept += d.delta;
                 }
+                kept += d.delta;
             });
         }
         kept
