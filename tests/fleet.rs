@@ -37,6 +37,24 @@ redis:
     )
 }
 
+/// Two gateways on `cfg`, both connected to Redis and counting each other as live.
+fn pair(cfg: &str) -> (Gateway, Gateway) {
+    let (a, b) = (Gateway::start(cfg), Gateway::start(cfg));
+    wait_connected(&a);
+    wait_connected(&b);
+    assert!(eventually(Duration::from_secs(5), || metric_sum(
+        &a.metrics(),
+        "tollgate_redis_live_instances"
+    ) == 2.0));
+    (a, b)
+}
+
+/// Stop Redis and wait until `gw` has noticed.
+fn take_down(redis: &mut RedisServer, gw: &Gateway) {
+    redis.kill();
+    assert!(wait_redis_state(gw, "disconnected"));
+}
+
 fn wait_connected(gw: &Gateway) {
     assert!(
         wait_redis_state(gw, "connected"),
@@ -202,17 +220,9 @@ fn local_share_divides_the_threshold_while_redis_is_down() {
     let up = Upstream::start("u");
     let url = format!("url: {}\n  timeout: 200ms", redis.url());
     let cfg = config(&up, &url, "[{ period: 1h, threshold: 10 }]", "");
-    let a = Gateway::start(&cfg);
-    let b = Gateway::start(&cfg);
-    wait_connected(&a);
-    wait_connected(&b);
-    assert!(eventually(Duration::from_secs(5), || metric_sum(
-        &a.metrics(),
-        "tollgate_redis_live_instances"
-    ) == 2.0));
+    let (a, _b) = pair(&cfg);
     avoid_window_edge(3_600_000, 60_000);
-    redis.kill();
-    assert!(wait_redis_state(&a, "disconnected"));
+    take_down(&mut redis, &a);
     // threshold 10 over the 2 instances last seen: 5 here
     let admitted = (0..10)
         .filter(|_| a.get("/x", &[("x-org-id", "t")]).status == 200)
@@ -292,14 +302,7 @@ fn a_redis_cluster_shares_counts_across_two_instances() {
         "[{ period: 1h, threshold: 10 }]",
         "",
     );
-    let a = Gateway::start(&cfg);
-    let b = Gateway::start(&cfg);
-    wait_connected(&a);
-    wait_connected(&b);
-    assert!(eventually(Duration::from_secs(5), || metric_sum(
-        &a.metrics(),
-        "tollgate_redis_live_instances"
-    ) == 2.0));
+    let (a, b) = pair(&cfg);
     avoid_window_edge(3_600_000, 60_000);
     let tenants = ["acme", "globex", "initech", "umbrella", "hooli", "tyrell"];
     for t in tenants {
@@ -347,17 +350,9 @@ fn on_failure_local_gives_each_instance_the_full_threshold() {
         "[{ period: 1h, threshold: 4 }]",
         "  on_failure: local",
     );
-    let a = Gateway::start(&cfg);
-    let b = Gateway::start(&cfg);
-    wait_connected(&a);
-    wait_connected(&b);
-    assert!(eventually(Duration::from_secs(5), || metric_sum(
-        &a.metrics(),
-        "tollgate_redis_live_instances"
-    ) == 2.0));
+    let (a, _b) = pair(&cfg);
     avoid_window_edge(3_600_000, 60_000);
-    redis.kill();
-    assert!(wait_redis_state(&a, "disconnected"));
+    take_down(&mut redis, &a);
     let admitted = (0..8)
         .filter(|_| a.get("/x", &[("x-org-id", "t")]).status == 200)
         .count();
