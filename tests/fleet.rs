@@ -9,18 +9,7 @@ use std::time::{Duration, Instant};
 
 fn config(up: &Upstream, redis: &str, tiers: &str, extra_redis: &str) -> String {
     format!(
-        r#"server:
-  listen: ["{{LISTEN}}"]
-  admin: "{{ADMIN}}"
-  threads: 1
-upstreams:
-  app:
-    servers: ["{up}"]
-routes:
-  - id: all
-    path: /**
-    upstream: app
-tenant:
+        r#"{head}tenant:
   from:
     - header: x-org-id
   required: true
@@ -33,7 +22,7 @@ redis:
   key_prefix: tg
 {extra_redis}
 "#,
-        up = up.addr
+        head = common::one_route_config(up.addr, 1, "")
     )
 }
 

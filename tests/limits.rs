@@ -8,18 +8,7 @@ use std::time::Duration;
 /// Gateway config with the given `limits` list (YAML, indented by two spaces) and extras.
 fn config(up: &Upstream, limits: &str, extra: &str) -> String {
     format!(
-        r#"server:
-  listen: ["{{LISTEN}}"]
-  admin: "{{ADMIN}}"
-  threads: 2
-upstreams:
-  app:
-    servers: ["{up}"]
-routes:
-  - id: all
-    path: /**
-    upstream: app
-tenant:
+        r#"{head}tenant:
   from:
     - api_key: {{ header: x-api-key, keys: {{ "k-7f3a": acme }} }}
     - path: /v1/organizations/{{tenant}}/**
@@ -31,7 +20,7 @@ limits:
 {limits}
 {extra}
 "#,
-        up = up.addr
+        head = common::one_route_config(up.addr, 2, "")
     )
 }
 

@@ -8,23 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn config(up: &Upstream, extra_server: &str, threshold: u64) -> String {
+    let server = format!(
+        "  grace_period: 2s\n  pid_file: {{DIR}}/tollgate.pid\n  upgrade_sock: {{DIR}}/upgrade.sock\n{extra_server}"
+    );
     format!(
-        r#"server:
-  listen: ["{{LISTEN}}"]
-  admin: "{{ADMIN}}"
-  threads: 2
-  grace_period: 2s
-  pid_file: {{DIR}}/tollgate.pid
-  upgrade_sock: {{DIR}}/upgrade.sock
-{extra_server}
-upstreams:
-  app:
-    servers: ["{up}"]
-routes:
-  - id: all
-    path: /**
-    upstream: app
-tenant:
+        r#"{head}tenant:
   from:
     - header: x-org-id
   required: false
@@ -33,7 +21,7 @@ limits:
     pathPattern: /limited/**
     tiers: [{{ period: 1h, threshold: {threshold} }}]
 "#,
-        up = up.addr
+        head = common::one_route_config(up.addr, 2, &server)
     )
 }
 
@@ -115,7 +103,7 @@ fn an_invalid_file_keeps_the_running_config_and_is_logged_with_its_position() {
     assert_eq!(server_of(&gw), "a");
     let log = gw.log();
     let want = format!(
-        "{}:15:15: routes[0].upstream: unknown upstream \"nope\"",
+        "{}:14:15: routes[0].upstream: unknown upstream \"nope\"",
         gw.config.display()
     );
     assert!(log.contains(&want), "log lacks {want:?}:\n{log}");

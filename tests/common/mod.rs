@@ -476,3 +476,20 @@ pub fn wait_redis_state(gw: &Gateway, state: &str) -> bool {
         request(gw.admin, "GET", "/readyz", &[]).is_ok_and(|r| r.json()["redis"] == state)
     })
 }
+
+/// The head every single-pool test config shares: listeners on `{LISTEN}` and `{ADMIN}`,
+/// `threads`, any further `server` lines (indented by two), one pool `app` on `up`, and one
+/// catch-all route `all`. Tests append their `tenant`, `limits` and other sections.
+pub fn one_route_config(up: SocketAddr, threads: usize, server_extra: &str) -> String {
+    let mut s = format!(
+        "server:\n  listen: [\"{{LISTEN}}\"]\n  admin: \"{{ADMIN}}\"\n  threads: {threads}\n"
+    );
+    for line in server_extra.lines().filter(|l| !l.trim().is_empty()) {
+        s.push_str(line);
+        s.push('\n');
+    }
+    s.push_str(&format!(
+        "upstreams:\n  app:\n    servers: [\"{up}\"]\nroutes:\n  - id: all\n    path: /**\n    upstream: app\n"
+    ));
+    s
+}
