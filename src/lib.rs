@@ -19,4 +19,5 @@ pub mod reload;
 pub mod routing;
 pub mod snapshot;
 pub mod tenant;
+pub mod ticker;
 pub mod upstream;

@@ -8,6 +8,7 @@
 use crate::config;
 use crate::metrics::Metrics;
 use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
+use crate::ticker::Ticker;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -83,13 +84,8 @@ impl Reloader {
 #[async_trait]
 impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tick.tick() => {}
-            }
+        let mut ticker = Ticker::every(Duration::from_millis(50));
+        while ticker.tick(&mut shutdown).await {
             if self.flag.swap(false, Ordering::SeqCst) {
                 self.reload();
             }

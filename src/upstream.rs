@@ -4,6 +4,7 @@
 
 use crate::config::model::{Balance, UpstreamSpec};
 use crate::snapshot::SharedSnapshot;
+use crate::ticker::Ticker;
 use async_trait::async_trait;
 use pingora::http::RequestHeader;
 use pingora::lb::health_check::{HealthCheck, HttpHealthCheck, TcpHealthCheck};
@@ -149,13 +150,8 @@ pub struct HealthChecker {
 #[async_trait]
 impl BackgroundService for HealthChecker {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tick.tick() => {}
-            }
+        let mut ticker = Ticker::every(Duration::from_millis(50));
+        while ticker.tick(&mut shutdown).await {
             let snap = self.shared.load_full();
             let now = Instant::now();
             for pool in &snap.pools {

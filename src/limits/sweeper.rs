@@ -3,6 +3,7 @@
 
 use super::clock::{Clock, NANOS_PER_MS};
 use super::store::CounterRegistry;
+use crate::ticker::Ticker;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
@@ -36,14 +37,9 @@ impl Sweeper {
 #[async_trait]
 impl BackgroundService for Sweeper {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut ticker = Ticker::every(Duration::from_secs(1));
         let mut round = 0u64;
-        loop {
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tick.tick() => {}
-            }
+        while ticker.tick(&mut shutdown).await {
             self.sweep_once(round);
             round += 1;
         }
