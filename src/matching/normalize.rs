@@ -74,7 +74,17 @@ pub fn normalize_path(raw: &str) -> Cow<'_, str> {
     if is_normal(path) {
         return Cow::Borrowed(path);
     }
-    let decoded = decode_unreserved(path);
+    // until nothing changes: a decoded escape can complete a new one ("%%30a" -> "%0a" ->
+    // "%0A"), and the normal form must be its own normal form (each pass that changes
+    // anything shortens the path or upper-cases an escape, so this ends)
+    let mut decoded = decode_unreserved(path);
+    loop {
+        let again = decode_unreserved(&decoded);
+        if again == decoded {
+            break;
+        }
+        decoded = again;
+    }
     let mut segments: Vec<&str> = Vec::new();
     for seg in decoded.split('/') {
         match seg {
@@ -118,6 +128,8 @@ mod tests {
             ("/a%2fb", "/a%2Fb"),
             ("/a%2Fb", "/a%2Fb"),
             ("/a%zz", "/a%zz"),
+            ("/%%30a", "/%0A"),
+            ("/%%32%46", "/%2F"),
             ("/a%", "/a%"),
             ("/a%4", "/a%4"),
             ("/%7Euser", "/~user"),
