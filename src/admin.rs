@@ -1,6 +1,6 @@
 //! The admin listener: `/healthz`, `/readyz`, `/metrics`.
 
-use crate::fleet_sync::FleetState;
+use crate::limits::fleet::{FleetState, Link};
 use crate::metrics::Metrics;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
@@ -39,10 +39,11 @@ impl ServeHttp for Admin {
             "/healthz" => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
             "/readyz" => {
                 let ready = self.ready.load(Ordering::Acquire);
-                let redis = match (self.fleet.is_configured(), self.fleet.is_connected()) {
+                let redis = match (self.fleet.is_configured(), self.fleet.link()) {
                     (false, _) => "not_configured",
-                    (true, true) => "connected",
-                    (true, false) => "disconnected",
+                    (true, Link::Up) => "connected",
+                    (true, Link::Down) => "disconnected",
+                    (true, Link::Unknown) => "connecting",
                 };
                 let body = serde_json::json!({
                     "ready": ready,
@@ -77,11 +78,17 @@ impl ServeHttp for Admin {
     }
 }
 
-/// Marks the process ready once every data plane listener accepts connections.
+/// Marks the process ready once every data plane listener accepts connections and, with a
+/// `redis` section, the first sync round has ended (so the fleet's size is known, or the
+/// failure logged and `on_failure` in force); at most `FIRST_ROUND_WAIT` is spent on that.
 pub struct ReadinessProbe {
     pub listen: Vec<SocketAddr>,
     pub ready: Arc<AtomicBool>,
+    pub fleet: Arc<FleetState>,
 }
+
+/// Longest wait for the first sync round before the process says it is ready anyway.
+pub const FIRST_ROUND_WAIT: Duration = Duration::from_secs(5);
 
 fn dialable(addr: SocketAddr) -> SocketAddr {
     match addr.ip() {
@@ -110,6 +117,16 @@ impl BackgroundService for ReadinessProbe {
                     _ = shutdown.changed() => return,
                     _ = tokio::time::sleep(Duration::from_millis(20)) => {}
                 }
+            }
+        }
+        let started = tokio::time::Instant::now();
+        while self.fleet.is_configured()
+            && self.fleet.link() == Link::Unknown
+            && started.elapsed() < FIRST_ROUND_WAIT
+        {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
             }
         }
         self.ready.store(true, Ordering::Release);

@@ -3,7 +3,8 @@
 use crate::admin::{Admin, ReadinessProbe};
 use crate::config;
 use crate::fleet_sync::backend;
-use crate::fleet_sync::{FleetState, SyncService};
+use crate::fleet_sync::{Accounts, SyncService};
+use crate::limits::fleet::FleetState;
 use crate::limits::sweeper::Sweeper;
 use crate::limits::{CounterRegistry, SystemClock};
 use crate::metrics::Metrics;
@@ -166,11 +167,13 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         "redis sync",
         SyncService {
             shared: shared.clone(),
-            registry: rt.registry.clone(),
-            fleet: rt.fleet.clone(),
-            clock: rt.clock.clone(),
+            accounts: Accounts::new(
+                rt.registry.clone(),
+                rt.fleet.clone(),
+                rt.clock.clone(),
+                instance_id(),
+            ),
             metrics: metrics.clone(),
-            instance: instance_id(),
         },
     ));
     server.add_service(background_service(
@@ -217,6 +220,7 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         ReadinessProbe {
             listen: server_cfg.listen.clone(),
             ready,
+            fleet: rt.fleet.clone(),
         },
     ));
     server.run_forever()

@@ -3,7 +3,7 @@
 //! so a reload is a swap: in-flight requests finish under the old snapshot.
 
 use crate::config::Config;
-use crate::fleet_sync::FleetState;
+use crate::limits::fleet::FleetState;
 use crate::limits::{Clock, CounterRegistry, Limiter};
 use crate::metrics::Metrics;
 use crate::upstream::Pool;

@@ -104,7 +104,7 @@ fn three_instances_enforce_one_shared_limit_within_5_percent() {
     }
     // the fleet's count is in Redis, under the contract's key, with a TTL
     std::thread::sleep(Duration::from_millis(1500));
-    let keys = redis.keys("tg:{acme}:fleet:*");
+    let keys = redis.counter_keys("tg:{acme}:fleet:*");
     assert_eq!(keys.len(), 1, "{keys:?}");
     let parts: Vec<&str> = keys[0].split(':').collect();
     let (start, end): (u64, u64) = (parts[3].parse().unwrap(), parts[4].parse().unwrap());
@@ -132,7 +132,7 @@ fn redis_down_keeps_traffic_flowing_and_counts_arrive_when_it_returns() {
         assert_eq!(gw.get("/x", &[("x-org-id", "t1")]).status, 200);
     }
     assert!(eventually(Duration::from_secs(5), || redis
-        .keys("tg:{t1}:*")
+        .counter_keys("tg:{t1}:*")
         .len()
         == 1));
     redis.kill();
@@ -153,14 +153,16 @@ fn redis_down_keeps_traffic_flowing_and_counts_arrive_when_it_returns() {
         1,
         "one log line per state change:\n{log}"
     );
-    // Redis comes back empty: the 7 counts made meanwhile reach it
+    // Redis comes back empty: the 7 counts made meanwhile reach it, and since each instance
+    // reports its cumulative count, so do the 5 it had confirmed before (the key holds what the
+    // fleet admitted in the window)
     redis.restart();
     wait_connected(&gw);
     assert!(eventually(Duration::from_secs(10), || {
         redis
-            .keys("tg:{t1}:*")
+            .counter_keys("tg:{t1}:*")
             .first()
-            .is_some_and(|k| redis.int(&["GET", k]) == 7)
+            .is_some_and(|k| redis.int(&["GET", k]) == 12)
     }));
     // no key without a TTL
     for k in redis.keys("*") {
@@ -263,11 +265,11 @@ impl Cluster {
         Cluster { nodes }
     }
 
-    /// (key, value) of every key matching `pattern`, on whichever node holds it.
+    /// (key, value) of every counter key matching `pattern`, on whichever node holds it.
     fn keys(&self, pattern: &str) -> Vec<(u16, String, i64)> {
         let mut out = Vec::new();
         for n in &self.nodes {
-            for k in n.keys(pattern) {
+            for k in n.counter_keys(pattern) {
                 let v = n.int(&["GET", &k]);
                 out.push((n.port, k, v));
             }
@@ -364,7 +366,7 @@ fn a_redis_restart_that_loses_every_key_costs_at_most_one_window() {
     let hit = || gw.get("/x", &[("x-org-id", "t")]).status;
     assert_eq!((0..8).filter(|_| hit() == 200).count(), 5);
     assert!(eventually(Duration::from_secs(5), || redis
-        .keys("tg:{t}:*")
+        .counter_keys("tg:{t}:*")
         .first()
         .is_some_and(|k| redis.int(&["GET", k]) == 5)));
     redis.restart(); // empty
@@ -379,7 +381,7 @@ fn a_redis_restart_that_loses_every_key_costs_at_most_one_window() {
     // what was admitted since reaches the new Redis (an absent key counts 0)
     assert!(eventually(Duration::from_secs(5), || {
         let total: i64 = redis
-            .keys("tg:{t}:*")
+            .counter_keys("tg:{t}:*")
             .iter()
             .map(|k| redis.int(&["GET", k]))
             .sum();

@@ -1,19 +1,41 @@
-//! Where counts go: one pipelined round trip per round. Each counter is an atomic Lua script
-//! (INCRBY, then PEXPIREAT at an absolute time every instance computes alike, so no key is
-//! ever left without a TTL); the round ends with the heartbeat that counts live instances.
+//! Where counts go: one pipelined round trip per round. Each window record is one atomic Lua
+//! script (`LEDGER_SCRIPT`: report the cumulative count, take a lease, set absolute expiry
+//! times every instance computes alike, so no key is ever left without a TTL); the round ends
+//! with the heartbeat that counts live instances. `ledger_model` is the same script in Rust,
+//! for the simulation; a test holds the two to the same answers on a real redis-server.
 
 use crate::config::model::{RedisEndpoint, RedisSettings};
+use crate::limits::ledger::Answer;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::collections::HashMap;
 use std::time::Duration;
 
-/// One counter's increment.
+/// What one window record of one counter sends in a round (see `LEDGER_SCRIPT`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Increment {
+pub struct LedgerUpdate {
+    /// The contract's key: the fleet's admitted count for the window.
     pub key: String,
-    pub delta: u64,
-    /// Unix ms at which the key expires.
+    /// `<key>:fleet`, a hash: each member's cumulative count (`u:`), ceiling (`c:`) and lease
+    /// end (`e:`).
+    pub ledger_key: String,
+    /// Sliding windows: the previous window's ledger (else `ledger_key` again).
+    pub prev_ledger_key: String,
+    /// This instance and the record's incarnation.
+    pub member: String,
+    pub used: u64,
+    pub want: u64,
+    /// The threshold.
+    pub cap: u64,
+    pub now_ms: u64,
+    /// Until when the lease holds (the window's end).
+    pub lease_until_ms: u64,
+    /// Unix ms at which both keys expire.
     pub expire_at_ms: u64,
+    /// Sliding windows: how much of the previous window still weighs (ms of `period_ms`) at
+    /// the end of the lease's horizon; 0 for fixed windows.
+    pub weight_ms: u64,
+    pub period_ms: u64,
 }
 
 /// This instance's heartbeat.
@@ -26,15 +48,170 @@ pub struct Heartbeat {
     pub liveness_ms: u64,
 }
 
+/// Each update's answer, and the live instance count.
+pub type Exchange = (Vec<Answer>, u64);
+
 #[async_trait]
 pub trait SyncBackend: Send + Sync {
-    /// Apply the increments; return each counter's fleet total and the live instance count.
-    async fn exchange(&self, incs: &[Increment], hb: &Heartbeat)
-        -> Result<(Vec<u64>, u64), String>;
+    /// Apply the updates; answer each, and count the live instances.
+    async fn exchange(&self, updates: &[LedgerUpdate], hb: &Heartbeat) -> Result<Exchange, String>;
 }
 
-pub const INCR_SCRIPT: &str = "local v = redis.call('INCRBY', KEYS[1], ARGV[1]) \
-redis.call('PEXPIREAT', KEYS[1], ARGV[2]) return v";
+/// Report a cumulative count (only its growth reaches the key: re-sending changes nothing),
+/// then lease: keep what this member holds up to what it wants, and add from what is free,
+/// `cap - total - what the other members hold unused`. While other members hold live leases,
+/// no member holds more than its fair part of what is free, in proportion to what each asked
+/// for beyond its count (`d:`), which is answered too so that a member holding more asks for
+/// less next time. A member that wants nothing more gives
+/// its lease back at once. Sliding windows: the cap is lowered by the previous window's
+/// weight at the lease's horizon, counting that window's leases as used (its count may not
+/// all have arrived); the member enforces the cap of each moment itself, from `prev` and
+/// `held` (answered).
+///
+/// Answer: `{total, ceiling, fair, room, held, prev}`.
+pub const LEDGER_SCRIPT: &str = r#"
+local me = ARGV[1]
+local used, want, cap, now = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local w, p = tonumber(ARGV[8]), tonumber(ARGV[9])
+local function fields(key)
+  local u, c, e, d = {}, {}, {}, {}
+  local f = redis.call('HGETALL', key)
+  for i = 1, #f, 2 do
+    local kind, id, v = string.sub(f[i], 1, 1), string.sub(f[i], 3), tonumber(f[i + 1])
+    if kind == 'u' then u[id] = v elseif kind == 'c' then c[id] = v
+    elseif kind == 'e' then e[id] = v elseif kind == 'd' then d[id] = v end
+  end
+  return u, c, e, d
+end
+local u, c, e, d = fields(KEYS[2])
+local mine = u[me] or 0
+if used > mine then
+  redis.call('INCRBY', KEYS[1], used - mine)
+  redis.call('HSET', KEYS[2], 'u:' .. me, used)
+  mine = used
+end
+local total = tonumber(redis.call('GET', KEYS[1]) or '0')
+local prev = 0
+if w > 0 then
+  local pu, pc = fields(KEYS[3])
+  for id, v in pairs(pu) do prev = prev + math.max(v, pc[id] or 0) end
+  for id, v in pairs(pc) do if not pu[id] then prev = prev + v end end
+  cap = cap - math.ceil(prev * w / p)
+end
+local held, active, wanted = 0, 0, 0
+for id, ceiling in pairs(c) do
+  if id ~= me and (e[id] or 0) > now then
+    active = active + 1
+    local out = ceiling - (u[id] or 0)
+    if out > 0 then held = held + out end
+    wanted = wanted + (d[id] or 0)
+  end
+end
+local keep = mine
+if c[me] and (e[me] or 0) > now then keep = math.max(mine, math.min(want, c[me])) end
+local avail = cap - total - held
+local desire = math.max(want - mine, 0)
+local fair = avail
+if active > 0 then
+  fair = math.max(1, math.ceil(avail * math.max(desire, 1) / (math.max(desire, 1) + wanted)))
+end
+local room = math.min(avail, fair) - (keep - mine)
+local extra = 0
+if want > keep and room > 0 then extra = math.min(want - keep, room) end
+local ceiling = keep + extra
+local until_ms = ARGV[6]
+if want <= mine then until_ms = now end
+redis.call('HSET', KEYS[2], 'c:' .. me, ceiling, 'e:' .. me, until_ms, 'd:' .. me, desire)
+redis.call('PEXPIREAT', KEYS[1], ARGV[7])
+redis.call('PEXPIREAT', KEYS[2], ARGV[7])
+return {total, ceiling, math.max(fair, 0), math.max(avail - (ceiling - mine), 0), held, prev}
+"#;
+
+/// `LEDGER_SCRIPT` in Rust, on a model of the keys (`strings`: the counters, `hashes`: the
+/// ledgers). Expiry is not modelled.
+pub fn ledger_model(
+    strings: &mut HashMap<String, i64>,
+    hashes: &mut HashMap<String, HashMap<String, i64>>,
+    up: &LedgerUpdate,
+) -> Answer {
+    let as_i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let (used, want, now) = (as_i(up.used), as_i(up.want), as_i(up.now_ms));
+    let get =
+        |h: &HashMap<String, i64>, kind: &str, id: &str| h.get(&format!("{kind}:{id}")).copied();
+    let mut prev = 0;
+    let mut cap = as_i(up.cap);
+    if up.weight_ms > 0 {
+        if let Some(ph) = hashes.get(&up.prev_ledger_key) {
+            let ids: std::collections::HashSet<&str> =
+                ph.keys().filter_map(|k| k.get(2..)).collect();
+            for id in ids {
+                prev += get(ph, "u", id)
+                    .unwrap_or(0)
+                    .max(get(ph, "c", id).unwrap_or(0));
+            }
+        }
+        let p = as_i(up.period_ms).max(1);
+        cap -= (prev * as_i(up.weight_ms) + p - 1).div_euclid(p);
+    }
+    let h = hashes.entry(up.ledger_key.clone()).or_default();
+    let mut mine = get(h, "u", &up.member).unwrap_or(0);
+    if used > mine {
+        *strings.entry(up.key.clone()).or_insert(0) += used - mine;
+        h.insert(format!("u:{}", up.member), used);
+        mine = used;
+    }
+    let total = strings.get(&up.key).copied().unwrap_or(0);
+    let (mut held, mut active, mut wanted) = (0, 0, 0);
+    for (name, &ceiling) in h.iter() {
+        let Some(id) = name.strip_prefix("c:") else {
+            continue;
+        };
+        if id != up.member && get(h, "e", id).unwrap_or(0) > now {
+            active += 1;
+            held += (ceiling - get(h, "u", id).unwrap_or(0)).max(0);
+            wanted += get(h, "d", id).unwrap_or(0);
+        }
+    }
+    let mut keep = mine;
+    if let Some(c) = get(h, "c", &up.member) {
+        if get(h, "e", &up.member).unwrap_or(0) > now {
+            keep = mine.max(want.min(c));
+        }
+    }
+    let avail = cap - total - held;
+    let desire = (want - mine).max(0);
+    let fair = if active > 0 {
+        // as Lua computes it, in floating point
+        let d = desire.max(1) as f64;
+        ((avail as f64 * d / (d + wanted as f64)).ceil() as i64).max(1)
+    } else {
+        avail
+    };
+    let room = avail.min(fair) - (keep - mine);
+    let extra = if want > keep && room > 0 {
+        (want - keep).min(room)
+    } else {
+        0
+    };
+    let ceiling = keep + extra;
+    let until = if want <= mine {
+        now
+    } else {
+        as_i(up.lease_until_ms)
+    };
+    h.insert(format!("c:{}", up.member), ceiling);
+    h.insert(format!("e:{}", up.member), until);
+    h.insert(format!("d:{}", up.member), desire);
+    let u = |v: i64| v.max(0) as u64;
+    Answer {
+        total: u(total),
+        ceiling: u(ceiling),
+        fair: u(fair),
+        room: u(avail - (ceiling - mine)),
+        held: u(held),
+        prev: u(prev),
+    }
+}
 
 pub const HEARTBEAT_SCRIPT: &str = "redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2]) \
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1] - ARGV[3]) \
@@ -43,13 +220,22 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4]) return redis.call('ZCARD', KEYS[1])";
 /// How long the heartbeat set outlives its last writer.
 pub const HEARTBEAT_TTL_MS: u64 = 60_000;
 
-fn add_increment(p: &mut redis::Pipeline, i: &Increment) {
+fn add_update(p: &mut redis::Pipeline, u: &LedgerUpdate) {
     p.cmd("EVAL")
-        .arg(INCR_SCRIPT)
-        .arg(1)
-        .arg(&i.key)
-        .arg(i.delta)
-        .arg(i.expire_at_ms);
+        .arg(LEDGER_SCRIPT)
+        .arg(3)
+        .arg(&u.key)
+        .arg(&u.ledger_key)
+        .arg(&u.prev_ledger_key)
+        .arg(&u.member)
+        .arg(u.used)
+        .arg(u.want)
+        .arg(u.cap)
+        .arg(u.now_ms)
+        .arg(u.lease_until_ms)
+        .arg(u.expire_at_ms)
+        .arg(u.weight_ms)
+        .arg(u.period_ms);
 }
 
 fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
@@ -63,23 +249,40 @@ fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
         .arg(HEARTBEAT_TTL_MS);
 }
 
-/// The round's pipeline for one server: every increment, then the heartbeat.
-pub fn pipeline(incs: &[Increment], hb: &Heartbeat) -> redis::Pipeline {
+/// The round's pipeline for one server: every update, then the heartbeat.
+pub fn pipeline(updates: &[LedgerUpdate], hb: &Heartbeat) -> redis::Pipeline {
     let mut p = redis::pipe();
-    incs.iter().for_each(|i| add_increment(&mut p, i));
+    updates.iter().for_each(|u| add_update(&mut p, u));
     add_heartbeat(&mut p, hb);
     p
 }
 
-fn split_reply(mut values: Vec<i64>, n: usize) -> Result<(Vec<u64>, u64), String> {
+/// One script answer: `{total, ceiling, fair, room, held, prev}`.
+pub fn answer(v: &redis::Value) -> Option<Answer> {
+    let redis::Value::Array(a) = v else {
+        return None;
+    };
+    let n = |i: usize| a.get(i).and_then(int).map(|x| x.max(0) as u64);
+    Some(Answer {
+        total: n(0)?,
+        ceiling: n(1)?,
+        fair: n(2)?,
+        room: n(3)?,
+        held: n(4)?,
+        prev: n(5)?,
+    })
+}
+
+fn split_reply(mut values: Vec<redis::Value>, n: usize) -> Result<Exchange, String> {
     if values.len() != n + 1 {
         return Err(format!("expected {} answers, got {}", n + 1, values.len()));
     }
-    let instances = values.pop().unwrap_or(1).max(1) as u64;
-    Ok((
-        values.into_iter().map(|v| v.max(0) as u64).collect(),
-        instances,
-    ))
+    let instances = values.pop().as_ref().and_then(int).unwrap_or(1).max(1) as u64;
+    let answers = values
+        .iter()
+        .map(|v| answer(v).ok_or_else(|| format!("unexpected answer {v:?}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((answers, instances))
 }
 
 /// Check the endpoint's URLs (no connection is made; usable before a runtime exists).
@@ -128,17 +331,13 @@ impl SingleRedis {
 
 #[async_trait]
 impl SyncBackend for SingleRedis {
-    async fn exchange(
-        &self,
-        incs: &[Increment],
-        hb: &Heartbeat,
-    ) -> Result<(Vec<u64>, u64), String> {
+    async fn exchange(&self, updates: &[LedgerUpdate], hb: &Heartbeat) -> Result<Exchange, String> {
         let mut conn = self.conn.clone();
-        let values: Vec<i64> = pipeline(incs, hb)
+        let values: Vec<redis::Value> = pipeline(updates, hb)
             .query_async(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
-        split_reply(values, incs.len())
+        split_reply(values, updates.len())
     }
 }
 
@@ -300,11 +499,7 @@ impl ClusterRedis {
 
 #[async_trait]
 impl SyncBackend for ClusterRedis {
-    async fn exchange(
-        &self,
-        incs: &[Increment],
-        hb: &Heartbeat,
-    ) -> Result<(Vec<u64>, u64), String> {
+    async fn exchange(&self, updates: &[LedgerUpdate], hb: &Heartbeat) -> Result<Exchange, String> {
         let mut guard = self.topology.lock().await;
         if guard.is_none() {
             *guard = Some(self.discover().await?);
@@ -317,8 +512,8 @@ impl SyncBackend for ClusterRedis {
             .node_of(&hb.key)
             .ok_or("no node for the heartbeat slot")?;
         let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); topo.nodes.len()];
-        for (i, inc) in incs.iter().enumerate() {
-            let n = topo.node_of(&inc.key).ok_or("no node for a key's slot")?;
+        for (i, u) in updates.iter().enumerate() {
+            let n = topo.node_of(&u.key).ok_or("no node for a key's slot")?;
             per_node[n].push(i);
         }
         let mut tasks = Vec::new();
@@ -327,27 +522,27 @@ impl SyncBackend for ClusterRedis {
                 continue;
             }
             let mut p = redis::pipe();
-            idxs.iter().for_each(|&i| add_increment(&mut p, &incs[i]));
+            idxs.iter().for_each(|&i| add_update(&mut p, &updates[i]));
             if n == hb_node {
                 add_heartbeat(&mut p, hb);
             }
             let mut conn = topo.nodes[n].clone();
             tasks.push((
                 n,
-                tokio::spawn(async move { p.query_async::<Vec<i64>>(&mut conn).await }),
+                tokio::spawn(async move { p.query_async::<Vec<redis::Value>>(&mut conn).await }),
             ));
         }
-        let mut totals = vec![0u64; incs.len()];
+        let mut answers = vec![None; updates.len()];
         let mut instances = 1;
         let mut failed = None;
         for (n, task) in tasks {
             match task.await {
                 Ok(Ok(values)) => {
                     for (k, &i) in per_node[n].iter().enumerate() {
-                        totals[i] = values.get(k).copied().unwrap_or(0).max(0) as u64;
+                        answers[i] = values.get(k).and_then(answer);
                     }
                     if n == hb_node {
-                        instances = values.last().copied().unwrap_or(1).max(1) as u64;
+                        instances = values.last().and_then(int).unwrap_or(1).max(1) as u64;
                     }
                 }
                 Ok(Err(e)) => failed = Some(e.to_string()),
@@ -359,7 +554,11 @@ impl SyncBackend for ClusterRedis {
             *guard = None;
             return Err(e);
         }
-        Ok((totals, instances))
+        let answers = answers
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or("a node's answer did not parse")?;
+        Ok((answers, instances))
     }
 }
 
@@ -381,8 +580,26 @@ mod tests {
     }
 
     #[test]
-    fn replies_split_into_totals_and_instances() {
-        assert_eq!(split_reply(vec![5, 7, 3], 2).unwrap(), (vec![5, 7], 3));
-        assert!(split_reply(vec![5], 2).is_err());
+    fn replies_split_into_answers_and_instances() {
+        use redis::Value::{Array, Int};
+        let a = |t, c| Array(vec![Int(t), Int(c), Int(4), Int(2), Int(1), Int(0)]);
+        let (answers, n) = split_reply(vec![a(5, 9), a(7, 7), Int(3)], 2).unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(
+            answers[0],
+            Answer {
+                total: 5,
+                ceiling: 9,
+                fair: 4,
+                room: 2,
+                held: 1,
+                prev: 0
+            }
+        );
+        assert!(split_reply(vec![a(5, 5)], 2).is_err());
+        assert!(
+            split_reply(vec![Int(5), Int(3)], 1).is_err(),
+            "not a script answer"
+        );
     }
 }

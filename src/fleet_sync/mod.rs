@@ -1,214 +1,410 @@
-//! The fleet sync: a background service that drains the counts each instance admitted since
-//! the last round, sends them to Redis as atomic increments in one pipelined round trip, and
-//! feeds the fleet totals back into the local counters. The request path never waits on it.
+//! The fleet sync: a background service that drains what each counter has to tell Redis (its
+//! cumulative count and the lease it wants, see `limits::ledger`), sends it in one pipelined
+//! round trip, and applies the answers. The request path never waits on it.
 //!
-//! Accuracy by design: between rounds, an instance admits at most its share of what the fleet
-//! has left in a window, `ceil((threshold - fleet total) / live instances)` (see
-//! `limits::algorithm::local_limit`). An instance that has used its share asks for a round at
-//! once (at most 20 extra rounds a second), so a fleet stays within the threshold plus the
-//! rounding of the shares (at most one request per instance and window) instead of Kong's
-//! (N-1) x rate x interval.
+//! `Accounts` is the instance's side of a round without any I/O (`begin` drains, `finish`
+//! applies), so that the simulation in `tests/fleet_sim.rs` drives the same code under a fake
+//! clock against a simulated Redis; `SyncService` runs it against the real one.
 
 pub mod backend;
-pub mod state;
 
 use crate::config::model::{Algorithm, RedisSettings};
-use crate::limits::algorithm::TierState;
 use crate::limits::clock::{Clock, NANOS_PER_MS};
+pub use crate::limits::fleet::{FleetMode, FleetState, Link, MIN_ROUND_GAP_MS};
+use crate::limits::ledger::{self, Answer, Ask};
 use crate::limits::partition::{redis_key, redis_partition};
-use crate::limits::store::{CounterRegistry, RuleCounters};
+use crate::limits::store::{CounterRegistry, OrphanCount, RuleCounters};
 use crate::metrics::Metrics;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
-use backend::{Heartbeat, Increment, SyncBackend};
+use backend::{Exchange, Heartbeat, LedgerUpdate, SyncBackend};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-pub use state::{FleetMode, FleetState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Rounds asked for early come at least this far apart (so at most 20 extra per second).
-pub const MIN_ROUND_GAP: Duration = Duration::from_millis(50);
+pub const MIN_ROUND_GAP: Duration = Duration::from_millis(MIN_ROUND_GAP_MS);
 /// Keys live this long past the last moment they are needed.
 pub const KEY_GRACE_MS: u64 = 10_000;
 /// Longest wait between retries while Redis is failing.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// How far ahead an ask looks: until the next periodic round could renew it.
+pub fn horizon_ms(settings: &RedisSettings) -> u64 {
+    let interval = settings.sync_interval.as_millis() as u64;
+    let timeout = settings.timeout.as_millis() as u64;
+    (interval + 2 * timeout).max(100)
+}
+
 fn period_ms(tier: &crate::config::model::Tier) -> u64 {
     (tier.period.as_millis() as u64).max(1)
 }
 
-/// One drained count, remembered until Redis has answered for it.
-struct Drained {
+/// Where an update came from, so that its answer goes back there.
+struct Source {
     counters: Arc<RuleCounters>,
     key: Box<[u8]>,
     list: u16,
     tier: usize,
-    window_start_ms: u64,
-    /// The count is for the window before the counter's current one.
-    previous: bool,
-    delta: u64,
+    ask: Ask,
+    period_ms: u64,
+    /// The update came from the orphans (the counter had moved on).
+    orphan: bool,
+}
+
+/// One round: what is sent, and where the answers go.
+pub struct Round {
+    pub updates: Vec<LedgerUpdate>,
+    pub heartbeat: Heartbeat,
+    sources: Vec<Source>,
+    sent_ms: u64,
+}
+
+/// What a finished round changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    pub ok: bool,
+    /// The link state before, when this round changed it.
+    pub changed_from: Option<Link>,
+    /// Requests counted here that Redis has not confirmed yet.
+    pub unsent: u64,
+}
+
+/// The instance's side of the fleet accounting, without I/O.
+pub struct Accounts {
+    pub registry: Arc<CounterRegistry>,
+    pub fleet: Arc<FleetState>,
+    pub clock: Arc<dyn Clock>,
+    pub instance: String,
+    last_round_ms: AtomicU64,
+}
+
+impl Accounts {
+    pub fn new(
+        registry: Arc<CounterRegistry>,
+        fleet: Arc<FleetState>,
+        clock: Arc<dyn Clock>,
+        instance: String,
+    ) -> Self {
+        Accounts {
+            registry,
+            fleet,
+            clock,
+            instance,
+            last_round_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ns() / NANOS_PER_MS
+    }
+
+    /// Drain every counter's asks (and the orphans) into a round.
+    pub fn begin(&self, settings: &RedisSettings) -> Round {
+        let now_ms = self.now_ms();
+        let last = self.last_round_ms.swap(now_ms, Ordering::Relaxed);
+        let since_ms = if last == 0 {
+            1000
+        } else {
+            now_ms.saturating_sub(last)
+        };
+        let horizon_ms = horizon_ms(settings);
+        let instances = self.fleet.instances().max(1);
+        self.fleet.take_round_request();
+        let mut round = Round {
+            updates: Vec::new(),
+            heartbeat: Heartbeat {
+                key: format!("{}:instances", settings.key_prefix),
+                instance: self.instance.clone(),
+                now_ms,
+                liveness_ms: (3 * settings.sync_interval.as_millis() as u64).max(3000),
+            },
+            sources: Vec::new(),
+            sent_ms: now_ms,
+        };
+        for rc in self.registry.live() {
+            if rc.algorithm() == Algorithm::TokenBucket {
+                continue; // enforced per instance (README: "Fleet sync")
+            }
+            let counters = Arc::clone(&rc);
+            rc.for_each(|key, c| {
+                for (ti, st) in c.tiers.iter_mut().enumerate() {
+                    let Some(p) = counters.tiers(c.list).get(ti).map(period_ms) else {
+                        continue;
+                    };
+                    let threshold = counters.tiers(c.list).get(ti).map_or(0, |t| t.threshold);
+                    let sizing = ledger::Sizing {
+                        since_ms,
+                        horizon_ms,
+                        left_ms: (st.window_start_ms + p).saturating_sub(now_ms),
+                        first_ask: threshold.div_ceil(instances),
+                    };
+                    let asks = ledger::drain(st, sizing);
+                    for ask in asks.into_iter().flatten() {
+                        self.push(
+                            &mut round, settings, &counters, key, c.list, ti, ask, p, false,
+                        );
+                    }
+                }
+            });
+            for o in rc.take_orphans() {
+                let OrphanCount {
+                    key,
+                    list,
+                    tier,
+                    orphan,
+                } = o;
+                let Some(p) = rc.tiers(list).get(tier as usize).map(period_ms) else {
+                    continue;
+                };
+                let ask = Ask {
+                    window_start_ms: orphan.window_start_ms,
+                    gen: orphan.gen,
+                    used: orphan.used,
+                    want: orphan.used,
+                    previous: true,
+                };
+                self.push(
+                    &mut round,
+                    settings,
+                    &rc,
+                    &key,
+                    list,
+                    tier as usize,
+                    ask,
+                    p,
+                    true,
+                );
+            }
+        }
+        round
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push(
+        &self,
+        round: &mut Round,
+        settings: &RedisSettings,
+        counters: &Arc<RuleCounters>,
+        key: &[u8],
+        list: u16,
+        tier: usize,
+        ask: Ask,
+        p: u64,
+        orphan: bool,
+    ) {
+        let id = &counters.identity.id;
+        let partition = redis_partition(&counters.identity.per, key);
+        let start = ask.window_start_ms;
+        let sliding = counters.algorithm() == Algorithm::SlidingWindow;
+        let contract_key = redis_key(&settings.key_prefix, &partition, id, start, start + p);
+        let ledger_key = format!("{contract_key}:fleet");
+        let (prev_ledger_key, weight_ms) = if sliding && !ask.previous {
+            // the weight one round gap ahead: a lease reaches a little past the cap of now (the
+            // member keeps the cap of each moment itself, see `ledger::ceiling`)
+            let elapsed = (round.sent_ms + MIN_ROUND_GAP_MS)
+                .saturating_sub(start)
+                .min(p);
+            let prev = redis_key(
+                &settings.key_prefix,
+                &partition,
+                id,
+                start.saturating_sub(p),
+                start,
+            );
+            (format!("{prev}:fleet"), (p - elapsed).max(1))
+        } else {
+            (ledger_key.clone(), 0)
+        };
+        let keep = if sliding { p } else { 0 };
+        let threshold = counters.tiers(list).get(tier).map_or(0, |t| t.threshold);
+        round.updates.push(LedgerUpdate {
+            ledger_key,
+            key: contract_key,
+            prev_ledger_key,
+            member: format!("{}.{}", self.instance, ask.gen),
+            used: ask.used,
+            want: ask.want,
+            cap: threshold,
+            now_ms: round.sent_ms,
+            lease_until_ms: start + p,
+            expire_at_ms: start + p + keep + KEY_GRACE_MS,
+            weight_ms,
+            period_ms: p,
+        });
+        round.sources.push(Source {
+            counters: Arc::clone(counters),
+            key: key.into(),
+            list,
+            tier,
+            ask,
+            period_ms: p,
+            orphan,
+        });
+    }
+
+    /// Apply Redis's answers (or, when it did not answer, keep what was drained for the next
+    /// round: the counts themselves never left their counters, and re-sending them is
+    /// harmless because they are cumulative).
+    pub fn finish(&self, round: Round, outcome: &Result<Exchange, String>) -> Finished {
+        let ok = outcome.is_ok();
+        let now_ms = self.now_ms();
+        for (i, src) in round.sources.iter().enumerate() {
+            let answer: Option<Answer> = outcome.as_ref().ok().and_then(|(a, _)| a.get(i).copied());
+            let found = !src.orphan
+                && src.counters.update(&src.key, |c| {
+                    if c.list != src.list {
+                        return;
+                    }
+                    if let (Some(st), Some(a)) = (c.tiers.get_mut(src.tier), answer) {
+                        ledger::apply(st, &src.ask, a, src.period_ms);
+                    }
+                });
+            if (src.orphan || !found) && answer.is_none() {
+                // its counter is gone (evicted, moved to another plan) or it was an orphan:
+                // keep it aside until Redis confirms it, while its key can still matter
+                if src.ask.window_start_ms + 2 * src.period_ms + KEY_GRACE_MS > now_ms {
+                    src.counters.keep_orphan(
+                        &src.key,
+                        src.list,
+                        src.tier,
+                        ledger::Orphan {
+                            window_start_ms: src.ask.window_start_ms,
+                            gen: src.ask.gen,
+                            used: src.ask.used,
+                        },
+                    );
+                }
+            }
+        }
+        if let Ok((_, instances)) = outcome {
+            self.fleet.set_instances(*instances);
+        }
+        let changed_from = self.fleet.set_connected(ok);
+        Finished {
+            ok,
+            changed_from,
+            unsent: self.unsent(),
+        }
+    }
+
+    /// Requests counted here that Redis has not confirmed.
+    pub fn unsent(&self) -> u64 {
+        let mut n = 0;
+        for rc in self.registry.live() {
+            rc.for_each(|_, c| n += c.tiers.iter().map(|t| t.ledger.unsent()).sum::<u64>());
+        }
+        n
+    }
 }
 
 pub struct SyncService {
     /// The running config: the `redis` section is read from it, so a reload that changes it
     /// reconnects (or stops syncing).
     pub shared: SharedSnapshot,
-    pub registry: Arc<CounterRegistry>,
-    pub fleet: Arc<FleetState>,
-    pub clock: Arc<dyn Clock>,
+    pub accounts: Accounts,
     pub metrics: Arc<Metrics>,
-    pub instance: String,
 }
 
 impl SyncService {
-    /// Take every count not yet sent (and every counter that asked for a fresh total).
-    fn drain(&self, settings: &RedisSettings) -> (Vec<Drained>, Vec<Increment>) {
-        let mut drained = Vec::new();
-        let mut incs = Vec::new();
-        for rc in self.registry.live() {
-            let algo = rc.algorithm();
-            if algo == Algorithm::TokenBucket {
-                continue; // enforced per instance (README: "Fleet sync")
-            }
-            let id = rc.identity.id.clone();
-            let per = rc.identity.per.clone();
-            let counters = Arc::clone(&rc);
-            rc.for_each(|key, c| {
-                let list = c.list;
-                for (ti, st) in c.tiers.iter_mut().enumerate() {
-                    let Some(tier) = counters.tiers(list).get(ti).copied() else {
-                        continue;
-                    };
-                    let p = period_ms(&tier);
-                    let keep = if algo == Algorithm::SlidingWindow {
-                        p
-                    } else {
-                        0
-                    };
-                    let mut take = |start: u64, delta: u64, previous: bool| {
-                        let partition = redis_partition(&per, key);
-                        incs.push(Increment {
-                            key: redis_key(&settings.key_prefix, &partition, &id, start, start + p),
-                            delta,
-                            expire_at_ms: start + p + keep + KEY_GRACE_MS,
-                        });
-                        drained.push(Drained {
-                            counters: Arc::clone(&counters),
-                            key: key.into(),
-                            list,
-                            tier: ti,
-                            window_start_ms: start,
-                            previous,
-                            delta,
-                        });
-                    };
-                    if st.prev_pending > 0 {
-                        take(st.window_start_ms.saturating_sub(p), st.prev_pending, true);
-                        st.prev_pending = 0;
-                    }
-                    if st.pending > 0 || st.refresh {
-                        take(st.window_start_ms, st.pending, false);
-                        st.pending = 0;
-                        st.refresh = false;
-                    }
-                }
-            });
-        }
-        (drained, incs)
-    }
-
-    /// Change the tier state a drained count came from, if its counter is still tracked with
-    /// the same tier list; `f` gets the state and whether the count's window is the current one
-    /// (`true`) or, having rolled since, the previous one (`false`). Other windows are gone.
-    fn with_window(d: &Drained, f: impl FnOnce(&mut TierState, bool)) {
-        d.counters.update(&d.key, |c| {
-            if c.list != d.list {
-                return;
-            }
-            let Some(p) = d.counters.tiers(c.list).get(d.tier).map(period_ms) else {
-                return;
-            };
-            let st = &mut c.tiers[d.tier];
-            if !d.previous && st.window_start_ms == d.window_start_ms {
-                f(st, true);
-            } else if st.window_start_ms == d.window_start_ms + p {
-                f(st, false);
-            }
-        });
-    }
-
-    /// Feed the fleet totals back: the counter now sees the fleet, plus what it admitted since.
-    fn apply(drained: &[Drained], totals: &[u64]) {
-        for (d, &total) in drained.iter().zip(totals) {
-            Self::with_window(d, |st, current| {
-                if current {
-                    st.base = total;
-                    st.current = total + st.pending;
-                } else {
-                    st.previous = total + st.prev_pending;
-                }
-            });
-        }
-    }
-
-    /// Redis did not answer: the counts go back to wait for the next round.
-    fn restore(drained: &[Drained]) -> u64 {
-        let mut kept = 0;
-        for d in drained.iter().filter(|d| d.delta > 0) {
-            Self::with_window(d, |st, current| {
-                if current {
-                    st.pending += d.delta;
-                } else {
-                    st.prev_pending += d.delta;
-                }
-                kept += d.delta;
-            });
-        }
-        kept
-    }
-
     /// One round; returns whether Redis answered.
     pub async fn round(&self, settings: &RedisSettings, backend: &dyn SyncBackend) -> bool {
-        let (drained, incs) = self.drain(settings);
-        let now_ms = self.clock.now_ns() / NANOS_PER_MS;
-        let interval_ms = settings.sync_interval.as_millis() as u64;
-        let hb = Heartbeat {
-            key: format!("{}:instances", settings.key_prefix),
-            instance: self.instance.clone(),
-            now_ms,
-            liveness_ms: (3 * interval_ms).max(3000),
-        };
+        let round = self.accounts.begin(settings);
         let started = Instant::now();
-        let outcome = tokio::time::timeout(settings.timeout, backend.exchange(&incs, &hb))
-            .await
-            .map_err(|_| format!("no answer within {:?}", settings.timeout))
-            .and_then(|r| r);
+        let outcome = tokio::time::timeout(
+            settings.timeout,
+            backend.exchange(&round.updates, &round.heartbeat),
+        )
+        .await
+        .map_err(|_| format!("no answer within {:?}", settings.timeout))
+        .and_then(|r| r);
         self.metrics
             .redis_sync_duration
             .observe(started.elapsed().as_secs_f64());
-        match outcome {
-            Ok((totals, instances)) => {
-                Self::apply(&drained, &totals);
-                self.fleet.set_instances(instances);
+        let done = self.accounts.finish(round, &outcome);
+        self.metrics.redis_pending.set(done.unsent as i64);
+        let instances = self.accounts.fleet.instances();
+        match (&outcome, done.changed_from) {
+            (Ok(_), changed) => {
                 self.metrics.redis_sync.with_label_values(&["ok"]).inc();
-                self.metrics.redis_pending.set(0);
                 self.metrics.redis_instances.set(instances as i64);
-                if self.fleet.set_connected(true) {
+                if changed.is_some() {
                     log::info!("redis: connected; {instances} instance(s) share the limits");
                 }
-                true
             }
-            Err(e) => {
-                let kept = Self::restore(&drained);
+            (Err(e), changed) => {
                 self.metrics.redis_sync.with_label_values(&["error"]).inc();
-                self.metrics.redis_pending.set(kept as i64);
-                if self.fleet.set_connected(false) {
+                if changed.is_some() {
                     // the error text stays in the log; clients never see it
-                    log::warn!("redis: sync failed ({e}); counting locally, on_failure applies");
+                    let when = if changed == Some(Link::Unknown) {
+                        "unreachable at start-up"
+                    } else {
+                        "sync failed"
+                    };
+                    log::warn!("redis: {when} ({e}); counting locally, on_failure applies");
                 }
-                false
             }
+        }
+        done.ok
+    }
+}
+
+/// When rounds happen: every `sync_interval`, sooner when a counter asks (at least
+/// `MIN_ROUND_GAP` after the last such early round, so at most 20 of them a second besides the
+/// periodic ones, and only while Redis answers), later while Redis fails (backing off,
+/// doubling up to `MAX_BACKOFF`). Times in ms on any monotonic clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    pub next_ms: u64,
+    pub last_ms: Option<u64>,
+    last_early_ms: Option<u64>,
+    backoff_ms: u64,
+}
+
+impl Schedule {
+    /// The first round is due at once.
+    pub fn new(now_ms: u64) -> Self {
+        Schedule {
+            next_ms: now_ms,
+            last_ms: None,
+            last_early_ms: None,
+            backoff_ms: 1000,
+        }
+    }
+
+    /// The earliest time a round asked for now may start.
+    fn early_ms(&self) -> u64 {
+        self.last_early_ms.map_or(0, |l| l + MIN_ROUND_GAP_MS)
+    }
+
+    /// When the next round is due: `asked`, a counter asked for one; `healthy`, Redis answered
+    /// the last round.
+    pub fn due_ms(&self, asked: bool, healthy: bool) -> u64 {
+        if asked && healthy {
+            self.next_ms.min(self.early_ms())
+        } else {
+            self.next_ms
+        }
+    }
+
+    pub fn started(&mut self, now_ms: u64) {
+        if now_ms < self.next_ms {
+            self.last_early_ms = Some(now_ms);
+        }
+        self.last_ms = Some(now_ms);
+    }
+
+    pub fn finished(&mut self, ok: bool, interval_ms: u64) {
+        let last = self.last_ms.unwrap_or(0);
+        if ok {
+            self.backoff_ms = interval_ms;
+            self.next_ms = last + interval_ms;
+        } else {
+            self.next_ms = last + self.backoff_ms;
+            self.backoff_ms =
+                (self.backoff_ms * 2).min((MAX_BACKOFF.as_millis() as u64).max(interval_ms));
         }
     }
 }
@@ -216,10 +412,12 @@ impl SyncService {
 #[async_trait]
 impl BackgroundService for SyncService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
+        let fleet = &self.accounts.fleet;
+        let base = tokio::time::Instant::now();
+        let ms = || base.elapsed().as_millis() as u64;
+        let at = |ms: u64| base + Duration::from_millis(ms);
         let mut current: Option<(RedisSettings, Box<dyn SyncBackend>)> = None;
-        let mut backoff = Duration::from_secs(1);
-        let mut next = tokio::time::Instant::now();
-        let mut last = tokio::time::Instant::now() - MIN_ROUND_GAP;
+        let mut schedule = Schedule::new(0);
         loop {
             // follow the running config's `redis` section
             let want = self.shared.load().config.redis.clone();
@@ -231,13 +429,15 @@ impl BackgroundService for SyncService {
                         None
                     }
                 });
-                self.registry.set_syncing(current.is_some());
-                next = tokio::time::Instant::now();
+                self.accounts.registry.set_syncing(current.is_some());
+                fleet.reset_link();
+                schedule = Schedule::new(ms());
             }
             let interval = current
                 .as_ref()
-                .map_or(Duration::from_secs(1), |(s, _)| s.sync_interval);
-            let healthy = current.is_some() && self.fleet.is_connected();
+                .map_or(1000, |(s, _)| s.sync_interval.as_millis() as u64);
+            let healthy = current.is_some() && fleet.is_connected();
+            let asked = fleet.round_requested();
             tokio::select! {
                 _ = shutdown.changed() => {
                     // last chance for the counts of this instance to reach the fleet
@@ -246,27 +446,55 @@ impl BackgroundService for SyncService {
                     }
                     return;
                 }
-                _ = tokio::time::sleep_until(next) => {}
-                // an instance out of its share asks for a round now (not while backing off)
-                _ = self.fleet.wake.notified(), if healthy => {
-                    let earliest = last + MIN_ROUND_GAP;
-                    if tokio::time::Instant::now() < earliest {
-                        tokio::time::sleep_until(earliest).await;
-                    }
+                _ = tokio::time::sleep_until(at(schedule.due_ms(asked, healthy))) => {}
+                // a counter out of its lease asks for a round (not while backing off)
+                _ = fleet.wake.notified(), if healthy && !asked => {
+                    tokio::time::sleep_until(at(schedule.due_ms(true, healthy))).await;
                 }
             }
-            last = tokio::time::Instant::now();
+            schedule.started(ms());
             let Some((settings, backend)) = &current else {
-                next = last + interval;
+                schedule.finished(true, interval);
                 continue;
             };
-            if self.round(settings, backend.as_ref()).await {
-                backoff = interval;
-                next = last + interval;
-            } else {
-                next = last + backoff;
-                backoff = (backoff * 2).min(MAX_BACKOFF.max(interval));
-            }
+            let ok = self.round(settings, backend.as_ref()).await;
+            schedule.finished(ok, interval);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_come_every_interval_sooner_when_asked_and_back_off_on_failure() {
+        let mut s = Schedule::new(0);
+        assert_eq!(s.due_ms(false, false), 0, "the first round at once");
+        s.started(0);
+        s.finished(true, 1000);
+        assert_eq!(s.due_ms(false, true), 1000);
+        assert_eq!(s.due_ms(true, true), 0, "asked: at once");
+        assert_eq!(s.due_ms(true, false), 1000, "not while Redis fails");
+        s.started(10);
+        s.finished(true, 1000);
+        assert_eq!(
+            s.due_ms(true, true),
+            60,
+            "the next early round after the gap"
+        );
+        s.started(60);
+        s.finished(false, 1000);
+        assert_eq!(s.due_ms(true, false), 1060);
+        s.started(1060);
+        s.finished(false, 1000);
+        assert_eq!(s.next_ms, 3060, "doubled");
+        for _ in 0..5 {
+            let t = s.next_ms;
+            s.started(t);
+            s.finished(false, 1000);
+        }
+        let t = s.last_ms.unwrap();
+        assert_eq!(s.next_ms - t, 5000, "at most MAX_BACKOFF");
     }
 }

@@ -10,6 +10,7 @@
 //! consumes. A request is committed only when every tier of every rule passed.
 
 use super::clock::NANOS_PER_MS;
+use super::ledger::{Ledger, Orphan};
 use crate::config::model::{Algorithm, Tier};
 
 /// The state of one tier of one counter.
@@ -23,14 +24,8 @@ pub struct TierState {
     pub previous: u64,
     /// Token bucket: the theoretical arrival time (ns since the epoch).
     pub tat_ns: u64,
-    /// Fleet sync (windows): the fleet's total for the current window at the last sync.
-    pub base: u64,
-    /// Fleet sync: requests admitted here in the current window, not yet sent to Redis.
-    pub pending: u64,
-    /// Fleet sync: the same for the previous window.
-    pub prev_pending: u64,
-    /// Fleet sync: this instance used up its share; the next sync should fetch the total.
-    pub refresh: bool,
+    /// Fleet accounting (windows): what this instance admitted, sent and was leased.
+    pub ledger: Ledger,
 }
 
 /// The answer of one tier for one request.
@@ -54,62 +49,27 @@ fn ceil_div(a: u128, b: u128) -> u128 {
 }
 
 /// Move the windows of `state` to `now` (forgetting windows that have passed). Consumes
-/// nothing: safe to call before a check that ends in a denial.
-pub fn roll(state: &mut TierState, tier: &Tier, algorithm: Algorithm, now_ns: u64) {
+/// nothing: safe to call before a check that ends in a denial. Returns the fleet record that
+/// had to make room with counts Redis has not confirmed (they must still be sent).
+pub fn roll(
+    state: &mut TierState,
+    tier: &Tier,
+    algorithm: Algorithm,
+    now_ns: u64,
+) -> Option<Orphan> {
     if algorithm == Algorithm::TokenBucket {
-        return;
+        return None;
     }
     let p = period_ms(tier);
     let start = (now_ns / NANOS_PER_MS) / p * p;
     if start > state.window_start_ms {
         let adjacent = state.window_start_ms + p == start;
         state.previous = if adjacent { state.current } else { 0 };
-        // counts not yet sent still belong to their window's key; older ones no longer matter
-        state.prev_pending = if adjacent { state.pending } else { 0 };
         state.current = 0;
-        state.pending = 0;
-        state.base = 0;
-        state.refresh = false;
-        state.window_start_ms = start;
+        let old = std::mem::replace(&mut state.window_start_ms, start);
+        return state.ledger.roll(old);
     }
-}
-
-/// This instance's share of what is left in the current window, when a fleet shares the
-/// limit: it may count up to `base + max(1, floor((threshold - base) / instances))` before it
-/// hears from Redis again (nothing once the fleet is at the threshold). `None` when no share
-/// applies (no fleet, or `on_failure: local`).
-pub fn local_limit(state: &TierState, tier: &Tier, instances: Option<u64>) -> u64 {
-    match instances {
-        Some(n) if n > 1 => {
-            let left = tier.threshold.saturating_sub(state.base);
-            let share = if left == 0 { 0 } else { (left / n).max(1) };
-            state.base + share
-        }
-        _ => u64::MAX,
-    }
-}
-
-/// Would one more request pass? Call `roll` first. `instances` is the number of fleet
-/// instances sharing the limit between syncs (`None`: this instance alone decides).
-pub fn evaluate_shared(
-    state: &TierState,
-    tier: &Tier,
-    algorithm: Algorithm,
-    now_ns: u64,
-    instances: Option<u64>,
-) -> TierVerdict {
-    let mut v = evaluate(state, tier, algorithm, now_ns);
-    if v.allowed
-        && algorithm != Algorithm::TokenBucket
-        && state.current >= local_limit(state, tier, instances)
-    {
-        // The fleet may still have room, but this instance has used its share: deny until the
-        // next sync (which it asks for) tells it more.
-        v.allowed = false;
-        v.remaining = 0;
-        v.retry_after_ms = 1;
-    }
-    v
+    None
 }
 
 /// Would one more request pass, for this instance alone? Call `roll` first.
@@ -203,7 +163,6 @@ pub fn commit(state: &mut TierState, tier: &Tier, algorithm: Algorithm, now_ns: 
     match algorithm {
         Algorithm::FixedWindow | Algorithm::SlidingWindow => {
             state.current += 1;
-            state.pending += 1;
         }
         Algorithm::TokenBucket => {
             let p_ns = period_ms(tier) as u128 * NANOS_PER_MS as u128;
@@ -353,41 +312,6 @@ mod tests {
         // after a full period the bucket is full again
         clock.advance_ms(10_000);
         assert_eq!(hit(&mut s, &t, Algorithm::TokenBucket, &clock).remaining, 4);
-    }
-
-    #[test]
-    fn a_fleet_member_admits_only_its_share_between_syncs() {
-        let t = tier(30, 60);
-        let clock = FakeClock::at_ms(3_000_000);
-        let mut s = TierState::default();
-        let mut admitted = 0;
-        for _ in 0..100 {
-            let now = clock.now_ns();
-            roll(&mut s, &t, Algorithm::FixedWindow, now);
-            if evaluate_shared(&s, &t, Algorithm::FixedWindow, now, Some(3)).allowed {
-                commit(&mut s, &t, Algorithm::FixedWindow, now);
-                admitted += 1;
-            }
-        }
-        assert_eq!(admitted, 20, "60 / 3 instances");
-        assert_eq!(s.pending, 20);
-        // a sync reports 50 in the fleet (ours included): 10 left, a third of it is ours
-        s.base = 50;
-        s.current = 50;
-        s.pending = 0;
-        let more = (0..10)
-            .filter(|_| {
-                let now = clock.now_ns();
-                let ok = evaluate_shared(&s, &t, Algorithm::FixedWindow, now, Some(3)).allowed;
-                if ok {
-                    commit(&mut s, &t, Algorithm::FixedWindow, now);
-                }
-                ok
-            })
-            .count();
-        assert_eq!(more, 3, "floor(10 / 3)");
-        // alone, the full threshold applies
-        assert!(evaluate_shared(&s, &t, Algorithm::FixedWindow, clock.now_ns(), None).allowed);
     }
 
     #[test]

@@ -8,11 +8,12 @@
 
 use super::algorithm::{self, TierState, TierVerdict};
 use super::clock::{Clock, NANOS_PER_MS};
+use super::fleet::{FleetMode, FleetState, MIN_ROUND_GAP_MS};
 use super::headers::{tier_texts, PolicyCache, TierText};
+use super::ledger::{self, Ceiling};
 use super::partition::{PartitionValue, KEY_BUF};
-use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Untracked};
+use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked};
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans, Rule, Tier};
-use crate::fleet_sync::{FleetMode, FleetState};
 use crate::matching::Segments;
 use http::{HeaderMap, Method};
 use prometheus::{IntCounter, IntCounterVec};
@@ -132,6 +133,7 @@ struct Applying {
 
 /// Where a decision reads and writes tier states: a tracked counter, or a stand-in built from
 /// the sketch estimate of an untracked partition (never committed).
+#[allow(clippy::large_enum_variant)] // on the stack for one decision; boxing would allocate
 enum Slot<'g> {
     Tracked(&'g mut Counter),
     Untracked(SmallVec<[TierState; 2]>),
@@ -156,6 +158,9 @@ fn stand_in(tier: &Tier, algo: Algorithm, now_ns: u64, seen: u64) -> TierState {
         current: before,
         ..TierState::default()
     };
+    // never committed, never sent: the sketch count stands for what this instance admitted
+    s.ledger.gen = 1;
+    s.ledger.used = before;
     if algo == Algorithm::TokenBucket {
         let interval = (p_ms * NANOS_PER_MS / tier.threshold.max(1)).max(1);
         s.tat_ns = now_ns.saturating_add(before.saturating_mul(interval));
@@ -232,21 +237,63 @@ impl Limiter {
         })
     }
 
-    /// Decide, and commit if the request is allowed.
+    /// Decide, and commit if the request is allowed: find the applying rules, lock their
+    /// counters, check every tier, choose the verdict, commit.
     pub fn decide(&self, req: &LimitRequest, plans: &Plans) -> Decision {
         let mut decision = Decision::none();
         if self.rules.is_empty() {
             return decision;
         }
+        let mut arena: SmallVec<[u8; 256]> = SmallVec::new();
+        let mut applying = self.applying(req, plans, &mut arena);
+        if applying.is_empty() {
+            return decision;
+        }
+        // lock in uid order
+        applying.sort_unstable_by_key(|a| self.rules[a.rule as usize].counters.uid);
+        let mut guards: SmallVec<[_; 4]> = applying
+            .iter()
+            .map(|a| {
+                self.rules[a.rule as usize]
+                    .counters
+                    .lock(RuleCounters::shard_of_hash(a.hash))
+            })
+            .collect();
+        let now = self.clock.now_ns();
+        let mode = self.fleet.mode();
+        let mut slots: SmallVec<[Slot; 4]> = SmallVec::new();
+        let mut wake = false;
+        for (a, guard) in applying.iter().zip(guards.iter_mut()) {
+            let key = &arena[a.key_start..a.key_end];
+            let (slot, w) = self.check(a, guard, key, now, mode, &mut decision);
+            wake |= w;
+            slots.push(slot);
+        }
+        decision.verdict = self.verdict(&decision, mode);
+        if decision.verdict == Verdict::Allow {
+            wake |= self.commit(&applying, &mut slots, &decision, now, mode);
+        }
+        if wake {
+            self.fleet.want_round();
+        }
+        drop(slots);
+        drop(guards);
+        decision
+    }
+
+    /// The applying rules, with their partition keys in one arena.
+    fn applying(
+        &self,
+        req: &LimitRequest,
+        plans: &Plans,
+        arena: &mut SmallVec<[u8; 256]>,
+    ) -> SmallVec<[Applying; 4]> {
         let plan = if plans.names.is_empty() {
             None
         } else {
             plans.plan_of(req.tenant)
         };
-
-        // 1. the applying rules, with their partition keys in one arena
-        let mut arena: SmallVec<[u8; 256]> = SmallVec::new();
-        let mut applying: SmallVec<[Applying; 4]> = SmallVec::new();
+        let mut applying = SmallVec::new();
         let mut key = [0u8; KEY_BUF];
         for (i, cr) in self.rules.iter().enumerate() {
             let r = &cr.rule;
@@ -277,67 +324,92 @@ impl Limiter {
                 key_end: arena.len(),
             });
         }
-        if applying.is_empty() {
-            return decision;
-        }
-        // 2. lock in uid order
-        applying.sort_unstable_by_key(|a| self.rules[a.rule as usize].counters.uid);
-        let mut guards: SmallVec<[_; 4]> = applying
-            .iter()
-            .map(|a| {
-                self.rules[a.rule as usize]
-                    .counters
-                    .lock(RuleCounters::shard_of_hash(a.hash))
-            })
-            .collect();
-        let now = self.clock.now_ns();
-        let mode = self.fleet.mode();
-        let instances = match mode {
-            FleetMode::Shared { instances } => Some(instances),
-            _ => None,
-        };
-        let mut wake_sync = false;
+        applying
+    }
 
-        // 3. check every tier
-        let mut slots: SmallVec<[Slot; 4]> = SmallVec::new();
-        for (a, guard) in applying.iter().zip(guards.iter_mut()) {
-            let cr = &self.rules[a.rule as usize];
-            let rc = &cr.counters;
-            let tiers = rc.tiers(a.list);
-            let algo = rc.algorithm();
-            let key = &arena[a.key_start..a.key_end];
-            let mut slot = match rc.counter(guard, key, a.hash, a.list, now) {
-                Ok(c) => Slot::Tracked(c),
-                Err(Untracked(seen)) => {
-                    Slot::Untracked(tiers.iter().map(|t| stand_in(t, algo, now, seen)).collect())
-                }
-            };
-            let shadow = cr.rule.action == Action::Shadow;
-            let mut violated = false;
-            for (ti, (state, tier)) in slot.states().iter_mut().zip(tiers).enumerate() {
-                algorithm::roll(state, tier, algo, now);
-                let verdict = algorithm::evaluate_shared(state, tier, algo, now, instances);
-                if !verdict.allowed && algorithm::evaluate(state, tier, algo, now).allowed {
-                    // this instance used its share of the fleet's quota: ask for a sync now
-                    state.refresh = true;
-                    wake_sync = true;
-                }
-                violated |= !verdict.allowed;
-                decision.tiers.push(TierReport {
-                    rule: a.rule,
-                    list: a.list,
-                    tier: ti as u8,
-                    threshold: tier.threshold,
-                    period_ms: tier.period.as_millis() as u64,
-                    verdict,
-                    shadow,
-                });
+    /// Check every tier of one applying rule (its shard locked); report each tier in
+    /// `decision`. Returns the slot to commit to, and whether a fleet round is wanted now.
+    fn check<'g>(
+        &self,
+        a: &Applying,
+        shard: &'g mut Shard,
+        key: &[u8],
+        now: u64,
+        mode: FleetMode,
+        decision: &mut Decision,
+    ) -> (Slot<'g>, bool) {
+        let cr = &self.rules[a.rule as usize];
+        let rc = &cr.counters;
+        let tiers = rc.tiers(a.list);
+        let algo = rc.algorithm();
+        let mut slot = match rc.counter(shard, key, a.hash, a.list, now) {
+            Ok(c) => Slot::Tracked(c),
+            Err(Untracked(seen)) => {
+                Slot::Untracked(tiers.iter().map(|t| stand_in(t, algo, now, seen)).collect())
             }
-            decision.applied.push((a.rule, violated));
-            slots.push(slot);
+        };
+        let tracked = matches!(slot, Slot::Tracked(_));
+        let (leased, shared) = match mode {
+            FleetMode::Leased { instances } => (Some(instances), None),
+            FleetMode::Shared { instances } => (None, Some(instances)),
+            _ => (None, None),
+        };
+        let fleet_algo = algo != Algorithm::TokenBucket;
+        let sliding = (algo == Algorithm::SlidingWindow).then_some(now / NANOS_PER_MS);
+        let shadow = cr.rule.action == Action::Shadow;
+        let mut violated = false;
+        let mut wake = false;
+        for (ti, (state, tier)) in slot.states().iter_mut().zip(tiers).enumerate() {
+            if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
+                if tracked {
+                    rc.keep_orphan(key, a.list, ti, orphan);
+                }
+            }
+            let mut verdict = algorithm::evaluate(state, tier, algo, now);
+            if fleet_algo {
+                ledger::note_demand(state);
+                if verdict.allowed {
+                    match ledger::ceiling(state, tier, leased, shared, sliding) {
+                        Ceiling::Open => {}
+                        Ceiling::LeaseUsed => {
+                            // room may come with the next round, which is asked for now
+                            verdict = TierVerdict {
+                                allowed: false,
+                                remaining: 0,
+                                retry_after_ms: MIN_ROUND_GAP_MS,
+                                ..verdict
+                            };
+                            wake = true;
+                        }
+                        Ceiling::ShareUsed => {
+                            // no room before the window ends (or Redis is back)
+                            verdict = TierVerdict {
+                                allowed: false,
+                                remaining: 0,
+                                retry_after_ms: verdict.reset_ms,
+                                ..verdict
+                            };
+                        }
+                    }
+                }
+            }
+            violated |= !verdict.allowed;
+            decision.tiers.push(TierReport {
+                rule: a.rule,
+                list: a.list,
+                tier: ti as u8,
+                threshold: tier.threshold,
+                period_ms: tier.period.as_millis() as u64,
+                verdict,
+                shadow,
+            });
         }
+        decision.applied.push((a.rule, violated));
+        (slot, wake)
+    }
 
-        // 4. the verdict
+    /// The verdict from the violated rules' actions and the fleet's state.
+    fn verdict(&self, decision: &Decision, mode: FleetMode) -> Verdict {
         let mut reject: Option<u16> = None;
         let mut delay: Option<(u64, u16)> = None; // (smallest max_delay, status)
         for &(rule, violated) in &decision.applied {
@@ -363,7 +435,7 @@ impl Limiter {
             .applied
             .iter()
             .any(|&(r, _)| self.rules[r as usize].rule.action != Action::Shadow);
-        decision.verdict = match (reject, delay) {
+        match (reject, delay) {
             _ if mode == FleetMode::AllowAll => Verdict::Allow,
             _ if mode == FleetMode::DenyAll && enforced => Verdict::Reject { status: 503 },
             (Some(status), _) => Verdict::Reject { status },
@@ -380,45 +452,41 @@ impl Limiter {
                 }
             }
             (None, None) => Verdict::Allow,
-        };
+        }
+    }
 
-        // 5. commit (shadow rules only where they themselves passed)
-        if decision.verdict == Verdict::Allow {
-            for ((a, slot), &(_, violated)) in
-                applying.iter().zip(slots.iter_mut()).zip(&decision.applied)
-            {
-                if violated && mode != FleetMode::AllowAll {
-                    continue;
-                }
-                if let Slot::Tracked(c) = slot {
-                    let rc = &self.rules[a.rule as usize].counters;
-                    let algo = rc.algorithm();
-                    for (state, tier) in c.tiers.iter_mut().zip(rc.tiers(a.list)) {
-                        algorithm::commit(state, tier, algo, now);
-                        // Sync sooner as the fleet nears the threshold: once half of this
-                        // instance's share is used, so that what the others hold unsent
-                        // shrinks with what is left.
-                        if let Some(n) = instances {
-                            let share = algorithm::local_limit(state, tier, Some(n))
-                                .saturating_sub(state.base);
-                            if n > 1
-                                && algo != Algorithm::TokenBucket
-                                && 2 * (state.current - state.base) >= share
-                            {
-                                wake_sync = true;
-                            }
-                        }
-                    }
+    /// Commit an allowed request to every tracked counter (shadow rules only where they
+    /// themselves passed). The remaining counts reported were computed as if committed.
+    /// Returns whether a fleet round is wanted now.
+    fn commit(
+        &self,
+        applying: &[Applying],
+        slots: &mut [Slot],
+        decision: &Decision,
+        now: u64,
+        mode: FleetMode,
+    ) -> bool {
+        let leased = matches!(mode, FleetMode::Leased { .. });
+        let mut wake = false;
+        for ((a, slot), &(_, violated)) in
+            applying.iter().zip(slots.iter_mut()).zip(&decision.applied)
+        {
+            if violated && mode != FleetMode::AllowAll {
+                continue;
+            }
+            let Slot::Tracked(c) = slot else {
+                continue;
+            };
+            let rc = &self.rules[a.rule as usize].counters;
+            let algo = rc.algorithm();
+            for (state, tier) in c.tiers.iter_mut().zip(rc.tiers(a.list)) {
+                algorithm::commit(state, tier, algo, now);
+                if algo != Algorithm::TokenBucket {
+                    wake |= ledger::commit(state) && leased;
                 }
             }
-            // the remaining counts reported were computed as if committed
         }
-        if wake_sync {
-            self.fleet.wake.notify_one();
-        }
-        drop(slots);
-        drop(guards);
-        decision
+        wake
     }
 
     /// Count the final outcome of a request in the decision metrics.
@@ -460,9 +528,5 @@ impl Limiter {
                 cr.rule.id
             );
         }
-    }
-
-    pub fn now_ns(&self) -> u64 {
-        self.clock.now_ns()
     }
 }

@@ -14,6 +14,7 @@
 //! over-counts).
 
 use super::algorithm::{self, TierState};
+use super::ledger::Orphan;
 use crate::config::model::{Algorithm, PartitionBy, Tier};
 use ahash::RandomState;
 use hashbrown::hash_map::RawEntryMut;
@@ -23,7 +24,7 @@ use pingora_limits::estimator::Estimator;
 use prometheus::IntCounter;
 use smallvec::{smallvec, SmallVec};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 /// Shards per rule: enough to keep two to a few dozen worker threads off each other's locks.
 pub const SHARDS: usize = 32;
@@ -53,6 +54,15 @@ pub struct Shard {
     map: HashMap<Box<[u8]>, Counter, RandomState>,
 }
 
+/// Counts of a window record that left its counter before Redis confirmed them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrphanCount {
+    pub key: Box<[u8]>,
+    pub list: u16,
+    pub tier: u8,
+    pub orphan: Orphan,
+}
+
 /// Why a partition has no exact counter: its sketch estimate (requests seen, this one included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Untracked(pub u64);
@@ -69,6 +79,8 @@ pub struct RuleCounters {
     untracked: IntCounter,
     /// Set while a fleet sync runs: counters with unsent counts are then kept.
     syncing: Arc<AtomicBool>,
+    /// Unsent counts whose counter moved on (bounded by the counter cap).
+    orphans: Mutex<Vec<OrphanCount>>,
 }
 
 impl RuleCounters {
@@ -98,13 +110,47 @@ impl RuleCounters {
             evictions,
             untracked,
             syncing,
+            orphans: Mutex::new(Vec::new()),
         }
     }
 
     /// Does `c` hold counts that a running fleet sync has not sent yet?
     fn has_unsent(&self, c: &Counter) -> bool {
-        self.syncing.load(Ordering::Relaxed)
-            && c.tiers.iter().any(|t| t.pending > 0 || t.prev_pending > 0)
+        self.syncing.load(Ordering::Relaxed) && c.tiers.iter().any(|t| t.ledger.unsent() > 0)
+    }
+
+    /// Keep counts that must still reach Redis although their counter moved on (only while a
+    /// fleet sync runs; at most the counter cap of them, the oldest going first).
+    pub fn keep_orphan(&self, key: &[u8], list: u16, tier: usize, orphan: Orphan) {
+        if !self.syncing.load(Ordering::Relaxed) || orphan.used == 0 {
+            return;
+        }
+        let cap = self.shard_cap.load(Ordering::Relaxed) * SHARDS;
+        let mut o = self.orphans.lock();
+        if o.len() >= cap {
+            o.remove(0);
+        }
+        o.push(OrphanCount {
+            key: key.into(),
+            list,
+            tier: tier as u8,
+            orphan,
+        });
+    }
+
+    /// Take every orphan (the sync sends them and gives back those Redis did not confirm).
+    pub fn take_orphans(&self) -> Vec<OrphanCount> {
+        std::mem::take(&mut *self.orphans.lock())
+    }
+
+    /// Does this rule hold counts not yet confirmed by Redis (orphans included)?
+    pub fn holds_unsent(&self) -> bool {
+        if !self.orphans.lock().is_empty() {
+            return true;
+        }
+        let mut any = false;
+        self.for_each(|_, c| any |= self.has_unsent(c));
+        any
     }
 
     pub fn tiers(&self, list: u16) -> &[Tier] {
@@ -187,7 +233,13 @@ impl RuleCounters {
             RawEntryMut::Vacant(v) => v.insert_hashed_nocheck(hash, key.into(), fresh()).1,
         };
         if c.list != list || c.tiers.len() != n {
-            *c = fresh(); // the partition moved to another plan
+            // the partition moved to another plan: what the old tiers did not send yet stays
+            for (ti, st) in c.tiers.iter().enumerate() {
+                for o in st.ledger.orphans(st.window_start_ms).into_iter().flatten() {
+                    self.keep_orphan(key, c.list, ti, o);
+                }
+            }
+            *c = fresh();
         }
         Ok(c)
     }
@@ -268,9 +320,10 @@ impl RuleCounters {
     }
 }
 
-/// Every rule's counters, by identity; outlives config snapshots.
+/// Every rule's counters, by identity; outlives config snapshots. A rule no snapshot uses any
+/// more stays until the fleet sync has sent what it still holds.
 pub struct CounterRegistry {
-    rules: Mutex<HashMap<RuleIdentity, Weak<RuleCounters>, RandomState>>,
+    rules: Mutex<HashMap<RuleIdentity, Arc<RuleCounters>, RandomState>>,
     next_uid: AtomicU64,
     evictions: IntCounter,
     untracked: IntCounter,
@@ -296,7 +349,7 @@ impl CounterRegistry {
     /// The counters of a rule: the existing ones if a live rule has the same identity.
     pub fn get_or_create(&self, identity: RuleIdentity, cap: usize) -> Arc<RuleCounters> {
         let mut rules = self.rules.lock();
-        if let Some(existing) = rules.get(&identity).and_then(Weak::upgrade) {
+        if let Some(existing) = rules.get(&identity).cloned() {
             existing
                 .shard_cap
                 .store(cap.div_ceil(SHARDS).max(1), Ordering::Relaxed);
@@ -311,15 +364,16 @@ impl CounterRegistry {
             self.untracked.clone(),
             self.syncing.clone(),
         ));
-        rules.insert(identity, Arc::downgrade(&rc));
+        rules.insert(identity, Arc::clone(&rc));
         rc
     }
 
-    /// The rules still in use by some snapshot (forgets the others).
+    /// The rules still in use by some snapshot, and retired ones that hold counts not yet
+    /// confirmed by Redis (forgets the others).
     pub fn live(&self) -> Vec<Arc<RuleCounters>> {
         let mut rules = self.rules.lock();
-        rules.retain(|_, w| w.strong_count() > 0);
-        rules.values().filter_map(Weak::upgrade).collect()
+        rules.retain(|_, rc| Arc::strong_count(rc) > 1 || rc.holds_unsent());
+        rules.values().cloned().collect()
     }
 }
 

@@ -424,6 +424,13 @@ impl RedisServer {
         }
     }
 
+    /// The contract's counter keys matching `pattern` (not the `:fleet` ledgers beside them).
+    pub fn counter_keys(&self, pattern: &str) -> Vec<String> {
+        let mut keys = self.keys(pattern);
+        keys.retain(|k| !k.ends_with(":fleet"));
+        keys
+    }
+
     pub fn int(&self, args: &[&str]) -> i64 {
         match self.cmd(args) {
             redis::Value::Int(i) => i,

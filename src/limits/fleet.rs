@@ -1,0 +1,153 @@
+//! What the request path knows about the fleet: whether a sync is configured, whether Redis
+//! answered the last round (or has not been asked yet), how many instances share the limits,
+//! Read with atomics only; written by the sync service.
+
+use crate::config::model::OnFailure;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use tokio::sync::Notify;
+
+/// How the limiter treats shared limits right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FleetMode {
+    /// No sync (or `on_failure: local` while Redis is down): this instance alone decides.
+    Alone,
+    /// Redis answers: an instance admits what Redis leased to it (plus one on credit),
+    /// `instances` sharing.
+    Leased { instances: u64 },
+    /// Redis is down and `on_failure: local_share`: each instance may use its share of what
+    /// was left at the last answer, `instances` sharing.
+    Shared { instances: u64 },
+    /// Redis is down and `on_failure: allow`: count, but enforce nothing.
+    AllowAll,
+    /// Redis is down and `on_failure: deny`: answer 503 where a rule applies.
+    DenyAll,
+}
+
+/// Whether Redis has answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// No round has ended yet (start-up).
+    Unknown,
+    Up,
+    Down,
+}
+
+pub struct FleetState {
+    configured: AtomicBool,
+    /// 0 unknown, 1 up, 2 down
+    link: AtomicU8,
+    instances: AtomicU64,
+    on_failure: AtomicU8,
+    /// Woken by the limiter when a counter wants a round now (lease used up or nearly so).
+    pub wake: Notify,
+    wanted: AtomicBool,
+}
+
+impl Default for FleetState {
+    fn default() -> Self {
+        FleetState {
+            configured: AtomicBool::new(false),
+            link: AtomicU8::new(0),
+            instances: AtomicU64::new(1),
+            on_failure: AtomicU8::new(0),
+            wake: Notify::new(),
+            wanted: AtomicBool::new(false),
+        }
+    }
+}
+
+fn code(f: OnFailure) -> u8 {
+    match f {
+        OnFailure::LocalShare => 0,
+        OnFailure::Local => 1,
+        OnFailure::Allow => 2,
+        OnFailure::Deny => 3,
+    }
+}
+
+impl FleetState {
+    pub fn configure(&self, on: bool, on_failure: OnFailure) {
+        self.on_failure.store(code(on_failure), Ordering::Relaxed);
+        self.configured.store(on, Ordering::Relaxed);
+    }
+
+    pub fn is_configured(&self) -> bool {
+        self.configured.load(Ordering::Relaxed)
+    }
+
+    pub fn link(&self) -> Link {
+        match self.link.load(Ordering::Relaxed) {
+            0 => Link::Unknown,
+            1 => Link::Up,
+            _ => Link::Down,
+        }
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.link() == Link::Up
+    }
+
+    /// Record the outcome of a sync round; returns the previous link state when it changed.
+    pub fn set_connected(&self, up: bool) -> Option<Link> {
+        let new = if up { 1 } else { 2 };
+        let old = self.link.swap(new, Ordering::Relaxed);
+        (old != new).then_some(match old {
+            0 => Link::Unknown,
+            1 => Link::Up,
+            _ => Link::Down,
+        })
+    }
+
+    /// Forget the link state (the sync was switched off or its endpoint changed).
+    pub fn reset_link(&self) {
+        self.link.store(0, Ordering::Relaxed);
+    }
+
+    pub fn set_instances(&self, n: u64) {
+        self.instances.store(n.max(1), Ordering::Relaxed);
+    }
+
+    pub fn instances(&self) -> u64 {
+        self.instances.load(Ordering::Relaxed)
+    }
+
+    /// Ask the sync service for a round now.
+    pub fn want_round(&self) {
+        if !self.wanted.swap(true, Ordering::Relaxed) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Whether a round was asked for (and not yet begun).
+    pub fn round_requested(&self) -> bool {
+        self.wanted.load(Ordering::Relaxed)
+    }
+
+    /// Whether a round was asked for since the last call (clears the request).
+    pub fn take_round_request(&self) -> bool {
+        self.wanted.swap(false, Ordering::Relaxed)
+    }
+
+    pub fn mode(&self) -> FleetMode {
+        if !self.is_configured() {
+            return FleetMode::Alone;
+        }
+        let instances = self.instances();
+        match self.link() {
+            // the first round has not ended (at most `timeout` after start-up): only the
+            // credit, as when a lease has run out
+            Link::Up | Link::Unknown => return FleetMode::Leased { instances },
+            Link::Down => {}
+        }
+        // Redis did not answer the last round (or the first): on_failure applies
+        match self.on_failure.load(Ordering::Relaxed) {
+            0 => FleetMode::Shared { instances },
+            1 => FleetMode::Alone,
+            2 => FleetMode::AllowAll,
+            _ => FleetMode::DenyAll,
+        }
+    }
+}
+
+/// Rounds asked for early come at least this far apart (so at most 20 extra per second).
+pub const MIN_ROUND_GAP_MS: u64 = 50;

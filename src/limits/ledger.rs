@@ -1,0 +1,526 @@
+//! Fleet accounting for one tier of one counter: the one owner of what this instance admitted,
+//! what Redis has confirmed, and what Redis has leased to it. Pure functions of (state, now):
+//! the limiter asks for the admission ceiling and commits; the sync service drains asks,
+//! and applies Redis's answers. Nothing here talks to Redis.
+//!
+//! The mechanism (README "Fleet"): quota leases.
+//! - Every instance reports, per window, its *cumulative* admitted count (`used`) under a name
+//!   of its own (`member`: instance id and window incarnation). Redis adds only the growth to
+//!   the window's key, so a round that timed out but was applied is never counted twice, and
+//!   a re-sent round changes nothing.
+//! - In the same script an instance asks for a *ceiling*: how far its `used` may grow in the
+//!   window. Redis grants it out of `threshold - fleet total - what the other instances hold
+//!   unused`, so the leases of all instances never add up to more than the threshold. A lease
+//!   lasts until the window ends or its holder gives it back.
+//! - An instance admits only up to its ceiling, plus one request on *credit* while it holds no
+//!   lease and the window had room nobody held at the last answer, so that a request never
+//!   waits for Redis and a quiet tenant is never refused. A credit is allowed again only after
+//!   Redis has answered: each instance is at most one request over what Redis granted.
+//! - It asks for a round when half of its lease is used, sizes the next ask to its demand since
+//!   the last round, and gives back what it did not need, so unused leases stay small. While
+//!   several instances hold leases, Redis tells each its fair part, and none asks for more.
+
+use super::algorithm::TierState;
+use super::fleet::MIN_ROUND_GAP_MS;
+use crate::config::model::Tier;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static NEXT_GEN: AtomicU32 = AtomicU32::new(1);
+
+/// How far ahead an ask looks while others want the same quota: two early rounds.
+pub const CONTENDED_HORIZON_MS: u64 = 2 * MIN_ROUND_GAP_MS;
+
+/// A fresh incarnation number for a window record (unique within the process).
+pub fn next_gen() -> u32 {
+    NEXT_GEN.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The fleet accounting of one tier: the current window's record and the previous one's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Incarnation of the current window's record; part of this instance's name in Redis.
+    pub gen: u32,
+    /// Requests admitted here in the current window.
+    pub used: u64,
+    /// Of `used`, what Redis has confirmed.
+    pub sent: u64,
+    /// The lease: `used` may grow to this in the window.
+    pub ceiling: u64,
+    /// `used` when the lease was granted (to see when half of it is gone).
+    pub lease_from: u64,
+    /// A request was admitted on credit since Redis last answered.
+    pub on_credit: bool,
+    /// The fleet's total for the window at the last answer (`sent` included).
+    pub base: u64,
+    /// Requests that wanted this tier (admitted or not) since the last drain.
+    pub demand: u64,
+    /// The most Redis would let this instance hold unused, at the last answer (0: no answer
+    /// yet in this window).
+    pub fair: u64,
+    /// What no instance held at the last answer.
+    pub room: u64,
+    /// At the last answer: what the others had admitted or held (sliding windows use it to
+    /// keep the cap of each moment).
+    pub others: u64,
+    /// Sliding windows: the previous window's count as Redis bounds it (leases included).
+    pub prev_bound: u64,
+    /// The previous window's record still holds a lease (to give back).
+    pub prev_held: bool,
+    /// At the last answer Redis would have given less than was asked: others want it too, so
+    /// asks look only a few round gaps ahead (a lease held is a lease the others lack).
+    pub contended: bool,
+    /// The previous window's record, until Redis has confirmed all of it.
+    pub prev_start_ms: u64,
+    pub prev_gen: u32,
+    pub prev_used: u64,
+    pub prev_sent: u64,
+}
+
+/// Counts of a window record that could not stay in its counter (the counter was evicted,
+/// moved to another plan, or rolled twice before Redis answered): kept aside until sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Orphan {
+    pub window_start_ms: u64,
+    pub gen: u32,
+    pub used: u64,
+}
+
+impl Ledger {
+    /// Counts not yet confirmed by Redis (both windows).
+    pub fn unsent(&self) -> u64 {
+        (self.used - self.sent.min(self.used))
+            + (self.prev_used - self.prev_sent.min(self.prev_used))
+    }
+
+    /// Move to a new window starting at `start_ms`; the old current window becomes the
+    /// previous record. Returns the record that had to be dropped with counts still unsent.
+    pub fn roll(&mut self, old_start_ms: u64) -> Option<Orphan> {
+        let orphan = (self.prev_used > self.prev_sent).then_some(Orphan {
+            window_start_ms: self.prev_start_ms,
+            gen: self.prev_gen,
+            used: self.prev_used,
+        });
+        *self = Ledger {
+            gen: next_gen(),
+            prev_start_ms: old_start_ms,
+            prev_gen: self.gen,
+            prev_used: self.used,
+            prev_sent: self.sent,
+            prev_held: self.ceiling > self.used,
+            // what the fleet can have admitted in the window that ends: what the others had
+            // admitted or held at the last answer, and all this instance admitted
+            prev_bound: self.others.saturating_add(self.used),
+            ..Ledger::default()
+        };
+        orphan
+    }
+
+    /// Take the previous record and the current one out as orphans (the counter is being
+    /// replaced), leaving nothing unsent behind.
+    pub fn orphans(&self, window_start_ms: u64) -> [Option<Orphan>; 2] {
+        [
+            (self.prev_used > self.prev_sent).then_some(Orphan {
+                window_start_ms: self.prev_start_ms,
+                gen: self.prev_gen,
+                used: self.prev_used,
+            }),
+            (self.used > self.sent).then_some(Orphan {
+                window_start_ms,
+                gen: self.gen,
+                used: self.used,
+            }),
+        ]
+    }
+}
+
+/// What an instance may admit in a window before Redis has answered for it: its part of 2%
+/// of the threshold (a fleet of one is taken for two: instances that start together each see
+/// only themselves at first), and at least one.
+pub fn cold_credit(threshold: u64, instances: u64) -> u64 {
+    (threshold / 50 / instances.max(2)).max(1)
+}
+
+/// Why a tier refuses a request although the algorithm alone would admit it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ceiling {
+    /// Within what this instance may admit.
+    Open,
+    /// The lease (and credit) is used up: wait for the next round.
+    LeaseUsed,
+    /// Redis is down: this instance's share of what was left is used up.
+    ShareUsed,
+}
+
+/// The part of a sliding window's previous count that still weighs at `now_ms`, rounded up.
+pub fn previous_weight(count: u64, window_start_ms: u64, period_ms: u64, now_ms: u64) -> u64 {
+    let p = u128::from(period_ms.max(1));
+    let w = p - u128::from(now_ms.saturating_sub(window_start_ms)).min(p);
+    u64::try_from((u128::from(count) * w).div_ceil(p)).unwrap_or(u64::MAX)
+}
+
+/// Does one more request fit what this instance may admit for the fleet?
+/// `leased`: Some(instances) when Redis answers; `shared`: Some(instances) when Redis is down
+/// under `on_failure: local_share`; neither: no fleet limit applies here. `sliding`: the tier
+/// is a sliding window, at `now_ms`.
+pub fn ceiling(
+    state: &TierState,
+    tier: &Tier,
+    leased: Option<u64>,
+    shared: Option<u64>,
+    sliding: Option<u64>,
+) -> Ceiling {
+    let l = &state.ledger;
+    if let Some(n) = leased {
+        let credit = if l.fair == 0 {
+            // no answer yet in this window: a few, so that a burst on a fresh window does not
+            // wait for the first round
+            l.used < cold_credit(tier.threshold, n)
+        } else {
+            // one at a time while the window had room for every instance's credit at the
+            // last answer
+            !l.on_credit && l.room >= n && state.current < tier.threshold
+        };
+        let on_credit = l.used >= l.ceiling;
+        if on_credit && !credit {
+            return Ceiling::LeaseUsed;
+        }
+        if let Some(now_ms) = sliding {
+            // A lease reaches to the cap at the end of its horizon: use only what the cap of
+            // this moment leaves after what the others held at the answer. The previous
+            // window still weighs with the credits the others may have taken in it, so a
+            // credit leaves room for theirs.
+            // (Each other instance may also have one credit of the previous window unreported.)
+            let p = tier.period.as_millis() as u64;
+            let others = n.max(2) - 1;
+            let prev = l.prev_bound.saturating_add(others);
+            let cap = tier.threshold.saturating_sub(previous_weight(
+                prev,
+                state.window_start_ms,
+                p,
+                now_ms,
+            ));
+            let margin = if on_credit { others } else { 0 };
+            if l.used + l.others + margin >= cap {
+                return Ceiling::LeaseUsed;
+            }
+        }
+    } else if let Some(n) = shared {
+        // what was left at the last answer, divided among the instances last seen
+        if n > 1 {
+            let left = tier.threshold.saturating_sub(l.base);
+            let share = if left == 0 { 0 } else { (left / n).max(1) };
+            if state.current >= l.base + share {
+                return Ceiling::ShareUsed;
+            }
+        }
+    }
+    Ceiling::Open
+}
+
+/// Count one admitted request. Returns whether a round should come now: the request ran on
+/// credit, or half of the lease is used.
+pub fn commit(state: &mut TierState) -> bool {
+    let l = &mut state.ledger;
+    l.used += 1;
+    if l.used > l.ceiling {
+        l.on_credit = true;
+        return true;
+    }
+    2 * (l.used - l.lease_from) >= l.ceiling.saturating_sub(l.lease_from)
+}
+
+/// Note that a request wanted this tier (admitted or not): the size of the next ask.
+pub fn note_demand(state: &mut TierState) {
+    state.ledger.demand += 1;
+}
+
+/// What a round sends for one window record of one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    pub window_start_ms: u64,
+    pub gen: u32,
+    /// Cumulative admitted count of the record.
+    pub used: u64,
+    /// The ceiling asked for (`used` or less: nothing more wanted; the lease is given back).
+    pub want: u64,
+    /// The record is the previous window's.
+    pub previous: bool,
+}
+
+/// What Redis answered for one ask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    /// The fleet's total for the window (this ask included).
+    pub total: u64,
+    /// The ceiling granted.
+    pub ceiling: u64,
+    /// The most this instance should hold unused while others hold leases too.
+    pub fair: u64,
+    /// What is left that no instance holds.
+    pub room: u64,
+    /// What the other instances held unused.
+    pub held: u64,
+    /// Sliding windows: the previous window's count, its leases included.
+    pub prev: u64,
+}
+
+/// How a round sizes its asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizing {
+    /// Time since the last round: demand over it is the rate.
+    pub since_ms: u64,
+    /// How far ahead an ask looks (shortened while contended, and to the window's end).
+    pub horizon_ms: u64,
+    /// Time left in the window.
+    pub left_ms: u64,
+    /// The least the first ask of a window wants: an even part of the threshold among the
+    /// instances, so that a burst on a fresh window is not held to one request per round.
+    pub first_ask: u64,
+}
+
+/// The asks of one tier for this round (current window, previous window). The ask's size
+/// follows the demand since the last round, over the horizon and a half; without demand the
+/// lease is given back. A lease larger than what is asked is lowered here at once, before
+/// Redis hears of it, so that this instance never admits what Redis has stopped reserving for
+/// it.
+pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
+    let horizon_ms = if state.ledger.contended {
+        sizing.horizon_ms.min(CONTENDED_HORIZON_MS)
+    } else {
+        sizing.horizon_ms
+    }
+    .min(sizing.left_ms.max(1));
+    let since_ms = sizing.since_ms;
+    let l = &mut state.ledger;
+    let prev = (l.prev_used > l.prev_sent || l.prev_held).then_some(Ask {
+        window_start_ms: l.prev_start_ms,
+        gen: l.prev_gen,
+        used: l.prev_used,
+        want: l.prev_used,
+        previous: true,
+    });
+    let holds = l.ceiling > l.used;
+    if l.gen == 0 || (l.used == l.sent && l.demand == 0 && !holds) {
+        return [None, prev];
+    }
+    let extra = if l.demand == 0 {
+        0
+    } else {
+        // demand per ms over the lease's time and a half, at least one request
+        let d =
+            u128::from(l.demand) * u128::from(horizon_ms) * 3 / (2 * u128::from(since_ms.max(1)));
+        let d = u64::try_from(d).unwrap_or(u64::MAX).max(1);
+        if l.fair == 0 {
+            d.max(sizing.first_ask)
+        } else {
+            d
+        }
+    };
+    let want = l.used.saturating_add(extra);
+    if want < l.ceiling {
+        l.ceiling = want.max(l.used);
+    }
+    l.demand = 0;
+    [
+        Some(Ask {
+            window_start_ms: state.window_start_ms,
+            gen: l.gen,
+            used: l.used,
+            want,
+            previous: false,
+        }),
+        prev,
+    ]
+}
+
+/// Apply Redis's answer to an ask. Records that have moved on (another window, another
+/// incarnation) only take what still concerns them.
+pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
+    let l = &mut state.ledger;
+    if !ask.previous && l.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
+        l.sent = l.sent.max(ask.used);
+        l.base = answer.total;
+        l.ceiling = answer.ceiling;
+        l.lease_from = ask.used;
+        l.on_credit = false;
+        // others want it too: Redis would give (or let keep) less than was asked or held
+        l.contended = answer.fair < ask.want.max(answer.ceiling).saturating_sub(ask.used);
+        l.fair = answer.fair.max(1);
+        l.room = answer.room;
+        l.others = (answer.total + answer.held).saturating_sub(ask.used);
+        // Redis bounds what was reported or leased; its leases given back no longer count
+        l.prev_bound = answer.prev.max(l.prev_used);
+        state.current = answer.total + (l.used - l.sent.min(l.used));
+    } else if l.prev_gen == ask.gen && l.prev_start_ms == ask.window_start_ms {
+        l.prev_sent = l.prev_sent.max(ask.used);
+        l.prev_held = false;
+        if l.prev_start_ms + period_ms == state.window_start_ms {
+            // the fleet's count of the previous window, for the sliding window's weight
+            state.previous = answer.total + (l.prev_used - l.prev_sent.min(l.prev_used));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn tier(threshold: u64) -> Tier {
+        Tier {
+            period: Duration::from_secs(10),
+            threshold,
+        }
+    }
+
+    fn state() -> TierState {
+        let mut s = TierState {
+            window_start_ms: 10_000,
+            ..TierState::default()
+        };
+        s.ledger.gen = next_gen();
+        s
+    }
+
+    #[test]
+    fn admits_up_to_the_lease_and_one_on_credit_per_answer() {
+        let t = tier(1000);
+        let mut s = state();
+        // no answer yet: a cold credit of 1000 / 50 / 3 = 6, then nothing until Redis answers
+        assert_eq!(cold_credit(1000, 3), 6);
+        assert_eq!(cold_credit(1000, 1), 10, "a fleet of one is taken for two");
+        assert_eq!(cold_credit(10, 3), 1);
+        for _ in 0..6 {
+            assert_eq!(ceiling(&s, &t, Some(3), None, None), Ceiling::Open);
+            assert!(commit(&mut s), "running on credit asks for a round");
+            s.current += 1;
+        }
+        assert_eq!(ceiling(&s, &t, Some(3), None, None), Ceiling::LeaseUsed);
+        let ask = Ask {
+            window_start_ms: s.window_start_ms,
+            gen: s.ledger.gen,
+            used: 6,
+            want: 36,
+            previous: false,
+        };
+        let answer = Answer {
+            total: 6,
+            ceiling: 36,
+            fair: 1000,
+            room: 964,
+            held: 0,
+            prev: 0,
+        };
+        apply(&mut s, &ask, answer, 10_000);
+        for _ in 0..14 {
+            assert_eq!(ceiling(&s, &t, Some(3), None, None), Ceiling::Open);
+            assert!(!commit(&mut s));
+        }
+        assert!(commit(&mut s), "half of the lease used");
+        while s.ledger.used < 36 {
+            commit(&mut s);
+        }
+        assert_eq!(
+            ceiling(&s, &t, Some(3), None, None),
+            Ceiling::Open,
+            "one on credit: the window had room"
+        );
+        assert!(commit(&mut s));
+        assert_eq!(
+            ceiling(&s, &t, Some(3), None, None),
+            Ceiling::LeaseUsed,
+            "one at a time"
+        );
+        s.ledger.on_credit = false;
+        s.current = 1000;
+        assert_eq!(
+            ceiling(&s, &t, Some(3), None, None),
+            Ceiling::LeaseUsed,
+            "no credit once the window is known to be full"
+        );
+        assert_eq!(ceiling(&s, &t, None, None, None), Ceiling::Open, "alone");
+    }
+
+    #[test]
+    fn drain_sizes_the_ask_to_demand_and_gives_back_what_is_not_wanted() {
+        let mut s = state();
+        s.ledger.used = 100;
+        s.ledger.ceiling = 500;
+        s.ledger.demand = 10; // 10 in the last 100 ms: 0.1/ms x 250 ms x 1.5 = 37
+        let sizing = Sizing {
+            since_ms: 100,
+            horizon_ms: 250,
+            left_ms: 5000,
+            first_ask: 1,
+        };
+        s.ledger.fair = 100; // not the first ask of the window
+        let [cur, prev] = drain(&mut s, sizing);
+        let cur = cur.unwrap();
+        assert_eq!(prev, None);
+        assert_eq!((cur.used, cur.want), (100, 137));
+        assert_eq!(s.ledger.ceiling, 137, "lowered before Redis hears of it");
+        assert_eq!(s.ledger.demand, 0);
+        // idle and nothing held: nothing to send
+        // no demand since: the lease goes back
+        let [Some(back), _] = drain(&mut s, sizing) else {
+            panic!("an ask")
+        };
+        assert_eq!((back.used, back.want), (100, 100));
+        assert_eq!(s.ledger.ceiling, 100);
+        // idle, sent and nothing held: nothing to send
+        s.ledger.sent = 100;
+        assert_eq!(drain(&mut s, sizing), [None, None]);
+        // the first ask of a window wants at least an even part of the threshold
+        let mut fresh = state();
+        fresh.ledger.used = 1;
+        fresh.ledger.demand = 1;
+        let first = Sizing {
+            first_ask: 40,
+            ..sizing
+        };
+        assert_eq!(drain(&mut fresh, first)[0].map(|a| a.want), Some(41));
+    }
+
+    #[test]
+    fn answers_move_counts_from_unsent_to_the_fleet_total() {
+        let mut s = state();
+        s.ledger.used = 7;
+        s.current = 7;
+        s.ledger.demand = 1;
+        let sizing = Sizing {
+            since_ms: 1000,
+            horizon_ms: 250,
+            left_ms: 5000,
+            first_ask: 1,
+        };
+        let [Some(ask), _] = drain(&mut s, sizing) else {
+            panic!("an ask")
+        };
+        s.ledger.used += 2; // admitted while the round was in flight
+        let answer = Answer {
+            total: 50,
+            ceiling: 20,
+            fair: 10,
+            room: 0,
+            held: 0,
+            prev: 0,
+        };
+        apply(&mut s, &ask, answer, 10_000);
+        assert_eq!(s.ledger.sent, 7);
+        assert_eq!(s.current, 52, "the fleet's 50 and the 2 not yet sent");
+        assert_eq!(s.ledger.ceiling, 20);
+        assert_eq!(s.ledger.unsent(), 2);
+    }
+
+    #[test]
+    fn a_second_roll_before_an_answer_hands_over_the_oldest_record() {
+        let mut s = state();
+        s.ledger.used = 5;
+        assert_eq!(s.ledger.roll(10_000), None);
+        assert_eq!((s.ledger.prev_used, s.ledger.prev_start_ms), (5, 10_000));
+        s.ledger.used = 3;
+        let orphan = s.ledger.roll(20_000).expect("unsent counts kept");
+        assert_eq!((orphan.window_start_ms, orphan.used), (10_000, 5));
+        assert_eq!(s.ledger.prev_used, 3);
+    }
+}

@@ -1,0 +1,601 @@
+//! A deterministic simulation of a fleet: N instances, each with the real limiter, counters,
+//! ledger, sync round code (`Accounts`) and round schedule (`Schedule`), under one fake clock,
+//! against a simulated Redis that runs `ledger_model` (the Rust twin of the Lua script, held
+//! to the same answers by `tests/ledger_script.rs` on a real redis-server). Redis answers with
+//! latency and jitter; fault seeds add timeouts, lost replies and restarts.
+//!
+//! Every seed draws its fleet (instances, algorithm, threshold, window, sync interval, start)
+//! and its load (even, 90/10 skew, all on one instance, bursts hopping between instances,
+//! ramps, idle instances, from 10 requests/s to wrk rates) and checks the contract's bounds
+//! (section 6): in every window the fleet admits at most `threshold x 1.02` (plus one per
+//! instance under 100), at least `threshold x 0.98` when offered 1.5x the threshold, Redis holds
+//! exactly what was admitted, and no instance makes more than `1/sync_interval + 20` round
+//! trips a second. A failing seed is printed; replay it with
+//! `FLEET_SIM_SEED=<seed> cargo test --release --test fleet_sim -- --nocapture`.
+//! `FLEET_SIM_SEEDS=<n>` runs more seeds.
+
+use http::{HeaderMap, Method};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use tollgate::config::{self, model::RedisSettings};
+use tollgate::fleet_sync::backend::{ledger_model, Exchange, Heartbeat, LedgerUpdate};
+use tollgate::fleet_sync::{Accounts, Round, Schedule};
+use tollgate::limits::fleet::{FleetState, Link};
+use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
+
+/// splitmix64: small, fast, and the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn log_uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        (lo.ln() + self.unit() * (hi.ln() - lo.ln())).exp()
+    }
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Even,
+    Skewed,
+    One,
+    Bursts,
+    Ramp,
+    /// Even over some instances, the others idle.
+    SomeIdle,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Faults {
+    None,
+    /// Replies later than the timeout (the round was applied), and replies lost.
+    SlowAndLost,
+    /// Redis restarts empty once, down for a while.
+    Restart,
+}
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    seed: u64,
+    instances: usize,
+    sliding: bool,
+    threshold: u64,
+    period_ms: u64,
+    interval_ms: u64,
+    timeout_ms: u64,
+    /// Requests per second offered to the whole fleet.
+    rate: f64,
+    shape: Shape,
+    /// The instances knew each other before the load started.
+    warm: bool,
+    faults: Faults,
+    /// Simulated time from the first request, and the offset of the start in its window.
+    span_ms: u64,
+    phase_ms: u64,
+}
+
+/// Most decisions a seed may make (keeps the whole run within seconds).
+const MAX_REQUESTS: f64 = 60_000.0;
+
+impl Scenario {
+    fn draw(seed: u64) -> Scenario {
+        let mut r = Rng(seed);
+        let instances = if r.below(5) == 0 {
+            r.pick(&[2, 5, 10])
+        } else {
+            3
+        };
+        let threshold = if r.below(8) == 0 {
+            r.log_uniform(5.0, 100.0) as u64
+        } else {
+            r.log_uniform(100.0, 100_000.0) as u64
+        };
+        let period_ms = r.pick(&[1000, 1000, 2000, 5000, 10_000, 60_000, 3_600_000]);
+        let interval_ms = r.pick(&[1000, 1000, 1000, 500, 200]);
+        let shape = r.pick(&[
+            Shape::Even,
+            Shape::Skewed,
+            Shape::One,
+            Shape::Bursts,
+            Shape::Ramp,
+            Shape::SomeIdle,
+        ]);
+        let faults = match r.below(10) {
+            0 => Faults::SlowAndLost,
+            1 => Faults::Restart,
+            _ => Faults::None,
+        };
+        // up to two whole windows of the short periods, a few seconds of the long ones
+        let span_ms = if period_ms <= 10_000 {
+            2 * period_ms
+        } else {
+            3000 + r.below(2000)
+        };
+        let phase_ms = r.below(period_ms);
+        // from 10 requests/s to wrk rates, but never more than MAX_REQUESTS in the span
+        let mut rate = r.log_uniform(10.0, 75_000.0);
+        rate = rate.min(MAX_REQUESTS * 1000.0 / span_ms as f64);
+        Scenario {
+            seed,
+            instances,
+            sliding: r.below(3) == 0,
+            threshold,
+            period_ms,
+            interval_ms,
+            timeout_ms: 100,
+            rate,
+            shape,
+            warm: r.below(2) == 0,
+            faults,
+            span_ms,
+            phase_ms,
+        }
+    }
+
+    /// Requests per ms offered to instance `i` at `t` ms into the run.
+    fn rate_of(&self, i: usize, t: u64, bursts: &[(u64, u64, usize)]) -> f64 {
+        let per_ms = self.rate / 1000.0;
+        let n = self.instances;
+        match self.shape {
+            Shape::Even => per_ms / n as f64,
+            Shape::Skewed => match i {
+                0 => per_ms * 0.9,
+                1 => per_ms * 0.1,
+                _ => 0.0,
+            },
+            Shape::One => {
+                if i == 0 {
+                    per_ms
+                } else {
+                    0.0
+                }
+            }
+            Shape::Ramp => per_ms / n as f64 * 2.0 * t as f64 / self.span_ms as f64,
+            Shape::SomeIdle => {
+                if i < n.div_ceil(2) {
+                    per_ms / n.div_ceil(2) as f64
+                } else {
+                    0.0
+                }
+            }
+            Shape::Bursts => bursts
+                .iter()
+                .find(|(a, b, who)| *who == i && (*a..*b).contains(&t))
+                .map_or(0.0, |_| per_ms * 3.0),
+        }
+    }
+}
+
+/// The simulated Redis: the ledger model, the heartbeat set, and faults.
+#[derive(Default)]
+struct SimRedis {
+    strings: HashMap<String, i64>,
+    hashes: HashMap<String, HashMap<String, i64>>,
+    beats: HashMap<String, u64>,
+    down_until: u64,
+    restarted: bool,
+    /// Rounds that reach Redis after their sender gave up on them: (when, updates, heartbeat).
+    late: Vec<(u64, Vec<LedgerUpdate>, Heartbeat)>,
+}
+
+impl SimRedis {
+    fn run(&mut self, updates: &[LedgerUpdate], hb: &Heartbeat, now: u64) -> Option<Exchange> {
+        if now < self.down_until {
+            return None;
+        }
+        let answers = updates
+            .iter()
+            .map(|u| ledger_model(&mut self.strings, &mut self.hashes, u))
+            .collect();
+        self.beats.insert(hb.instance.clone(), hb.now_ms);
+        let live = self
+            .beats
+            .values()
+            .filter(|&&t| t + hb.liveness_ms > hb.now_ms)
+            .count() as u64;
+        Some((answers, live))
+    }
+}
+
+struct InFlight {
+    round: Round,
+    /// When Redis runs it, when the reply is back, and when the instance gives up.
+    apply_at: u64,
+    reply_at: u64,
+    timeout_at: u64,
+    lost: bool,
+    result: Option<Option<Exchange>>,
+}
+
+struct Instance {
+    limiter: Limiter,
+    accounts: Accounts,
+    fleet: Arc<FleetState>,
+    schedule: Schedule,
+    flight: Option<InFlight>,
+    rounds: u64,
+    acc: f64,
+}
+
+fn config_text(s: &Scenario) -> String {
+    format!(
+        r#"
+server: {{ listen: ["127.0.0.1:1"] }}
+upstreams: {{ app: {{ servers: ["127.0.0.1:2"] }} }}
+routes: [{{ id: all, path: /**, upstream: app }}]
+tenant: {{ from: [{{ header: x-org-id }}] }}
+limits:
+  - id: sim
+    pathPattern: /**
+    algorithm: {algo}
+    tiers: [{{ period: {p}ms, threshold: {t} }}]
+redis:
+  url: redis://127.0.0.1:1
+  sync_interval: {i}ms
+  timeout: {to}ms
+  key_prefix: sim
+"#,
+        algo = if s.sliding {
+            "sliding_window"
+        } else {
+            "fixed_window"
+        },
+        p = s.period_ms,
+        t = s.threshold,
+        i = s.interval_ms,
+        to = s.timeout_ms,
+    )
+}
+
+#[derive(Debug, Default)]
+struct Outcome {
+    /// Admitted per window start, offered per window start.
+    admitted: BTreeMap<u64, u64>,
+    offered: BTreeMap<u64, u64>,
+    /// Sliding windows: the largest estimate (previous x weight + current) seen at an
+    /// admission, per window.
+    estimate: BTreeMap<u64, f64>,
+    max_rounds_per_s: f64,
+    redis: HashMap<String, i64>,
+    restarted: bool,
+}
+
+fn simulate(s: &Scenario) -> Outcome {
+    let cfg = config::load_str(Path::new("sim.yaml"), &config_text(s)).expect("valid config");
+    let settings: RedisSettings = cfg.redis.clone().expect("redis section");
+    let mut rng = Rng(s.seed ^ 0xA5A5_5A5A);
+    // start on a whole second plus the phase, far from the epoch
+    let t0 = 1_800_000_000_000 / s.period_ms * s.period_ms + s.phase_ms;
+    let clock = Arc::new(FakeClock::at_ms(t0));
+    let metrics = tollgate::metrics::Metrics::new().expect("metrics");
+    let mut instances: Vec<Instance> = (0..s.instances)
+        .map(|i| {
+            let registry = Arc::new(CounterRegistry::new(
+                metrics.evictions.clone(),
+                metrics.untracked.clone(),
+            ));
+            registry.set_syncing(true);
+            let fleet = Arc::new(FleetState::default());
+            fleet.configure(true, settings.on_failure);
+            let limiter = Limiter::build(
+                &cfg.rules,
+                &cfg.plans,
+                &registry,
+                &metrics.decisions,
+                100_000,
+                clock.clone(),
+                fleet.clone(),
+            );
+            Instance {
+                limiter,
+                accounts: Accounts::new(registry, fleet.clone(), clock.clone(), format!("i{i}")),
+                fleet,
+                schedule: Schedule::new(0),
+                flight: None,
+                rounds: 0,
+                acc: 0.0,
+            }
+        })
+        .collect();
+    let mut redis = SimRedis::default();
+    if s.warm {
+        // the instances have met before: the heartbeat set knows them all
+        for (i, inst) in instances.iter().enumerate() {
+            redis.beats.insert(format!("i{i}"), t0);
+            inst.fleet.set_instances(s.instances as u64);
+        }
+    }
+    let restart_at = (s.faults == Faults::Restart).then(|| 200 + rng.below(s.span_ms));
+    let mut bursts = Vec::new();
+    let mut t = 0;
+    while t < s.span_ms {
+        let len = 100 + rng.below(400);
+        bursts.push((t, t + len, rng.below(s.instances as u64) as usize));
+        t += len + rng.below(600);
+    }
+    let mut out = Outcome::default();
+    let headers = HeaderMap::new();
+    let method = Method::GET;
+    let segments = tollgate::matching::Segments::new("/x");
+    let ip = "10.0.0.1".parse().expect("ip");
+    let req = LimitRequest {
+        method: &method,
+        host: None,
+        path: &segments,
+        tenant: b"acme",
+        client_ip: ip,
+        headers: &headers,
+    };
+    let trace = std::env::var("FLEET_SIM_TRACE").is_ok();
+    let mut admitted_log: Vec<(u64, u64)> = Vec::new(); // (ms, window) of admissions, sliding
+    let flush_ms = 3 * s.interval_ms.max(1000) + 2 * s.timeout_ms;
+    for step in 0..s.span_ms + flush_ms {
+        let now = t0 + step;
+        clock.set_ms(now);
+        if restart_at == Some(step) {
+            redis = SimRedis {
+                down_until: now + 300 + rng.below(1500),
+                restarted: true,
+                beats: HashMap::new(),
+                ..SimRedis::default()
+            };
+        }
+        let late = std::mem::take(&mut redis.late);
+        for (at, updates, hb) in late {
+            if at <= now {
+                redis.run(&updates, &hb, now);
+            } else {
+                redis.late.push((at, updates, hb));
+            }
+        }
+        for (i, inst) in instances.iter_mut().enumerate() {
+            // 1. the round in flight
+            if let Some(f) = &mut inst.flight {
+                if f.result.is_none() && now >= f.apply_at {
+                    f.result = Some(redis.run(&f.round.updates, &f.round.heartbeat, now));
+                }
+                let back = f.result.as_ref().is_some_and(|r| r.is_some()) && !f.lost;
+                let finished = if back && now >= f.reply_at && f.reply_at <= f.timeout_at {
+                    Some(Ok(f.result.take().flatten().expect("an answer")))
+                } else if now >= f.timeout_at {
+                    Some(Err("timeout".to_string()))
+                } else {
+                    None
+                };
+                if let Some(outcome) = finished {
+                    let Some(f) = inst.flight.take() else {
+                        unreachable!()
+                    };
+                    if f.result.is_none() {
+                        // given up on, but on its way: Redis runs it later
+                        let (u, h) = (f.round.updates.clone(), f.round.heartbeat.clone());
+                        redis.late.push((f.apply_at, u, h));
+                    }
+                    let done = inst.accounts.finish(f.round, &outcome);
+                    inst.schedule.finished(done.ok, s.interval_ms);
+                }
+            }
+            // 2. start a round when due
+            if inst.flight.is_none() {
+                let asked = inst.fleet.round_requested();
+                let healthy = inst.fleet.is_connected();
+                if step >= inst.schedule.due_ms(asked, healthy) {
+                    inst.schedule.started(step);
+                    inst.rounds += 1;
+                    let round = inst.accounts.begin(&settings);
+                    let latency = 1 + rng.below(3);
+                    let mut f = InFlight {
+                        round,
+                        apply_at: now + latency / 2,
+                        reply_at: now + latency,
+                        timeout_at: now + s.timeout_ms,
+                        lost: false,
+                        result: None,
+                    };
+                    if s.faults == Faults::SlowAndLost {
+                        match rng.below(20) {
+                            0 => f.lost = true,
+                            1 => {
+                                f.apply_at = now + s.timeout_ms / 2 + rng.below(s.timeout_ms);
+                                f.reply_at = f.apply_at + 1;
+                            }
+                            _ => {}
+                        }
+                    }
+                    inst.flight = Some(f);
+                }
+            }
+            // 3. the requests of this ms (once the instance is ready: its first round ended)
+            if step >= s.span_ms || inst.fleet.link() == Link::Unknown {
+                continue;
+            }
+            inst.acc += s.rate_of(i, step, &bursts) * (0.5 + rng.unit());
+            let n = inst.acc.floor();
+            inst.acc -= n;
+            let window = now / s.period_ms * s.period_ms;
+            for _ in 0..n as u64 {
+                *out.offered.entry(window).or_default() += 1;
+                let d = inst.limiter.decide(&req, &cfg.plans);
+                if trace && d.verdict != Verdict::Allow {
+                    let lease = d.tiers.iter().any(|t| t.verdict.retry_after_ms == 50);
+                    eprintln!("{step} i{i} denied lease={lease}");
+                }
+                if trace && d.verdict == Verdict::Allow {
+                    let mut st = None;
+                    inst.limiter.rules[0]
+                        .counters
+                        .for_each(|_, c| st = Some(c.tiers[0]));
+                    eprintln!("{step} i{i} {st:?}");
+                }
+                if d.verdict == Verdict::Allow {
+                    *out.admitted.entry(window).or_default() += 1;
+                    if s.sliding {
+                        admitted_log.push((now, window));
+                    }
+                }
+            }
+        }
+        // sliding windows: the fleet's estimate at each admission of this ms
+        if s.sliding && admitted_log.last().is_some_and(|&(ms, _)| ms == now) {
+            let window = now / s.period_ms * s.period_ms;
+            let prev = *out
+                .admitted
+                .get(&(window.wrapping_sub(s.period_ms)))
+                .unwrap_or(&0) as f64;
+            let cur = *out.admitted.get(&window).unwrap_or(&0) as f64;
+            let w = (s.period_ms - (now - window)) as f64 / s.period_ms as f64;
+            let e = out.estimate.entry(window).or_default();
+            *e = e.max(prev * w + cur);
+            if trace {
+                eprintln!(
+                    "{step} estimate {:.1} prev {prev} cur {cur}",
+                    prev * w + cur
+                );
+            }
+        }
+    }
+    let seconds = (s.span_ms + flush_ms) as f64 / 1000.0;
+    out.max_rounds_per_s = instances
+        .iter()
+        .map(|i| i.rounds as f64 / seconds)
+        .fold(0.0, f64::max);
+    out.redis = redis.strings;
+    out.restarted = redis.restarted;
+    out
+}
+
+/// Check one seed; the reasons it fails.
+fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
+    let mut why = Vec::new();
+    let t = s.threshold;
+    let n = s.instances as u64;
+    // README "Fleet": 2%, or one request on credit per instance but the one that filled it
+    let slack = if t < 100 {
+        t / 50 + n
+    } else {
+        (t / 50).max(n - 1)
+    };
+    let reachable = s.faults == Faults::None;
+    for (&w, &admitted) in &o.admitted {
+        if reachable && !s.sliding && admitted > t + slack {
+            why.push(format!("window {w}: admitted {admitted} > {t} + {slack}"));
+        }
+    }
+    for (&w, &e) in &o.estimate {
+        if reachable && e > (t + slack) as f64 + 1e-9 {
+            why.push(format!(
+                "window {w}: sliding estimate {e:.1} > {t} + {slack}"
+            ));
+        }
+    }
+    // the lower bound, in whole windows offered 1.5x the threshold all along
+    let first = o.offered.keys().next().copied();
+    for (&w, &offered) in &o.offered {
+        let whole =
+            Some(w) != first && w + s.period_ms <= o.offered.keys().last().copied().unwrap_or(0);
+        let steady = matches!(
+            s.shape,
+            Shape::Even | Shape::Skewed | Shape::One | Shape::SomeIdle
+        );
+        if !reachable || !whole || !steady || (offered as f64) < 1.5 * t as f64 {
+            continue;
+        }
+        // a sliding window's count is its estimate
+        let admitted = if s.sliding {
+            o.estimate.get(&w).copied().unwrap_or(0.0) as u64
+        } else {
+            *o.admitted.get(&w).unwrap_or(&0)
+        };
+        // under 100, one request per instance either way (as for the upper bound)
+        let floor = 0.98 * t as f64 - if t < 100 { n as f64 } else { 0.0 };
+        if (admitted as f64) < floor {
+            why.push(format!(
+                "window {w}: admitted {admitted} of {t} although offered {offered}"
+            ));
+        }
+    }
+    if o.max_rounds_per_s > 1000.0 / s.interval_ms as f64 + 20.0 {
+        why.push(format!("{:.1} rounds per second", o.max_rounds_per_s));
+    }
+    // no count lost, none counted twice (unless Redis lost its keys)
+    if !o.restarted {
+        for (&w, &admitted) in &o.admitted {
+            let key = format!("sim:{{acme}}:sim:{w}:{}", w + s.period_ms);
+            let held = o.redis.get(&key).copied().unwrap_or(0);
+            if held != admitted as i64 {
+                why.push(format!(
+                    "window {w}: Redis holds {held}, admitted {admitted}"
+                ));
+            }
+        }
+    }
+    why
+}
+
+fn seeds() -> Vec<u64> {
+    if let Some(seed) = std::env::var("FLEET_SIM_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return vec![seed];
+    }
+    let n = std::env::var("FLEET_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if cfg!(debug_assertions) { 60 } else { 2000 });
+    (1..=n).collect()
+}
+
+#[test]
+fn the_fleet_holds_its_limits_over_many_seeds() {
+    let mut failures = Vec::new();
+    let mut by_shape: BTreeMap<String, (f64, f64, u32)> = BTreeMap::new();
+    for seed in seeds() {
+        let s = Scenario::draw(seed);
+        let o = simulate(&s);
+        for (&w, &admitted) in &o.admitted {
+            let offered = o.offered[&w];
+            if offered as f64 >= 1.5 * s.threshold as f64 && s.faults == Faults::None && !s.sliding
+            {
+                let e = by_shape
+                    .entry(format!("{:?}", s.shape))
+                    .or_insert((f64::MAX, 0.0, 0));
+                let r = admitted as f64 / s.threshold as f64;
+                e.0 = e.0.min(r);
+                e.1 = e.1.max(r);
+                e.2 += 1;
+            }
+        }
+        let why = check(&s, &o);
+        if !why.is_empty() {
+            eprintln!("seed {seed} failed: {s:?}\n  {}", why.join("\n  "));
+            failures.push(seed);
+        }
+    }
+    for (shape, (lo, hi, n)) in &by_shape {
+        eprintln!(
+            "{shape:>9}: admitted/threshold {lo:.3}..{hi:.3} over {n} windows offered >= 1.5x"
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",
+        failures.len(),
+        failures
+    );
+}
