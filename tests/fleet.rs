@@ -171,6 +171,57 @@ fn redis_down_keeps_traffic_flowing_and_counts_arrive_when_it_returns() {
 }
 
 #[test]
+fn a_redis_slower_than_the_timeout_counts_every_request_once() {
+    // Rounds sent while Redis is stopped time out, but Redis reads and applies them when it
+    // resumes; sending their counts again must not count them twice.
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}\n  timeout: 100ms\n  sync_interval: 200ms", redis.url()),
+        "[{ period: 1h, threshold: 100000 }]",
+        "",
+    );
+    let gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    avoid_window_edge(3_600_000, 60_000);
+    let mut admitted: i64 = 0;
+    let mut send = |n: usize| {
+        for _ in 0..n {
+            if gw.get("/x", &[("x-org-id", "slow")]).status == 200 {
+                admitted += 1;
+            }
+        }
+    };
+    send(20);
+    for _ in 0..3 {
+        redis.signal("STOP");
+        send(30);
+        std::thread::sleep(Duration::from_millis(500)); // several rounds time out
+        redis.signal("CONT");
+        send(10);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let counted = || {
+        redis
+            .counter_keys("tg:{slow}:*")
+            .first()
+            .map_or(0, |k| redis.int(&["GET", k]))
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || counted() == admitted),
+        "Redis holds {}, the gateway admitted {admitted}",
+        counted()
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(counted(), admitted, "and stays there");
+    assert!(
+        metric_sum(&gw.metrics(), "tollgate_redis_sync_total{result=\"error\"}") >= 3.0,
+        "rounds did time out"
+    );
+}
+
+#[test]
 fn on_failure_deny_answers_503_and_allow_lets_everything_through() {
     let mut redis = RedisServer::start();
     let up = Upstream::start("u");

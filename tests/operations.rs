@@ -316,7 +316,7 @@ fn a_reload_that_adds_redis_starts_syncing() {
     assert!(common::wait_redis_state(&gw, "connected"));
     gw.get("/limited/1", &[("x-org-id", "t")]);
     assert!(eventually(Duration::from_secs(5), || redis
-        .keys("op:{t}:api:*")
+        .counter_keys("op:{t}:api:*")
         .len()
         == 1));
 }

@@ -424,6 +424,19 @@ impl RedisServer {
         }
     }
 
+    /// Stop (`STOP`) or resume (`CONT`) the server process: it keeps its connections, and what
+    /// clients send meanwhile is read when it resumes.
+    pub fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let ok = Command::new("kill")
+                .arg(format!("-{sig}"))
+                .arg(c.id().to_string())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill -{sig} redis-server");
+        }
+    }
+
     /// The contract's counter keys matching `pattern` (not the `:fleet` ledgers beside them).
     pub fn counter_keys(&self, pattern: &str) -> Vec<String> {
         let mut keys = self.keys(pattern);

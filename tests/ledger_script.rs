@@ -1,0 +1,159 @@
+//! The Lua ledger script on a real redis-server, held to the same answers as its Rust twin
+//! (`ledger_model`, which the fleet simulation runs), over random sequences of updates from
+//! several members: reports, leases, give-backs, re-sent rounds, sliding windows.
+
+mod common;
+use common::RedisServer;
+use std::collections::HashMap;
+use tollgate::fleet_sync::backend::{answer, ledger_model, LedgerUpdate, LEDGER_SCRIPT};
+use tollgate::limits::ledger::Answer;
+
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+fn eval(conn: &mut redis::Connection, u: &LedgerUpdate) -> Answer {
+    let v: redis::Value = redis::cmd("EVAL")
+        .arg(LEDGER_SCRIPT)
+        .arg(3)
+        .arg(&u.key)
+        .arg(&u.ledger_key)
+        .arg(&u.prev_ledger_key)
+        .arg(&u.member)
+        .arg(u.used)
+        .arg(u.want)
+        .arg(u.cap)
+        .arg(u.now_ms)
+        .arg(u.lease_until_ms)
+        .arg(u.expire_at_ms)
+        .arg(u.weight_ms)
+        .arg(u.period_ms)
+        .query(conn)
+        .expect("EVAL");
+    answer(&v).unwrap_or_else(|| panic!("unexpected answer {v:?}"))
+}
+
+#[test]
+fn the_lua_script_and_its_rust_twin_answer_alike() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    let mut strings = HashMap::new();
+    let mut hashes = HashMap::new();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let members = ["a.1", "b.1", "c.1", "a.2"];
+    // per (window, member): the cumulative count so far
+    let mut used: HashMap<(u64, usize), u64> = HashMap::new();
+    let mut checked = 0;
+    for step in 0..3000u64 {
+        let window = rng.below(3); // three windows, the first two adjacent to the next
+        let sliding = window > 0 && rng.below(2) == 0;
+        let m = rng.below(members.len() as u64) as usize;
+        let u = used.entry((window, m)).or_insert(0);
+        // mostly growth, sometimes a re-sent (older) count
+        if rng.below(5) > 0 {
+            *u += rng.below(40);
+        }
+        let sent = if rng.below(6) == 0 {
+            u.saturating_sub(rng.below(10))
+        } else {
+            *u
+        };
+        let key = format!("t:{{p}}:r:{window}:{}", window + 1);
+        let prev = format!("t:{{p}}:r:{}:{window}:fleet", window.saturating_sub(1));
+        let up = LedgerUpdate {
+            ledger_key: format!("{key}:fleet"),
+            key,
+            prev_ledger_key: if sliding {
+                prev
+            } else {
+                String::new()
+            },
+            member: members[m].to_string(),
+            used: sent,
+            want: sent + rng.below(80),
+            cap: 300,
+            now_ms: 1_000 + step,
+            lease_until_ms: 1_000 + step + rng.below(500),
+            expire_at_ms: 9_999_999_999_999,
+            weight_ms: if sliding { 1 + rng.below(1000) } else { 0 },
+            period_ms: 1000,
+        };
+        let up = if sliding {
+            up
+        } else {
+            LedgerUpdate {
+                prev_ledger_key: up.ledger_key.clone(),
+                ..up
+            }
+        };
+        let real = eval(&mut conn, &up);
+        let model = ledger_model(&mut strings, &mut hashes, &up);
+        assert_eq!(real, model, "step {step}: {up:?}");
+        checked += 1;
+    }
+    // the keys hold the same counts, and each window's count is the sum of its members' highest
+    // reports: nothing counted twice
+    for window in 0..3u64 {
+        let key = format!("t:{{p}}:r:{window}:{}", window + 1);
+        let real = redis.int(&["GET", &key]);
+        assert_eq!(real, strings.get(&key).copied().unwrap_or(0), "{key}");
+        let reported: u64 = (0..members.len())
+            .map(|m| used.get(&(window, m)).copied().unwrap_or(0))
+            .sum();
+        assert!(real as u64 <= reported, "{key}: {real} > {reported}");
+    }
+    assert_eq!(checked, 3000);
+}
+
+#[test]
+fn a_re_sent_report_changes_nothing_and_leases_never_exceed_the_cap() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    let base = LedgerUpdate {
+        key: "t:{p}:r:0:1000".into(),
+        ledger_key: "t:{p}:r:0:1000:fleet".into(),
+        prev_ledger_key: "t:{p}:r:0:1000:fleet".into(),
+        member: "a.1".into(),
+        used: 5,
+        want: 100,
+        cap: 60,
+        now_ms: 10,
+        lease_until_ms: 1000,
+        expire_at_ms: 9_999_999_999_999,
+        weight_ms: 0,
+        period_ms: 1000,
+    };
+    let first = eval(&mut conn, &base);
+    assert_eq!((first.total, first.ceiling), (5, 60), "alone: all that is free");
+    let again = eval(&mut conn, &base);
+    assert_eq!(again.total, 5, "the same report twice counts once");
+    // another member: the first holds 55 unused, nothing is free
+    let b = LedgerUpdate {
+        member: "b.1".into(),
+        used: 0,
+        want: 10,
+        ..base.clone()
+    };
+    let other = eval(&mut conn, &b);
+    assert_eq!((other.ceiling, other.held), (0, 55));
+    // the first gives back what it does not need: the other can have it
+    let back = LedgerUpdate {
+        used: 8,
+        want: 8,
+        ..base.clone()
+    };
+    assert_eq!(eval(&mut conn, &back).ceiling, 8);
+    let other = eval(&mut conn, &b);
+    assert_eq!(other.ceiling, 10);
+    assert_eq!(redis.int(&["GET", "t:{p}:r:0:1000"]), 8);
+    assert!(redis.int(&["PTTL", "t:{p}:r:0:1000:fleet"]) > 0, "the ledger has a TTL");
+}
