@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 # command:debian-package pairs
 BUILD_DEPS := cmake:cmake cc:gcc
-TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools
+TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk
 BENCH_DEPS := wrk:wrk nginx:nginx
 
 .PHONY: all deps deps-test deps-bench build release run test lint fmt bench check-configs clean
@@ -34,11 +34,14 @@ lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-## Lints, then every unit and integration test (real gateway, upstreams and redis-server).
-## The integration tests run the example upstream, so examples are built first.
+## Lints, then every unit and integration test (real gateway, upstreams and redis-server),
+## then, on the release build, the fleet simulation (thousands of seeds) and the fleet under
+## wrk load. The integration tests run the example upstream, so examples are built first.
 test: deps-test lint
 	$(CARGO) build --examples
+	$(CARGO) build --release --bins --examples
 	$(CARGO) test --lib --bins --tests 2>&1 | tee target/test.log
+	$(CARGO) test --release --test fleet_sim --test fleet_load 2>&1 | tee -a target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
 
 ## Criterion benchmark of the decision, the whole gateway under wrk (rules vs no rules), and

@@ -178,7 +178,10 @@ fn a_redis_slower_than_the_timeout_counts_every_request_once() {
     let up = Upstream::start("u");
     let cfg = config(
         &up,
-        &format!("url: {}\n  timeout: 100ms\n  sync_interval: 200ms", redis.url()),
+        &format!(
+            "url: {}\n  timeout: 100ms\n  sync_interval: 200ms",
+            redis.url()
+        ),
         "[{ period: 1h, threshold: 100000 }]",
         "",
     );

@@ -71,11 +71,7 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
         let up = LedgerUpdate {
             ledger_key: format!("{key}:fleet"),
             key,
-            prev_ledger_key: if sliding {
-                prev
-            } else {
-                String::new()
-            },
+            prev_ledger_key: if sliding { prev } else { String::new() },
             member: members[m].to_string(),
             used: sent,
             want: sent + rng.below(80),
@@ -133,7 +129,11 @@ fn a_re_sent_report_changes_nothing_and_leases_never_exceed_the_cap() {
         period_ms: 1000,
     };
     let first = eval(&mut conn, &base);
-    assert_eq!((first.total, first.ceiling), (5, 60), "alone: all that is free");
+    assert_eq!(
+        (first.total, first.ceiling),
+        (5, 60),
+        "alone: all that is free"
+    );
     let again = eval(&mut conn, &base);
     assert_eq!(again.total, 5, "the same report twice counts once");
     // another member: the first holds 55 unused, nothing is free
@@ -155,5 +155,8 @@ fn a_re_sent_report_changes_nothing_and_leases_never_exceed_the_cap() {
     let other = eval(&mut conn, &b);
     assert_eq!(other.ceiling, 10);
     assert_eq!(redis.int(&["GET", "t:{p}:r:0:1000"]), 8);
-    assert!(redis.int(&["PTTL", "t:{p}:r:0:1000:fleet"]) > 0, "the ledger has a TTL");
+    assert!(
+        redis.int(&["PTTL", "t:{p}:r:0:1000:fleet"]) > 0,
+        "the ledger has a TTL"
+    );
 }
