@@ -8,6 +8,9 @@ use std::collections::HashMap;
 use tollgate::fleet_sync::backend::{answer, ledger_model, LedgerUpdate, LEDGER_SCRIPT};
 use tollgate::limits::ledger::Answer;
 
+/// A time in the future (keys expire at absolute times derived from it).
+const NOW: u64 = 2_000_000_000_000;
+
 struct Rng(u64);
 
 impl Rng {
@@ -35,6 +38,8 @@ fn eval(conn: &mut redis::Connection, u: &LedgerUpdate) -> Answer {
         .arg(u.expire_at_ms)
         .arg(u.weight_ms)
         .arg(u.period_ms)
+        .arg(u.bucket_us)
+        .arg(u.adopt)
         .query(conn)
         .expect("EVAL");
     answer(&v).unwrap_or_else(|| panic!("unexpected answer {v:?}"))
@@ -54,7 +59,9 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
     let mut checked = 0;
     for step in 0..3000u64 {
         let window = rng.below(3); // three windows, the first two adjacent to the next
-        let sliding = window > 0 && rng.below(2) == 0;
+        let mode = rng.below(3); // fixed, sliding or token bucket
+        let sliding = window > 0 && mode == 1;
+        let bucket = mode == 2;
         let m = rng.below(members.len() as u64) as usize;
         let u = used.entry((window, m)).or_insert(0);
         // mostly growth, sometimes a re-sent (older) count
@@ -76,14 +83,26 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
             used: sent,
             want: sent + rng.below(80),
             cap: 300,
-            now_ms: 1_000 + step,
-            lease_until_ms: 1_000 + step + rng.below(500),
+            now_ms: NOW + step,
+            lease_until_ms: NOW + step + rng.below(500),
             expire_at_ms: 9_999_999_999_999,
             weight_ms: if sliding { 1 + rng.below(1000) } else { 0 },
             period_ms: 1000,
+            bucket_us: if bucket { 1_000_000 / 300 } else { 0 },
+            adopt: if bucket && rng.below(4) == 0 {
+                rng.below(50)
+            } else {
+                0
+            },
         };
         let up = if sliding {
             up
+        } else if bucket {
+            LedgerUpdate {
+                prev_ledger_key: "t:{p}:r:bucket".into(),
+                now_ms: NOW + step * 3,
+                ..up
+            }
         } else {
             LedgerUpdate {
                 prev_ledger_key: up.ledger_key.clone(),
@@ -127,6 +146,8 @@ fn a_re_sent_report_changes_nothing_and_leases_never_exceed_the_cap() {
         expire_at_ms: 9_999_999_999_999,
         weight_ms: 0,
         period_ms: 1000,
+        bucket_us: 0,
+        adopt: 0,
     };
     let first = eval(&mut conn, &base);
     assert_eq!(
@@ -158,5 +179,50 @@ fn a_re_sent_report_changes_nothing_and_leases_never_exceed_the_cap() {
     assert!(
         redis.int(&["PTTL", "t:{p}:r:0:1000:fleet"]) > 0,
         "the ledger has a TTL"
+    );
+}
+
+#[test]
+fn a_token_bucket_lease_takes_tokens_and_gives_back_what_is_unused() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    // 100 tokens per 10 s: one every 100 ms
+    let ask = |member: &str, used: u64, want: u64, at_ms: u64| LedgerUpdate {
+        key: "t:{p}:b:0:10000".into(),
+        ledger_key: "t:{p}:b:0:10000:fleet".into(),
+        prev_ledger_key: "t:{p}:b:bucket".into(),
+        member: member.into(),
+        used,
+        want,
+        cap: 100,
+        now_ms: NOW + at_ms,
+        lease_until_ms: NOW + 20_000,
+        expire_at_ms: 9_999_999_999_999,
+        weight_ms: 0,
+        period_ms: 10_000,
+        bucket_us: 100_000,
+        adopt: 0,
+    };
+    let a = eval(&mut conn, &ask("a.1", 0, 60, 1000));
+    assert_eq!(a.ceiling, 60, "60 of the 100 tokens");
+    let b = eval(&mut conn, &ask("b.1", 0, 60, 1000));
+    assert_eq!(
+        (b.ceiling, b.room),
+        (20, 20),
+        "its fair part of the 40 left: both want 60"
+    );
+    // a used 10 and gives the rest back: 50 tokens return
+    let a = eval(&mut conn, &ask("a.1", 10, 10, 1000));
+    assert_eq!(a.ceiling, 10);
+    let b = eval(&mut conn, &ask("b.1", 20, 100, 1000));
+    assert_eq!(b.ceiling, 90, "the 20 left and the 50 given back");
+    // 2 s later the bucket has refilled 20
+    let b = eval(&mut conn, &ask("b.1", 90, 200, 3000));
+    assert_eq!(b.ceiling, 110);
+    assert_eq!(redis.int(&["GET", "t:{p}:b:0:10000"]), 100);
+    assert!(
+        redis.int(&["PTTL", "t:{p}:b:bucket"]) > 0,
+        "the bucket has a TTL"
     );
 }

@@ -19,7 +19,9 @@ pub struct LedgerUpdate {
     /// `<key>:fleet`, a hash: each member's cumulative count (`u:`), ceiling (`c:`) and lease
     /// end (`e:`).
     pub ledger_key: String,
-    /// Sliding windows: the previous window's ledger (else `ledger_key` again).
+    /// Sliding windows: the previous window's ledger; token buckets: the bucket
+    /// (`<prefix>:{<partition>}:<rule id>:bucket`, the time it is full again, in µs); else
+    /// `ledger_key` again.
     pub prev_ledger_key: String,
     /// This instance and the record's incarnation.
     pub member: String,
@@ -36,6 +38,11 @@ pub struct LedgerUpdate {
     /// the end of the lease's horizon; 0 for fixed windows.
     pub weight_ms: u64,
     pub period_ms: u64,
+    /// Token buckets: µs per token (`period / threshold`); 0 for windows.
+    pub bucket_us: u64,
+    /// Token buckets: the lease carried over from the previous window's record (which gives
+    /// it back in the same round, just before): the member's ceiling if it has none yet.
+    pub adopt: u64,
 }
 
 /// This instance's heartbeat.
@@ -68,22 +75,28 @@ pub trait SyncBackend: Send + Sync {
 /// all have arrived); the member enforces the cap of each moment itself, from `prev` and
 /// `held` (answered).
 ///
+/// Token buckets: the cap is the tokens in a bucket kept in Redis (`prev_ledger_key`); a lease
+/// takes tokens from it, and what a member gives back returns to it.
+///
 /// Answer: `{total, ceiling, fair, room, held, prev}`.
 pub const LEDGER_SCRIPT: &str = r#"
 local me = ARGV[1]
 local used, want, cap, now = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local w, p = tonumber(ARGV[8]), tonumber(ARGV[9])
 local function fields(key)
-  local u, c, e, d = {}, {}, {}, {}
+  local u, c, e, d, t = {}, {}, {}, {}, {}
   local f = redis.call('HGETALL', key)
   for i = 1, #f, 2 do
     local kind, id, v = string.sub(f[i], 1, 1), string.sub(f[i], 3), tonumber(f[i + 1])
     if kind == 'u' then u[id] = v elseif kind == 'c' then c[id] = v
-    elseif kind == 'e' then e[id] = v elseif kind == 'd' then d[id] = v end
+    elseif kind == 'e' then e[id] = v elseif kind == 'd' then d[id] = v
+    elseif kind == 't' then t[id] = v end
   end
-  return u, c, e, d
+  return u, c, e, d, t
 end
-local u, c, e, d = fields(KEYS[2])
+local u, c, e, d, t = fields(KEYS[2])
+local adopt = tonumber(ARGV[11])
+if adopt > 0 and not c[me] then c[me] = adopt; e[me] = tonumber(ARGV[6]) end
 local mine = u[me] or 0
 if used > mine then
   redis.call('INCRBY', KEYS[1], used - mine)
@@ -109,22 +122,45 @@ for id, ceiling in pairs(c) do
 end
 local keep = mine
 if c[me] and (e[me] or 0) > now then keep = math.max(mine, math.min(want, c[me])) end
-local avail = cap - total - held
 local desire = math.max(want - mine, 0)
-local fair = avail
-if active > 0 then
-  fair = math.max(1, math.ceil(avail * math.max(desire, 1) / (math.max(desire, 1) + wanted)))
+local function fair_part(avail)
+  if active == 0 then return avail end
+  return math.max(1, math.ceil(avail * math.max(desire, 1) / (math.max(desire, 1) + wanted)))
 end
-local room = math.min(avail, fair) - (keep - mine)
+local avail, fair, room
+local tb = tonumber(ARGV[10])
+local tat
+if tb > 0 then
+  -- a token bucket: a lease is tokens taken from it; what a member gives back (or took on
+  -- credit) goes back to (or comes from) the bucket
+  local nowus = now * 1000
+  tat = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), nowus)
+  tat = math.max(tat + (keep - (t[me] or 0)) * tb, nowus)
+  avail = math.floor((nowus + p * 1000 - tat) / tb)
+  fair = fair_part(avail)
+  room = math.min(avail, fair)
+else
+  avail = cap - total - held
+  fair = fair_part(avail)
+  room = math.min(avail, fair) - (keep - mine)
+end
 local extra = 0
 if want > keep and room > 0 then extra = math.min(want - keep, room) end
 local ceiling = keep + extra
 local until_ms = ARGV[6]
 if want <= mine then until_ms = now end
 redis.call('HSET', KEYS[2], 'c:' .. me, ceiling, 'e:' .. me, until_ms, 'd:' .. me, desire)
+local left = avail - (ceiling - mine)
+if tb > 0 then
+  tat = tat + extra * tb
+  redis.call('HSET', KEYS[2], 't:' .. me, ceiling)
+  redis.call('SET', KEYS[3], string.format('%.0f', tat))
+  redis.call('PEXPIREAT', KEYS[3], string.format('%.0f', math.ceil(tat / 1000) + 10000))
+  left = avail - extra
+end
 redis.call('PEXPIREAT', KEYS[1], ARGV[7])
 redis.call('PEXPIREAT', KEYS[2], ARGV[7])
-return {total, ceiling, math.max(fair, 0), math.max(avail - (ceiling - mine), 0), held, prev}
+return {total, ceiling, math.max(fair, 0), math.max(left, 0), held, prev}
 "#;
 
 /// `LEDGER_SCRIPT` in Rust, on a model of the keys (`strings`: the counters, `hashes`: the
@@ -154,6 +190,10 @@ pub fn ledger_model(
         cap -= (prev * as_i(up.weight_ms) + p - 1).div_euclid(p);
     }
     let h = hashes.entry(up.ledger_key.clone()).or_default();
+    if up.adopt > 0 && !h.contains_key(&format!("c:{}", up.member)) {
+        h.insert(format!("c:{}", up.member), as_i(up.adopt));
+        h.insert(format!("e:{}", up.member), as_i(up.lease_until_ms));
+    }
     let mut mine = get(h, "u", &up.member).unwrap_or(0);
     if used > mine {
         *strings.entry(up.key.clone()).or_insert(0) += used - mine;
@@ -178,16 +218,35 @@ pub fn ledger_model(
             keep = mine.max(want.min(c));
         }
     }
-    let avail = cap - total - held;
     let desire = (want - mine).max(0);
-    let fair = if active > 0 {
-        // as Lua computes it, in floating point
-        let d = desire.max(1) as f64;
-        ((avail as f64 * d / (d + wanted as f64)).ceil() as i64).max(1)
-    } else {
-        avail
+    let fair_part = |avail: i64| {
+        if active > 0 {
+            // as Lua computes it, in floating point
+            let d = desire.max(1) as f64;
+            ((avail as f64 * d / (d + wanted as f64)).ceil() as i64).max(1)
+        } else {
+            avail
+        }
     };
-    let room = avail.min(fair) - (keep - mine);
+    let tb = as_i(up.bucket_us);
+    let mut tat = 0;
+    let (avail, fair, room) = if tb > 0 {
+        let now_us = now * 1000;
+        let took = get(h, "t", &up.member).unwrap_or(0);
+        tat = strings
+            .get(&up.prev_ledger_key)
+            .copied()
+            .unwrap_or(0)
+            .max(now_us);
+        tat = (tat + (keep - took) * tb).max(now_us);
+        let avail = (now_us + as_i(up.period_ms) * 1000 - tat).div_euclid(tb);
+        let fair = fair_part(avail);
+        (avail, fair, avail.min(fair))
+    } else {
+        let avail = cap - total - held;
+        let fair = fair_part(avail);
+        (avail, fair, avail.min(fair) - (keep - mine))
+    };
     let extra = if want > keep && room > 0 {
         (want - keep).min(room)
     } else {
@@ -202,12 +261,18 @@ pub fn ledger_model(
     h.insert(format!("c:{}", up.member), ceiling);
     h.insert(format!("e:{}", up.member), until);
     h.insert(format!("d:{}", up.member), desire);
+    let mut left = avail - (ceiling - mine);
+    if tb > 0 {
+        h.insert(format!("t:{}", up.member), ceiling);
+        strings.insert(up.prev_ledger_key.clone(), tat + extra * tb);
+        left = avail - extra;
+    }
     let u = |v: i64| v.max(0) as u64;
     Answer {
         total: u(total),
         ceiling: u(ceiling),
         fair: u(fair),
-        room: u(avail - (ceiling - mine)),
+        room: u(left),
         held: u(held),
         prev: u(prev),
     }
@@ -235,7 +300,9 @@ fn add_update(p: &mut redis::Pipeline, u: &LedgerUpdate) {
         .arg(u.lease_until_ms)
         .arg(u.expire_at_ms)
         .arg(u.weight_ms)
-        .arg(u.period_ms);
+        .arg(u.period_ms)
+        .arg(u.bucket_us)
+        .arg(u.adopt);
 }
 
 fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {

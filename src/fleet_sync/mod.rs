@@ -70,6 +70,8 @@ pub struct Finished {
     pub changed_from: Option<Link>,
     /// Requests counted here that Redis has not confirmed yet.
     pub unsent: u64,
+    /// Some counter holds a lease it has not used.
+    pub holding: bool,
 }
 
 /// The instance's side of the fleet accounting, without I/O.
@@ -125,9 +127,6 @@ impl Accounts {
             sent_ms: now_ms,
         };
         for rc in self.registry.live() {
-            if rc.algorithm() == Algorithm::TokenBucket {
-                continue; // enforced per instance (README: "Fleet sync")
-            }
             let counters = Arc::clone(&rc);
             rc.for_each(|key, c| {
                 for (ti, st) in c.tiers.iter_mut().enumerate() {
@@ -165,6 +164,7 @@ impl Accounts {
                     used: orphan.used,
                     want: orphan.used,
                     previous: true,
+                    adopt: 0,
                 };
                 self.push(
                     &mut round,
@@ -201,7 +201,11 @@ impl Accounts {
         let sliding = counters.algorithm() == Algorithm::SlidingWindow;
         let contract_key = redis_key(&settings.key_prefix, &partition, id, start, start + p);
         let ledger_key = format!("{contract_key}:fleet");
-        let (prev_ledger_key, weight_ms) = if sliding && !ask.previous {
+        let bucket = counters.algorithm() == Algorithm::TokenBucket;
+        let (prev_ledger_key, weight_ms) = if bucket {
+            let b = format!("{}:{{{partition}}}:{id}:bucket", settings.key_prefix);
+            (b, 0)
+        } else if sliding && !ask.previous {
             // the weight one round gap ahead: a lease reaches a little past the cap of now (the
             // member keeps the cap of each moment itself, see `ledger::ceiling`)
             let elapsed = (round.sent_ms + MIN_ROUND_GAP_MS)
@@ -229,10 +233,17 @@ impl Accounts {
             want: ask.want,
             cap: threshold,
             now_ms: round.sent_ms,
-            lease_until_ms: start + p,
+            // a bucket's record gives its lease back in the next window: it holds until then
+            lease_until_ms: start + if bucket { 2 * p } else { p },
             expire_at_ms: start + p + keep + KEY_GRACE_MS,
             weight_ms,
             period_ms: p,
+            adopt: ask.adopt,
+            bucket_us: if bucket {
+                (p * 1000 / threshold.max(1)).max(1)
+            } else {
+                0
+            },
         });
         round.sources.push(Source {
             counters: Arc::clone(counters),
@@ -283,20 +294,27 @@ impl Accounts {
             self.fleet.set_instances(*instances);
         }
         let changed_from = self.fleet.set_connected(ok);
+        let (unsent, holding) = self.outstanding();
         Finished {
             ok,
             changed_from,
-            unsent: self.unsent(),
+            unsent,
+            holding,
         }
     }
 
-    /// Requests counted here that Redis has not confirmed.
-    pub fn unsent(&self) -> u64 {
-        let mut n = 0;
+    /// Requests counted here that Redis has not confirmed, and whether some lease is unused.
+    pub fn outstanding(&self) -> (u64, bool) {
+        let (mut n, mut holding) = (0, false);
         for rc in self.registry.live() {
-            rc.for_each(|_, c| n += c.tiers.iter().map(|t| t.ledger.unsent()).sum::<u64>());
+            rc.for_each(|_, c| {
+                for t in &c.tiers {
+                    n += t.ledger.unsent();
+                    holding |= t.ledger.ceiling > t.ledger.used;
+                }
+            });
         }
-        n
+        (n, holding)
     }
 }
 
@@ -309,8 +327,8 @@ pub struct SyncService {
 }
 
 impl SyncService {
-    /// One round; returns whether Redis answered.
-    pub async fn round(&self, settings: &RedisSettings, backend: &dyn SyncBackend) -> bool {
+    /// One round; returns whether Redis answered, and whether some lease is left unused.
+    pub async fn round(&self, settings: &RedisSettings, backend: &dyn SyncBackend) -> (bool, bool) {
         let round = self.accounts.begin(settings);
         let started = Instant::now();
         let outcome = tokio::time::timeout(
@@ -347,7 +365,7 @@ impl SyncService {
                 }
             }
         }
-        done.ok
+        (done.ok, done.holding)
     }
 }
 
@@ -361,7 +379,13 @@ pub struct Schedule {
     pub last_ms: Option<u64>,
     last_early_ms: Option<u64>,
     backoff_ms: u64,
+    /// The last round left leases unused: look again soon (as an early round), so that what
+    /// an instance holds but no longer needs goes back within `HOLD_RECHECK_MS`.
+    recheck: bool,
 }
+
+/// How soon an instance holding unused leases rounds again.
+pub const HOLD_RECHECK_MS: u64 = 200;
 
 impl Schedule {
     /// The first round is due at once.
@@ -371,6 +395,7 @@ impl Schedule {
             last_ms: None,
             last_early_ms: None,
             backoff_ms: 1000,
+            recheck: false,
         }
     }
 
@@ -382,11 +407,18 @@ impl Schedule {
     /// When the next round is due: `asked`, a counter asked for one; `healthy`, Redis answered
     /// the last round.
     pub fn due_ms(&self, asked: bool, healthy: bool) -> u64 {
-        if asked && healthy {
-            self.next_ms.min(self.early_ms())
-        } else {
-            self.next_ms
+        if !healthy {
+            return self.next_ms;
         }
+        let mut due = self.next_ms;
+        if asked {
+            due = due.min(self.early_ms());
+        }
+        if self.recheck {
+            let again = self.last_ms.map_or(0, |l| l + HOLD_RECHECK_MS);
+            due = due.min(again.max(self.early_ms()));
+        }
+        due
     }
 
     pub fn started(&mut self, now_ms: u64) {
@@ -396,7 +428,9 @@ impl Schedule {
         self.last_ms = Some(now_ms);
     }
 
-    pub fn finished(&mut self, ok: bool, interval_ms: u64) {
+    /// `holding`: some counter holds a lease it has not used.
+    pub fn finished(&mut self, ok: bool, interval_ms: u64, holding: bool) {
+        self.recheck = ok && holding;
         let last = self.last_ms.unwrap_or(0);
         if ok {
             self.backoff_ms = interval_ms;
@@ -454,11 +488,11 @@ impl BackgroundService for SyncService {
             }
             schedule.started(ms());
             let Some((settings, backend)) = &current else {
-                schedule.finished(true, interval);
+                schedule.finished(true, interval, false);
                 continue;
             };
-            let ok = self.round(settings, backend.as_ref()).await;
-            schedule.finished(ok, interval);
+            let (ok, holding) = self.round(settings, backend.as_ref()).await;
+            schedule.finished(ok, interval, holding);
         }
     }
 }
@@ -472,27 +506,29 @@ mod tests {
         let mut s = Schedule::new(0);
         assert_eq!(s.due_ms(false, false), 0, "the first round at once");
         s.started(0);
-        s.finished(true, 1000);
+        s.finished(true, 1000, false);
         assert_eq!(s.due_ms(false, true), 1000);
         assert_eq!(s.due_ms(true, true), 0, "asked: at once");
         assert_eq!(s.due_ms(true, false), 1000, "not while Redis fails");
         s.started(10);
-        s.finished(true, 1000);
+        s.finished(true, 1000, false);
         assert_eq!(
             s.due_ms(true, true),
             60,
             "the next early round after the gap"
         );
+        s.finished(true, 1000, true);
+        assert_eq!(s.due_ms(false, true), 210, "unused leases: look again soon");
         s.started(60);
-        s.finished(false, 1000);
+        s.finished(false, 1000, true);
         assert_eq!(s.due_ms(true, false), 1060);
         s.started(1060);
-        s.finished(false, 1000);
+        s.finished(false, 1000, false);
         assert_eq!(s.next_ms, 3060, "doubled");
         for _ in 0..5 {
             let t = s.next_ms;
             s.started(t);
-            s.finished(false, 1000);
+            s.finished(false, 1000, false);
         }
         let t = s.last_ms.unwrap();
         assert_eq!(s.next_ms - t, 5000, "at most MAX_BACKOFF");

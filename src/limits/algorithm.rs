@@ -48,26 +48,27 @@ fn ceil_div(a: u128, b: u128) -> u128 {
     a.div_ceil(b.max(1))
 }
 
-/// Move the windows of `state` to `now` (forgetting windows that have passed). Consumes
-/// nothing: safe to call before a check that ends in a denial. Returns the fleet record that
-/// had to make room with counts Redis has not confirmed (they must still be sent).
+/// Move the windows of `state` to `now` (forgetting windows that have passed; a token bucket
+/// only moves its fleet ledger's window). Consumes nothing: safe to call before a check that
+/// ends in a denial. Returns the fleet record that had to make room with counts Redis has not
+/// confirmed (they must still be sent).
 pub fn roll(
     state: &mut TierState,
     tier: &Tier,
     algorithm: Algorithm,
     now_ns: u64,
 ) -> Option<Orphan> {
-    if algorithm == Algorithm::TokenBucket {
-        return None;
-    }
     let p = period_ms(tier);
     let start = (now_ns / NANOS_PER_MS) / p * p;
     if start > state.window_start_ms {
-        let adjacent = state.window_start_ms + p == start;
-        state.previous = if adjacent { state.current } else { 0 };
-        state.current = 0;
+        // token buckets keep their state; their fleet ledger still counts per window
+        if algorithm != Algorithm::TokenBucket {
+            let adjacent = state.window_start_ms + p == start;
+            state.previous = if adjacent { state.current } else { 0 };
+            state.current = 0;
+        }
         let old = std::mem::replace(&mut state.window_start_ms, start);
-        return state.ledger.roll(old);
+        return state.ledger.roll(old, algorithm == Algorithm::TokenBucket);
     }
     None
 }

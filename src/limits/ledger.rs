@@ -22,7 +22,7 @@
 
 use super::algorithm::TierState;
 use super::fleet::MIN_ROUND_GAP_MS;
-use crate::config::model::Tier;
+use crate::config::model::{Algorithm, Tier};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 static NEXT_GEN: AtomicU32 = AtomicU32::new(1);
@@ -66,6 +66,9 @@ pub struct Ledger {
     pub prev_bound: u64,
     /// The previous window's record still holds a lease (to give back).
     pub prev_held: bool,
+    /// Token buckets: the lease carried over from the previous window's record, which Redis
+    /// moves to this record at its first answer (0 once moved).
+    pub adopt: u64,
     /// At the last answer Redis would have given less than was asked: others want it too, so
     /// asks look only a few round gaps ahead (a lease held is a lease the others lack).
     pub contended: bool,
@@ -94,12 +97,21 @@ impl Ledger {
 
     /// Move to a new window starting at `start_ms`; the old current window becomes the
     /// previous record. Returns the record that had to be dropped with counts still unsent.
-    pub fn roll(&mut self, old_start_ms: u64) -> Option<Orphan> {
+    /// `bucket`: a token bucket, whose state outlives windows (what Redis last said of it
+    /// still holds, so the new window takes no cold credit).
+    pub fn roll(&mut self, old_start_ms: u64, bucket: bool) -> Option<Orphan> {
         let orphan = (self.prev_used > self.prev_sent).then_some(Orphan {
             window_start_ms: self.prev_start_ms,
             gen: self.prev_gen,
             used: self.prev_used,
         });
+        // a bucket's tokens outlive the window: what is left of the lease goes on (Redis moves
+        // it at the next round, the old record giving it back and the new one adopting it)
+        let carried = if bucket {
+            self.ceiling.saturating_sub(self.used)
+        } else {
+            0
+        };
         *self = Ledger {
             gen: next_gen(),
             prev_start_ms: old_start_ms,
@@ -110,6 +122,11 @@ impl Ledger {
             // what the fleet can have admitted in the window that ends: what the others had
             // admitted or held at the last answer, and all this instance admitted
             prev_bound: self.others.saturating_add(self.used),
+            fair: if bucket { self.fair } else { 0 },
+            room: if bucket { self.room } else { 0 },
+            contended: bucket && self.contended,
+            ceiling: carried,
+            adopt: carried,
             ..Ledger::default()
         };
         orphan
@@ -134,11 +151,14 @@ impl Ledger {
 }
 
 /// What an instance may admit in a window before Redis has answered for it: its part of 2%
-/// of the threshold (a fleet of one is taken for two: instances that start together each see
-/// only themselves at first), and at least one.
+/// of the threshold among at least `COLD_FLEET` instances, and at least one.
 pub fn cold_credit(threshold: u64, instances: u64) -> u64 {
-    (threshold / 50 / instances.max(2)).max(1)
+    (threshold / 50 / instances.max(COLD_FLEET)).max(1)
 }
+
+/// The fleet size cold credits assume at least: instances that start together each see only
+/// themselves at first, so a small count seen is not believed.
+pub const COLD_FLEET: u64 = 10;
 
 /// Why a tier refuses a request although the algorithm alone would admit it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,16 +180,18 @@ pub fn previous_weight(count: u64, window_start_ms: u64, period_ms: u64, now_ms:
 
 /// Does one more request fit what this instance may admit for the fleet?
 /// `leased`: Some(instances) when Redis answers; `shared`: Some(instances) when Redis is down
-/// under `on_failure: local_share`; neither: no fleet limit applies here. `sliding`: the tier
-/// is a sliding window, at `now_ms`.
+/// under `on_failure: local_share`; neither: no fleet limit applies here.
 pub fn ceiling(
     state: &TierState,
     tier: &Tier,
+    algorithm: Algorithm,
+    now_ms: u64,
     leased: Option<u64>,
     shared: Option<u64>,
-    sliding: Option<u64>,
 ) -> Ceiling {
     let l = &state.ledger;
+    let bucket = algorithm == Algorithm::TokenBucket;
+    let sliding = (algorithm == Algorithm::SlidingWindow).then_some(now_ms);
     if let Some(n) = leased {
         let credit = if l.fair == 0 {
             // no answer yet in this window: a few, so that a burst on a fresh window does not
@@ -177,8 +199,8 @@ pub fn ceiling(
             l.used < cold_credit(tier.threshold, n)
         } else {
             // one at a time while the window had room for every instance's credit at the
-            // last answer
-            !l.on_credit && l.room >= n && state.current < tier.threshold
+            // last answer (a bucket: tokens)
+            !l.on_credit && l.room >= n && (bucket || state.current < tier.threshold)
         };
         let on_credit = l.used >= l.ceiling;
         if on_credit && !credit {
@@ -204,8 +226,9 @@ pub fn ceiling(
                 return Ceiling::LeaseUsed;
             }
         }
-    } else if let Some(n) = shared {
-        // what was left at the last answer, divided among the instances last seen
+    } else if let (Some(n), false) = (shared, bucket) {
+        // what was left at the last answer, divided among the instances last seen (a token
+        // bucket keeps its local bucket alone)
         if n > 1 {
             let left = tier.threshold.saturating_sub(l.base);
             let share = if left == 0 { 0 } else { (left / n).max(1) };
@@ -245,6 +268,8 @@ pub struct Ask {
     pub want: u64,
     /// The record is the previous window's.
     pub previous: bool,
+    /// Token buckets: the lease this record took over from the previous one (see `Ledger`).
+    pub adopt: u64,
 }
 
 /// What Redis answered for one ask.
@@ -298,10 +323,11 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
         used: l.prev_used,
         want: l.prev_used,
         previous: true,
+        adopt: 0,
     });
     let holds = l.ceiling > l.used;
     if l.gen == 0 || (l.used == l.sent && l.demand == 0 && !holds) {
-        return [None, prev];
+        return [prev, None];
     }
     let extra = if l.demand == 0 {
         0
@@ -321,15 +347,17 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
         l.ceiling = want.max(l.used);
     }
     l.demand = 0;
+    // the previous record first: what it gives back is there for this one
     [
+        prev,
         Some(Ask {
             window_start_ms: state.window_start_ms,
             gen: l.gen,
             used: l.used,
             want,
             previous: false,
+            adopt: l.adopt,
         }),
-        prev,
     ]
 }
 
@@ -343,6 +371,7 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         l.ceiling = answer.ceiling;
         l.lease_from = ask.used;
         l.on_credit = false;
+        l.adopt = 0;
         // others want it too: Redis would give (or let keep) less than was asked or held
         l.contended = answer.fair < ask.want.max(answer.ceiling).saturating_sub(ask.used);
         l.fair = answer.fair.max(1);
@@ -386,59 +415,77 @@ mod tests {
     fn admits_up_to_the_lease_and_one_on_credit_per_answer() {
         let t = tier(1000);
         let mut s = state();
-        // no answer yet: a cold credit of 1000 / 50 / 3 = 6, then nothing until Redis answers
-        assert_eq!(cold_credit(1000, 3), 6);
-        assert_eq!(cold_credit(1000, 1), 10, "a fleet of one is taken for two");
+        // no answer yet: a cold credit of 1000 / 50 / 10 = 2, then nothing until Redis answers
+        assert_eq!(cold_credit(1000, 3), 2);
+        assert_eq!(
+            cold_credit(1000, 20),
+            1,
+            "more instances seen: smaller parts"
+        );
         assert_eq!(cold_credit(10, 3), 1);
-        for _ in 0..6 {
-            assert_eq!(ceiling(&s, &t, Some(3), None, None), Ceiling::Open);
+        for _ in 0..2 {
+            assert_eq!(
+                ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
+                Ceiling::Open
+            );
             assert!(commit(&mut s), "running on credit asks for a round");
             s.current += 1;
         }
-        assert_eq!(ceiling(&s, &t, Some(3), None, None), Ceiling::LeaseUsed);
+        assert_eq!(
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
+            Ceiling::LeaseUsed
+        );
         let ask = Ask {
             window_start_ms: s.window_start_ms,
             gen: s.ledger.gen,
-            used: 6,
-            want: 36,
+            used: 2,
+            want: 32,
             previous: false,
+            adopt: 0,
         };
         let answer = Answer {
-            total: 6,
-            ceiling: 36,
+            total: 2,
+            ceiling: 32,
             fair: 1000,
-            room: 964,
+            room: 968,
             held: 0,
             prev: 0,
         };
         apply(&mut s, &ask, answer, 10_000);
         for _ in 0..14 {
-            assert_eq!(ceiling(&s, &t, Some(3), None, None), Ceiling::Open);
+            assert_eq!(
+                ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
+                Ceiling::Open
+            );
             assert!(!commit(&mut s));
         }
         assert!(commit(&mut s), "half of the lease used");
-        while s.ledger.used < 36 {
+        while s.ledger.used < 32 {
             commit(&mut s);
         }
         assert_eq!(
-            ceiling(&s, &t, Some(3), None, None),
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
             Ceiling::Open,
             "one on credit: the window had room"
         );
         assert!(commit(&mut s));
         assert_eq!(
-            ceiling(&s, &t, Some(3), None, None),
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
             Ceiling::LeaseUsed,
             "one at a time"
         );
         s.ledger.on_credit = false;
         s.current = 1000;
         assert_eq!(
-            ceiling(&s, &t, Some(3), None, None),
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
             Ceiling::LeaseUsed,
             "no credit once the window is known to be full"
         );
-        assert_eq!(ceiling(&s, &t, None, None, None), Ceiling::Open, "alone");
+        assert_eq!(
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, None, None),
+            Ceiling::Open,
+            "alone"
+        );
     }
 
     #[test]
@@ -454,7 +501,7 @@ mod tests {
             first_ask: 1,
         };
         s.ledger.fair = 100; // not the first ask of the window
-        let [cur, prev] = drain(&mut s, sizing);
+        let [prev, cur] = drain(&mut s, sizing);
         let cur = cur.unwrap();
         assert_eq!(prev, None);
         assert_eq!((cur.used, cur.want), (100, 137));
@@ -462,7 +509,7 @@ mod tests {
         assert_eq!(s.ledger.demand, 0);
         // idle and nothing held: nothing to send
         // no demand since: the lease goes back
-        let [Some(back), _] = drain(&mut s, sizing) else {
+        let [_, Some(back)] = drain(&mut s, sizing) else {
             panic!("an ask")
         };
         assert_eq!((back.used, back.want), (100, 100));
@@ -478,7 +525,7 @@ mod tests {
             first_ask: 40,
             ..sizing
         };
-        assert_eq!(drain(&mut fresh, first)[0].map(|a| a.want), Some(41));
+        assert_eq!(drain(&mut fresh, first)[1].map(|a| a.want), Some(41));
     }
 
     #[test]
@@ -493,7 +540,7 @@ mod tests {
             left_ms: 5000,
             first_ask: 1,
         };
-        let [Some(ask), _] = drain(&mut s, sizing) else {
+        let [_, Some(ask)] = drain(&mut s, sizing) else {
             panic!("an ask")
         };
         s.ledger.used += 2; // admitted while the round was in flight
@@ -516,10 +563,10 @@ mod tests {
     fn a_second_roll_before_an_answer_hands_over_the_oldest_record() {
         let mut s = state();
         s.ledger.used = 5;
-        assert_eq!(s.ledger.roll(10_000), None);
+        assert_eq!(s.ledger.roll(10_000, false), None);
         assert_eq!((s.ledger.prev_used, s.ledger.prev_start_ms), (5, 10_000));
         s.ledger.used = 3;
-        let orphan = s.ledger.roll(20_000).expect("unsent counts kept");
+        let orphan = s.ledger.roll(20_000, false).expect("unsent counts kept");
         assert_eq!((orphan.window_start_ms, orphan.used), (10_000, 5));
         assert_eq!(s.ledger.prev_used, 3);
     }

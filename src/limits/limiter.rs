@@ -354,8 +354,7 @@ impl Limiter {
             FleetMode::Shared { instances } => (None, Some(instances)),
             _ => (None, None),
         };
-        let fleet_algo = algo != Algorithm::TokenBucket;
-        let sliding = (algo == Algorithm::SlidingWindow).then_some(now / NANOS_PER_MS);
+        let now_ms = now / NANOS_PER_MS;
         let shadow = cr.rule.action == Action::Shadow;
         let mut violated = false;
         let mut wake = false;
@@ -366,31 +365,32 @@ impl Limiter {
                 }
             }
             let mut verdict = algorithm::evaluate(state, tier, algo, now);
-            if fleet_algo {
-                ledger::note_demand(state);
-                if verdict.allowed {
-                    match ledger::ceiling(state, tier, leased, shared, sliding) {
-                        Ceiling::Open => {}
-                        Ceiling::LeaseUsed => {
-                            // room may come with the next round, which is asked for now
-                            verdict = TierVerdict {
-                                allowed: false,
-                                remaining: 0,
-                                retry_after_ms: MIN_ROUND_GAP_MS,
-                                ..verdict
-                            };
-                            wake = true;
-                        }
-                        Ceiling::ShareUsed => {
-                            // no room before the window ends (or Redis is back)
-                            verdict = TierVerdict {
-                                allowed: false,
-                                remaining: 0,
-                                retry_after_ms: verdict.reset_ms,
-                                ..verdict
-                            };
-                        }
-                    }
+            ledger::note_demand(state);
+            let fleet = if verdict.allowed {
+                ledger::ceiling(state, tier, algo, now_ms, leased, shared)
+            } else {
+                Ceiling::Open
+            };
+            match fleet {
+                Ceiling::Open => {}
+                Ceiling::LeaseUsed => {
+                    // room may come with the next round, which is asked for now
+                    verdict = TierVerdict {
+                        allowed: false,
+                        remaining: 0,
+                        retry_after_ms: MIN_ROUND_GAP_MS,
+                        ..verdict
+                    };
+                    wake = true;
+                }
+                Ceiling::ShareUsed => {
+                    // no room before the window ends (or Redis is back)
+                    verdict = TierVerdict {
+                        allowed: false,
+                        remaining: 0,
+                        retry_after_ms: verdict.reset_ms,
+                        ..verdict
+                    };
                 }
             }
             violated |= !verdict.allowed;
@@ -481,9 +481,7 @@ impl Limiter {
             let algo = rc.algorithm();
             for (state, tier) in c.tiers.iter_mut().zip(rc.tiers(a.list)) {
                 algorithm::commit(state, tier, algo, now);
-                if algo != Algorithm::TokenBucket {
-                    wake |= ledger::commit(state) && leased;
-                }
+                wake |= ledger::commit(state) && leased;
             }
         }
         wake
