@@ -225,6 +225,31 @@ fn a_redis_slower_than_the_timeout_counts_every_request_once() {
 }
 
 #[test]
+fn a_gateway_started_without_redis_says_so_and_applies_on_failure_from_the_first_request() {
+    let up = Upstream::start("u");
+    let nobody = common::free_port(); // nothing listens there
+    let cfg = config(
+        &up,
+        &format!("url: redis://127.0.0.1:{nobody}\n  timeout: 100ms"),
+        "[{ period: 1h, threshold: 100 }]",
+        "  on_failure: deny",
+    );
+    let gw = Gateway::start(&cfg);
+    assert_eq!(
+        gw.get("/x", &[("x-org-id", "t")]).status,
+        503,
+        "on_failure: deny from the first request"
+    );
+    assert!(wait_redis_state(&gw, "disconnected"));
+    let log = gw.log();
+    assert_eq!(
+        log.matches("redis: unreachable at start-up").count(),
+        1,
+        "the first failure is logged once:\n{log}"
+    );
+}
+
+#[test]
 fn on_failure_deny_answers_503_and_allow_lets_everything_through() {
     let mut redis = RedisServer::start();
     let up = Upstream::start("u");

@@ -93,6 +93,16 @@ impl Fleet {
         limiter.decide(&req, &cfg.plans).verdict == Verdict::Allow
     }
 
+    /// Admit `n` requests of `tenant`, with a round whenever the instance needs a lease.
+    fn admit(&mut self, limiter: &Limiter, cfg: &Config, tenant: &str, n: usize) {
+        for _ in 0..n {
+            if !self.hit(limiter, cfg, tenant) {
+                self.round(cfg);
+                assert!(self.hit(limiter, cfg, tenant), "admitted with a lease");
+            }
+        }
+    }
+
     fn begin(&self, cfg: &Config) -> Round {
         self.accounts.begin(cfg.redis.as_ref().expect("redis"))
     }
@@ -137,12 +147,10 @@ fn a_window_that_rolls_twice_during_an_outage_keeps_every_count() {
     let limiter = f.limiter(&cfg);
     f.round(&cfg); // connected
     let w0 = T0 / 10_000 * 10_000;
-    let counts = [3, 2, 4];
+    let counts: [usize; 3] = [3, 2, 4];
     for (i, &n) in counts.iter().enumerate() {
         f.clock.set_ms(w0 + i as u64 * 10_000 + 100);
-        for _ in 0..n {
-            assert!(f.hit(&limiter, &cfg, "acme"));
-        }
+        f.admit(&limiter, &cfg, "acme", n);
         let r = f.begin(&cfg);
         f.fail(r); // Redis is down through all three windows
     }
@@ -152,7 +160,7 @@ fn a_window_that_rolls_twice_during_an_outage_keeps_every_count() {
     for (i, &n) in counts.iter().enumerate() {
         assert_eq!(
             f.held("acme", "r", w0 + i as u64 * 10_000, 10_000),
-            n,
+            n as i64,
             "window {i}"
         );
     }
@@ -172,14 +180,10 @@ fn a_tenant_moving_to_another_plan_keeps_its_unsent_counts() {
     let after = config(rule, "plans: { gold: [acme, globex] }", 1000);
     let old = f.limiter(&before);
     f.round(&before);
-    for _ in 0..4 {
-        assert!(f.hit(&old, &before, "acme"));
-    }
+    f.admit(&old, &before, "acme", 4);
     let new = f.limiter(&after); // a reload: acme is now in plan gold
     drop(old);
-    for _ in 0..3 {
-        assert!(f.hit(&new, &after, "acme"));
-    }
+    f.admit(&new, &after, "acme", 3);
     f.round(&after);
     f.round(&after);
     let w0 = T0 / 10_000 * 10_000;
@@ -196,9 +200,7 @@ fn a_counter_evicted_while_its_round_is_in_flight_keeps_its_counts() {
     let cfg = config(RULE_10S, "", 32); // one counter per shard
     let limiter = f.limiter(&cfg);
     f.round(&cfg);
-    for _ in 0..5 {
-        assert!(f.hit(&limiter, &cfg, "acme"));
-    }
+    f.admit(&limiter, &cfg, "acme", 5);
     let in_flight = f.begin(&cfg);
     // a flood of busier tenants while the round is out, each seen more often than acme's 5, so
     // the sketch would admit them over it: a counter with unsent counts is never evicted, and
@@ -229,13 +231,11 @@ fn a_reload_that_changes_a_rule_sends_the_old_rules_counts_first() {
     );
     let old = f.limiter(&before);
     f.round(&before);
-    for _ in 0..6 {
-        assert!(f.hit(&old, &before, "acme"));
-    }
+    f.admit(&old, &before, "acme", 6);
     // the reload: a new period is a new identity, with fresh counters; the old snapshot goes
     let new = f.limiter(&after);
     drop(old);
-    assert!(f.hit(&new, &after, "acme"));
+    f.admit(&new, &after, "acme", 1);
     f.round(&after);
     f.round(&after);
     let w0 = T0 / 10_000 * 10_000;

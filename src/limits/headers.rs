@@ -3,67 +3,26 @@
 //! restrictive, and on denial `Retry-After` and a problem+json body. Shadow rules are never
 //! shown to clients.
 //!
-//! The texts of each tier are made once per config (`TierText`), and a `RateLimit-Policy` value
-//! once per set of applying tiers (`PolicyCache`), so an allowed request formats one short
-//! string (`RateLimit`).
+//! The texts of each tier are made once per config (`policy::TierText`), and a
+//! `RateLimit-Policy` value once per set of applying tiers (`policy::PolicyCache`), so an
+//! allowed request formats one short string (`RateLimit`).
 
 use super::limiter::{Decision, Limiter, TierReport};
+use super::policy::{PolicyCache, TierText};
 use crate::config::duration::write_duration_ms;
-use crate::config::model::{HeaderSettings, Tier};
+use crate::config::model::HeaderSettings;
 use crate::problem;
 use bytes::Bytes;
 use http::HeaderValue;
-use parking_lot::RwLock;
 use pingora::http::ResponseHeader;
 use smallvec::SmallVec;
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::OnceLock;
 
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
-/// The texts of one tier: `"get-product/10s"` and `"get-product/10s";q=10;w=10`.
-#[derive(Debug, Clone)]
-pub struct TierText {
-    pub name: Box<str>,
-    pub policy: Box<str>,
-    pub limit: HeaderValue,
-}
-
 fn ceil_secs(ms: u64) -> u64 {
     ms.div_ceil(1000)
-}
-
-/// Period in seconds for `w=`: an integer, or a decimal for sub-second periods.
-fn write_window_secs(out: &mut String, ms: u64) {
-    let _ = if ms.is_multiple_of(1000) {
-        write!(out, "{}", ms / 1000)
-    } else {
-        write!(out, "{}.{:03}", ms / 1000, ms % 1000)
-    };
-}
-
-/// The texts of a tier list of rule `id`.
-pub fn tier_texts(id: &str, tiers: &[Tier]) -> Vec<TierText> {
-    tiers
-        .iter()
-        .map(|t| {
-            let ms = t.period.as_millis() as u64;
-            let mut name = String::from("\"");
-            name.push_str(id);
-            name.push('/');
-            write_duration_ms(&mut name, ms);
-            name.push('"');
-            let mut policy = name.clone();
-            let _ = write!(policy, ";q={};w=", t.threshold);
-            write_window_secs(&mut policy, ms);
-            TierText {
-                name: name.into(),
-                policy: policy.into(),
-                limit: HeaderValue::from(t.threshold),
-            }
-        })
-        .collect()
 }
 
 /// A header value for a number; the small ones are made once and shared.
@@ -85,13 +44,7 @@ fn text<'l>(limiter: &'l Limiter, t: &TierReport) -> Option<&'l TierText> {
         .get(t.tier as usize)
 }
 
-/// `RateLimit-Policy` values by the tiers they list; at most `MAX` kept.
-#[derive(Default)]
-pub struct PolicyCache(RwLock<HashMap<SmallVec<[u32; 4]>, HeaderValue>>);
-
 impl PolicyCache {
-    const MAX: usize = 1024;
-
     fn value(&self, limiter: &Limiter, d: &Decision) -> Option<HeaderValue> {
         let key: SmallVec<[u32; 4]> = d
             .tiers
@@ -111,7 +64,7 @@ impl PolicyCache {
         }
         let v = HeaderValue::try_from(policy).ok()?;
         let mut map = self.0.write();
-        if map.len() < Self::MAX {
+        if map.len() < PolicyCache::MAX {
             map.insert(key, v.clone());
         }
         Some(v)
@@ -207,6 +160,8 @@ pub fn denial_body(limiter: &Limiter, d: &Decision, status: u16) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::model::Tier;
+    use crate::limits::policy::tier_texts;
     use std::time::Duration;
 
     #[test]

@@ -9,9 +9,9 @@
 use super::algorithm::{self, TierState, TierVerdict};
 use super::clock::{Clock, NANOS_PER_MS};
 use super::fleet::{FleetMode, FleetState, MIN_ROUND_GAP_MS};
-use super::headers::{tier_texts, PolicyCache, TierText};
 use super::ledger::{self, Ceiling};
 use super::partition::{PartitionValue, KEY_BUF};
+use super::policy::{tier_texts, PolicyCache, TierText};
 use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked};
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans, Rule, Tier};
 use crate::matching::Segments;

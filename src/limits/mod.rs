@@ -1,9 +1,8 @@
 //! Rate limiting: `algorithm` (pure functions of state and time, behind `clock`), `ledger`
 //! (fleet accounting of each tier: used, confirmed, leased; `fleet` is what the request path
-//! knows of the fleet), `partition`
-//! (what a counter counts for, and its Redis identity), `store` (local counters with bounded
-//! memory, kept across reloads), `limiter` (the decision for a request) and `headers` (what the
-//! client is told).
+//! knows of the fleet), `partition` (what a counter counts for, and its Redis identity),
+//! `store` (local counters with bounded memory, kept across reloads), `limiter` (the decision
+//! for a request, with its `policy` texts) and `headers` (what the client is told).
 
 pub mod algorithm;
 pub mod clock;
@@ -12,6 +11,7 @@ pub mod headers;
 pub mod ledger;
 pub mod limiter;
 pub mod partition;
+pub mod policy;
 pub mod store;
 pub mod sweeper;
 

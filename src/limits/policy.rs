@@ -1,0 +1,59 @@
+//! The quota texts of a config, made once when its limiter is built: each tier's name and
+//! policy (`TierText`), and a bounded cache of `RateLimit-Policy` values by the set of tiers
+//! that applied (`PolicyCache`, filled by `headers`).
+
+use crate::config::duration::write_duration_ms;
+use crate::config::model::Tier;
+use http::HeaderValue;
+use parking_lot::RwLock;
+use smallvec::SmallVec;
+use std::collections::HashMap;
+use std::fmt::Write;
+
+/// The texts of one tier: `"get-product/10s"` and `"get-product/10s";q=10;w=10`.
+#[derive(Debug, Clone)]
+pub struct TierText {
+    pub name: Box<str>,
+    pub policy: Box<str>,
+    pub limit: HeaderValue,
+}
+
+/// Period in seconds for `w=`: an integer, or a decimal for sub-second periods.
+fn write_window_secs(out: &mut String, ms: u64) {
+    let _ = if ms.is_multiple_of(1000) {
+        write!(out, "{}", ms / 1000)
+    } else {
+        write!(out, "{}.{:03}", ms / 1000, ms % 1000)
+    };
+}
+
+/// The texts of a tier list of rule `id`.
+pub fn tier_texts(id: &str, tiers: &[Tier]) -> Vec<TierText> {
+    tiers
+        .iter()
+        .map(|t| {
+            let ms = t.period.as_millis() as u64;
+            let mut name = String::from("\"");
+            name.push_str(id);
+            name.push('/');
+            write_duration_ms(&mut name, ms);
+            name.push('"');
+            let mut policy = name.clone();
+            let _ = write!(policy, ";q={};w=", t.threshold);
+            write_window_secs(&mut policy, ms);
+            TierText {
+                name: name.into(),
+                policy: policy.into(),
+                limit: HeaderValue::from(t.threshold),
+            }
+        })
+        .collect()
+}
+
+/// `RateLimit-Policy` values by the tiers they list; at most `MAX` kept.
+#[derive(Default)]
+pub struct PolicyCache(pub(crate) RwLock<HashMap<SmallVec<[u32; 4]>, HeaderValue>>);
+
+impl PolicyCache {
+    pub const MAX: usize = 1024;
+}
