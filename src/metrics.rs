@@ -84,7 +84,7 @@ impl Metrics {
         )?;
         let redis_pending = IntGauge::new(
             "tollgate_redis_pending_deltas",
-            "Counts admitted here that Redis has not acknowledged yet (after the last round)",
+            "Requests admitted here that Redis has not confirmed yet (after the last round)",
         )?;
         let redis_instances = IntGauge::new(
             "tollgate_redis_live_instances",

@@ -24,8 +24,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Rounds asked for early come at least this far apart (so at most 20 extra per second).
-pub const MIN_ROUND_GAP: Duration = Duration::from_millis(MIN_ROUND_GAP_MS);
 /// Keys live this long past the last moment they are needed.
 pub const KEY_GRACE_MS: u64 = 10_000;
 /// Longest wait between retries while Redis is failing.
@@ -308,10 +306,9 @@ impl Accounts {
         let (mut n, mut holding) = (0, false);
         for rc in self.registry.live() {
             rc.for_each(|_, c| {
-                for t in &c.tiers {
-                    n += t.ledger.unsent();
-                    holding |= t.ledger.ceiling > t.ledger.used;
-                }
+                // every tier of a counter counts the same requests: the most any tier waits for
+                n += c.tiers.iter().map(|t| t.ledger.unsent()).max().unwrap_or(0);
+                holding |= c.tiers.iter().any(|t| t.ledger.ceiling > t.ledger.used);
             });
         }
         (n, holding)
@@ -370,7 +367,7 @@ impl SyncService {
 }
 
 /// When rounds happen: every `sync_interval`, sooner when a counter asks (at least
-/// `MIN_ROUND_GAP` after the last such early round, so at most 20 of them a second besides the
+/// `MIN_ROUND_GAP_MS` after the last such early round, so at most 20 of them a second besides the
 /// periodic ones, and only while Redis answers), later while Redis fails (backing off,
 /// doubling up to `MAX_BACKOFF`). Times in ms on any monotonic clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
