@@ -207,11 +207,11 @@ pub fn ceiling(
             return Ceiling::LeaseUsed;
         }
         if let Some(now_ms) = sliding {
-            // A lease reaches to the cap at the end of its horizon: use only what the cap of
-            // this moment leaves after what the others held at the answer. The previous
-            // window still weighs with the credits the others may have taken in it, so a
-            // credit leaves room for theirs.
-            // (Each other instance may also have one credit of the previous window unreported.)
+            // A lease reaches to the cap one round gap ahead: use only what the cap of this
+            // moment leaves after what the others held at the answer. Each other instance may
+            // have one credit of the previous window still unreported, and may take one in
+            // this window: the previous count is taken that much higher, and a credit leaves
+            // room for theirs.
             let p = tier.period.as_millis() as u64;
             let others = n.max(2) - 1;
             let prev = l.prev_bound.saturating_add(others);
