@@ -44,10 +44,13 @@ test: deps-test lint
 	$(CARGO) test --release --test fleet_sim --test fleet_load 2>&1 | tee -a target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
 
-## Criterion benchmark of the decision, the whole gateway under wrk (rules vs no rules), and
-## the seed scenario of three instances sharing limits through Redis.
+## Criterion benchmark of the decision; the cost per request against a bare Pingora
+## passthrough (callgrind instructions, wrk throughput, latency, nginx + limit_req); the whole
+## gateway under wrk (rules vs no rules); the fleet's accuracy and the seed scenario of three
+## instances sharing limits through Redis. Tables and charts go to BENCHMARKS.md.
 bench: deps-bench deps-test release
 	$(CARGO) bench --bench decision
+	scripts/bench-cost
 	scripts/bench-gateway
 	scripts/bench-fleet
 
