@@ -62,7 +62,15 @@ const HOP_BY_HOP: [&str; 8] = [
     "upgrade",
 ];
 
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    *name == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(&name.as_str())
+}
+
 fn strip_hop_by_hop(req: &mut RequestHeader) {
+    // most requests carry none: one pass over the names instead of nine removals
+    if !req.headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     // Headers named in Connection are hop-by-hop too.
     let named: Vec<HeaderName> = req
         .headers
@@ -79,6 +87,30 @@ fn strip_hop_by_hop(req: &mut RequestHeader) {
         req.remove_header(name);
     }
     req.remove_header(&header::TRANSFER_ENCODING);
+}
+
+/// Append an address in its usual text form (IPv4 without the formatting machinery).
+fn write_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                if octet >= 100 {
+                    out.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    out.push(char::from(b'0' + octet / 10 % 10));
+                }
+                out.push(char::from(b'0' + octet % 10));
+            }
+        }
+        IpAddr::V6(v6) => {
+            use std::fmt::Write;
+            let _ = write!(out, "{v6}");
+        }
+    }
 }
 
 /// One access log line (target `tollgate::access`). The tenant and path are escaped, so a
@@ -302,7 +334,7 @@ impl ProxyHttp for Gateway {
             if !xff.is_empty() {
                 xff.push_str(", ");
             }
-            xff.push_str(&ip.to_string());
+            write_ip(&mut xff, ip);
             upstream_request.insert_header("x-forwarded-for", xff)?;
         }
         Ok(())
@@ -355,10 +387,14 @@ impl ProxyHttp for Gateway {
             (Some(s), Some(r)) => s.config.routes[r].id.as_str(),
             _ => "none",
         };
-        self.metrics
-            .requests
-            .with_label_values(&[route, status.as_str()])
-            .inc();
+        match &ctx.snapshot {
+            Some(s) => s.requests.inc(ctx.route, status),
+            None => self
+                .metrics
+                .requests
+                .with_label_values(&[route, status.as_str()])
+                .inc(),
+        }
         if ctx
             .snapshot
             .as_ref()
@@ -366,5 +402,43 @@ impl ProxyHttp for Gateway {
         {
             access_log(session, ctx, route, status);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_hop_by_hop, write_ip};
+    use http::header::HeaderName;
+    use std::net::IpAddr;
+
+    #[test]
+    fn addresses_are_written_as_std_writes_them() {
+        for a in [
+            "0.0.0.0",
+            "10.1.20.255",
+            "127.0.0.1",
+            "192.168.100.9",
+            "::1",
+            "2001:db8::7",
+        ] {
+            let ip: IpAddr = a.parse().unwrap();
+            let mut s = String::from("x");
+            write_ip(&mut s, ip);
+            assert_eq!(s, format!("x{ip}"));
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_names_are_recognized() {
+        for n in [
+            "connection",
+            "keep-alive",
+            "te",
+            "upgrade",
+            "transfer-encoding",
+        ] {
+            assert!(is_hop_by_hop(&HeaderName::from_static(n)), "{n}");
+        }
+        assert!(!is_hop_by_hop(&HeaderName::from_static("x-org-id")));
     }
 }
