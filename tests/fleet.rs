@@ -467,3 +467,37 @@ fn a_redis_restart_that_loses_every_key_costs_at_most_one_window() {
         total == extra as i64
     }));
 }
+
+#[test]
+fn a_token_bucket_is_shared_by_the_fleet() {
+    // 12 tokens, refilled 12 per hour: within the test, two gateways share 12 in all
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}", redis.url()),
+        "[{ period: 1h, threshold: 12 }]",
+        "",
+    )
+    .replace(
+        "    pathPattern: /**\n",
+        "    pathPattern: /**\n    algorithm: token_bucket\n",
+    );
+    let (a, b) = pair(&cfg);
+    let mut admitted = 0;
+    for i in 0..40 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        if gw.get("/x", &[("x-org-id", "tb")]).status == 200 {
+            admitted += 1;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // one bucket's worth (12) and at most one request per instance on credit; without the
+    // fleet each gateway would admit 12
+    assert!((11..=14).contains(&admitted), "admitted {admitted}");
+    let bucket = "tg:{tb}:fleet:bucket";
+    assert!(
+        eventually(Duration::from_secs(5), || redis.int(&["PTTL", bucket]) > 0),
+        "the bucket lives in Redis with a TTL"
+    );
+}
