@@ -303,6 +303,23 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    /// A connection that failed (refused, or not made within `connect_timeout`) sent nothing:
+    /// the server is skipped for a while and the request goes to the next one, up to the
+    /// server's `max_retries` (2).
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        if let (Some(snap), Some(route), Some(addr)) = (&ctx.snapshot, ctx.route, ctx.upstream) {
+            snap.pools[snap.config.routes[route].upstream].mark_failed(addr);
+        }
+        e.set_retry(true);
+        e
+    }
+
     async fn upstream_request_filter(
         &self,
         _session: &mut Session,

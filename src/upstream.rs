@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How many backends `select` may look at to find a healthy one.
 const MAX_SELECT_ITERATIONS: usize = 256;
+/// How long a server that refused a connection (or timed out connecting) is skipped, even
+/// without a health check.
+pub const PASSIVE_DOWN: Duration = Duration::from_secs(5);
 
 enum Balancer {
     RoundRobin(LoadBalancer<RoundRobin>),
@@ -35,6 +38,10 @@ pub struct Pool {
     balancer: Balancer,
     last_check: Mutex<Option<Instant>>,
     checking: AtomicBool,
+    /// Servers that failed a connection, until when they are skipped (few; `any_down` keeps
+    /// the lock off the request path while there are none).
+    passive_down: Mutex<Vec<(std::net::SocketAddr, Instant)>>,
+    any_down: AtomicBool,
 }
 
 fn health_check(spec: &UpstreamSpec) -> Option<Box<dyn HealthCheck + Send + Sync>> {
@@ -92,16 +99,48 @@ impl Pool {
             balancer,
             last_check: Mutex::new(None),
             checking: AtomicBool::new(false),
+            passive_down: Mutex::new(Vec::new()),
+            any_down: AtomicBool::new(false),
         })
     }
 
-    /// Pick a healthy server. `tenant` is the hash key for `consistent_hash`.
-    pub fn select(&self, tenant: &[u8]) -> Option<Backend> {
-        match &self.balancer {
-            Balancer::RoundRobin(lb) => lb.select(b"", MAX_SELECT_ITERATIONS),
-            Balancer::Random(lb) => lb.select(b"", MAX_SELECT_ITERATIONS),
-            Balancer::Consistent(lb) => lb.select(tenant, MAX_SELECT_ITERATIONS),
+    /// A connection to `addr` failed: skip it for `PASSIVE_DOWN`.
+    pub fn mark_failed(&self, addr: std::net::SocketAddr) {
+        let until = Instant::now() + PASSIVE_DOWN;
+        let mut down = self.passive_down.lock().unwrap_or_else(|p| p.into_inner());
+        match down.iter_mut().find(|(a, _)| *a == addr) {
+            Some(d) => d.1 = until,
+            None => down.push((addr, until)),
         }
+        self.any_down.store(true, Ordering::Relaxed);
+    }
+
+    fn passively_down(&self, backend: &Backend) -> bool {
+        if !self.any_down.load(Ordering::Relaxed) {
+            return false;
+        }
+        let Some(addr) = backend.addr.as_inet().copied() else {
+            return false;
+        };
+        let now = Instant::now();
+        let mut down = self.passive_down.lock().unwrap_or_else(|p| p.into_inner());
+        down.retain(|(_, until)| *until > now);
+        if down.is_empty() {
+            self.any_down.store(false, Ordering::Relaxed);
+        }
+        down.iter().any(|(a, _)| *a == addr)
+    }
+
+    /// Pick a healthy server that has not just failed a connection (if every healthy one has,
+    /// any healthy one). `tenant` is the hash key for `consistent_hash`.
+    pub fn select(&self, tenant: &[u8]) -> Option<Backend> {
+        let up = |b: &Backend, healthy: bool| healthy && !self.passively_down(b);
+        let pick = |accept: &dyn Fn(&Backend, bool) -> bool| match &self.balancer {
+            Balancer::RoundRobin(lb) => lb.select_with(b"", MAX_SELECT_ITERATIONS, accept),
+            Balancer::Random(lb) => lb.select_with(b"", MAX_SELECT_ITERATIONS, accept),
+            Balancer::Consistent(lb) => lb.select_with(tenant, MAX_SELECT_ITERATIONS, accept),
+        };
+        pick(&up).or_else(|| pick(&|_, healthy| healthy))
     }
 
     /// The peer for a selected server, with this pool's timeouts and connection reuse.

@@ -166,3 +166,17 @@ fn slow_upstream_is_504_after_read_timeout() {
     assert_eq!(r.status, 504, "{r:?}");
     assert_eq!(r.json()["status"], 504);
 }
+
+#[test]
+fn a_dead_server_without_health_check_costs_no_request() {
+    // the README: a failed connection is retried on the next server of the pool, and the
+    // failed server is skipped for a while even without a health check
+    let a = Upstream::start("a");
+    let dead = format!("127.0.0.1:{}", free_port()); // nothing listens there
+    let gw = Gateway::start(&config(
+        &[dead, a.addr.to_string()],
+        "    balance: round_robin",
+    ));
+    let seen = hits(&gw, 20, "t");
+    assert_eq!(seen.get("a"), Some(&20), "{seen:?}");
+}
