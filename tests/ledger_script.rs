@@ -5,7 +5,7 @@
 mod common;
 use common::RedisServer;
 use std::collections::HashMap;
-use tollgate::fleet_sync::backend::{answer, ledger_model, LedgerUpdate, LEDGER_SCRIPT};
+use tollgate::fleet_sync::backend::{answer, ledger_cmd, ledger_model, LedgerUpdate};
 use tollgate::limits::ledger::Answer;
 
 /// A time in the future (keys expire at absolute times derived from it).
@@ -23,25 +23,7 @@ impl Rng {
 }
 
 fn eval(conn: &mut redis::Connection, u: &LedgerUpdate) -> Answer {
-    let v: redis::Value = redis::cmd("EVAL")
-        .arg(LEDGER_SCRIPT)
-        .arg(3)
-        .arg(&u.key)
-        .arg(&u.ledger_key)
-        .arg(&u.prev_ledger_key)
-        .arg(&u.member)
-        .arg(u.used)
-        .arg(u.want)
-        .arg(u.cap)
-        .arg(u.now_ms)
-        .arg(u.lease_until_ms)
-        .arg(u.expire_at_ms)
-        .arg(u.weight_ms)
-        .arg(u.period_ms)
-        .arg(u.bucket_us)
-        .arg(u.adopt)
-        .query(conn)
-        .expect("EVAL");
+    let v: redis::Value = ledger_cmd(u).query(conn).expect("EVAL");
     answer(&v).unwrap_or_else(|| panic!("unexpected answer {v:?}"))
 }
 

@@ -285,9 +285,10 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4]) return redis.call('ZCARD', KEYS[1])";
 /// How long the heartbeat set outlives its last writer.
 pub const HEARTBEAT_TTL_MS: u64 = 60_000;
 
-fn add_update(p: &mut redis::Pipeline, u: &LedgerUpdate) {
-    p.cmd("EVAL")
-        .arg(LEDGER_SCRIPT)
+/// The script call for one update (pipelined in rounds; alone in tests).
+pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
+    let mut c = redis::cmd("EVAL");
+    c.arg(LEDGER_SCRIPT)
         .arg(3)
         .arg(&u.key)
         .arg(&u.ledger_key)
@@ -303,6 +304,11 @@ fn add_update(p: &mut redis::Pipeline, u: &LedgerUpdate) {
         .arg(u.period_ms)
         .arg(u.bucket_us)
         .arg(u.adopt);
+    c
+}
+
+fn add_update(p: &mut redis::Pipeline, u: &LedgerUpdate) {
+    p.add_command(ledger_cmd(u));
 }
 
 fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
