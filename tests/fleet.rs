@@ -501,3 +501,32 @@ fn a_token_bucket_is_shared_by_the_fleet() {
         "the bucket lives in Redis with a TTL"
     );
 }
+
+#[test]
+fn readyz_waits_for_the_first_round() {
+    // a "Redis" that accepts connections and never answers: the first round ends only at its
+    // timeout, and the gateway is not ready before that
+    let blackhole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = blackhole.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in blackhole.incoming().flatten() {
+            held.push(c);
+        }
+    });
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: redis://127.0.0.1:{port}\n  timeout: 2s"),
+        "[{ period: 1h, threshold: 100 }]",
+        "",
+    );
+    let started = Instant::now();
+    let gw = Gateway::start(&cfg); // returns once /readyz answers 200
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "ready after {:?}, before the first round timed out",
+        started.elapsed()
+    );
+    assert!(wait_redis_state(&gw, "disconnected"));
+}
