@@ -1,5 +1,7 @@
-//! The rate-limit decision for a request that matches 3 rules (one with 2 tiers), on the allow
-//! path, over 25 tenants. Also counts heap allocations per decision.
+//! The pieces of the request path that issue 9 measured: the rate-limit decision for a request
+//! that matches 3 rules (one with 2 tiers) on the allow path over 25 tenants (with its heap
+//! allocations counted), the five quota headers added to an upstream's response, and the
+//! choice of a server in a one-server pool and in a two-server round-robin pool.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, Method};
@@ -96,6 +98,44 @@ fn bench(c: &mut Criterion) {
             i += 1;
             black_box(decide(i))
         })
+    });
+
+    // an upstream's answer as pingora parses it (header case kept), then the quota headers
+    let decision = decide(1);
+    let upstream_response = || {
+        let mut r = pingora::http::ResponseHeader::build(200, Some(5)).unwrap();
+        for (k, v) in [
+            ("Server", "nginx"),
+            ("Date", "Sun, 22 Nov 2026 08:00:00 GMT"),
+            ("Content-Type", "text/plain"),
+            ("Content-Length", "3"),
+            ("Connection", "keep-alive"),
+        ] {
+            r.append_header(k, v).unwrap();
+        }
+        r
+    };
+    c.bench_function("quota_headers_5_on_upstream_response", |b| {
+        b.iter_batched(
+            upstream_response,
+            |mut r| {
+                tollgate::limits::headers::apply(&mut r, &limiter, &decision, cfg.headers, false)
+                    .unwrap();
+                r
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+
+    let one = tollgate::upstream::Pool::build(&cfg.upstreams[0]).unwrap();
+    let mut two_spec = cfg.upstreams[0].clone();
+    two_spec.servers.push("127.0.0.1:3".parse().unwrap());
+    let two = tollgate::upstream::Pool::build(&two_spec).unwrap();
+    c.bench_function("select_server_pool_of_1", |b| {
+        b.iter(|| black_box(one.select(b"tenant-1")))
+    });
+    c.bench_function("select_server_pool_of_2_round_robin", |b| {
+        b.iter(|| black_box(two.select(b"tenant-1")))
     });
 }
 

@@ -36,8 +36,9 @@ pub struct RequestCtx {
     route: Option<usize>,
     tenant: Vec<u8>,
     client_ip: Option<IpAddr>,
-    /// The rate-limit decision (empty when no rule applied), for the response headers.
-    decision: Decision,
+    /// The rate-limit decision when a rule applied, for the response headers (boxed: the
+    /// context is moved with pingora's request future, and most of its size would be this).
+    decision: Option<Box<Decision>>,
     /// For the access log.
     started: Instant,
     upstream: Option<std::net::SocketAddr>,
@@ -89,6 +90,40 @@ fn strip_hop_by_hop(req: &mut RequestHeader) {
     req.remove_header(&header::TRANSFER_ENCODING);
 }
 
+/// `action: delay`: wait while the decision says so, up to `max_delay`; then reject. Returns
+/// the last decision and whether the request waited.
+async fn hold(
+    limiter: &crate::limits::Limiter,
+    lreq: &LimitRequest<'_>,
+    plans: &crate::config::model::Plans,
+    mut d: Decision,
+) -> (Decision, bool) {
+    let mut delayed = false;
+    if let Verdict::Delay { max_delay_ms, .. } = d.verdict {
+        let deadline = Instant::now() + Duration::from_millis(max_delay_ms);
+        while let Verdict::Delay {
+            wait_ms, status, ..
+        } = d.verdict
+        {
+            let wake = Instant::now() + Duration::from_millis(wait_ms.max(1));
+            if wake > deadline {
+                d.verdict = Verdict::Reject { status };
+                break;
+            }
+            tokio::time::sleep_until(wake).await;
+            delayed = true;
+            d = limiter.decide(lreq, plans);
+        }
+    }
+    (d, delayed)
+}
+
+/// Send a whole answer made here (a denial).
+async fn send(session: &mut Session, resp: ResponseHeader, body: bytes::Bytes) -> Result<()> {
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(body), true).await
+}
+
 /// Append an address in its usual text form (IPv4 without the formatting machinery).
 fn write_ip(out: &mut String, ip: IpAddr) {
     match ip {
@@ -117,7 +152,7 @@ fn write_ip(out: &mut String, ip: IpAddr) {
 /// hostile id cannot forge log lines.
 fn access_log(session: &Session, ctx: &RequestCtx, route: &str, status: http::StatusCode) {
     let req = session.req_header();
-    let decision = match (ctx.denied, ctx.delayed, ctx.decision.tiers.is_empty()) {
+    let decision = match (ctx.denied, ctx.delayed, ctx.decision.is_none()) {
         (true, _, _) => "denied",
         (false, true, _) => "delayed",
         (false, false, true) => "none",
@@ -147,7 +182,7 @@ impl ProxyHttp for Gateway {
             route: None,
             tenant: Vec::new(),
             client_ip: None,
-            decision: Decision::none(),
+            decision: None,
             started: Instant::now(),
             upstream: None,
             delayed: false,
@@ -170,7 +205,12 @@ impl ProxyHttp for Gateway {
         let Some((route_idx, _route)) = find_route(&cfg.routes, &req.method, host, &segments)
         else {
             ctx.snapshot = Some(snap);
-            problem::respond(session, 404, "no route matches this request").await?;
+            Box::pin(problem::respond(
+                session,
+                404,
+                "no route matches this request",
+            ))
+            .await?;
             return Ok(true);
         };
 
@@ -199,7 +239,12 @@ impl ProxyHttp for Gateway {
             drop(segments);
             drop(path);
             ctx.snapshot = Some(snap);
-            problem::respond(session, 401, "this request does not identify a tenant").await?;
+            Box::pin(problem::respond(
+                session,
+                401,
+                "this request does not identify a tenant",
+            ))
+            .await?;
             return Ok(true);
         };
 
@@ -217,24 +262,15 @@ impl ProxyHttp for Gateway {
                 client_ip: client,
                 headers: &req.headers,
             };
-            let mut d = limiter.decide(&lreq, &cfg.plans);
-            if let Verdict::Delay { max_delay_ms, .. } = d.verdict {
-                let deadline = Instant::now() + Duration::from_millis(max_delay_ms);
-                while let Verdict::Delay {
-                    wait_ms, status, ..
-                } = d.verdict
-                {
-                    let wake = Instant::now() + Duration::from_millis(wait_ms.max(1));
-                    if wake > deadline {
-                        d.verdict = Verdict::Reject { status };
-                        break;
-                    }
-                    tokio::time::sleep_until(wake).await;
-                    delayed = true;
-                    d = limiter.decide(&lreq, &cfg.plans);
-                }
+            let d = limiter.decide(&lreq, &cfg.plans);
+            if let Verdict::Delay { .. } = d.verdict {
+                // rare: boxed, so that the request's future stays small for the common case
+                let held;
+                (held, delayed) = Box::pin(hold(limiter, &lreq, &cfg.plans, d)).await;
+                held
+            } else {
+                d
             }
-            d
         };
         drop(segments);
         drop(path);
@@ -252,11 +288,12 @@ impl ProxyHttp for Gateway {
                 HeaderValue::from(headers::retry_after_secs(&decision)),
             )?;
             ctx.snapshot = Some(snap);
-            session.write_response_header(Box::new(resp), false).await?;
-            session.write_response_body(Some(body), true).await?;
+            Box::pin(send(session, resp, body)).await?;
             return Ok(true);
         }
-        ctx.decision = decision;
+        if !decision.tiers.is_empty() {
+            ctx.decision = Some(Box::new(decision));
+        }
         ctx.snapshot = Some(snap);
         Ok(false)
     }
@@ -268,11 +305,11 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
     ) -> Result<()> {
         if let Some(snap) = &ctx.snapshot {
-            if !ctx.decision.tiers.is_empty() {
+            if let Some(decision) = &ctx.decision {
                 headers::apply(
                     upstream_response,
                     &snap.limiter,
-                    &ctx.decision,
+                    decision,
                     snap.config.headers,
                     false,
                 )?;

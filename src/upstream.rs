@@ -42,6 +42,10 @@ pub struct Pool {
     /// the lock off the request path while there are none).
     passive_down: Mutex<Vec<(std::net::SocketAddr, Instant)>>,
     any_down: AtomicBool,
+    /// The one server of a pool without health checks: every selection would pick it (a
+    /// passively-down server is still taken when it is the only one), so the balancer is
+    /// skipped.
+    single: Option<Backend>,
 }
 
 fn health_check(spec: &UpstreamSpec) -> Option<Box<dyn HealthCheck + Send + Sync>> {
@@ -94,7 +98,16 @@ impl Pool {
             Balance::Random => lb!(Random),
             Balance::ConsistentHash => lb!(Consistent),
         };
+        let single = match (spec.servers.as_slice(), &spec.health_check) {
+            ([addr], None) => Some(Backend {
+                addr: pingora::protocols::l4::socket::SocketAddr::Inet(*addr),
+                weight: 1,
+                ext: Default::default(),
+            }),
+            _ => None,
+        };
         Ok(Pool {
+            single,
             spec: spec.clone(),
             balancer,
             last_check: Mutex::new(None),
@@ -134,6 +147,9 @@ impl Pool {
     /// Pick a healthy server that has not just failed a connection (if every healthy one has,
     /// any healthy one). `tenant` is the hash key for `consistent_hash`.
     pub fn select(&self, tenant: &[u8]) -> Option<Backend> {
+        if let Some(only) = &self.single {
+            return Some(only.clone());
+        }
         let up = |b: &Backend, healthy: bool| healthy && !self.passively_down(b);
         let pick = |accept: &dyn Fn(&Backend, bool) -> bool| match &self.balancer {
             Balancer::RoundRobin(lb) => lb.select_with(b"", MAX_SELECT_ITERATIONS, accept),

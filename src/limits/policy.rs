@@ -52,7 +52,9 @@ pub fn tier_texts(id: &str, tiers: &[Tier]) -> Vec<TierText> {
 
 /// `RateLimit-Policy` values by the tiers they list; at most `MAX` kept.
 #[derive(Default)]
-pub struct PolicyCache(pub(crate) RwLock<HashMap<SmallVec<[u32; 4]>, HeaderValue>>);
+pub struct PolicyCache(
+    pub(crate) RwLock<HashMap<SmallVec<[u32; 4]>, HeaderValue, ahash::RandomState>>,
+);
 
 impl PolicyCache {
     pub const MAX: usize = 1024;
