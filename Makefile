@@ -3,9 +3,9 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 # command:debian-package pairs
-BUILD_DEPS := cmake:cmake cc:gcc
-TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk
-BENCH_DEPS := wrk:wrk nginx:nginx
+BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.h:libssl-dev openssl:openssl
+TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk curl:curl
+BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client
 
 .PHONY: all deps deps-test deps-bench build release run test lint fmt bench check-configs clean
 

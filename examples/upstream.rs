@@ -4,11 +4,14 @@
 //! once bound (ADDR may use port 0). Every request gets 200 with a JSON body naming the server
 //! and echoing the method, path and request headers, so tests can see what reached the
 //! upstream. `/healthz` answers 200 `ok`; `/status/NNN` answers with status NNN; `/delay/MS`
-//! answers after MS milliseconds.
+//! answers after MS milliseconds. With `UPSTREAM_TLS=CERT:KEY` (PEM files) it speaks HTTPS.
 
+use pingora::tls::ssl::{Ssl, SslAcceptor, SslFiletype, SslMethod};
+use pingora::tls::tokio_ssl::SslStream;
 use std::io::Write as _;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use std::pin::Pin;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 fn json_str(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
@@ -53,7 +56,7 @@ fn chunked_end(buf: &[u8], mut i: usize) -> Option<usize> {
     }
 }
 
-async fn serve(mut sock: TcpStream, name: String) {
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, name: String) {
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut tmp = [0u8; 8192];
     loop {
@@ -166,12 +169,37 @@ async fn main() {
         .local_addr()
         .map_or(addr.clone(), |a| a.to_string());
     let name = args.next().unwrap_or_else(|| local.clone());
+    let tls = std::env::var("UPSTREAM_TLS").ok().map(|v| {
+        let (cert, key) = v.split_once(':').expect("UPSTREAM_TLS=CERT:KEY");
+        let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).expect("tls");
+        b.set_certificate_chain_file(cert).expect("certificate");
+        b.set_private_key_file(key, SslFiletype::PEM).expect("key");
+        b.build()
+    });
     println!("listening on {local}");
     let _ = std::io::stdout().flush();
     loop {
         if let Ok((sock, _)) = listener.accept().await {
             let _ = sock.set_nodelay(true);
-            tokio::spawn(serve(sock, name.clone()));
+            match &tls {
+                None => {
+                    tokio::spawn(serve(sock, name.clone()));
+                }
+                Some(acceptor) => {
+                    let Ok(ssl) = Ssl::new(acceptor.context()) else {
+                        continue;
+                    };
+                    let name = name.clone();
+                    tokio::spawn(async move {
+                        let Ok(mut stream) = SslStream::new(ssl, sock) else {
+                            return;
+                        };
+                        if Pin::new(&mut stream).accept().await.is_ok() {
+                            serve(stream, name).await;
+                        }
+                    });
+                }
+            }
         }
     }
 }

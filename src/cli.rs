@@ -11,9 +11,12 @@ use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::reload::{install_sighup, Reloader};
 use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
+use crate::tls::SniCertificates;
 use crate::upstream::HealthChecker;
 use arc_swap::ArcSwap;
 use clap::Parser;
+use pingora::apps::HttpServerOptions;
+use pingora::listeners::tls::TlsSettings;
 use pingora::prelude::{background_service, Opt, Server};
 use pingora::server::configuration::ServerConf;
 use pingora::services::listening::Service;
@@ -54,10 +57,16 @@ pub fn main() -> i32 {
         }
     };
     if args.test {
+        for w in &cfg.warnings {
+            eprintln!("{w}");
+        }
         print!("{}", config::summary::summary(&cfg));
         return 0;
     }
     init_logging();
+    for w in &cfg.warnings {
+        log::warn!("{w}");
+    }
     let metrics = match Metrics::new() {
         Ok(m) => Arc::new(m),
         Err(e) => {
@@ -117,7 +126,8 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         upgrade_sock: server_cfg.upgrade_sock.clone(),
         grace_period_seconds: Some(server_cfg.grace_period.as_secs()),
         graceful_shutdown_timeout_seconds: Some(1),
-        max_retries: 2,
+        // attempts per request; each pool stops at its own `retries` (fail_to_connect)
+        max_retries: crate::config::validate::MAX_RETRIES + 1,
         ..ServerConf::default()
     };
     conf.work_stealing = true;
@@ -151,8 +161,31 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         gateway,
         "tollgate proxy",
     );
-    for addr in &server_cfg.listen {
-        proxy.add_tcp(&addr.to_string());
+    for (addr, tls) in server_cfg.listen.iter().zip(&server_cfg.listen_tls) {
+        if *tls {
+            let callbacks = Box::new(SniCertificates {
+                shared: shared.clone(),
+                listener: *addr,
+            });
+            let mut settings = match TlsSettings::with_callbacks(callbacks) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("{}: tls: {e}", args.conf.display());
+                    return 1;
+                }
+            };
+            settings.enable_h2();
+            proxy.add_tls_with_settings(&addr.to_string(), None, settings);
+        } else {
+            proxy.add_tcp(&addr.to_string());
+        }
+    }
+    if server_cfg.h2c {
+        if let Some(app) = proxy.app_logic_mut() {
+            let mut options = HttpServerOptions::default();
+            options.h2c = true;
+            app.server_options = Some(options);
+        }
     }
     server.add_service(proxy);
 

@@ -20,4 +20,5 @@ pub mod routing;
 pub mod snapshot;
 pub mod tenant;
 pub mod ticker;
+pub mod tls;
 pub mod upstream;

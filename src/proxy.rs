@@ -20,7 +20,7 @@ use crate::routing::find_route;
 use crate::snapshot::{SharedSnapshot, Snapshot};
 use crate::tenant::{self, RequestFacts};
 use async_trait::async_trait;
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -44,50 +44,14 @@ pub struct RequestCtx {
     upstream: Option<std::net::SocketAddr>,
     delayed: bool,
     denied: bool,
+    /// Failed attempts to reach an upstream for this request (retries stop at the pool's
+    /// `retries`).
+    failures: usize,
 }
 
 pub struct Gateway {
     pub shared: SharedSnapshot,
     pub metrics: Arc<Metrics>,
-}
-
-/// Hop-by-hop headers (RFC 9110 section 7.6.1), never forwarded. Framing is redone by pingora.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
-];
-
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    *name == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(&name.as_str())
-}
-
-fn strip_hop_by_hop(req: &mut RequestHeader) {
-    // most requests carry none: one pass over the names instead of nine removals
-    if !req.headers.keys().any(is_hop_by_hop) {
-        return;
-    }
-    // Headers named in Connection are hop-by-hop too.
-    let named: Vec<HeaderName> = req
-        .headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().to_ascii_lowercase().as_bytes()).ok())
-        .collect();
-    for name in named {
-        req.remove_header(&name);
-    }
-    for name in HOP_BY_HOP {
-        req.remove_header(name);
-    }
-    req.remove_header(&header::TRANSFER_ENCODING);
 }
 
 /// `action: delay`: wait while the decision says so, up to `max_delay`; then reject. Returns
@@ -183,6 +147,7 @@ impl ProxyHttp for Gateway {
             tenant: Vec::new(),
             client_ip: None,
             decision: None,
+            failures: 0,
             started: Instant::now(),
             upstream: None,
             delayed: false,
@@ -342,7 +307,7 @@ impl ProxyHttp for Gateway {
 
     /// A connection that failed (refused, or not made within `connect_timeout`) sent nothing:
     /// the server is skipped for a while and the request goes to the next one, up to the
-    /// server's `max_retries` (2).
+    /// pool's `retries`.
     fn fail_to_connect(
         &self,
         _session: &mut Session,
@@ -350,10 +315,48 @@ impl ProxyHttp for Gateway {
         ctx: &mut RequestCtx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        if let (Some(snap), Some(route), Some(addr)) = (&ctx.snapshot, ctx.route, ctx.upstream) {
-            snap.pools[snap.config.routes[route].upstream].mark_failed(addr);
+        ctx.failures += 1;
+        let mut retries = 0;
+        if let (Some(snap), Some(route)) = (&ctx.snapshot, ctx.route) {
+            let pool = &snap.pools[snap.config.routes[route].upstream];
+            if let Some(addr) = ctx.upstream {
+                pool.mark_failed(addr);
+            }
+            retries = pool.spec.retries;
         }
-        e.set_retry(true);
+        e.set_retry(ctx.failures <= retries);
+        e
+    }
+
+    /// Pingora's policy after a connection was made: a request is retried only when a reused
+    /// idle connection turned out closed before anything was answered, the method is
+    /// idempotent and its body is still buffered. That retry counts against the pool's
+    /// `retries` too.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
+        {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        ctx.failures += 1;
+        let retries = match (&ctx.snapshot, ctx.route) {
+            (Some(snap), Some(route)) => {
+                snap.pools[snap.config.routes[route].upstream].spec.retries
+            }
+            _ => 0,
+        };
+        if ctx.failures > retries {
+            e.set_retry(false);
+        }
         e
     }
 
@@ -363,10 +366,12 @@ impl ProxyHttp for Gateway {
         upstream_request: &mut RequestHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
-        strip_hop_by_hop(upstream_request);
+        // Hop-by-hop fields (RFC 9110 section 7.6.1, and those named in Connection) are gone
+        // already: pingora's standard upstream request policy strips them and forwards a
+        // WebSocket handshake's Upgrade, normalized.
         if let Some(snap) = &ctx.snapshot {
+            upstream_request.remove_header(&snap.config.tenant.strip_header);
             if let Some(name) = &snap.config.tenant.forward_header {
-                upstream_request.remove_header(name);
                 match HeaderValue::from_bytes(&ctx.tenant) {
                     Ok(v) => {
                         upstream_request.insert_header(name.clone(), v)?;
@@ -461,8 +466,7 @@ impl ProxyHttp for Gateway {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_hop_by_hop, write_ip};
-    use http::header::HeaderName;
+    use super::write_ip;
     use std::net::IpAddr;
 
     #[test]
@@ -480,19 +484,5 @@ mod tests {
             write_ip(&mut s, ip);
             assert_eq!(s, format!("x{ip}"));
         }
-    }
-
-    #[test]
-    fn hop_by_hop_names_are_recognized() {
-        for n in [
-            "connection",
-            "keep-alive",
-            "te",
-            "upgrade",
-            "transfer-encoding",
-        ] {
-            assert!(is_hop_by_hop(&HeaderName::from_static(n)), "{n}");
-        }
-        assert!(!is_hop_by_hop(&HeaderName::from_static("x-org-id")));
     }
 }

@@ -54,15 +54,23 @@ impl Reloader {
                 return fail("invalid configuration");
             }
         };
+        for w in &cfg.warnings {
+            log::warn!("reload: {w}");
+        }
         if let Some(r) = &cfg.redis {
             if let Err(e) = crate::fleet_sync::backend::check(r) {
                 return fail(&format!("{}: redis: {e}", self.path.display()));
             }
         }
         let (a, b) = (&old.config.server, &cfg.server);
-        if a.listen != b.listen || a.admin != b.admin || a.threads != b.threads {
+        if a.listen != b.listen
+            || a.listen_tls != b.listen_tls
+            || a.h2c != b.h2c
+            || a.admin != b.admin
+            || a.threads != b.threads
+        {
             log::warn!(
-                "reload: changes to server.listen, server.admin or server.threads need a restart or a graceful upgrade (tollgate -u); the running listeners and threads stay"
+                "reload: changes to server.listen (addresses or tls on/off), server.h2c, server.admin or server.threads need a restart or a graceful upgrade (tollgate -u); the running listeners and threads stay (certificates are reloaded)"
             );
         }
         let redis = cfg.redis.clone();

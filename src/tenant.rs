@@ -66,7 +66,7 @@ mod tests {
                 TenantSource::Header(HeaderName::from_static("x-org-id")),
             ],
             required,
-            forward_header: None,
+            ..TenantSettings::default()
         }
     }
 

@@ -2,7 +2,7 @@
 //! the tenant), TCP or HTTP health checks, and the peer options (timeouts, keepalive) that
 //! every proxied request uses.
 
-use crate::config::model::{Balance, UpstreamSpec};
+use crate::config::model::{Balance, UpstreamSpec, UpstreamTls};
 use crate::snapshot::SharedSnapshot;
 use crate::ticker::Ticker;
 use async_trait::async_trait;
@@ -48,16 +48,36 @@ pub struct Pool {
     single: Option<Backend>,
 }
 
+/// Verification of a TLS pool's servers: against `ca` (or the system's roots), by name, unless
+/// `verify: false`.
+fn tls_options(options: &mut pingora::upstreams::peer::PeerOptions, tls: &UpstreamTls) {
+    options.verify_cert = tls.verify;
+    options.verify_hostname = tls.verify;
+    options.ca = tls.ca.clone();
+}
+
 fn health_check(spec: &UpstreamSpec) -> Option<Box<dyn HealthCheck + Send + Sync>> {
     let hc = spec.health_check.as_ref()?;
     match &hc.http {
         None => {
-            let mut tcp = TcpHealthCheck::new();
+            // a TLS pool's check completes the handshake, verified as requests are
+            let mut tcp = match &spec.tls {
+                Some(tls) => {
+                    let mut t = TcpHealthCheck::new_tls(&tls.sni);
+                    tls_options(&mut t.peer_template.options, tls);
+                    t
+                }
+                None => TcpHealthCheck::new(),
+            };
             tcp.peer_template.options.connection_timeout = Some(hc.timeout);
             Some(tcp)
         }
         Some((path, host)) => {
-            let mut http = HttpHealthCheck::new(host, false);
+            let mut http = HttpHealthCheck::new(host, spec.tls.is_some());
+            if let Some(tls) = &spec.tls {
+                http.peer_template.sni = tls.sni.clone();
+                tls_options(&mut http.peer_template.options, tls);
+            }
             if let Ok(mut req) = RequestHeader::build("GET", path.as_bytes(), None) {
                 let _ = req.insert_header("Host", host.as_str());
                 let _ = req.insert_header("User-Agent", "tollgate-health-check");
@@ -161,7 +181,14 @@ impl Pool {
 
     /// The peer for a selected server, with this pool's timeouts and connection reuse.
     pub fn peer(&self, backend: Backend) -> HttpPeer {
-        let mut peer = HttpPeer::new(backend, false, String::new());
+        let mut peer = match &self.spec.tls {
+            None => HttpPeer::new(backend, false, String::new()),
+            Some(tls) => {
+                let mut peer = HttpPeer::new(backend, true, tls.sni.clone());
+                tls_options(&mut peer.options, tls);
+                peer
+            }
+        };
         peer.options.connection_timeout = Some(self.spec.connect_timeout);
         peer.options.total_connection_timeout = Some(self.spec.connect_timeout);
         peer.options.read_timeout = Some(self.spec.read_timeout);

@@ -29,7 +29,22 @@ pub struct FileConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerFile {
-    pub listen: Vec<String>,
+    pub listen: Vec<ListenFile>,
+    /// Plain listeners also take HTTP/2 with prior knowledge.
+    #[serde(default)]
+    pub h2c: bool,
+    /// Certificates chosen by SNI on TLS listeners.
+    #[serde(default)]
+    pub certificates: Vec<CertificateFile>,
+    /// Larger request headers get 431 (default 64 KiB).
+    #[serde(default)]
+    pub max_request_header_bytes: Option<usize>,
+    /// Larger request bodies get 413 (default: no limit).
+    #[serde(default)]
+    pub max_body_bytes: Option<u64>,
+    /// A client that has not sent its whole request header by then is disconnected (10s).
+    #[serde(default)]
+    pub client_header_timeout: Option<ConfDuration>,
     #[serde(default)]
     pub admin: Option<String>,
     #[serde(default)]
@@ -52,6 +67,72 @@ pub struct ServerFile {
     pub pid_file: Option<String>,
     #[serde(default)]
     pub upgrade_sock: Option<String>,
+}
+
+/// One entry of `server.listen`: `"0.0.0.0:8080"`, or `{ addr: ..., tls: { cert, key } }`.
+#[derive(Debug)]
+pub enum ListenFile {
+    Addr(String),
+    Map(ListenMap),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenMap {
+    pub addr: String,
+    #[serde(default)]
+    pub tls: Option<TlsFile>,
+}
+
+/// A certificate chain and its private key, PEM files (relative to the config file).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFile {
+    pub cert: String,
+    pub key: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateFile {
+    pub hosts: Vec<String>,
+    pub cert: String,
+    pub key: String,
+}
+
+impl ListenFile {
+    pub fn addr(&self) -> &str {
+        match self {
+            ListenFile::Addr(a) => a,
+            ListenFile::Map(m) => &m.addr,
+        }
+    }
+    pub fn tls(&self) -> Option<&TlsFile> {
+        match self {
+            ListenFile::Addr(_) => None,
+            ListenFile::Map(m) => m.tls.as_ref(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ListenFile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ListenVisitor;
+        impl<'de> Visitor<'de> for ListenVisitor {
+            type Value = ListenFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an address such as \"0.0.0.0:8080\" or { addr: ..., tls: { cert: ..., key: ... } }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ListenFile, E> {
+                Ok(ListenFile::Addr(v.to_string()))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<ListenFile, A::Error> {
+                ListenMap::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(ListenFile::Map)
+            }
+        }
+        deserializer.deserialize_any(ListenVisitor)
+    }
 }
 
 /// `Display` writes an enum value as it is spelled in the config file.
@@ -91,6 +172,24 @@ pub struct UpstreamFile {
     pub connect_timeout: Option<ConfDuration>,
     #[serde(default)]
     pub read_timeout: Option<ConfDuration>,
+    /// Connect failures retried on the next server (default 2).
+    #[serde(default)]
+    pub retries: Option<usize>,
+    #[serde(default)]
+    pub tls: Option<UpstreamTlsFile>,
+}
+
+/// TLS to the servers of a pool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTlsFile {
+    /// The name sent in SNI and checked against the server's certificate.
+    pub sni: String,
+    /// PEM file of the CA certificates to verify against (default: the system's roots).
+    #[serde(default)]
+    pub ca: Option<String>,
+    #[serde(default = "default_true")]
+    pub verify: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -130,8 +229,42 @@ pub struct TenantFile {
     pub from: Vec<TenantSourceFile>,
     #[serde(default)]
     pub required: bool,
+    /// The header that carries the tenant to the upstream (default `x-tenant-id`), or
+    /// `false` for none.
     #[serde(default)]
-    pub forward_header: Option<String>,
+    pub forward_header: Option<ForwardHeaderFile>,
+}
+
+/// `tenant.forward_header`: a header name, or `false`.
+#[derive(Debug)]
+pub enum ForwardHeaderFile {
+    Name(String),
+    Off,
+}
+
+impl<'de> Deserialize<'de> for ForwardHeaderFile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = ForwardHeaderFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a header name such as x-tenant-id, or false")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ForwardHeaderFile, E> {
+                Ok(ForwardHeaderFile::Name(v.to_string()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<ForwardHeaderFile, E> {
+                if v {
+                    Err(E::custom(
+                        "forward_header is a header name (default x-tenant-id) or false",
+                    ))
+                } else {
+                    Ok(ForwardHeaderFile::Off)
+                }
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
 }
 
 /// One entry of `tenant.from`: a map with exactly one of the keys below.

@@ -24,11 +24,21 @@ pub struct Config {
     pub rules: Vec<Arc<Rule>>,
     pub redis: Option<RedisSettings>,
     pub headers: HeaderSettings,
+    /// Certificates of the TLS listeners and of `server.certificates`, read and checked.
+    pub tls: crate::tls::Certificates,
+    /// `FILE:LINE:COL: warning: ...`: accepted, but probably not meant.
+    pub warnings: Vec<super::error::ConfigError>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerSettings {
     pub listen: Vec<SocketAddr>,
+    /// Parallel to `listen`: does that listener terminate TLS?
+    pub listen_tls: Vec<bool>,
+    pub h2c: bool,
+    pub max_request_header_bytes: usize,
+    pub max_body_bytes: Option<u64>,
+    pub client_header_timeout: Duration,
     pub admin: Option<SocketAddr>,
     pub threads: usize,
     pub trusted_proxies: Vec<IpNet>,
@@ -48,6 +58,18 @@ pub struct UpstreamSpec {
     pub health_check: Option<HealthCheckSpec>,
     pub connect_timeout: Duration,
     pub read_timeout: Duration,
+    /// Connect failures retried on another server of the pool.
+    pub retries: usize,
+    pub tls: Option<UpstreamTls>,
+}
+
+/// TLS to a pool's servers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamTls {
+    pub sni: String,
+    /// CA certificates to verify against; `None`: the system's roots.
+    pub ca: Option<Arc<Box<[crate::tls::X509]>>>,
+    pub verify: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -68,11 +90,32 @@ pub struct Route {
     pub upstream: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct TenantSettings {
     pub sources: Vec<TenantSource>,
     pub required: bool,
+    /// Set to the tenant on the way to the upstream (`None`: `forward_header: false`).
     pub forward_header: Option<HeaderName>,
+    /// Removed from every request before the upstream, so that a client's own copy never
+    /// reaches it: the forward header, or `x-tenant-id` when nothing is forwarded.
+    pub strip_header: HeaderName,
+}
+
+pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
+
+pub fn default_tenant_header() -> HeaderName {
+    HeaderName::from_static(DEFAULT_TENANT_HEADER)
+}
+
+impl Default for TenantSettings {
+    fn default() -> Self {
+        TenantSettings {
+            sources: Vec::new(),
+            required: false,
+            forward_header: Some(default_tenant_header()),
+            strip_header: default_tenant_header(),
+        }
+    }
 }
 
 #[derive(Debug)]

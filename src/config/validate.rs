@@ -8,6 +8,7 @@ use super::file::*;
 use super::locate::Locator;
 use super::model::*;
 use crate::matching::{HostMatch, MethodSet, PathPattern};
+use crate::tls::{valid_host, CertKey, Certificates, PairError};
 use http::header::HeaderName;
 use ipnet::IpNet;
 use std::collections::{BTreeMap, HashSet};
@@ -24,6 +25,10 @@ pub const DEFAULT_MAX_DELAY: Duration = Duration::from_millis(500);
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_COUNTERS_PER_RULE: usize = 200_000;
 pub const MAX_TIERS: usize = 16;
+pub const DEFAULT_MAX_REQUEST_HEADER_BYTES: usize = 64 * 1024;
+pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_RETRIES: usize = 2;
+pub const MAX_RETRIES: usize = 16;
 
 /// One file being validated: its path, its position index and the errors found so far.
 struct Checker<'a> {
@@ -32,6 +37,8 @@ struct Checker<'a> {
     /// Prepended to paths in messages (an included limits file says `limits[0]...`).
     label: &'static str,
     errors: &'a mut Vec<ConfigError>,
+    /// What is accepted but probably not meant (printed by `-t`, logged at load).
+    warnings: &'a mut Vec<ConfigError>,
 }
 
 impl Checker<'_> {
@@ -47,6 +54,17 @@ impl Checker<'_> {
     /// An error about the value at `path`.
     fn err(&mut self, path: &str, message: impl Into<String>) {
         self.push(self.loc.at(path), path, message.into());
+    }
+
+    /// A warning about the value at `path`.
+    fn warn(&mut self, path: &str, message: impl Into<String>) {
+        let label = self.label;
+        let message = message.into();
+        self.warnings.push(ConfigError::new(
+            &self.file,
+            self.loc.at(path),
+            format!("warning: {label}{path}: {message}"),
+        ));
     }
 
     /// An error about the key `path` itself (a name that is wrong, not its value).
@@ -127,15 +145,17 @@ fn read_include<T: serde::de::DeserializeOwned>(
 /// Validate a parsed file model. `file` is the main config's path.
 pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, ConfigErrors> {
     let mut errors = Vec::new();
+    let mut warnings = Vec::new();
     let mut includes = Vec::new();
     let mut c = Checker {
         file: file.to_path_buf(),
         loc,
         label: "",
         errors: &mut errors,
+        warnings: &mut warnings,
     };
 
-    let server = check_server(&mut c, &model.server);
+    let (server, tls) = check_server(&mut c, &model.server);
     let upstreams = check_upstreams(&mut c, &model.upstreams);
     let routes = check_routes(&mut c, &model.routes, &upstreams);
     let tenant = match &model.tenant {
@@ -156,6 +176,7 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
                         loc: inc_loc,
                         label: "limits",
                         errors: c.errors,
+                        warnings: c.warnings,
                     };
                     check_rules(&mut inc, "", &list, &plans)
                 }
@@ -186,31 +207,114 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
         rules,
         redis,
         headers,
+        tls,
+        warnings,
     })
 }
 
-fn check_server(c: &mut Checker, s: &ServerFile) -> ServerSettings {
+/// Read a certificate and key pair named at `path` (`path.cert`, `path.key`), relative to the
+/// config file.
+fn check_pair(c: &mut Checker, path: &str, cert: &str, key: &str) -> Option<Arc<CertKey>> {
+    let cert_file = resolve_relative(&c.file, cert);
+    let key_file = resolve_relative(&c.file, key);
+    match CertKey::load(&cert_file, &key_file) {
+        Ok(pair) => Some(Arc::new(pair)),
+        Err(PairError::Cert(m)) => {
+            c.err(&format!("{path}.cert"), m);
+            None
+        }
+        Err(PairError::Key(m)) => {
+            c.err(&format!("{path}.key"), m);
+            None
+        }
+    }
+}
+
+fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, Certificates) {
     let mut listen = Vec::new();
+    let mut listen_tls = Vec::new();
+    let mut certs = Certificates::default();
     if s.listen.is_empty() {
         c.err(
             "server.listen",
             "must list at least one address such as \"0.0.0.0:8080\"",
         );
     }
-    for (i, a) in s.listen.iter().enumerate() {
+    for (i, entry) in s.listen.iter().enumerate() {
+        let a = entry.addr();
+        let path = match entry {
+            ListenFile::Addr(_) => format!("server.listen[{i}]"),
+            ListenFile::Map(_) => format!("server.listen[{i}].addr"),
+        };
         match a.parse::<SocketAddr>() {
             Ok(addr) => {
                 if listen.contains(&addr) {
-                    c.err(&format!("server.listen[{i}]"), format!("{a} is listed twice"));
+                    c.err(&path, format!("{a} is listed twice"));
                 }
-                listen.push(addr)
+                if let Some(tls) = entry.tls() {
+                    let tls_path = format!("server.listen[{i}].tls");
+                    if let Some(pair) = check_pair(c, &tls_path, &tls.cert, &tls.key) {
+                        certs.add_listener(addr, pair);
+                    }
+                }
+                listen.push(addr);
+                listen_tls.push(entry.tls().is_some());
             }
             Err(_) => c.err(
-                &format!("server.listen[{i}]"),
+                &path,
                 format!("invalid address {a:?}: expected IP:PORT such as \"0.0.0.0:8080\" or \"[::]:8080\""),
             ),
         }
     }
+    for (i, cf) in s.certificates.iter().enumerate() {
+        let path = format!("server.certificates[{i}]");
+        if cf.hosts.is_empty() {
+            c.err(
+                &format!("{path}.hosts"),
+                "must list at least one host such as \"api.example.com\" or \"*.example.com\"",
+            );
+        }
+        let pair = check_pair(c, &path, &cf.cert, &cf.key);
+        for (j, h) in cf.hosts.iter().enumerate() {
+            let hpath = format!("{path}.hosts[{j}]");
+            if !valid_host(h) {
+                c.err(
+                    &hpath,
+                    format!("invalid host {h:?}: expected a name such as \"api.example.com\" or \"*.example.com\""),
+                );
+            } else if let Some(pair) = &pair {
+                if !certs.add_host(h, pair.clone()) {
+                    c.err(&hpath, format!("{h} has a certificate already"));
+                }
+            }
+        }
+    }
+    if !s.certificates.is_empty() && !listen_tls.contains(&true) {
+        c.err(
+            "server.certificates",
+            "no listener has tls: give one entry of server.listen a tls: { cert, key }",
+        );
+    }
+    let max_request_header_bytes = match s.max_request_header_bytes {
+        Some(n) if n < 1024 => {
+            c.err("server.max_request_header_bytes", "must be at least 1024");
+            DEFAULT_MAX_REQUEST_HEADER_BYTES
+        }
+        Some(n) => n,
+        None => DEFAULT_MAX_REQUEST_HEADER_BYTES,
+    };
+    if s.max_body_bytes == Some(0) {
+        c.err(
+            "server.max_body_bytes",
+            "must be at least 1 (leave it out for no limit)",
+        );
+    }
+    let client_header_timeout = positive(
+        c,
+        "server.client_header_timeout",
+        s.client_header_timeout,
+        DEFAULT_CLIENT_HEADER_TIMEOUT,
+    );
     let admin = s
         .admin
         .as_ref()
@@ -268,9 +372,14 @@ fn check_server(c: &mut Checker, s: &ServerFile) -> ServerSettings {
         Some(n) => n,
         None => DEFAULT_MAX_COUNTERS_PER_RULE,
     };
-    ServerSettings {
+    let settings = ServerSettings {
         max_counters_per_rule,
         listen,
+        listen_tls,
+        h2c: s.h2c,
+        max_request_header_bytes,
+        max_body_bytes: s.max_body_bytes,
+        client_header_timeout,
         admin,
         threads,
         trusted_proxies: trusted,
@@ -285,7 +394,8 @@ fn check_server(c: &mut Checker, s: &ServerFile) -> ServerSettings {
             .upgrade_sock
             .clone()
             .unwrap_or_else(|| "/tmp/tollgate_upgrade.sock".to_string()),
-    }
+    };
+    (settings, certs)
 }
 
 fn resolve_server(text: &str) -> Result<SocketAddr, String> {
@@ -304,6 +414,50 @@ fn resolve_server(text: &str) -> Result<SocketAddr, String> {
         Err(e) => Err(format!(
             "invalid server {text:?}: {e}; expected HOST:PORT such as \"127.0.0.1:9001\""
         )),
+    }
+}
+
+/// `upstreams.NAME.tls`: the SNI name, and the CA file read now.
+fn check_upstream_tls(c: &mut Checker, base: &str, t: &UpstreamTlsFile) -> UpstreamTls {
+    if !valid_host(&t.sni) || t.sni.starts_with("*.") {
+        c.err(
+            &format!("{base}.tls.sni"),
+            format!(
+                "invalid name {:?}: expected a host name such as \"api.internal\"",
+                t.sni
+            ),
+        );
+    }
+    let ca = t.ca.as_ref().and_then(|ca| {
+        let file = resolve_relative(&c.file, ca);
+        let path = format!("{base}.tls.ca");
+        match std::fs::read(&file) {
+            Err(e) => {
+                c.err(&path, format!("cannot read {}: {e}", file.display()));
+                None
+            }
+            Ok(pem) => match crate::tls::X509::stack_from_pem(&pem) {
+                Ok(list) if !list.is_empty() => Some(Arc::new(list.into_boxed_slice())),
+                _ => {
+                    c.err(
+                        &path,
+                        format!("{} holds no PEM certificate", file.display()),
+                    );
+                    None
+                }
+            },
+        }
+    });
+    if !t.verify {
+        c.warn(
+            &format!("{base}.tls.verify"),
+            "false: the servers' certificates are not checked",
+        );
+    }
+    UpstreamTls {
+        sni: t.sni.clone(),
+        ca,
+        verify: t.verify,
     }
 }
 
@@ -377,6 +531,18 @@ fn check_upstreams(c: &mut Checker, ups: &BTreeMap<String, UpstreamFile>) -> Vec
             u.read_timeout,
             DEFAULT_READ_TIMEOUT,
         );
+        let retries = match u.retries {
+            Some(n) if n > MAX_RETRIES => {
+                c.err(
+                    &format!("{base}.retries"),
+                    format!("must be at most {MAX_RETRIES}"),
+                );
+                DEFAULT_RETRIES
+            }
+            Some(n) => n,
+            None => DEFAULT_RETRIES,
+        };
+        let tls = u.tls.as_ref().map(|t| check_upstream_tls(c, &base, t));
         out.push(UpstreamSpec {
             name: name.clone(),
             servers,
@@ -384,6 +550,8 @@ fn check_upstreams(c: &mut Checker, ups: &BTreeMap<String, UpstreamFile>) -> Vec
             health_check,
             connect_timeout,
             read_timeout,
+            retries,
+            tls,
         });
     }
     out
@@ -517,14 +685,20 @@ fn check_tenant(c: &mut Checker, t: &TenantFile, includes: &mut Vec<PathBuf>) ->
             TenantSourceFile::ClientIp(_) => sources.push(TenantSource::ClientIp),
         }
     }
-    let forward_header = t
-        .forward_header
-        .as_ref()
-        .and_then(|h| header_name(c, "tenant.forward_header", h));
+    let (forward_header, strip_header) = match &t.forward_header {
+        None => (Some(default_tenant_header()), default_tenant_header()),
+        Some(ForwardHeaderFile::Off) => (None, default_tenant_header()),
+        Some(ForwardHeaderFile::Name(h)) => {
+            let name =
+                header_name(c, "tenant.forward_header", h).unwrap_or_else(default_tenant_header);
+            (Some(name.clone()), name)
+        }
+    };
     TenantSettings {
         sources,
         required: t.required,
         forward_header,
+        strip_header,
     }
 }
 
