@@ -11,7 +11,9 @@ use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::reload::{install_sighup, Reloader};
 use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
+use crate::client_limits::Edge;
 use crate::tls::SniCertificates;
+use pingora::proxy::HttpProxy;
 use crate::upstream::HealthChecker;
 use arc_swap::ArcSwap;
 use clap::Parser;
@@ -156,10 +158,19 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         shared: shared.clone(),
         metrics: metrics.clone(),
     };
-    let mut proxy = pingora::proxy::http_proxy_service_with_name(
-        &server.configuration,
-        gateway,
-        "tollgate proxy",
+    let mut app = HttpProxy::new(gateway, server.configuration.clone());
+    app.handle_init_modules();
+    if server_cfg.h2c {
+        let mut options = HttpServerOptions::default();
+        options.h2c = true;
+        app.server_options = Some(options);
+    }
+    let mut proxy = Service::new(
+        "tollgate proxy".to_string(),
+        Edge {
+            proxy: Arc::new(app),
+            shared: shared.clone(),
+        },
     );
     for (addr, tls) in server_cfg.listen.iter().zip(&server_cfg.listen_tls) {
         if *tls {
@@ -178,13 +189,6 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
             proxy.add_tls_with_settings(&addr.to_string(), None, settings);
         } else {
             proxy.add_tcp(&addr.to_string());
-        }
-    }
-    if server_cfg.h2c {
-        if let Some(app) = proxy.app_logic_mut() {
-            let mut options = HttpServerOptions::default();
-            options.h2c = true;
-            app.server_options = Some(options);
         }
     }
     server.add_service(proxy);

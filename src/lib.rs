@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod cli;
 pub mod client_addr;
+pub mod client_limits;
 pub mod config;
 pub mod fleet_sync;
 pub mod limits;

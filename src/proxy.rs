@@ -11,6 +11,7 @@
 //! 6. `logging`: metrics.
 
 use crate::client_addr::client_ip;
+use crate::client_limits;
 use crate::limits::headers;
 use crate::limits::{Decision, LimitRequest, Verdict};
 use crate::matching::{normalize_path, Segments};
@@ -47,6 +48,8 @@ pub struct RequestCtx {
     /// Failed attempts to reach an upstream for this request (retries stop at the pool's
     /// `retries`).
     failures: usize,
+    /// Request body bytes seen so far (counted only with `server.max_body_bytes`).
+    body_bytes: u64,
 }
 
 pub struct Gateway {
@@ -148,6 +151,7 @@ impl ProxyHttp for Gateway {
             client_ip: None,
             decision: None,
             failures: 0,
+            body_bytes: 0,
             started: Instant::now(),
             upstream: None,
             delayed: false,
@@ -156,9 +160,16 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        client_limits::header_read();
         let snap = self.shared.load_full();
         let cfg = &snap.config;
         let req = session.req_header();
+        if let Some((status, detail)) = client_limits::refuse(req, &cfg.server) {
+            ctx.snapshot = Some(snap);
+            session.set_keepalive(None);
+            Box::pin(problem::respond(session, status, detail)).await?;
+            return Ok(true);
+        }
         let path = normalize_path(req.uri.path());
         let host = req
             .headers
@@ -399,6 +410,30 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
+    /// A body that grows past `server.max_body_bytes` ends the request with 413.
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let max = ctx
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.config.server.max_body_bytes);
+        if let (Some(max), Some(chunk)) = (max, body.as_ref()) {
+            ctx.body_bytes += chunk.len() as u64;
+            if ctx.body_bytes > max {
+                return Error::e_explain(
+                    ErrorType::HTTPStatus(413),
+                    "request body larger than server.max_body_bytes",
+                );
+            }
+        }
+        Ok(())
+    }
+
     async fn fail_to_proxy(
         &self,
         session: &mut Session,
@@ -426,6 +461,7 @@ impl ProxyHttp for Gateway {
                 502 => "the upstream service could not be reached",
                 504 => "the upstream service did not answer in time",
                 400 => "the request could not be read",
+                413 => client_limits::BODY_TOO_LARGE,
                 _ => "the gateway could not handle this request",
             };
             if let Err(err) = problem::respond(session, code, detail).await {

@@ -650,3 +650,85 @@ fn retries_stop_at_the_pools_setting() {
     let codes: Vec<u16> = (0..6).map(|_| gw.get("/", &[]).status).collect();
     assert!(codes.contains(&502), "{codes:?}");
 }
+
+#[test]
+fn client_input_limits_answer_431_and_413() {
+    let up = Upstream::start("app");
+    let gw = Gateway::start(&one_route_config(up.addr, 1, "  max_body_bytes: 1000"));
+    // the default header limit is 64 KiB
+    let big = "x".repeat(70_000);
+    let r = gw.get("/a", &[("x-big", &big)]);
+    assert_eq!(r.status, 431, "{}", r.body);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let fine = "x".repeat(60_000);
+    assert_eq!(gw.get("/a", &[("x-big", &fine)]).status, 200);
+
+    let post = |body: &str, chunked: bool| {
+        let head = if chunked {
+            format!(
+                "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+                body.len()
+            )
+        } else {
+            format!(
+                "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+        };
+        request_raw(gw.addr, head.as_bytes()).expect("an answer")
+    };
+    assert_eq!(post(&"b".repeat(500), false).status, 200);
+    let r = post(&"b".repeat(2000), false);
+    assert_eq!(r.status, 413, "declared length: {}", r.body);
+    assert!(r.body.contains("\"status\":413"), "{}", r.body);
+    assert_eq!(post(&"b".repeat(500), true).status, 200);
+    assert_eq!(post(&"b".repeat(3000), true).status, 413, "while streaming");
+    drop(gw);
+
+    let gw = Gateway::start(&one_route_config(up.addr, 1, "  max_request_header_bytes: 2048"));
+    assert_eq!(gw.get("/a", &[("x-big", &"x".repeat(3000))]).status, 431);
+    assert_eq!(gw.get("/a", &[("x-big", &"x".repeat(1000))]).status, 200);
+}
+
+#[test]
+fn slow_clients_are_disconnected_after_client_header_timeout() {
+    let up = Upstream::start("app");
+    let gw = Gateway::start(&one_route_config(up.addr, 2, "  client_header_timeout: 1s"));
+    let started = std::time::Instant::now();
+    // a header sent one byte every 200 ms never completes in time
+    let mut slow = TcpStream::connect(gw.addr).unwrap();
+    slow.write_all(b"GET /a HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mut closed_after = None;
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(200));
+        if slow.write_all(b"x").is_err() {
+            closed_after = Some(started.elapsed());
+            break;
+        }
+        slow.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 64];
+        let gone = matches!(slow.read(&mut b), Ok(0)) ;
+        slow.set_nonblocking(false).unwrap();
+        if gone {
+            closed_after = Some(started.elapsed());
+            break;
+        }
+    }
+    let closed_after = closed_after.expect("the slow client is disconnected");
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_secs(4),
+        "{closed_after:?}"
+    );
+    // a connection that sends nothing is closed too
+    let mut idle = TcpStream::connect(gw.addr).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t = std::time::Instant::now();
+    let mut b = [0u8; 16];
+    assert!(matches!(idle.read(&mut b), Ok(0) | Err(_)));
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // a request whose header came in time may take longer than the timeout
+    let r = gw.get("/delay/1500", &[]);
+    assert_eq!(r.status, 200);
+    // and ordinary clients are served
+    assert_eq!(gw.get("/a", &[]).status, 200);
+}

@@ -26,6 +26,7 @@ pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_COUNTERS_PER_RULE: usize = 200_000;
 pub const MAX_TIERS: usize = 16;
 pub const DEFAULT_MAX_REQUEST_HEADER_BYTES: usize = 64 * 1024;
+pub const MAX_REQUEST_HEADER_BYTES: usize = 1_048_575;
 pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_RETRIES: usize = 2;
 pub const MAX_RETRIES: usize = 16;
@@ -296,8 +297,11 @@ fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, Certificate
         );
     }
     let max_request_header_bytes = match s.max_request_header_bytes {
-        Some(n) if n < 1024 => {
-            c.err("server.max_request_header_bytes", "must be at least 1024");
+        Some(n) if !(1024..=MAX_REQUEST_HEADER_BYTES).contains(&n) => {
+            c.err(
+                "server.max_request_header_bytes",
+                format!("must be between 1024 and {MAX_REQUEST_HEADER_BYTES} (1 MiB, pingora's own limit)"),
+            );
             DEFAULT_MAX_REQUEST_HEADER_BYTES
         }
         Some(n) => n,
