@@ -7,7 +7,7 @@ BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.
 TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk curl:curl
 BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client
 
-.PHONY: all deps deps-test deps-bench build release run test lint fmt bench check-configs clean
+.PHONY: all deps deps-test deps-bench build release run test lint fmt bench check-configs clean demo-cert
 
 all: build
 
@@ -26,8 +26,13 @@ build: deps
 release: deps
 	$(CARGO) build --release --bins --examples
 
-## Build, start the demo upstreams and run the gateway on conf/gateway.yaml (no Redis needed).
-run: release
+## The demo's self-signed certificate for localhost, under target/ (conf/gateway.yaml uses it).
+demo-cert: deps
+	@scripts/demo-cert
+
+## Build, start the demo upstreams and run the gateway on conf/gateway.yaml (no Redis needed):
+## HTTP/1.1 on 8080, HTTPS with HTTP/2 on 8443.
+run: release demo-cert
 	scripts/run-demo
 
 lint: deps
@@ -37,7 +42,7 @@ lint: deps
 ## Lints, then every unit and integration test (real gateway, upstreams and redis-server),
 ## then, on the release build, the fleet simulation (thousands of seeds) and the fleet under
 ## wrk load. The integration tests run the example upstream, so examples are built first.
-test: deps-test lint
+test: deps-test demo-cert lint
 	$(CARGO) build --examples
 	$(CARGO) build --release --bins --examples
 	$(CARGO) test --lib --bins --tests 2>&1 | tee target/test.log
@@ -54,8 +59,8 @@ bench: deps-bench deps-test release
 	scripts/bench-gateway
 	scripts/bench-fleet
 
-check-configs: build
-	@for f in conf/*.yaml; do grep -q '^server:' $$f && target/debug/tollgate -t -c $$f >/dev/null && echo "ok $$f"; done; true
+check-configs: build demo-cert
+	@for f in conf/*.yaml; do if grep -q '^server:' $$f; then target/debug/tollgate -t -c $$f >/dev/null && echo "ok $$f"; fi; done
 
 fmt:
 	$(CARGO) fmt --all

@@ -1,6 +1,7 @@
 //! Command line (contract section 1) and process start-up.
 
 use crate::admin::{Admin, ReadinessProbe};
+use crate::client_limits::Edge;
 use crate::config;
 use crate::fleet_sync::backend;
 use crate::fleet_sync::{Accounts, SyncService};
@@ -11,15 +12,14 @@ use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::reload::{install_sighup, Reloader};
 use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
-use crate::client_limits::Edge;
 use crate::tls::SniCertificates;
-use pingora::proxy::HttpProxy;
 use crate::upstream::HealthChecker;
 use arc_swap::ArcSwap;
 use clap::Parser;
 use pingora::apps::HttpServerOptions;
 use pingora::listeners::tls::TlsSettings;
 use pingora::prelude::{background_service, Opt, Server};
+use pingora::proxy::HttpProxy;
 use pingora::server::configuration::ServerConf;
 use pingora::services::listening::Service;
 use std::path::PathBuf;

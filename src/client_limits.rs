@@ -13,11 +13,11 @@ use crate::config::model::ServerSettings;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
 use pingora::apps::{HttpServerApp, HttpServerOptions, ReusedHttpStream};
+use pingora::http::RequestHeader;
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
 use pingora::proxy::{HttpProxy, ProxyHttp};
 use pingora::server::ShutdownWatch;
-use pingora::http::RequestHeader;
 use std::cell::Cell;
 use std::sync::Arc;
 
@@ -88,7 +88,10 @@ where
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        self.proxy.clone().process_custom_session(stream, shutdown).await
+        self.proxy
+            .clone()
+            .process_custom_session(stream, shutdown)
+            .await
     }
 }
 
@@ -97,7 +100,10 @@ pub const BODY_TOO_LARGE: &str = "the request body is larger than this gateway a
 /// The answer to a request whose header or declared body is over the limits, if it is.
 pub fn refuse(req: &RequestHeader, server: &ServerSettings) -> Option<(u16, &'static str)> {
     if header_bytes(req) > server.max_request_header_bytes {
-        return Some((431, "the request header is larger than this gateway accepts"));
+        return Some((
+            431,
+            "the request header is larger than this gateway accepts",
+        ));
     }
     let max = server.max_body_bytes?;
     content_length(req)

@@ -21,6 +21,7 @@ fn version_and_help() {
 /// file) are checked through the config that includes them.
 #[test]
 fn every_config_in_conf_is_valid() {
+    demo_cert();
     let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf");
     let mut checked = Vec::new();
     let mut included = Vec::new();
@@ -56,13 +57,24 @@ fn every_config_in_conf_is_valid() {
     }
 }
 
+/// The demo config's certificate (made by `make run` and `make test`; here too, so that a bare
+/// `cargo test` checks the shipped config as well).
+fn demo_cert() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/demo-cert");
+    let ok = std::process::Command::new(script)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "scripts/demo-cert failed");
+}
+
 #[test]
 fn summary_lists_listeners_upstreams_routes_rules_and_redis_mode() {
+    demo_cert();
     let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/gateway.yaml");
     let (code, out, _) = run_tollgate(&["-t", "-c", &conf.display().to_string()]);
     assert_eq!(code, 0);
     for want in [
-        "listeners: 127.0.0.1:8080",
+        "listeners: 127.0.0.1:8080, 127.0.0.1:8443 (tls, h2)",
         "products",
         "round_robin",
         "get-product",

@@ -478,6 +478,12 @@ fn upstream_tls_verifies_the_server_against_the_ca() {
 
     let gw = Gateway::start_with_files(&ca("ca: stranger.pem, verify: false"), &files);
     assert_eq!(gw.get("/hello", &[]).status, 200);
+    let (code, _, err) = run_tollgate(&["-t", "-c", gw.config.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(
+        err.contains("gateway.yaml:8:") && err.contains("warning: upstreams.app.tls.verify: false"),
+        "-t prints the warning with its position: {err}"
+    );
     assert!(
         gw.log()
             .contains("warning: upstreams.app.tls.verify: false"),
@@ -685,7 +691,11 @@ fn client_input_limits_answer_431_and_413() {
     assert_eq!(post(&"b".repeat(3000), true).status, 413, "while streaming");
     drop(gw);
 
-    let gw = Gateway::start(&one_route_config(up.addr, 1, "  max_request_header_bytes: 2048"));
+    let gw = Gateway::start(&one_route_config(
+        up.addr,
+        1,
+        "  max_request_header_bytes: 2048",
+    ));
     assert_eq!(gw.get("/a", &[("x-big", &"x".repeat(3000))]).status, 431);
     assert_eq!(gw.get("/a", &[("x-big", &"x".repeat(1000))]).status, 200);
 }
@@ -707,7 +717,7 @@ fn slow_clients_are_disconnected_after_client_header_timeout() {
         }
         slow.set_nonblocking(true).unwrap();
         let mut b = [0u8; 64];
-        let gone = matches!(slow.read(&mut b), Ok(0)) ;
+        let gone = matches!(slow.read(&mut b), Ok(0));
         slow.set_nonblocking(false).unwrap();
         if gone {
             closed_after = Some(started.elapsed());
@@ -726,9 +736,41 @@ fn slow_clients_are_disconnected_after_client_header_timeout() {
     let mut b = [0u8; 16];
     assert!(matches!(idle.read(&mut b), Ok(0) | Err(_)));
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // an idle kept-alive connection is closed after the same time
+    let mut kept = TcpStream::connect(gw.addr).unwrap();
+    kept.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let (status, _) = get_on(&mut kept, "/a", &[]);
+    assert_eq!(status, 200);
+    let t = std::time::Instant::now();
+    assert!(matches!(kept.read(&mut b), Ok(0) | Err(_)));
+    let idle = t.elapsed();
+    assert!(
+        idle >= Duration::from_millis(900) && idle < Duration::from_secs(3),
+        "{idle:?}"
+    );
     // a request whose header came in time may take longer than the timeout
     let r = gw.get("/delay/1500", &[]);
     assert_eq!(r.status, 200);
     // and ordinary clients are served
     assert_eq!(gw.get("/a", &[]).status, 200);
+}
+
+#[test]
+fn a_tls_pools_health_check_speaks_tls() {
+    let dir = TempDir::new();
+    let (mut child, secure) = tls_upstream(&dir.0);
+    let plain = Upstream::start("plain");
+    let cfg = format!(
+        "server:\n  listen: [\"{{LISTEN}}\"]\n  admin: \"{{ADMIN}}\"\n  threads: 1\nupstreams:\n  app:\n    servers: [\"{secure}\", \"{}\"]\n    tls: {{ sni: upstream.test, ca: up.pem }}\n    health_check: {{ interval: 200ms, timeout: 200ms }}\n    retries: 0\nroutes:\n  - id: all\n    path: /**\n    upstream: app\n",
+        plain.addr
+    );
+    let pem = std::fs::read_to_string(dir.0.join("up.pem")).unwrap();
+    let gw = Gateway::start_with_files(&cfg, &[("up.pem", &pem)]);
+    // the plain server accepts TCP connections but no TLS handshake: its check fails (no
+    // retries, so a request sent to it would fail)
+    std::thread::sleep(Duration::from_millis(1200));
+    let codes: Vec<u16> = (0..10).map(|_| gw.get("/x", &[]).status).collect();
+    assert!(codes.iter().all(|c| *c == 200), "{codes:?}");
+    let _ = child.kill();
+    let _ = child.wait();
 }

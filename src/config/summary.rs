@@ -27,7 +27,17 @@ pub fn summary(cfg: &Config) -> String {
     for inc in &cfg.includes {
         let _ = writeln!(s, "  includes {}", inc.display());
     }
-    let listen: Vec<String> = cfg.server.listen.iter().map(|a| a.to_string()).collect();
+    let listen: Vec<String> = cfg
+        .server
+        .listen
+        .iter()
+        .zip(&cfg.server.listen_tls)
+        .map(|(a, tls)| match (tls, cfg.server.h2c) {
+            (true, _) => format!("{a} (tls, h2)"),
+            (false, true) => format!("{a} (h2c)"),
+            (false, false) => a.to_string(),
+        })
+        .collect();
     let _ = writeln!(
         s,
         "listeners: {}  admin: {}  threads: {}",
