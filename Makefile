@@ -52,11 +52,13 @@ test: deps-test demo-cert lint
 ## Criterion benchmark of the decision; the cost per request against a bare Pingora
 ## passthrough (callgrind instructions, wrk throughput, latency, nginx + limit_req); the whole
 ## gateway under wrk (rules vs no rules); the fleet's accuracy and the seed scenario of three
-## instances sharing limits through Redis. Tables and charts go to BENCHMARKS.md.
+## instances sharing limits through Redis; HTTP/2 over TLS next to nginx (h2load). Tables
+## and charts go to BENCHMARKS.md.
 bench: deps-bench deps-test release
 	$(CARGO) bench --bench decision
 	scripts/bench-cost
 	scripts/bench-gateway
+	scripts/bench-edge
 	scripts/bench-fleet
 
 check-configs: build demo-cert
