@@ -774,3 +774,51 @@ fn a_tls_pools_health_check_speaks_tls() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn a_request_a_server_received_is_not_retried() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    // a server that reads each request and closes without answering
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closer = listener.local_addr().unwrap();
+    let received = Arc::new(AtomicUsize::new(0));
+    let seen = received.clone();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let mut b = [0u8; 4096];
+            if matches!(s.read(&mut b), Ok(n) if n > 0) {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    let live = Upstream::start("live");
+    let cfg = format!(
+        "server:\n  listen: [\"{{LISTEN}}\"]\n  admin: \"{{ADMIN}}\"\n  threads: 1\nupstreams:\n  app:\n    servers: [\"{closer}\", \"{}\"]\n    retries: 2\nroutes:\n  - id: all\n    path: /**\n    upstream: app\n",
+        live.addr
+    );
+    let gw = Gateway::start(&cfg);
+    let mut failed = 0;
+    for i in 0..6 {
+        let r = if i % 2 == 0 {
+            gw.get("/a", &[])
+        } else {
+            let raw = "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello";
+            request_raw(gw.addr, raw.as_bytes()).unwrap()
+        };
+        match r.status {
+            200 => {}
+            502 => failed += 1,
+            s => panic!("unexpected {s}"),
+        }
+    }
+    assert!(
+        failed > 0,
+        "round robin sent some requests to the closing server"
+    );
+    assert_eq!(
+        received.load(Ordering::SeqCst),
+        failed,
+        "each of those reached it once and was answered 502, not retried elsewhere"
+    );
+}
