@@ -72,6 +72,19 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A free port for a Redis Cluster node, whose cluster bus listens on the port + 10000: both
+/// free, and the bus port below Linux's ephemeral range (32768 and up), where an outgoing
+/// connection could take it between this check and the node's bind.
+pub fn free_port_with_bus() -> u16 {
+    loop {
+        let p = free_port();
+        let bus = u32::from(p) + 10_000;
+        if bus < 32_768 && TcpListener::bind(("127.0.0.1", bus as u16)).is_ok() {
+            return p;
+        }
+    }
+}
+
 pub struct Upstream {
     child: Child,
     pub addr: SocketAddr,
@@ -356,9 +369,14 @@ impl RedisServer {
     }
 
     pub fn start_with(extra: &[&str]) -> Self {
+        let cluster = extra.contains(&"--cluster-enabled");
         let mut r = RedisServer {
             child: None,
-            port: free_port(),
+            port: if cluster {
+                free_port_with_bus()
+            } else {
+                free_port()
+            },
             dir: TempDir::new(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
