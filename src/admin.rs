@@ -70,7 +70,7 @@ impl ServeHttp for Admin {
                     "Not Found",
                     "admin endpoints: /healthz, /readyz, /metrics",
                     "about:blank",
-                    "",
+                    &[],
                 )
                 .to_vec(),
             ),

@@ -9,20 +9,28 @@ use pingora::Result;
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
-/// Build a problem body. `extra` is appended as raw JSON members (already serialized).
-pub fn body(status: u16, title: &str, detail: &str, type_uri: &str, extra: &str) -> Bytes {
-    let mut s = String::with_capacity(128 + detail.len() + extra.len());
-    s.push_str("{\"type\":");
-    s.push_str(&serde_json::Value::from(type_uri).to_string());
-    s.push_str(",\"title\":");
-    s.push_str(&serde_json::Value::from(title).to_string());
-    s.push_str(",\"status\":");
-    s.push_str(&status.to_string());
-    s.push_str(",\"detail\":");
-    s.push_str(&serde_json::Value::from(detail).to_string());
-    if !extra.is_empty() {
-        s.push(',');
-        s.push_str(extra);
+/// Build a problem body: `type`, `title`, `status`, `detail`, then the `extra` members, each
+/// value serialized by serde_json (so any text is escaped).
+pub fn body(
+    status: u16,
+    title: &str,
+    detail: &str,
+    type_uri: &str,
+    extra: &[(&str, serde_json::Value)],
+) -> Bytes {
+    let mut s = String::with_capacity(160 + detail.len());
+    let mut member = |key: &str, value: &serde_json::Value| {
+        s.push(if s.is_empty() { '{' } else { ',' });
+        s.push_str(&serde_json::Value::from(key).to_string());
+        s.push(':');
+        s.push_str(&value.to_string());
+    };
+    member("type", &type_uri.into());
+    member("title", &title.into());
+    member("status", &status.into());
+    member("detail", &detail.into());
+    for (k, v) in extra {
+        member(k, v);
     }
     s.push('}');
     Bytes::from(s)
@@ -43,7 +51,7 @@ pub async fn respond(session: &mut Session, status: u16, detail: &str) -> Result
         .ok()
         .and_then(|s| s.canonical_reason())
         .unwrap_or("Error");
-    let b = body(status, title, detail, "about:blank", "");
+    let b = body(status, title, detail, "about:blank", &[]);
     let h = header(status, b.len())?;
     session.write_response_header(Box::new(h), false).await?;
     session.write_response_body(Some(b), true).await?;

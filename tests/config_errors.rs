@@ -339,3 +339,24 @@ fn missing_file_and_several_errors_at_once() {
     assert_eq!(code, 1);
     assert_eq!(err.lines().count(), 2, "both errors reported: {err}");
 }
+
+#[test]
+fn at_most_16_tiers() {
+    let tiers = |n: usize| {
+        (1..=n)
+            .map(|i| format!("      - {{ period: {i}, threshold: 10 }}\n"))
+            .collect::<String>()
+    };
+    let sixteen = with("      - { period: 1, threshold: 10 }\n", &tiers(16));
+    let dir = TempDir::new();
+    let p = dir.write("gateway.yaml", &sixteen).display().to_string();
+    let (code, _, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 0, "16 tiers are fine: {err}");
+    let seventeen = with("      - { period: 1, threshold: 10 }\n", &tiers(17));
+    assert_error(
+        &seventeen,
+        39,
+        9,
+        &["limits[0].tiers[16]", "at most 16 tiers", "has 17"],
+    );
+}

@@ -742,8 +742,17 @@ fn check_tiers(c: &mut Checker, base: &str, tiers: &[TierFile]) -> Vec<Tier> {
             "must list at least one tier such as { period: 10, threshold: 100 }",
         );
     }
+    if tiers.len() > MAX_TIERS {
+        c.err(
+            &format!("{base}[{MAX_TIERS}]"),
+            format!(
+                "a rule has at most {MAX_TIERS} tiers, this one has {}",
+                tiers.len()
+            ),
+        );
+    }
     let mut out: Vec<Tier> = Vec::new();
-    for (i, t) in tiers.iter().enumerate() {
+    for (i, t) in tiers.iter().enumerate().take(MAX_TIERS) {
         let p = format!("{base}[{i}]");
         let period = t.period.0;
         if period.is_zero() {

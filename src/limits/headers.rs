@@ -19,6 +19,10 @@ use smallvec::SmallVec;
 use std::fmt::Write;
 use std::sync::OnceLock;
 
+/// The detail of a 503 under `on_failure: deny` (no Redis detail for clients).
+pub const UNCHECKABLE: &str =
+    "the rate limits of this request cannot be checked right now; try again shortly";
+
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 fn ceil_secs(ms: u64) -> u64 {
@@ -178,6 +182,16 @@ pub fn retry_after_secs(d: &Decision) -> u64 {
 
 /// The problem+json body of a denial.
 pub fn denial_body(limiter: &Limiter, d: &Decision, status: u16) -> Bytes {
+    if !d.tiers.iter().any(|t| !t.shadow && !t.verdict.allowed) {
+        // `on_failure: deny` with the shared counts out of reach: no limit was exceeded
+        return problem::body(
+            503,
+            "Service Unavailable",
+            UNCHECKABLE,
+            "about:blank",
+            &[("retry_after", retry_after_secs(d).into())],
+        );
+    }
     let mut detail = String::new();
     if let Some(first) = most_restrictive(d, true) {
         let _ = write!(
@@ -187,17 +201,17 @@ pub fn denial_body(limiter: &Limiter, d: &Decision, status: u16) -> Bytes {
         );
         write_duration_ms(&mut detail, first.period_ms);
     }
-    let mut extra = String::from("\"violated-policies\":[");
-    let violated = d.tiers.iter().filter(|t| !t.shadow && !t.verdict.allowed);
-    for (i, t) in violated.enumerate() {
-        if i > 0 {
-            extra.push(',');
-        }
-        if let Some(tt) = text(limiter, t) {
-            extra.push_str(&tt.name);
-        }
-    }
-    let _ = write!(extra, "],\"retry_after\":{}", retry_after_secs(d));
+    let violated: Vec<serde_json::Value> = d
+        .tiers
+        .iter()
+        .filter(|t| !t.shadow && !t.verdict.allowed)
+        .filter_map(|t| text(limiter, t))
+        .map(|tt| tt.name.trim_matches('"').into())
+        .collect();
+    let extra = [
+        ("violated-policies", serde_json::Value::Array(violated)),
+        ("retry_after", retry_after_secs(d).into()),
+    ];
     let title = if status == 503 {
         "Service Unavailable"
     } else {
