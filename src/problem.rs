@@ -69,11 +69,15 @@ mod tests {
             "Not Found",
             "no route for \"/x\"",
             "about:blank",
-            "\"retry_after\":1",
+            &[
+                ("retry_after", 1.into()),
+                ("odd \"key\"", "a\nline </script>".into()),
+            ],
         );
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
         assert_eq!(v["status"], 404);
         assert_eq!(v["detail"], "no route for \"/x\"");
         assert_eq!(v["retry_after"], 1);
+        assert_eq!(v["odd \"key\""], "a\nline </script>");
     }
 }
