@@ -3,7 +3,6 @@
 use crate::admin::{Admin, ReadinessProbe};
 use crate::client_limits::Edge;
 use crate::config;
-use crate::fleet_sync::backend;
 use crate::fleet_sync::{Accounts, SyncService};
 use crate::limits::fleet::FleetState;
 use crate::limits::sweeper::Sweeper;
@@ -193,12 +192,6 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
     }
     server.add_service(proxy);
 
-    if let Some(redis) = &shared.load().config.redis {
-        if let Err(e) = backend::check(redis) {
-            eprintln!("{}: redis: {e}", args.conf.display());
-            return 1;
-        }
-    }
     // runs always: idle without a `redis` section, so that a reload can add one
     server.add_service(background_service(
         "redis sync",

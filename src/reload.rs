@@ -57,11 +57,6 @@ impl Reloader {
         for w in &cfg.warnings {
             log::warn!("reload: {w}");
         }
-        if let Some(r) = &cfg.redis {
-            if let Err(e) = crate::fleet_sync::backend::check(r) {
-                return fail(&format!("{}: redis: {e}", self.path.display()));
-            }
-        }
         let (a, b) = (&old.config.server, &cfg.server);
         if a.listen != b.listen
             || a.listen_tls != b.listen_tls

@@ -360,3 +360,17 @@ fn at_most_16_tiers() {
         &["limits[0].tiers[16]", "at most 16 tiers", "has 17"],
     );
 }
+
+#[test]
+fn a_redis_url_the_client_refuses_is_refused_by_dash_t() {
+    let text = with(
+        "plans:\n",
+        "redis:\n  url: \"redis://bad host name:notaport/x\"\nplans:\n",
+    );
+    assert_error(&text, 17, 8, &["redis.url", "invalid Redis URL"]);
+    let text = with(
+        "plans:\n",
+        "redis:\n  cluster: [\"redis://127.0.0.1:7000\", \"redis://h:port/\"]\nplans:\n",
+    );
+    assert_error(&text, 17, 39, &["redis.cluster[1]", "invalid Redis URL"]);
+}

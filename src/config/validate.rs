@@ -907,8 +907,14 @@ fn check_redis_url(c: &mut Checker, path: &str, url: &str) -> bool {
                 "invalid Redis URL {url:?}: expected redis://HOST:PORT (or rediss://, unix://)"
             ),
         );
+        return false;
     }
-    ok
+    // as the client will read it at start-up, so that `-t` refuses what start-up would
+    if let Err(e) = redis::Client::open(url) {
+        c.err(path, format!("invalid Redis URL {url:?}: {e}"));
+        return false;
+    }
+    true
 }
 
 fn check_redis(c: &mut Checker, r: &RedisFile) -> Option<RedisSettings> {

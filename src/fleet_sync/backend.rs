@@ -358,18 +358,6 @@ fn split_reply(mut values: Vec<redis::Value>, n: usize) -> Result<Exchange, Stri
     Ok((answers, instances))
 }
 
-/// Check the endpoint's URLs (no connection is made; usable before a runtime exists).
-pub fn check(settings: &RedisSettings) -> Result<(), String> {
-    let urls = match &settings.endpoint {
-        RedisEndpoint::Single(u) => std::slice::from_ref(u),
-        RedisEndpoint::Cluster(n) => n.as_slice(),
-    };
-    for u in urls {
-        redis::Client::open(u.as_str()).map_err(|e| format!("{u}: {e}"))?;
-    }
-    Ok(())
-}
-
 /// The backend for the configured endpoint. Call inside the runtime: connections are made
 /// lazily and in the background.
 pub fn make(settings: &RedisSettings) -> Result<Box<dyn SyncBackend>, String> {
