@@ -2,7 +2,6 @@
 
 use crate::limits::fleet::{FleetState, Link};
 use crate::metrics::Metrics;
-use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
 use http::{Response, StatusCode};
 use pingora::apps::http_app::ServeHttp;
@@ -15,10 +14,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub struct Admin {
-    pub shared: SharedSnapshot,
     pub metrics: Arc<Metrics>,
     pub ready: Arc<AtomicBool>,
+    /// Set by SIGTERM (drain, then exit) and SIGQUIT (hand the listeners over, then exit).
+    pub draining: Arc<AtomicBool>,
     pub fleet: Arc<FleetState>,
+}
+
+/// A flag raised when the process starts leaving: SIGTERM or SIGQUIT. Pingora handles those
+/// signals itself (it stops accepting, serves what is open for `grace_period`, then exits);
+/// this second handler lets `/readyz` say 503 from the first moment on connections that are
+/// kept alive, so that load balancers stop sending traffic.
+pub fn install_drain_signals() -> std::io::Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [libc::SIGTERM, libc::SIGQUIT] {
+        let raised = Arc::clone(&flag);
+        // SAFETY: the action only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            signal_hook_registry::register(sig, move || raised.store(true, Ordering::SeqCst))?;
+        }
+    }
+    Ok(flag)
 }
 
 fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
@@ -38,7 +54,8 @@ impl ServeHttp for Admin {
         match path {
             "/healthz" => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
             "/readyz" => {
-                let ready = self.ready.load(Ordering::Acquire);
+                let draining = self.draining.load(Ordering::SeqCst);
+                let ready = self.ready.load(Ordering::Acquire) && !draining;
                 let redis = match (self.fleet.is_configured(), self.fleet.link()) {
                     (false, _) => "not_configured",
                     (true, Link::Up) => "connected",
@@ -47,6 +64,7 @@ impl ServeHttp for Admin {
                 };
                 let body = serde_json::json!({
                     "ready": ready,
+                    "draining": draining,
                     "config": "loaded",
                     "redis": redis,
                 });

@@ -1,5 +1,6 @@
 //! Command line (contract section 1) and process start-up.
 
+use crate::admin::install_drain_signals;
 use crate::admin::{Admin, ReadinessProbe};
 use crate::client_limits::Edge;
 use crate::config;
@@ -147,6 +148,13 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
             return 1;
         }
     };
+    let draining = match install_drain_signals() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cannot install the SIGTERM handler: {e}");
+            return 1;
+        }
+    };
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
@@ -221,9 +229,9 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         let mut admin = Service::new(
             "tollgate admin".to_string(),
             Admin {
-                shared: shared.clone(),
                 metrics: metrics.clone(),
                 ready: ready.clone(),
+                draining: draining.clone(),
                 fleet: rt.fleet.clone(),
             },
         );

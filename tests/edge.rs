@@ -70,40 +70,6 @@ fn peer_digest(s: &SslStream<TcpStream>) -> Vec<u8> {
         .to_vec()
 }
 
-/// One keep-alive HTTP/1.1 GET on an open stream; returns (status, body).
-fn get_on<S: Read + Write>(s: &mut S, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
-    let mut req = format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let mut r = BufReader::new(s);
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    let status = line
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let mut len = 0usize;
-    loop {
-        let mut h = String::new();
-        r.read_line(&mut h).unwrap();
-        if h.trim().is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-        }
-    }
-    let mut body = vec![0u8; len];
-    r.read_exact(&mut body).unwrap();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
 struct Curl {
     code: u16,
     version: String,

@@ -275,9 +275,15 @@ fn on_failure_deny_answers_503_and_allow_lets_everything_through() {
     let r = deny.get("/x", &[("x-org-id", "t")]);
     assert_eq!(r.status, 503);
     let body = r.json();
-    assert_eq!(body["type"], "about:blank", "no quota was exceeded: {}", r.body);
+    assert_eq!(
+        body["type"], "about:blank",
+        "no quota was exceeded: {}",
+        r.body
+    );
     assert_eq!(body["title"], "Service Unavailable");
-    assert!(body["detail"].as_str().is_some_and(|d| d.contains("cannot be checked")));
+    assert!(body["detail"]
+        .as_str()
+        .is_some_and(|d| d.contains("cannot be checked")));
     assert!(body.get("violated-policies").is_none(), "{}", r.body);
     assert_eq!(r.header("retry-after"), Some("1"));
     assert!(

@@ -2,7 +2,7 @@
 //! access log. Real processes, real signals.
 
 mod common;
-use common::{eventually, metric_sum, request, Gateway, Upstream};
+use common::{eventually, get_on, metric_sum, request, Gateway, Upstream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -195,7 +195,18 @@ fn sigterm_drains_in_flight_requests_then_exits() {
     let slow = std::thread::spawn(move || request(addr, "GET", "/delay/1000", &[]));
     std::thread::sleep(Duration::from_millis(200));
     let t = Instant::now();
+    // a probe on a kept-alive connection (new connections are refused once draining starts)
+    let mut probe = std::net::TcpStream::connect(gw.admin).unwrap();
+    probe
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    assert_eq!(get_on(&mut probe, "/readyz", &[]).0, 200);
     signal(&gw, libc::SIGTERM);
+    // from the first moment of draining, load balancers are told to go elsewhere
+    std::thread::sleep(Duration::from_millis(100));
+    let (status, body) = get_on(&mut probe, "/readyz", &[]);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("\"draining\":true"), "{body}");
     let r = slow.join().unwrap().expect("in-flight request answered");
     assert_eq!(r.status, 200, "the request in flight completed");
     assert!(
