@@ -57,6 +57,13 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
 }
 
+/// The status logged and counted for a request that got no answer at all (the client went
+/// away first), as nginx logs it; never sent.
+const CLIENT_GONE: http::StatusCode = match http::StatusCode::from_u16(499) {
+    Ok(s) => s,
+    Err(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
+};
+
 /// `action: delay`: wait while the decision says so, up to `max_delay`; then reject. Returns
 /// the last decision and whether the request waited.
 async fn hold(
@@ -475,9 +482,7 @@ impl ProxyHttp for Gateway {
     }
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
-        let status = session
-            .response_written()
-            .map_or(http::StatusCode::INTERNAL_SERVER_ERROR, |r| r.status);
+        let status = session.response_written().map_or(CLIENT_GONE, |r| r.status);
         let route = match (&ctx.snapshot, ctx.route) {
             (Some(s), Some(r)) => s.config.routes[r].id.as_str(),
             _ => "none",

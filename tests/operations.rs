@@ -331,3 +331,23 @@ fn a_reload_that_adds_redis_starts_syncing() {
         .len()
         == 1));
 }
+
+#[test]
+fn a_request_whose_client_left_is_counted_as_499() {
+    use std::io::Write;
+    let up = Upstream::start("a");
+    let gw = Gateway::start(&config(&up, "", 3));
+    let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
+    s.write_all(b"GET /delay/1500 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    drop(s);
+    assert!(
+        eventually(Duration::from_secs(5), || gw
+            .metrics()
+            .contains("status=\"499\"} 1")),
+        "{}",
+        gw.metrics()
+    );
+    assert!(!gw.metrics().contains("status=\"500\""), "{}", gw.metrics());
+}
