@@ -148,6 +148,18 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
             return 1;
         }
     };
+    // Pingora binds in its own thread and panics there on failure, leaving a process that
+    // looks alive; a listener that cannot be had ends start-up here, before anything runs
+    // (with -u the listeners come from the old process).
+    if !args.upgrade {
+        let admin = server_cfg.admin.iter();
+        for addr in server_cfg.listen.iter().chain(admin) {
+            if let Err(e) = std::net::TcpListener::bind(addr) {
+                eprintln!("{}: cannot listen on {addr}: {e}", args.conf.display());
+                return 1;
+            }
+        }
+    }
     let draining = match install_drain_signals() {
         Ok(f) => f,
         Err(e) => {

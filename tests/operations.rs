@@ -351,3 +351,27 @@ fn a_request_whose_client_left_is_counted_as_499() {
     );
     assert!(!gw.metrics().contains("status=\"500\""), "{}", gw.metrics());
 }
+
+#[test]
+fn a_listener_that_cannot_be_bound_ends_start_up_with_exit_1() {
+    let up = Upstream::start("a");
+    let first = Gateway::start(&config(&up, "", 3));
+    // the same data plane port, its own admin port
+    let text = std::fs::read_to_string(&first.config).unwrap().replace(
+        &first.admin.to_string(),
+        &format!("127.0.0.1:{}", common::free_port()),
+    );
+    let dir = common::TempDir::new();
+    let conf = dir.write("second.yaml", &text);
+    let t = Instant::now();
+    let (code, _, err) = common::run_tollgate(&["-c", conf.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(
+        err.contains(&format!("cannot listen on {}", first.addr)) && err.contains("in use"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    // the first one is untouched
+    assert_eq!(first.get("/x", &[("x-org-id", "t")]).status, 200);
+}
