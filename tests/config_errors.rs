@@ -374,3 +374,73 @@ fn a_redis_url_the_client_refuses_is_refused_by_dash_t() {
     );
     assert_error(&text, 17, 39, &["redis.cluster[1]", "invalid Redis URL"]);
 }
+
+#[test]
+fn duplicate_keys_are_errors_with_both_positions() {
+    // an API key given twice: the second would silently win
+    let text = with(
+        "    - header: x-org-id\n",
+        "    - api_key: { keys: { \"k1\": acme, \"k1\": globex } }\n",
+    );
+    assert_error(
+        &text,
+        14,
+        38,
+        &[
+            "duplicate key \"k1\"",
+            "tenant.from[0].api_key.keys",
+            "line 14, column 26",
+        ],
+    );
+    // a second pool of the same name
+    let text = with(
+        "routes:\n",
+        "  products:\n    servers: [\"127.0.0.1:9009\"]\nroutes:\n",
+    );
+    assert_error(
+        &text,
+        8,
+        3,
+        &[
+            "duplicate key \"products\"",
+            "in upstreams",
+            "line 5, column 3",
+        ],
+    );
+    // plans, and the top level
+    assert_error(
+        &with(
+            "  premium: [acme]\n",
+            "  premium: [acme]\n  premium: [globex]\n",
+        ),
+        18,
+        3,
+        &["duplicate key \"premium\"", "in plans"],
+    );
+    let text = format!("{BASE}tenant:\n  from: []\n");
+    assert_error(
+        &text,
+        24,
+        1,
+        &[
+            "duplicate key \"tenant\"",
+            "the top level",
+            "line 12, column 1",
+        ],
+    );
+}
+
+#[test]
+fn duplicate_keys_in_a_keys_file() {
+    let dir = TempDir::new();
+    dir.write("keys.yaml", "k1: acme\nk2: globex\nk1: initech\n");
+    let text = with(
+        "    - header: x-org-id\n",
+        "    - api_key: { keys_file: keys.yaml }\n",
+    );
+    let p = dir.write("gateway.yaml", &text).display().to_string();
+    let (code, _, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("keys.yaml:3:1: duplicate key \"k1\""), "{err}");
+    assert!(err.contains("line 1, column 1"), "{err}");
+}

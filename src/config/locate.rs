@@ -14,6 +14,9 @@ use yaml_rust2::scanner::Marker;
 #[derive(Debug, Default)]
 pub struct Locator {
     positions: HashMap<String, Pos>,
+    /// Keys given twice in one mapping: (path of the key, first position, second position).
+    /// YAML maps would keep the last silently (a second API key, a second pool).
+    pub duplicates: Vec<(String, Pos, Pos)>,
 }
 
 enum Frame {
@@ -24,6 +27,7 @@ enum Frame {
 struct Recorder {
     stack: Vec<Frame>,
     positions: HashMap<String, Pos>,
+    duplicates: Vec<(String, Pos, Pos)>,
 }
 
 impl Recorder {
@@ -67,7 +71,9 @@ impl MarkedEventReceiver for Recorder {
                         } else {
                             format!("{path}.{value}")
                         };
-                        self.positions.insert(format!("{full}#key"), pos);
+                        if let Some(first) = self.positions.insert(format!("{full}#key"), pos) {
+                            self.duplicates.push((full, first, pos));
+                        }
                         *key = Some(value);
                     }
                 }
@@ -99,11 +105,13 @@ impl Locator {
         let mut rec = Recorder {
             stack: Vec::new(),
             positions: HashMap::new(),
+            duplicates: Vec::new(),
         };
         let mut parser = Parser::new_from_str(text);
         let _ = parser.load(&mut rec, false);
         Locator {
             positions: rec.positions,
+            duplicates: rec.duplicates,
         }
     }
 
@@ -125,6 +133,32 @@ impl Locator {
                 }
             }
         }
+    }
+
+    /// An error for every key given twice in one mapping, at the second, naming the first.
+    pub fn duplicate_errors(&self, file: &std::path::Path, label: &str) -> Vec<super::ConfigError> {
+        self.duplicates
+            .iter()
+            .map(|(path, first, again)| {
+                let (map, key) = match path.rsplit_once('.') {
+                    Some((map, key)) => (map, key),
+                    None => ("the top level", path.as_str()),
+                };
+                let map = if label.is_empty() || map == "the top level" {
+                    map.to_string()
+                } else {
+                    format!("{label}{map}")
+                };
+                super::ConfigError::new(
+                    file,
+                    *again,
+                    format!(
+                        "duplicate key {key:?} in {map}: given first at line {}, column {}; each key may appear once",
+                        first.line, first.column
+                    ),
+                )
+            })
+            .collect()
     }
 
     /// Position of the key `path` (e.g. `routes[0].upstream`), falling back to its value.

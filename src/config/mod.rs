@@ -23,7 +23,12 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
 
 /// Parse and validate config text as if read from `path` (includes resolve against it).
 pub fn load_str(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
+    let loc = locate::Locator::new(text);
+    let duplicates = loc.duplicate_errors(path, "");
+    if !duplicates.is_empty() {
+        return Err(ConfigErrors(duplicates));
+    }
     let model: file::FileConfig =
         serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(path, &e))?;
-    validate::validate(path, locate::Locator::new(text), model)
+    validate::validate(path, loc, model)
 }

@@ -130,8 +130,14 @@ fn read_include<T: serde::de::DeserializeOwned>(
             return None;
         }
     };
+    let loc = Locator::new(&text);
+    let duplicates = loc.duplicate_errors(file, label);
+    if !duplicates.is_empty() {
+        including.errors.extend(duplicates);
+        return None;
+    }
     match serde_yaml::from_str::<T>(&text) {
-        Ok(v) => Some((v, Locator::new(&text))),
+        Ok(v) => Some((v, loc)),
         Err(e) => {
             let mut err = ConfigError::from_yaml(file, &e);
             if err.message.starts_with('[') || err.message.starts_with(".[") {
