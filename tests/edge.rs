@@ -458,6 +458,11 @@ fn upstream_tls_verifies_the_server_against_the_ca() {
     );
     drop(gw);
 
+    // without `ca`, the system's roots: a self-signed server is refused
+    let gw = Gateway::start_with_files(&ca("verify: true"), &files);
+    assert_eq!(gw.get("/hello", &[]).status, 502);
+    drop(gw);
+
     // the wrong name is refused as well
     let wrong_name = ca("ca: up.pem").replace("sni: upstream.test", "sni: other.test");
     let gw = Gateway::start_with_files(&wrong_name, &files);
