@@ -56,6 +56,33 @@ fn tls_options(options: &mut pingora::upstreams::peer::PeerOptions, tls: &Upstre
     options.ca = tls.ca.clone();
 }
 
+/// A pool's health check, whose log lines name the pool and the server
+/// (`upstream products: 127.0.0.1:9001 becomes unhealthy, ...`) instead of pingora's
+/// `Backend { addr: Inet(...), weight: 1, ... }`.
+struct Named {
+    inner: Box<dyn HealthCheck + Send + Sync>,
+    pool: String,
+}
+
+#[async_trait::async_trait]
+impl HealthCheck for Named {
+    async fn check(&self, target: &Backend) -> pingora::Result<()> {
+        self.inner.check(target).await
+    }
+
+    async fn health_status_change(&self, target: &Backend, healthy: bool) {
+        self.inner.health_status_change(target, healthy).await
+    }
+
+    fn backend_summary(&self, target: &Backend) -> String {
+        format!("upstream {}: {}", self.pool, target.addr)
+    }
+
+    fn health_threshold(&self, success: bool) -> usize {
+        self.inner.health_threshold(success)
+    }
+}
+
 fn health_check(spec: &UpstreamSpec) -> Option<Box<dyn HealthCheck + Send + Sync>> {
     let hc = spec.health_check.as_ref()?;
     match &hc.http {
@@ -103,7 +130,12 @@ fn health_check(spec: &UpstreamSpec) -> Option<Box<dyn HealthCheck + Send + Sync
 impl Pool {
     pub fn build(spec: &UpstreamSpec) -> std::io::Result<Pool> {
         let addrs = spec.servers.iter().copied();
-        let hc = health_check(spec);
+        let hc = health_check(spec).map(|inner| -> Box<dyn HealthCheck + Send + Sync> {
+            Box::new(Named {
+                inner,
+                pool: spec.name.clone(),
+            })
+        });
         macro_rules! lb {
             ($variant:ident) => {{
                 let mut lb = LoadBalancer::try_from_iter(addrs)?;

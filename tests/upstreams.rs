@@ -101,12 +101,19 @@ fn tcp_health_check_marks_dead_server() {
     let a = Upstream::start("a");
     let dead = format!("127.0.0.1:{}", free_port());
     let gw = Gateway::start(&config(
-        &[a.addr.to_string(), dead],
+        &[a.addr.to_string(), dead.clone()],
         "    health_check: { interval: 100ms }",
     ));
     std::thread::sleep(Duration::from_millis(400));
     let seen = hits(&gw, 20, "t");
     assert_eq!(seen.get("a"), Some(&20), "{seen:?}");
+    // the log line names the pool and the server, not a debug struct
+    let log = gw.log();
+    assert!(
+        log.contains(&format!("upstream pool: {dead} becomes unhealthy")),
+        "{log}"
+    );
+    assert!(!log.contains("Backend {"), "{log}");
 }
 
 #[test]
