@@ -444,3 +444,78 @@ fn duplicate_keys_in_a_keys_file() {
     assert!(err.contains("keys.yaml:3:1: duplicate key \"k1\""), "{err}");
     assert!(err.contains("line 1, column 1"), "{err}");
 }
+
+#[test]
+fn a_key_at_the_wrong_indentation_is_named_where_it_stands() {
+    // indented one column short: it is not a key of the rule
+    let text = with(
+        "    pathPattern: /v1/organizations/*/product/*\n",
+        "   pathPattern: /v1/organizations/*/product/*\n",
+    );
+    assert_error(
+        &text,
+        19,
+        5,
+        &[
+            "missing field `pathPattern`",
+            "stands at line 21, column 4",
+            "column 5",
+            "indentation",
+        ],
+    );
+    // or at the level of the list
+    let text = with(
+        "    pathPattern: /v1/organizations/*/product/*\n    tiers:\n      - { period: 1, threshold: 10 }\n",
+        "    tiers:\n      - { period: 1, threshold: 10 }\n  pathPattern: /v1/organizations/*/product/*\n",
+    );
+    assert_error(&text, 19, 5, &["stands at line 23, column 3"]);
+}
+
+#[test]
+fn a_structure_error_says_which_line_to_check() {
+    let text = with("routes:\n", " routes:\n");
+    assert_error(
+        &text,
+        8,
+        2,
+        &[
+            "check the indentation of line 8",
+            "upstreams.products.health_check",
+        ],
+    );
+}
+
+#[test]
+fn a_fractional_threshold_is_named_as_such() {
+    assert_error(
+        &with(
+            "{ period: 1, threshold: 10 }",
+            "{ period: 1, threshold: 5.5 }",
+        ),
+        23,
+        33,
+        &[
+            "limits[0].tiers[0].threshold",
+            "whole number of requests, got 5.5",
+        ],
+    );
+}
+
+#[test]
+fn one_listen_address_may_stand_alone() {
+    let dir = TempDir::new();
+    let text = with(
+        "  listen: [\"127.0.0.1:8080\"]",
+        "  listen: \"127.0.0.1:8080\"",
+    );
+    let p = dir.write("gateway.yaml", &text).display().to_string();
+    let (code, out, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("listeners: 127.0.0.1:8080 "), "{out}");
+    assert_error(
+        &with("  listen: [\"127.0.0.1:8080\"]", "  listen: \"localhost\""),
+        2,
+        11,
+        &["server.listen", "invalid address \"localhost\""],
+    );
+}

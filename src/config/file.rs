@@ -29,7 +29,7 @@ pub struct FileConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerFile {
-    pub listen: Vec<ListenFile>,
+    pub listen: ListenList,
     /// Plain listeners also take HTTP/2 with prior knowledge.
     #[serde(default)]
     pub h2c: bool,
@@ -112,6 +112,34 @@ impl ListenFile {
             ListenFile::Addr(_) => None,
             ListenFile::Map(m) => m.tls.as_ref(),
         }
+    }
+}
+
+/// `server.listen`: a list, or one entry alone (`listen: "0.0.0.0:8080"`, as nginx users write).
+#[derive(Debug)]
+pub struct ListenList(pub Vec<ListenFile>);
+
+impl<'de> Deserialize<'de> for ListenList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ListenList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an address such as \"0.0.0.0:8080\", or a list of them")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<ListenList, E> {
+                Ok(ListenList(vec![ListenFile::Addr(v.to_string())]))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<ListenList, A::Error> {
+                ListenMap::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(|m| ListenList(vec![ListenFile::Map(m)]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<ListenList, A::Error> {
+                Vec::<ListenFile>::deserialize(de::value::SeqAccessDeserializer::new(seq))
+                    .map(ListenList)
+            }
+        }
+        deserializer.deserialize_any(V)
     }
 }
 
@@ -415,7 +443,37 @@ pub enum Action {
 #[serde(deny_unknown_fields)]
 pub struct TierFile {
     pub period: ConfDuration,
-    pub threshold: i64,
+    pub threshold: Threshold,
+}
+
+/// A tier's threshold as written: an integer (its sign is checked in validation).
+#[derive(Debug, Clone, Copy)]
+pub struct Threshold(pub i64);
+
+impl<'de> Deserialize<'de> for Threshold {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Threshold;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number of requests such as 100")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Threshold, E> {
+                Ok(Threshold(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Threshold, E> {
+                i64::try_from(v)
+                    .map(Threshold)
+                    .map_err(|_| E::custom(format!("threshold {v} is too large")))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Threshold, E> {
+                Err(E::custom(format!(
+                    "threshold must be a whole number of requests, got {v}"
+                )))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -17,6 +17,8 @@ pub struct Locator {
     /// Keys given twice in one mapping: (path of the key, first position, second position).
     /// YAML maps would keep the last silently (a second API key, a second pool).
     pub duplicates: Vec<(String, Pos, Pos)>,
+    /// The text's lines, for hints about keys at the wrong indentation.
+    lines: Vec<String>,
 }
 
 enum Frame {
@@ -112,6 +114,7 @@ impl Locator {
         Locator {
             positions: rec.positions,
             duplicates: rec.duplicates,
+            lines: text.lines().map(str::to_string).collect(),
         }
     }
 
@@ -133,6 +136,64 @@ impl Locator {
                 }
             }
         }
+    }
+
+    /// A hint for a parser error at `pos` that is about the document's shape, in the file's
+    /// own terms: where a missing key was actually found, or which value swallowed it, or what
+    /// was read last before a structure error.
+    pub fn hint(&self, message: &str, pos: Pos) -> Option<String> {
+        if let Some(field) = message
+            .split("missing field `")
+            .nth(1)
+            .and_then(|r| r.split('`').next())
+        {
+            // the mapping the error is about: the one whose first key stands at `pos`
+            let map = self
+                .positions
+                .iter()
+                .filter(|(p, at)| **at == pos && p.ends_with("#key"))
+                .filter_map(|(p, _)| p.strip_suffix("#key"))
+                .map(|k| k.rsplit_once('.').map_or("", |(parent, _)| parent))
+                .max_by_key(|p| p.len())
+                .unwrap_or("");
+            let key_here = |line: usize| {
+                self.positions.iter().any(|(p, at)| {
+                    at.line == line
+                        && p.strip_suffix("#key")
+                            .is_some_and(|k| k == format!("{map}.{field}") || k == field)
+                })
+            };
+            // the key written somewhere else in the file, at another indentation
+            let found = self.lines.iter().enumerate().find_map(|(i, l)| {
+                let trimmed = l.trim_start().trim_start_matches("- ");
+                let col = l.len() - trimmed.len() + 1;
+                (trimmed.starts_with(&format!("{field}:")) && !key_here(i + 1))
+                    .then_some((i + 1, col))
+            })?;
+            let first_key = pos.column;
+            return Some(format!(
+                "`{field}:` stands at line {}, column {}, where this mapping's keys start at column {first_key}: check its indentation",
+                found.0, found.1
+            ));
+        }
+        let structural = [
+            "did not find expected",
+            "mapping values are not allowed",
+            "could not find expected",
+            "block sequence entries are not allowed",
+        ];
+        if structural.iter().any(|m| message.contains(m)) {
+            let last = self
+                .positions
+                .iter()
+                .filter(|(p, at)| !p.is_empty() && !p.ends_with("#key") && at.line < pos.line)
+                .max_by_key(|(p, at)| (at.line, at.column, p.len()))?;
+            return Some(format!(
+                "check the indentation of line {} against the lines above it (the last value read is {}, line {})",
+                pos.line, last.0, last.1.line
+            ));
+        }
+        None
     }
 
     /// An error for every key given twice in one mapping, at the second, naming the first.

@@ -28,7 +28,12 @@ pub fn load_str(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
     if !duplicates.is_empty() {
         return Err(ConfigErrors(duplicates));
     }
-    let model: file::FileConfig =
-        serde_yaml::from_str(text).map_err(|e| ConfigError::from_yaml(path, &e))?;
+    let model: file::FileConfig = serde_yaml::from_str(text).map_err(|e| {
+        let mut err = ConfigError::from_yaml(path, &e);
+        if let Some(hint) = loc.hint(&err.message, err.pos) {
+            err.message = format!("{}; {hint}", err.message);
+        }
+        err
+    })?;
     validate::validate(path, loc, model)
 }

@@ -241,13 +241,13 @@ fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, Certificate
     let mut listen = Vec::new();
     let mut listen_tls = Vec::new();
     let mut certs = Certificates::default();
-    if s.listen.is_empty() {
+    if s.listen.0.is_empty() {
         c.err(
             "server.listen",
             "must list at least one address such as \"0.0.0.0:8080\"",
         );
     }
-    for (i, entry) in s.listen.iter().enumerate() {
+    for (i, entry) in s.listen.0.iter().enumerate() {
         let a = entry.addr();
         let path = match entry {
             ListenFile::Addr(_) => format!("server.listen[{i}]"),
@@ -767,10 +767,13 @@ fn check_tiers(c: &mut Checker, base: &str, tiers: &[TierFile]) -> Vec<Tier> {
                 "period must be greater than 0 (seconds, or a string such as \"500ms\")",
             );
         }
-        if t.threshold <= 0 {
+        if t.threshold.0 <= 0 {
             c.err(
                 &format!("{p}.threshold"),
-                format!("threshold must be a positive integer, got {}", t.threshold),
+                format!(
+                    "threshold must be a positive integer, got {}",
+                    t.threshold.0
+                ),
             );
         }
         if out.iter().any(|o| o.period == period) {
@@ -784,7 +787,7 @@ fn check_tiers(c: &mut Checker, base: &str, tiers: &[TierFile]) -> Vec<Tier> {
         }
         out.push(Tier {
             period,
-            threshold: t.threshold.max(1) as u64,
+            threshold: t.threshold.0.max(1) as u64,
         });
     }
     out
