@@ -137,13 +137,39 @@ fn access_log(session: &Session, ctx: &RequestCtx, route: &str, status: http::St
         .map_or_else(|| "-".to_string(), |a| a.to_string());
     log::info!(
         target: "tollgate::access",
-        "route={route} tenant=\"{}\" method={} path=\"{}\" status={} decision={decision} upstream={upstream} latency_ms={:.3}",
-        String::from_utf8_lossy(&ctx.tenant).escape_debug(),
-        req.method,
-        req.uri.path().escape_debug(),
-        status.as_u16(),
-        ctx.started.elapsed().as_secs_f64() * 1000.0
+        "{}",
+        access_line(
+            route,
+            &ctx.tenant,
+            req.method.as_str(),
+            req.uri.path(),
+            status.as_u16(),
+            decision,
+            &upstream,
+            ctx.started.elapsed().as_secs_f64() * 1000.0,
+        )
     );
+}
+
+/// One access log line. The tenant and the path are quoted with every control character,
+/// quote and backslash escaped (`\n`, `\"`), so that no client can end a line or forge one.
+#[allow(clippy::too_many_arguments)]
+fn access_line(
+    route: &str,
+    tenant: &[u8],
+    method: &str,
+    path: &str,
+    status: u16,
+    decision: &str,
+    upstream: &str,
+    latency_ms: f64,
+) -> String {
+    format!(
+        "route={route} tenant=\"{}\" method={} path=\"{}\" status={status} decision={decision} upstream={upstream} latency_ms={latency_ms:.3}",
+        String::from_utf8_lossy(tenant).escape_debug(),
+        method.escape_debug(),
+        path.escape_debug(),
+    )
 }
 
 #[async_trait]
@@ -509,6 +535,27 @@ impl ProxyHttp for Gateway {
 mod tests {
     use super::write_ip;
     use std::net::IpAddr;
+
+    #[test]
+    fn an_access_line_cannot_be_broken_or_forged() {
+        let line = super::access_line(
+            "all",
+            b"acme\n[2026] INFO tollgate::access route=all tenant=\"x\\",
+            "GET",
+            "/a\r\nb\u{7}",
+            200,
+            "allowed",
+            "-",
+            1.5,
+        );
+        assert!(!line.contains('\n') && !line.contains('\r'), "{line}");
+        assert!(
+            line.contains(r#"tenant="acme\n[2026] INFO tollgate::access route=all tenant=\"x\\""#),
+            "{line}"
+        );
+        assert!(line.contains(r#"path="/a\r\nb\u{7}""#), "{line}");
+        assert_eq!(line.matches("tenant=\"").count(), 1, "{line}");
+    }
 
     #[test]
     fn addresses_are_written_as_std_writes_them() {

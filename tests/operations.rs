@@ -306,6 +306,39 @@ fn access_log_has_one_line_per_request() {
     assert!(log
         .lines()
         .any(|l| l.contains("tollgate::access") && l.contains("status=429 decision=denied")));
+
+    // a bare CR, an obs-fold and a vertical tab inside the tenant header: whatever the parser
+    // makes of them, each request is one line
+    let before = gw.log().matches("tollgate::access").count();
+    let attacks: [&[u8]; 3] = [
+        b"GET /limited/2 HTTP/1.1\r\nHost: x\r\nx-org-id: a\rINFO tollgate::access forged\r\nConnection: close\r\n\r\n",
+        b"GET /limited/2 HTTP/1.1\r\nHost: x\r\nx-org-id: a\r\n forged tollgate::access\r\nConnection: close\r\n\r\n",
+        b"GET /limited/2 HTTP/1.1\r\nHost: x\r\nx-org-id: a\x0bb\r\nConnection: close\r\n\r\n",
+    ];
+    let mut statuses = Vec::new();
+    for raw in attacks {
+        statuses.push(common::request_raw(gw.addr, raw).map(|r| r.status).ok());
+    }
+    // (pingora refuses some with 400 before any phase runs: those are not logged)
+    assert!(statuses.iter().flatten().all(|s| *s < 500), "{statuses:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let log = gw.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("tollgate::access"))
+        .collect();
+    assert!(lines.len() <= before + 3, "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("INFO  tollgate::access] route=")),
+        "every access line is whole: {lines:#?}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.starts_with(" forged") || l.starts_with("INFO tollgate::access forged")),
+        "{log}"
+    );
 }
 
 #[test]
