@@ -469,6 +469,11 @@ fn a_redis_restart_that_loses_every_key_costs_at_most_one_window() {
         extra <= 5,
         "{extra} extra admissions after losing every key"
     );
+    // and the gateway still admits: another tenant gets its whole limit, no more
+    let other = (0..8)
+        .filter(|_| gw.get("/x", &[("x-org-id", "u")]).status == 200)
+        .count();
+    assert_eq!(other, 5, "a fresh tenant after the restart");
     // what was admitted since reaches the new Redis (an absent key counts 0)
     assert!(eventually(Duration::from_secs(5), || {
         let total: i64 = redis
@@ -477,6 +482,14 @@ fn a_redis_restart_that_loses_every_key_costs_at_most_one_window() {
             .map(|k| redis.int(&["GET", k]))
             .sum();
         total == extra as i64
+    }));
+    assert!(eventually(Duration::from_secs(5), || {
+        let total: i64 = redis
+            .counter_keys("tg:{u}:*")
+            .iter()
+            .map(|k| redis.int(&["GET", k]))
+            .sum();
+        total == 5
     }));
 }
 
@@ -541,4 +554,45 @@ fn readyz_waits_for_the_first_round() {
         started.elapsed()
     );
     assert!(wait_redis_state(&gw, "disconnected"));
+}
+
+#[test]
+fn sigterm_sends_the_last_counts_to_redis() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}\n  sync_interval: 60s", redis.url()),
+        "[{ period: 1h, threshold: 1000 }]",
+        "",
+    )
+    .replace("  threads: 1\n", "  threads: 1\n  grace_period: 1s\n");
+    let mut gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    avoid_window_edge(3_600_000, 60_000);
+    let admitted = (0..12)
+        .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
+        .count();
+    assert!(admitted > 0);
+    // at once: the counts made since the last round exist only in this process
+    let pid = gw.child.id() as i32;
+    // SAFETY: a signal to our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    assert!(eventually(Duration::from_secs(10), || gw
+        .child
+        .try_wait()
+        .ok()
+        .flatten()
+        .is_some()));
+    let total: i64 = redis
+        .counter_keys("tg:{t}:*")
+        .iter()
+        .map(|k| redis.int(&["GET", k]))
+        .sum();
+    assert_eq!(
+        total, admitted as i64,
+        "every admitted request reached Redis"
+    );
 }

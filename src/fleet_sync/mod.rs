@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 pub const KEY_GRACE_MS: u64 = 10_000;
 /// Longest wait between retries while Redis is failing.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The last round of a draining process starts this long before its grace period ends.
+pub const LAST_ROUND_MARGIN: Duration = Duration::from_millis(300);
 
 /// How far ahead an ask looks: until the next periodic round could renew it.
 pub fn horizon_ms(settings: &RedisSettings) -> u64 {
@@ -471,8 +473,14 @@ impl BackgroundService for SyncService {
             let asked = fleet.round_requested();
             tokio::select! {
                 _ = shutdown.changed() => {
-                    // last chance for the counts of this instance to reach the fleet
+                    // Draining: the requests in flight, and those on kept-alive connections,
+                    // still count during `grace_period`. Report now, then once more just
+                    // before the grace period ends, so that the last counts reach the fleet.
                     if let Some((s, b)) = &current {
+                        let grace = self.shared.load().config.server.grace_period;
+                        let last = at(ms()) + grace.saturating_sub(LAST_ROUND_MARGIN);
+                        let _ = self.round(s, b.as_ref()).await;
+                        tokio::time::sleep_until(last).await;
                         let _ = self.round(s, b.as_ref()).await;
                     }
                     return;
