@@ -497,9 +497,7 @@ pub fn metric_sum(metrics: &str, prefix: &str) -> f64 {
 }
 
 /// Make sure at least `margin_ms` remain in the current epoch-aligned window of `period_ms`,
-/// so that a test's requests all fall in one window.
-/// Wait, if needed, so that at least `margin_ms` remain in the current window of `period_ms`.
-/// With several windows, call it for the longest first: a later, shorter wait cannot then
+/// so that a test's requests all fall in one window. With several windows, call it for the longest first: a later, shorter wait cannot then
 /// cross the longer window's edge.
 pub fn avoid_window_edge(period_ms: u64, margin_ms: u64) {
     let now = std::time::SystemTime::now()
