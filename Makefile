@@ -7,7 +7,7 @@ BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.
 TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk curl:curl
 BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client
 
-.PHONY: all deps deps-test deps-bench build release run test lint fmt bench check-configs clean demo-cert
+.PHONY: all deps deps-test deps-bench build release run test lint fmt bench check-configs clean demo-cert fuzz
 
 all: build
 
@@ -60,6 +60,17 @@ bench: deps-bench deps-test release
 	scripts/bench-gateway
 	scripts/bench-edge
 	scripts/bench-fleet
+
+## Coverage-guided fuzzing (fuzz/, cargo-fuzz and libFuzzer) of the config loader, path
+## normalization and globs, X-Forwarded-For, durations and partition keys, FUZZ_SECONDS each.
+## cargo-fuzz needs a nightly toolchain (or RUSTC_BOOTSTRAP=1 on stable, as used here).
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	@for t in config path xff duration partition; do \
+	  echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
+	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run --fuzz-dir fuzz $$t -- -max_total_time=$(FUZZ_SECONDS) 2>&1 | tail -3 || exit 1; \
+	done
 
 check-configs: build demo-cert
 	@for f in conf/*.yaml; do if grep -q '^server:' $$f; then target/debug/tollgate -t -c $$f >/dev/null && echo "ok $$f"; fi; done

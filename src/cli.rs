@@ -77,9 +77,6 @@ pub fn main() -> i32 {
         }
     };
     let fleet = Arc::new(FleetState::default());
-    if let Some(r) = &cfg.redis {
-        fleet.configure(true, r.on_failure);
-    }
     let rt = Runtime {
         registry: Arc::new(CounterRegistry::new(
             metrics.evictions.clone(),
@@ -254,7 +251,10 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
     server.add_service(background_service(
         "upstream health checks",
         HealthChecker {
-            shared: shared.clone(),
+            pools: {
+                let shared = shared.clone();
+                move || shared.load().pools.clone()
+            },
         },
     ));
     server.add_service(background_service(

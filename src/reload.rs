@@ -68,15 +68,10 @@ impl Reloader {
                 "reload: changes to server.listen (addresses or tls on/off), server.h2c, server.admin or server.threads need a restart or a graceful upgrade (tollgate -u); the running listeners and threads stay (certificates are reloaded)"
             );
         }
-        let redis = cfg.redis.clone();
         let snapshot = match Snapshot::build(cfg, &self.runtime) {
             Ok(s) => s,
             Err(e) => return fail(&format!("cannot build upstream pools: {e}")),
         };
-        self.runtime.fleet.configure(
-            redis.is_some(),
-            redis.map_or(Default::default(), |r| r.on_failure),
-        );
         self.shared.store(Arc::new(snapshot));
         self.metrics.reloads.with_label_values(&["ok"]).inc();
         log::info!("reload: configuration {} reloaded", self.path.display());

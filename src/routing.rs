@@ -11,28 +11,25 @@ pub fn find_route<'a>(
     host: Option<&str>,
     path: &Segments,
 ) -> Option<(usize, &'a Route)> {
-    routes.iter().enumerate().find(|(_, r)| {
-        r.methods.contains(method)
-            && match (&r.host, host) {
-                (None, _) => true,
-                (Some(h), Some(req_host)) => h.matches(req_host),
-                (Some(_), None) => false,
-            }
-            && r.path.matches_segments(path)
-    })
+    routes
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.matcher.matches(method, host, path))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matching::{HostMatch, MethodSet, PathPattern};
+    use crate::matching::{HostMatch, MethodSet, PathPattern, RequestMatch};
 
     fn route(id: &str, host: Option<&str>, path: &str, methods: Option<&[&str]>) -> Route {
         Route {
             id: id.into(),
-            host: host.map(|h| HostMatch::parse(h).unwrap()),
-            path: PathPattern::compile(path).unwrap(),
-            methods: methods.map_or(MethodSet::ALL, |m| MethodSet::parse(m).unwrap()),
+            matcher: RequestMatch {
+                host: host.map(|h| HostMatch::parse(h).unwrap()),
+                path: PathPattern::compile(path).unwrap(),
+                methods: methods.map_or(MethodSet::ALL, |m| MethodSet::parse(m).unwrap()),
+            },
             upstream: 0,
         }
     }

@@ -79,7 +79,8 @@ pub struct Runtime {
 pub type SharedSnapshot = Arc<ArcSwap<Snapshot>>;
 
 impl Snapshot {
-    /// Build the runtime parts (pools, limiter) of a validated config.
+    /// Build the runtime parts (pools, limiter) of a validated config, and set the fleet's mode
+    /// from its `redis` section. Start-up and reload both come through here.
     pub fn build(config: Config, rt: &Runtime) -> std::io::Result<Snapshot> {
         let pools = config
             .upstreams
@@ -98,6 +99,15 @@ impl Snapshot {
         let requests = RequestCounters::new(
             &rt.metrics.requests,
             config.routes.iter().map(|r| r.id.clone()),
+        );
+        // the one place where a config's `redis` section sets the fleet's mode (start-up and
+        // reload alike); the snapshot is stored right after
+        rt.fleet.configure(
+            config.redis.is_some(),
+            config
+                .redis
+                .as_ref()
+                .map_or(Default::default(), |r| r.on_failure),
         );
         Ok(Snapshot {
             config,

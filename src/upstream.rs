@@ -3,7 +3,6 @@
 //! every proxied request uses.
 
 use crate::config::model::{Balance, UpstreamSpec, UpstreamTls};
-use crate::snapshot::SharedSnapshot;
 use crate::ticker::Ticker;
 use async_trait::async_trait;
 use pingora::http::RequestHeader;
@@ -255,20 +254,22 @@ impl Pool {
     }
 }
 
-/// Background service running the health checks of the pools of the current snapshot, each at
-/// its own interval. After a reload it checks the new pools.
-pub struct HealthChecker {
-    pub shared: SharedSnapshot,
+/// Background service running the health checks of the pools that `pools` gives (those of the
+/// running config: after a reload, the new ones), each at its own interval.
+pub struct HealthChecker<F> {
+    pub pools: F,
 }
 
 #[async_trait]
-impl BackgroundService for HealthChecker {
+impl<F> BackgroundService for HealthChecker<F>
+where
+    F: Fn() -> Vec<Arc<Pool>> + Send + Sync,
+{
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut ticker = Ticker::every(Duration::from_millis(50));
         while ticker.tick(&mut shutdown).await {
-            let snap = self.shared.load_full();
             let now = Instant::now();
-            for pool in &snap.pools {
+            for pool in &(self.pools)() {
                 if pool.start_check_if_due(now) {
                     let pool = Arc::clone(pool);
                     tokio::spawn(async move { pool.run_health_check().await });

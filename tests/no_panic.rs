@@ -113,7 +113,15 @@ fn mutations() -> impl Strategy<Value = String> {
     texts.sort();
     (
         proptest::sample::select(texts),
-        proptest::collection::vec((0..5u8, any::<prop::sample::Index>(), any::<prop::sample::Index>(), hostile_text()), 1..4),
+        proptest::collection::vec(
+            (
+                0..5u8,
+                any::<prop::sample::Index>(),
+                any::<prop::sample::Index>(),
+                hostile_text(),
+            ),
+            1..4,
+        ),
     )
         .prop_map(|(text, edits)| {
             let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
@@ -134,7 +142,11 @@ fn mutations() -> impl Strategy<Value = String> {
                     2 => lines.swap(i, j),
                     3 => {
                         let l = &lines[i];
-                        lines[i] = if l.starts_with(' ') { l[1..].to_string() } else { format!(" {l}") };
+                        lines[i] = if l.starts_with(' ') {
+                            l[1..].to_string()
+                        } else {
+                            format!(" {l}")
+                        };
                     }
                     _ => {
                         let l = &lines[i];
@@ -168,7 +180,10 @@ fn check_config(text: &str) {
                 assert!(e.pos.line >= 1 && e.pos.column >= 1, "{e}");
                 assert!(!e.message.is_empty(), "{e}");
                 let shown = e.to_string();
-                assert!(shown.starts_with(&format!("{}:", path.display())), "{shown}");
+                assert!(
+                    shown.starts_with(&format!("{}:", path.display())),
+                    "{shown}"
+                );
             }
         }
     }

@@ -2,7 +2,7 @@
 //! value here has been checked; nothing on the request path needs to re-check or unwrap.
 
 pub use super::file::{Action, Algorithm, Balance, OnFailure};
-use crate::matching::{HostMatch, MethodSet, PathPattern};
+use crate::matching::{PathPattern, RequestMatch};
 use http::header::HeaderName;
 use ipnet::IpNet;
 use std::collections::HashMap;
@@ -83,9 +83,7 @@ pub struct HealthCheckSpec {
 #[derive(Debug)]
 pub struct Route {
     pub id: String,
-    pub host: Option<HostMatch>,
-    pub path: PathPattern,
-    pub methods: MethodSet,
+    pub matcher: RequestMatch,
     /// Index into `Config::upstreams`.
     pub upstream: usize,
 }
@@ -162,9 +160,7 @@ pub enum PartitionBy {
 pub struct Rule {
     pub id: String,
     pub enabled: bool,
-    pub methods: MethodSet,
-    pub path: PathPattern,
-    pub host: Option<HostMatch>,
+    pub matcher: RequestMatch,
     pub per: PartitionBy,
     pub algorithm: Algorithm,
     pub tiers: Vec<Tier>,

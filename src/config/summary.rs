@@ -67,20 +67,11 @@ pub fn summary(cfg: &Config) -> String {
     }
     let _ = writeln!(s, "routes ({}, first match wins):", cfg.routes.len());
     for r in &cfg.routes {
-        let methods = if r.methods.is_all() {
-            "*".to_string()
-        } else {
-            r.methods.names().join(",")
-        };
         let _ = writeln!(
             s,
-            "  {:<16} {} {}{} -> {}",
+            "  {:<16} {} -> {}",
             r.id,
-            methods,
-            r.host
-                .as_ref()
-                .map_or(String::new(), |h| format!("{} ", h.as_display())),
-            r.path.as_str(),
+            r.matcher.describe(),
             cfg.upstreams[r.upstream].name
         );
     }
@@ -108,16 +99,11 @@ pub fn summary(cfg: &Config) -> String {
     }
     let _ = writeln!(s, "rules ({}):", cfg.rules.len());
     for r in &cfg.rules {
-        let methods = if r.methods.is_all() {
-            "*".to_string()
-        } else {
-            r.methods.names().join(",")
-        };
         let _ = writeln!(
             s,
-            "  {:<16} {methods} {} per {} {} {} tiers {}{}",
+            "  {:<16} {} per {} {} {} tiers {}{}",
             r.id,
-            r.path.as_str(),
+            r.matcher.describe(),
             per_text(&r.per),
             r.algorithm,
             r.action,

@@ -7,7 +7,7 @@ use super::error::{ConfigError, ConfigErrors, Pos};
 use super::file::*;
 use super::locate::Locator;
 use super::model::*;
-use crate::matching::{HostMatch, MethodSet, PathPattern};
+use crate::matching::{HostMatch, MethodSet, PathPattern, RequestMatch};
 use crate::tls::{valid_host, CertKey, Certificates, PairError};
 use http::header::HeaderName;
 use ipnet::IpNet;
@@ -627,9 +627,11 @@ fn check_routes(c: &mut Checker, routes: &[RouteFile], ups: &[UpstreamSpec]) -> 
         };
         out.push(Route {
             id: r.id.clone(),
-            host: check_host(c, &format!("{base}.host"), &r.host),
-            path: check_pattern(c, &format!("{base}.path"), &r.path),
-            methods: check_methods(c, &format!("{base}.methods"), &r.methods),
+            matcher: RequestMatch {
+                host: check_host(c, &format!("{base}.host"), &r.host),
+                path: check_pattern(c, &format!("{base}.path"), &r.path),
+                methods: check_methods(c, &format!("{base}.methods"), &r.methods),
+            },
             upstream,
         });
     }
@@ -890,9 +892,11 @@ fn check_rules(c: &mut Checker, prefix: &str, list: &[RuleFile], plans: &Plans) 
         out.push(Arc::new(Rule {
             id: r.id.clone(),
             enabled: r.enabled,
-            methods: check_methods(c, &format!("{base}.methods"), &r.methods),
-            path: check_pattern(c, &format!("{base}.pathPattern"), &r.path_pattern),
-            host: check_host(c, &format!("{base}.host"), &r.host),
+            matcher: RequestMatch {
+                methods: check_methods(c, &format!("{base}.methods"), &r.methods),
+                path: check_pattern(c, &format!("{base}.pathPattern"), &r.path_pattern),
+                host: check_host(c, &format!("{base}.host"), &r.host),
+            },
             per,
             algorithm: r.algorithm,
             tiers,

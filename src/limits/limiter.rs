@@ -297,13 +297,7 @@ impl Limiter {
         let mut key = [0u8; KEY_BUF];
         for (i, cr) in self.rules.iter().enumerate() {
             let r = &cr.rule;
-            if !r.methods.contains(req.method)
-                || !r
-                    .host
-                    .as_ref()
-                    .is_none_or(|h| req.host.is_some_and(|rh| h.matches(rh)))
-                || !r.path.matches_segments(req.path)
-            {
+            if !r.matcher.matches(req.method, req.host, req.path) {
                 continue;
             }
             let Some(part) = Self::partition(r, req) else {

@@ -175,10 +175,6 @@ impl RuleCounters {
         ((hash >> 32) as usize) % SHARDS
     }
 
-    pub fn shard_of(&self, key: &[u8]) -> usize {
-        Self::shard_of_hash(self.hash_of(key))
-    }
-
     pub fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
         self.shards[shard % SHARDS].lock()
     }

@@ -11,3 +11,39 @@ pub use glob::{PathPattern, Segments};
 pub use host::HostMatch;
 pub use methods::MethodSet;
 pub use normalize::normalize_path;
+
+/// What a route and a rate-limit rule both match a request on: its method, its host (when
+/// given) and its normalized path. One type, so that a route and a rule written alike match
+/// alike.
+#[derive(Debug)]
+pub struct RequestMatch {
+    pub methods: MethodSet,
+    pub host: Option<HostMatch>,
+    pub path: PathPattern,
+}
+
+impl RequestMatch {
+    /// Does a request with this method, `Host` (if any) and split normalized path match?
+    pub fn matches(&self, method: &http::Method, host: Option<&str>, path: &Segments) -> bool {
+        self.methods.contains(method)
+            && match (&self.host, host) {
+                (None, _) => true,
+                (Some(h), Some(request_host)) => h.matches(request_host),
+                (Some(_), None) => false,
+            }
+            && self.path.matches_segments(path)
+    }
+
+    /// `GET,PUT api.example.com /v1/**` (methods `*` for all), as `-t` shows it.
+    pub fn describe(&self) -> String {
+        let methods = if self.methods.is_all() {
+            "*".to_string()
+        } else {
+            self.methods.names().join(",")
+        };
+        match &self.host {
+            Some(h) => format!("{methods} {} {}", h.as_display(), self.path.as_str()),
+            None => format!("{methods} {}", self.path.as_str()),
+        }
+    }
+}
