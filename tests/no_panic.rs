@@ -142,10 +142,9 @@ fn mutations() -> impl Strategy<Value = String> {
                     2 => lines.swap(i, j),
                     3 => {
                         let l = &lines[i];
-                        lines[i] = if l.starts_with(' ') {
-                            l[1..].to_string()
-                        } else {
-                            format!(" {l}")
+                        lines[i] = match l.strip_prefix(' ') {
+                            Some(rest) => rest.to_string(),
+                            None => format!(" {l}"),
                         };
                     }
                     _ => {
