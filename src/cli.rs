@@ -126,7 +126,7 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         grace_period_seconds: Some(server_cfg.grace_period.as_secs()),
         graceful_shutdown_timeout_seconds: Some(1),
         // attempts per request; each pool stops at its own `retries` (fail_to_connect)
-        max_retries: crate::config::validate::MAX_RETRIES + 1,
+        max_retries: crate::config::defaults::MAX_RETRIES + 1,
         ..ServerConf::default()
     };
     conf.work_stealing = true;

@@ -1,6 +1,7 @@
 //! Configuration: the YAML file model (`file`), its validation (`validate`) into the running
 //! model (`model`), with every error located (`error`, `locate`).
 
+pub mod defaults;
 pub mod duration;
 pub mod error;
 pub mod file;

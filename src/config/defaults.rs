@@ -1,0 +1,33 @@
+//! Every default and every bound of the configuration, in one place (the README's
+//! configuration reference lists the same values).
+
+use std::time::Duration;
+
+// server
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
+pub const DEFAULT_MAX_COUNTERS_PER_RULE: usize = 200_000;
+pub const DEFAULT_MAX_REQUEST_HEADER_BYTES: usize = 64 * 1024;
+/// Pingora's own limit on a request header.
+pub const MAX_REQUEST_HEADER_BYTES: usize = 1_048_575;
+pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_PID_FILE: &str = "/tmp/tollgate.pid";
+pub const DEFAULT_UPGRADE_SOCK: &str = "/tmp/tollgate_upgrade.sock";
+pub const MAX_THREADS: usize = 1024;
+
+// upstreams
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_HEALTH_HOST: &str = "localhost";
+pub const DEFAULT_RETRIES: usize = 2;
+pub const MAX_RETRIES: usize = 16;
+
+// limits
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_millis(500);
+pub const MAX_TIERS: usize = 16;
+
+// redis
+pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(100);
+pub const DEFAULT_KEY_PREFIX: &str = "tollgate";

@@ -1,0 +1,78 @@
+//! `routes`, and the method, host and path matchers routes and rules share.
+
+use super::*;
+
+pub(super) fn check_methods(c: &mut Checker, path: &str, m: &Option<Vec<String>>) -> MethodSet {
+    match m {
+        None => MethodSet::ALL,
+        Some(list) => MethodSet::parse(list).unwrap_or_else(|e| {
+            c.err(path, e);
+            MethodSet::ALL
+        }),
+    }
+}
+
+pub(super) fn check_pattern(c: &mut Checker, path: &str, p: &str) -> PathPattern {
+    PathPattern::compile(p).unwrap_or_else(|e| {
+        c.err(path, e);
+        PathPattern::any() // never used: the config is rejected
+    })
+}
+
+pub(super) fn check_host(c: &mut Checker, path: &str, h: &Option<String>) -> Option<HostMatch> {
+    h.as_ref().and_then(|h| match HostMatch::parse(h) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            c.err(path, e);
+            None
+        }
+    })
+}
+
+pub(super) fn check_routes(
+    c: &mut Checker,
+    routes: &[RouteFile],
+    ups: &[UpstreamSpec],
+) -> Vec<Route> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for (i, r) in routes.iter().enumerate() {
+        let base = format!("routes[{i}]");
+        if !valid_id(&r.id) {
+            c.err(
+                &format!("{base}.id"),
+                format!("invalid route id {:?}: {ID_RULE}", r.id),
+            );
+        } else if !seen.insert(r.id.clone()) {
+            c.err(
+                &format!("{base}.id"),
+                format!("duplicate route id {:?}", r.id),
+            );
+        }
+        let upstream = match ups.iter().position(|u| u.name == r.upstream) {
+            Some(i) => i,
+            None => {
+                let names: Vec<&str> = ups.iter().map(|u| u.name.as_str()).collect();
+                c.err(
+                    &format!("{base}.upstream"),
+                    format!(
+                        "unknown upstream {:?}: expected one of the pools under `upstreams` ({})",
+                        r.upstream,
+                        names.join(", ")
+                    ),
+                );
+                0
+            }
+        };
+        out.push(Route {
+            id: r.id.clone(),
+            matcher: RequestMatch {
+                host: check_host(c, &format!("{base}.host"), &r.host),
+                path: check_pattern(c, &format!("{base}.path"), &r.path),
+                methods: check_methods(c, &format!("{base}.methods"), &r.methods),
+            },
+            upstream,
+        });
+    }
+    out
+}

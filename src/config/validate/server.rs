@@ -1,0 +1,197 @@
+//! `server`: listeners (with their TLS certificates), `server.certificates`, client limits, the process.
+
+use super::*;
+
+/// Read a certificate and key pair named at `path` (`path.cert`, `path.key`), relative to the
+/// config file.
+pub(super) fn check_pair(
+    c: &mut Checker,
+    path: &str,
+    cert: &str,
+    key: &str,
+) -> Option<Arc<CertKey>> {
+    let cert_file = resolve_relative(&c.file, cert);
+    let key_file = resolve_relative(&c.file, key);
+    match CertKey::load(&cert_file, &key_file) {
+        Ok(pair) => Some(Arc::new(pair)),
+        Err(PairError::Cert(m)) => {
+            c.err(&format!("{path}.cert"), m);
+            None
+        }
+        Err(PairError::Key(m)) => {
+            c.err(&format!("{path}.key"), m);
+            None
+        }
+    }
+}
+
+pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, Certificates) {
+    let mut listen = Vec::new();
+    let mut listen_tls = Vec::new();
+    let mut certs = Certificates::default();
+    if s.listen.0.is_empty() {
+        c.err(
+            "server.listen",
+            "must list at least one address such as \"0.0.0.0:8080\"",
+        );
+    }
+    for (i, entry) in s.listen.0.iter().enumerate() {
+        let a = entry.addr();
+        let path = match entry {
+            ListenFile::Addr(_) => format!("server.listen[{i}]"),
+            ListenFile::Map(_) => format!("server.listen[{i}].addr"),
+        };
+        match a.parse::<SocketAddr>() {
+            Ok(addr) => {
+                if listen.contains(&addr) {
+                    c.err(&path, format!("{a} is listed twice"));
+                }
+                if let Some(tls) = entry.tls() {
+                    let tls_path = format!("server.listen[{i}].tls");
+                    if let Some(pair) = check_pair(c, &tls_path, &tls.cert, &tls.key) {
+                        certs.add_listener(addr, pair);
+                    }
+                }
+                listen.push(addr);
+                listen_tls.push(entry.tls().is_some());
+            }
+            Err(_) => c.err(
+                &path,
+                format!("invalid address {a:?}: expected IP:PORT such as \"0.0.0.0:8080\" or \"[::]:8080\""),
+            ),
+        }
+    }
+    for (i, cf) in s.certificates.iter().enumerate() {
+        let path = format!("server.certificates[{i}]");
+        if cf.hosts.is_empty() {
+            c.err(
+                &format!("{path}.hosts"),
+                "must list at least one host such as \"api.example.com\" or \"*.example.com\"",
+            );
+        }
+        let pair = check_pair(c, &path, &cf.cert, &cf.key);
+        for (j, h) in cf.hosts.iter().enumerate() {
+            let hpath = format!("{path}.hosts[{j}]");
+            if !valid_host(h) {
+                c.err(
+                    &hpath,
+                    format!("invalid host {h:?}: expected a name such as \"api.example.com\" or \"*.example.com\""),
+                );
+            } else if let Some(pair) = &pair {
+                if !certs.add_host(h, pair.clone()) {
+                    c.err(&hpath, format!("{h} has a certificate already"));
+                }
+            }
+        }
+    }
+    if !s.certificates.is_empty() && !listen_tls.contains(&true) {
+        c.err(
+            "server.certificates",
+            "no listener has tls: give one entry of server.listen a tls: { cert, key }",
+        );
+    }
+    let max_request_header_bytes = match s.max_request_header_bytes {
+        Some(n) if !(1024..=MAX_REQUEST_HEADER_BYTES).contains(&n) => {
+            c.err(
+                "server.max_request_header_bytes",
+                format!("must be between 1024 and {MAX_REQUEST_HEADER_BYTES} (1 MiB, pingora's own limit)"),
+            );
+            DEFAULT_MAX_REQUEST_HEADER_BYTES
+        }
+        Some(n) => n,
+        None => DEFAULT_MAX_REQUEST_HEADER_BYTES,
+    };
+    if s.max_body_bytes == Some(0) {
+        c.err(
+            "server.max_body_bytes",
+            "must be at least 1 (leave it out for no limit)",
+        );
+    }
+    let client_header_timeout = positive(
+        c,
+        "server.client_header_timeout",
+        s.client_header_timeout,
+        DEFAULT_CLIENT_HEADER_TIMEOUT,
+    );
+    let admin = s
+        .admin
+        .as_ref()
+        .and_then(|a| match a.parse::<SocketAddr>() {
+            Ok(addr) => {
+                if listen.contains(&addr) {
+                    c.err("server.admin", format!("{a} is also a data plane listener"));
+                }
+                Some(addr)
+            }
+            Err(_) => {
+                c.err(
+                    "server.admin",
+                    format!("invalid address {a:?}: expected IP:PORT such as \"127.0.0.1:9090\""),
+                );
+                None
+            }
+        });
+    let threads = match s.threads {
+        Some(0) => {
+            c.err("server.threads", "must be at least 1");
+            1
+        }
+        Some(n) if n > MAX_THREADS => {
+            c.err("server.threads", format!("must be at most {MAX_THREADS}"));
+            1
+        }
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let mut trusted = Vec::new();
+    for (i, t) in s.trusted_proxies.iter().enumerate() {
+        let parsed = t
+            .parse::<IpNet>()
+            .or_else(|_| t.parse::<IpAddr>().map(IpNet::from));
+        match parsed {
+            Ok(n) => trusted.push(n.trunc()),
+            Err(_) => c.err(
+                &format!("server.trusted_proxies[{i}]"),
+                format!(
+                    "invalid network {t:?}: expected an address or CIDR such as \"10.0.0.0/8\""
+                ),
+            ),
+        }
+    }
+    let grace_period = match s.grace_period {
+        Some(ConfDuration(d)) => d,
+        None => DEFAULT_GRACE_PERIOD,
+    };
+    let max_counters_per_rule = match s.max_counters_per_rule {
+        Some(0) => {
+            c.err("server.max_counters_per_rule", "must be at least 1");
+            1
+        }
+        Some(n) => n,
+        None => DEFAULT_MAX_COUNTERS_PER_RULE,
+    };
+    let settings = ServerSettings {
+        max_counters_per_rule,
+        listen,
+        listen_tls,
+        h2c: s.h2c,
+        max_request_header_bytes,
+        max_body_bytes: s.max_body_bytes,
+        client_header_timeout,
+        admin,
+        threads,
+        trusted_proxies: trusted,
+        grace_period,
+        access_log: s.access_log,
+        error_log: s.error_log.clone(),
+        pid_file: s
+            .pid_file
+            .clone()
+            .unwrap_or_else(|| DEFAULT_PID_FILE.to_string()),
+        upgrade_sock: s
+            .upgrade_sock
+            .clone()
+            .unwrap_or_else(|| DEFAULT_UPGRADE_SOCK.to_string()),
+    };
+    (settings, certs)
+}

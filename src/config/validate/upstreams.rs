@@ -1,0 +1,167 @@
+//! `upstreams`: servers (names resolved here), balancing, health checks, timeouts, retries, TLS.
+
+use super::*;
+
+pub(super) fn resolve_server(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = text.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if !text.contains(':') {
+        return Err(format!(
+            "invalid server {text:?}: expected HOST:PORT such as \"127.0.0.1:9001\""
+        ));
+    }
+    match text.to_socket_addrs() {
+        Ok(mut it) => it
+            .next()
+            .ok_or_else(|| format!("server {text:?} resolves to no address")),
+        Err(e) => Err(format!(
+            "invalid server {text:?}: {e}; expected HOST:PORT such as \"127.0.0.1:9001\""
+        )),
+    }
+}
+
+/// `upstreams.NAME.tls`: the SNI name, and the CA file read now.
+pub(super) fn check_upstream_tls(c: &mut Checker, base: &str, t: &UpstreamTlsFile) -> UpstreamTls {
+    if !valid_host(&t.sni) || t.sni.starts_with("*.") {
+        c.err(
+            &format!("{base}.tls.sni"),
+            format!(
+                "invalid name {:?}: expected a host name such as \"api.internal\"",
+                t.sni
+            ),
+        );
+    }
+    let ca = t.ca.as_ref().and_then(|ca| {
+        let file = resolve_relative(&c.file, ca);
+        let path = format!("{base}.tls.ca");
+        match std::fs::read(&file) {
+            Err(e) => {
+                c.err(&path, format!("cannot read {}: {e}", file.display()));
+                None
+            }
+            Ok(pem) => match crate::tls::X509::stack_from_pem(&pem) {
+                Ok(list) if !list.is_empty() => Some(Arc::new(list.into_boxed_slice())),
+                _ => {
+                    c.err(
+                        &path,
+                        format!("{} holds no PEM certificate", file.display()),
+                    );
+                    None
+                }
+            },
+        }
+    });
+    if !t.verify {
+        c.warn(
+            &format!("{base}.tls.verify"),
+            "false: the servers' certificates are not checked",
+        );
+    }
+    UpstreamTls {
+        sni: t.sni.clone(),
+        ca,
+        verify: t.verify,
+    }
+}
+
+pub(super) fn check_upstreams(
+    c: &mut Checker,
+    ups: &BTreeMap<String, UpstreamFile>,
+) -> Vec<UpstreamSpec> {
+    let mut out = Vec::new();
+    if ups.is_empty() {
+        c.err("upstreams", "must define at least one upstream pool");
+    }
+    for (name, u) in ups {
+        let base = format!("upstreams.{name}");
+        if !valid_id(name) {
+            c.err_key(&base, format!("invalid upstream name {name:?}: {ID_RULE}"));
+        }
+        let mut servers = Vec::new();
+        if u.servers.is_empty() {
+            c.err(
+                &format!("{base}.servers"),
+                "must list at least one server such as \"127.0.0.1:9001\"",
+            );
+        }
+        for (i, s) in u.servers.iter().enumerate() {
+            match resolve_server(s) {
+                Ok(a) if servers.contains(&a) => c.err(
+                    &format!("{base}.servers[{i}]"),
+                    format!("{s} is listed twice"),
+                ),
+                Ok(a) => servers.push(a),
+                Err(e) => c.err(&format!("{base}.servers[{i}]"), e),
+            }
+        }
+        let health_check = u.health_check.as_ref().map(|h| {
+            let interval = positive(
+                c,
+                &format!("{base}.health_check.interval"),
+                Some(h.interval),
+                DEFAULT_HEALTH_INTERVAL,
+            );
+            let timeout = positive(
+                c,
+                &format!("{base}.health_check.timeout"),
+                h.timeout,
+                DEFAULT_HEALTH_TIMEOUT,
+            );
+            let http = h.http.as_ref().map(|hc| {
+                if !hc.path.starts_with('/') {
+                    c.err(
+                        &format!("{base}.health_check.http.path"),
+                        format!("invalid path {:?}: must start with '/'", hc.path),
+                    );
+                }
+                (
+                    hc.path.clone(),
+                    hc.host
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_HEALTH_HOST.to_string()),
+                )
+            });
+            HealthCheckSpec {
+                interval,
+                timeout,
+                http,
+            }
+        });
+        let connect_timeout = positive(
+            c,
+            &format!("{base}.connect_timeout"),
+            u.connect_timeout,
+            DEFAULT_CONNECT_TIMEOUT,
+        );
+        let read_timeout = positive(
+            c,
+            &format!("{base}.read_timeout"),
+            u.read_timeout,
+            DEFAULT_READ_TIMEOUT,
+        );
+        let retries = match u.retries {
+            Some(n) if n > MAX_RETRIES => {
+                c.err(
+                    &format!("{base}.retries"),
+                    format!("must be at most {MAX_RETRIES}"),
+                );
+                DEFAULT_RETRIES
+            }
+            Some(n) => n,
+            None => DEFAULT_RETRIES,
+        };
+        let tls = u.tls.as_ref().map(|t| check_upstream_tls(c, &base, t));
+        out.push(UpstreamSpec {
+            name: name.clone(),
+            servers,
+            balance: u.balance,
+            health_check,
+            connect_timeout,
+            read_timeout,
+            retries,
+            tls,
+        });
+    }
+    out
+}
