@@ -596,3 +596,54 @@ fn sigterm_sends_the_last_counts_to_redis() {
         "every admitted request reached Redis"
     );
 }
+
+#[test]
+fn quota_headers_tell_what_this_instance_knows() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}", redis.url()),
+        "[{ period: 1h, threshold: 6 }]",
+        "",
+    );
+    let (a, b) = pair(&cfg);
+    avoid_window_edge(3_600_000, 60_000);
+    let hit = |gw: &Gateway| {
+        let r = gw.get("/x", &[("x-org-id", "t")]);
+        let remaining: Option<u64> = r
+            .header("x-ratelimit-remaining")
+            .and_then(|v| v.parse().ok());
+        (r.status, remaining)
+    };
+    // two requests back to back on one instance, then on the other, until the fleet has
+    // admitted the threshold: a 200 that says `remaining >= 1` is followed by a 200
+    let mut admitted = 0;
+    let mut seen = Vec::new();
+    for _ in 0..30 {
+        for gw in [&a, &b] {
+            let first = hit(gw);
+            let second = hit(gw);
+            admitted += [first.0, second.0].iter().filter(|s| **s == 200).count();
+            seen.push((first, second));
+            if let ((200, Some(r)), (next, _)) = (first, second) {
+                assert!(r == 0 || next == 200, "remaining {r} then {next}: {seen:?}");
+            }
+            std::thread::sleep(Duration::from_millis(60));
+        }
+        if admitted >= 6 {
+            break;
+        }
+    }
+    assert_eq!(admitted, 6, "{seen:?}");
+    // the fleet has admitted the whole hour's threshold: no room before the hour ends, and
+    // Retry-After says so on both instances (not 1 s again and again)
+    std::thread::sleep(Duration::from_millis(400));
+    for gw in [&a, &b] {
+        let r = gw.get("/x", &[("x-org-id", "t")]);
+        assert_eq!(r.status, 429);
+        let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+        assert!(retry >= 60, "retry-after {retry}: {seen:?}");
+        assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    }
+}

@@ -240,6 +240,36 @@ pub fn ceiling(
     Ceiling::Open
 }
 
+/// When `ceiling` said Open: how many requests, this one included, this instance may still
+/// admit before it must hear from the fleet: the rest of its lease (a request on credit is
+/// the last), or its share of what was left while Redis is down. `None`: no fleet limit here.
+pub fn room(
+    state: &TierState,
+    tier: &Tier,
+    algorithm: Algorithm,
+    leased: Option<u64>,
+    shared: Option<u64>,
+) -> Option<u64> {
+    let l = &state.ledger;
+    if let Some(n) = leased {
+        let granted = if l.fair == 0 {
+            // no answer yet in this window: the cold credit
+            cold_credit(tier.threshold, n)
+        } else {
+            l.ceiling
+        };
+        return Some(granted.saturating_sub(l.used).max(1));
+    }
+    match (shared, algorithm == Algorithm::TokenBucket) {
+        (Some(n), false) if n > 1 => {
+            let left = tier.threshold.saturating_sub(l.base);
+            let share = if left == 0 { 0 } else { (left / n).max(1) };
+            Some((l.base + share).saturating_sub(state.current).max(1))
+        }
+        _ => None,
+    }
+}
+
 /// Count one admitted request. Returns whether a round should come now: the request ran on
 /// credit, or half of the lease is used.
 pub fn commit(state: &mut TierState) -> bool {

@@ -366,9 +366,17 @@ impl Limiter {
                 Ceiling::Open
             };
             match fleet {
-                Ceiling::Open => {}
+                Ceiling::Open => {
+                    // what this instance may still admit without asking the fleet
+                    if let Some(room) = ledger::room(state, tier, algo, leased, shared) {
+                        verdict.remaining = verdict.remaining.min(room.saturating_sub(1));
+                    }
+                }
                 Ceiling::LeaseUsed => {
-                    // room may come with the next round, which is asked for now
+                    // room may come with the next round, which is asked for now (when the
+                    // fleet has admitted the whole threshold, the last answer has raised this
+                    // counter to the fleet's total: `evaluate` denied above, until the window
+                    // ends)
                     verdict = TierVerdict {
                         allowed: false,
                         remaining: 0,
