@@ -84,7 +84,12 @@ async fn hold(
                 d.verdict = Verdict::Reject { status };
                 break;
             }
-            tokio::time::sleep_until(wake).await;
+            // until room can appear: the refill time, or the end of the sync round that may
+            // grant this instance more (a held request never polls the decision)
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = limiter.fleet.next_round() => {}
+            }
             delayed = true;
             d = limiter.decide(lreq, plans);
         }

@@ -497,6 +497,7 @@ impl BackgroundService for SyncService {
                 continue;
             };
             let (ok, holding) = self.round(settings, backend.as_ref()).await;
+            fleet.round_ended();
             schedule.finished(ok, interval, holding);
         }
     }

@@ -41,6 +41,8 @@ pub struct FleetState {
     /// Woken by the limiter when a counter wants a round now (lease used up or nearly so).
     pub wake: Notify,
     wanted: AtomicBool,
+    /// Told when a sync round ends (requests held by `action: delay` wait for it).
+    rounds: Notify,
 }
 
 impl Default for FleetState {
@@ -52,6 +54,7 @@ impl Default for FleetState {
             on_failure: AtomicU8::new(0),
             wake: Notify::new(),
             wanted: AtomicBool::new(false),
+            rounds: Notify::new(),
         }
     }
 }
@@ -112,6 +115,16 @@ impl FleetState {
     }
 
     /// Ask the sync service for a round now.
+    /// A sync round has ended: wake the requests waiting for one.
+    pub fn round_ended(&self) {
+        self.rounds.notify_waiters();
+    }
+
+    /// Wait for the end of the next sync round.
+    pub async fn next_round(&self) {
+        self.rounds.notified().await
+    }
+
     pub fn want_round(&self) {
         if !self.wanted.swap(true, Ordering::Relaxed) {
             self.wake.notify_one();

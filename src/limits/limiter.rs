@@ -47,7 +47,7 @@ pub struct CompiledRule {
 pub struct Limiter {
     pub rules: Vec<CompiledRule>,
     clock: Arc<dyn Clock>,
-    fleet: Arc<FleetState>,
+    pub(crate) fleet: Arc<FleetState>,
     /// `RateLimit-Policy` values by the set of tiers that applied (bounded).
     pub(crate) policy_cache: PolicyCache,
 }
