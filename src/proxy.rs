@@ -419,13 +419,18 @@ impl ProxyHttp for Gateway {
         // already: pingora's standard upstream request policy strips them and forwards a
         // WebSocket handshake's Upgrade, normalized.
         if let Some(snap) = &ctx.snapshot {
-            upstream_request.remove_header(&snap.config.tenant.strip_header);
-            if let Some(name) = &snap.config.tenant.forward_header {
-                match HeaderValue::from_bytes(&ctx.tenant) {
-                    Ok(v) => {
-                        upstream_request.insert_header(name.clone(), v)?;
+            let t = &snap.config.tenant;
+            // inserting replaces whatever the client sent under that name
+            match &t.forward_header {
+                Some(name) => match HeaderValue::from_bytes(&ctx.tenant) {
+                    Ok(v) => upstream_request.insert_header(t.forward_name.clone(), v)?,
+                    Err(_) => {
+                        upstream_request.remove_header(name);
+                        log::warn!("tenant id is not a valid header value; {name} not set");
                     }
-                    Err(_) => log::warn!("tenant id is not a valid header value; {name} not set"),
+                },
+                None => {
+                    upstream_request.remove_header(&t.strip_header);
                 }
             }
         }

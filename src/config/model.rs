@@ -94,6 +94,9 @@ pub struct TenantSettings {
     pub required: bool,
     /// Set to the tenant on the way to the upstream (`None`: `forward_header: false`).
     pub forward_header: Option<HeaderName>,
+    /// The forward header's name as sent, made once (pingora's `insert_header` would make a
+    /// copy of a `HeaderName` on every request).
+    pub forward_name: bytes::Bytes,
     /// Removed from every request before the upstream, so that a client's own copy never
     /// reaches it: the forward header, or `x-tenant-id` when nothing is forwarded.
     pub strip_header: HeaderName,
@@ -111,6 +114,7 @@ impl Default for TenantSettings {
             sources: Vec::new(),
             required: false,
             forward_header: Some(default_tenant_header()),
+            forward_name: bytes::Bytes::from_static(DEFAULT_TENANT_HEADER.as_bytes()),
             strip_header: default_tenant_header(),
         }
     }
