@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use pingora::tls::nid::Nid;
 use pingora::tls::ssl::{SslConnector, SslMethod, SslStream, SslVerifyMode};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -391,24 +391,10 @@ fn tls_upstream(dir: &Path) -> (Child, SocketAddr) {
     make_cert(dir, "up", "upstream.test");
     let cert = dir.join("up.pem").display().to_string();
     let key = dir.join("up.key").display().to_string();
-    let mut child = Command::new(upstream_bin())
-        .args(["127.0.0.1:0", "secure"])
-        .env("UPSTREAM_TLS", format!("{cert}:{key}"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .parse()
-        .unwrap();
-    (child, addr)
+    let mut cmd = Command::new(upstream_bin());
+    cmd.args(["127.0.0.1:0", "secure"])
+        .env("UPSTREAM_TLS", format!("{cert}:{key}"));
+    spawn_listening(cmd)
 }
 
 #[test]
@@ -478,23 +464,9 @@ struct WsEcho {
 
 impl WsEcho {
     fn start() -> Self {
-        let bin = upstream_bin().with_file_name("ws_echo");
-        let mut child = Command::new(bin)
-            .arg("127.0.0.1:0")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("ws_echo example (cargo build --examples)");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap()
-            .parse()
-            .unwrap();
+        let mut cmd = Command::new(upstream_bin().with_file_name("ws_echo"));
+        cmd.arg("127.0.0.1:0");
+        let (child, addr) = spawn_listening(cmd);
         WsEcho { child, addr }
     }
 }

@@ -85,6 +85,25 @@ pub fn free_port_with_bus() -> u16 {
     }
 }
 
+/// Start a helper server that prints `listening on ADDR` once bound; returns it and ADDR.
+pub fn spawn_listening(mut cmd: Command) -> (Child, SocketAddr) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?} (cargo build --examples): {e}"));
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the server prints its address");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected output {line:?}"));
+    (child, addr)
+}
+
 pub struct Upstream {
     child: Child,
     pub addr: SocketAddr,
@@ -97,21 +116,9 @@ impl Upstream {
     }
 
     pub fn start_on(addr: &str, name: &str) -> Self {
-        let mut child = Command::new(upstream_bin())
-            .args([addr, name])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn upstream");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("upstream prints its address");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected upstream output {line:?}"));
+        let mut cmd = Command::new(upstream_bin());
+        cmd.args([addr, name]);
+        let (child, addr) = spawn_listening(cmd);
         Upstream {
             child,
             addr,

@@ -77,11 +77,9 @@ pub(super) fn check_tenant(
     TenantSettings {
         sources,
         required: t.required,
-        forward_name: forward_header
-            .as_ref()
-            .map_or_else(bytes::Bytes::new, |h| {
-                bytes::Bytes::copy_from_slice(h.as_str().as_bytes())
-            }),
+        forward_name: forward_header.as_ref().map_or_else(bytes::Bytes::new, |h| {
+            bytes::Bytes::copy_from_slice(h.as_str().as_bytes())
+        }),
         forward_header,
         strip_header,
     }
