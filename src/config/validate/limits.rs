@@ -87,17 +87,7 @@ pub(super) fn check_rules(
         } else {
             format!("{prefix}[{i}]")
         };
-        if !valid_id(&r.id) {
-            c.err(
-                &format!("{base}.id"),
-                format!("invalid rule id {:?}: {ID_RULE}", r.id),
-            );
-        } else if !seen.insert(r.id.clone()) {
-            c.err(
-                &format!("{base}.id"),
-                format!("duplicate rule id {:?}", r.id),
-            );
-        }
+        check_id(c, &base, "rule", &r.id, &mut seen);
         let tiers = check_tiers(c, &format!("{base}.tiers"), &r.tiers);
         let mut plan_tiers: Vec<Option<Vec<Tier>>> = vec![None; plans.names.len()];
         for (plan, pt) in &r.plans {

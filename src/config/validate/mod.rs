@@ -82,6 +82,18 @@ fn valid_id(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// An id (`routes[i].id`, `limits[i].id`): in its character set, and given once.
+fn check_id(c: &mut Checker, base: &str, kind: &str, id: &str, seen: &mut HashSet<String>) {
+    if !valid_id(id) {
+        c.err(
+            &format!("{base}.id"),
+            format!("invalid {kind} id {id:?}: {ID_RULE}"),
+        );
+    } else if !seen.insert(id.to_string()) {
+        c.err(&format!("{base}.id"), format!("duplicate {kind} id {id:?}"));
+    }
+}
+
 const ID_RULE: &str = "expected letters, digits, '_' or '-' ([A-Za-z0-9_-]+)";
 
 fn header_name(c: &mut Checker, path: &str, name: &str) -> Option<HeaderName> {

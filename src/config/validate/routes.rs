@@ -38,17 +38,7 @@ pub(super) fn check_routes(
     let mut out = Vec::new();
     for (i, r) in routes.iter().enumerate() {
         let base = format!("routes[{i}]");
-        if !valid_id(&r.id) {
-            c.err(
-                &format!("{base}.id"),
-                format!("invalid route id {:?}: {ID_RULE}", r.id),
-            );
-        } else if !seen.insert(r.id.clone()) {
-            c.err(
-                &format!("{base}.id"),
-                format!("duplicate route id {:?}", r.id),
-            );
-        }
+        check_id(c, &base, "route", &r.id, &mut seen);
         let upstream = match ups.iter().position(|u| u.name == r.upstream) {
             Some(i) => i,
             None => {
