@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 # command:debian-package pairs
 BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.h:libssl-dev openssl:openssl
-TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk curl:curl
+TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk curl:curl chromium:chromium
 BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client
 
 .PHONY: all deps deps-test deps-bench build release run test lint fmt bench check-configs clean demo-cert fuzz

@@ -1,5 +1,6 @@
 //! Command line (contract section 1) and process start-up.
 
+use crate::admin::api::{DecisionRates, RateSampler};
 use crate::admin::install_drain_signals;
 use crate::admin::{Admin, ReadinessProbe};
 use crate::client_limits::Edge;
@@ -10,7 +11,7 @@ use crate::limits::sweeper::Sweeper;
 use crate::limits::{CounterRegistry, SystemClock};
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
-use crate::reload::{install_sighup, Reloader};
+use crate::reload::{install_sighup, ReloadStatus, Reloader};
 use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
 use crate::tls::SniCertificates;
 use crate::upstream::HealthChecker;
@@ -168,6 +169,8 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
     server.bootstrap();
 
     let shared: SharedSnapshot = Arc::new(ArcSwap::from_pointee(snapshot));
+    let reload_status = Arc::new(ReloadStatus::default());
+    let rates = Arc::new(DecisionRates::default());
     let ready = Arc::new(AtomicBool::new(false));
 
     let gateway = Gateway {
@@ -226,6 +229,7 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
     server.add_service(background_service(
         "config reloader",
         Reloader {
+            status: reload_status.clone(),
             path: args.conf.clone(),
             shared: shared.clone(),
             runtime: rt.clone(),
@@ -235,9 +239,19 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
     ));
 
     if let Some(admin_addr) = server_cfg.admin {
+        server.add_service(background_service(
+            "decision rates",
+            RateSampler {
+                shared: shared.clone(),
+                rates: rates.clone(),
+            },
+        ));
         let mut admin = Service::new(
             "tollgate admin".to_string(),
             Admin {
+                shared: shared.clone(),
+                reload: reload_status.clone(),
+                rates: rates.clone(),
                 metrics: metrics.clone(),
                 ready: ready.clone(),
                 draining: draining.clone(),

@@ -28,7 +28,38 @@ pub fn install_sighup() -> std::io::Result<Arc<AtomicBool>> {
     Ok(flag)
 }
 
+/// The outcome of the last reload, for `/api/status` and `/readyz`.
+#[derive(Default)]
+pub struct ReloadStatus(parking_lot::Mutex<Option<LastReload>>);
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LastReload {
+    /// Seconds since the epoch.
+    pub at: u64,
+    pub ok: bool,
+    /// The errors, one `FILE:LINE:COL: message` per line, when the reload failed.
+    pub error: Option<String>,
+}
+
+impl ReloadStatus {
+    pub fn record(&self, error: Option<String>) {
+        let at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        *self.0.lock() = Some(LastReload {
+            at,
+            ok: error.is_none(),
+            error,
+        });
+    }
+
+    pub fn last(&self) -> Option<LastReload> {
+        self.0.lock().clone()
+    }
+}
+
 pub struct Reloader {
+    pub status: Arc<ReloadStatus>,
     pub path: PathBuf,
     pub shared: SharedSnapshot,
     pub runtime: Runtime,
@@ -40,9 +71,10 @@ impl Reloader {
     /// Reload now; returns whether the new config is running.
     pub fn reload(&self) -> bool {
         let old = self.shared.load_full();
-        let fail = |why: &str| {
+        let fail = |why: &str, detail: String| {
             self.metrics.reloads.with_label_values(&["error"]).inc();
             log::error!("reload: {why}; the running configuration stays");
+            self.status.record(Some(detail));
             false
         };
         let cfg = match config::load(&self.path) {
@@ -51,7 +83,7 @@ impl Reloader {
                 for e in &errors.0 {
                     log::error!("reload: {e}");
                 }
-                return fail("invalid configuration");
+                return fail("invalid configuration", errors.to_string());
             }
         };
         for w in &cfg.warnings {
@@ -70,9 +102,13 @@ impl Reloader {
         }
         let snapshot = match Snapshot::build(cfg, &self.runtime) {
             Ok(s) => s,
-            Err(e) => return fail(&format!("cannot build upstream pools: {e}")),
+            Err(e) => {
+                let why = format!("cannot build upstream pools: {e}");
+                return fail(&why, format!("{}:1:1: {why}", self.path.display()));
+            }
         };
         self.shared.store(Arc::new(snapshot));
+        self.status.record(None);
         self.metrics.reloads.with_label_values(&["ok"]).inc();
         log::info!("reload: configuration {} reloaded", self.path.display());
         true

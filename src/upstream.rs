@@ -210,6 +210,24 @@ impl Pool {
         pick(&up).or_else(|| pick(&|_, healthy| healthy))
     }
 
+    /// Each server of the pool: healthy (by its health check, or always without one), and
+    /// skipped for now after a failed connection.
+    pub fn servers(&self) -> Vec<(std::net::SocketAddr, bool, bool)> {
+        let backends = match &self.balancer {
+            Balancer::RoundRobin(lb) => lb.backends(),
+            Balancer::Random(lb) => lb.backends(),
+            Balancer::Consistent(lb) => lb.backends(),
+        };
+        backends
+            .get_backend()
+            .iter()
+            .filter_map(|b| {
+                let addr = b.addr.as_inet().copied()?;
+                Some((addr, backends.ready(b), self.passively_down(b)))
+            })
+            .collect()
+    }
+
     /// The peer for a selected server, with this pool's timeouts and connection reuse.
     pub fn peer(&self, backend: Backend) -> HttpPeer {
         let mut peer = match &self.spec.tls {

@@ -47,6 +47,9 @@ pub struct ServerFile {
     pub client_header_timeout: Option<ConfDuration>,
     #[serde(default)]
     pub admin: Option<String>,
+    /// With it, `/api/*` and the status page ask for `Authorization: Bearer <token>`.
+    #[serde(default)]
+    pub admin_token: Option<String>,
     #[serde(default)]
     pub threads: Option<usize>,
     #[serde(default)]

@@ -40,6 +40,7 @@ pub struct ServerSettings {
     pub max_body_bytes: Option<u64>,
     pub client_header_timeout: Duration,
     pub admin: Option<SocketAddr>,
+    pub admin_token: Option<String>,
     pub threads: usize,
     pub trusted_proxies: Vec<IpNet>,
     pub grace_period: Duration,

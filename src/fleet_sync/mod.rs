@@ -496,8 +496,9 @@ impl BackgroundService for SyncService {
                 schedule.finished(true, interval, false);
                 continue;
             };
+            let began = std::time::Instant::now();
             let (ok, holding) = self.round(settings, backend.as_ref()).await;
-            fleet.round_ended();
+            fleet.round_ended(began.elapsed());
             schedule.finished(ok, interval, holding);
         }
     }

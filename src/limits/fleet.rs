@@ -43,6 +43,9 @@ pub struct FleetState {
     wanted: AtomicBool,
     /// Told when a sync round ends (requests held by `action: delay` wait for it).
     rounds: Notify,
+    /// When the last round ended (ms since the epoch, 0: none yet), and how long it took (us).
+    last_round_end_ms: AtomicU64,
+    last_round_us: AtomicU64,
 }
 
 impl Default for FleetState {
@@ -55,6 +58,8 @@ impl Default for FleetState {
             wake: Notify::new(),
             wanted: AtomicBool::new(false),
             rounds: Notify::new(),
+            last_round_end_ms: AtomicU64::new(0),
+            last_round_us: AtomicU64::new(0),
         }
     }
 }
@@ -115,9 +120,21 @@ impl FleetState {
     }
 
     /// Ask the sync service for a round now.
-    /// A sync round has ended: wake the requests waiting for one.
-    pub fn round_ended(&self) {
+    /// A sync round has ended after `took`: wake the requests waiting for one.
+    pub fn round_ended(&self, took: std::time::Duration) {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.last_round_end_ms.store(now_ms, Ordering::Relaxed);
+        self.last_round_us
+            .store(took.as_micros() as u64, Ordering::Relaxed);
         self.rounds.notify_waiters();
+    }
+
+    /// When the last round ended (ms since the epoch) and how long it took (us), if one did.
+    pub fn last_round(&self) -> Option<(u64, u64)> {
+        let end = self.last_round_end_ms.load(Ordering::Relaxed);
+        (end > 0).then(|| (end, self.last_round_us.load(Ordering::Relaxed)))
     }
 
     /// Wait for the end of the next sync round.

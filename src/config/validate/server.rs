@@ -172,6 +172,7 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
     };
     let settings = ServerSettings {
         max_counters_per_rule,
+        admin_token: check_token(c, &s.admin_token),
         listen,
         listen_tls,
         h2c: s.h2c,
@@ -194,4 +195,16 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
             .unwrap_or_else(|| DEFAULT_UPGRADE_SOCK.to_string()),
     };
     (settings, certs)
+}
+
+/// `server.admin_token`: printable, no spaces, long enough to be a secret.
+fn check_token(c: &mut Checker, token: &Option<String>) -> Option<String> {
+    let t = token.as_ref()?;
+    if t.len() < 16 || !t.bytes().all(|b| b.is_ascii_graphic()) {
+        c.err(
+            "server.admin_token",
+            "must be at least 16 printable characters without spaces (e.g. from `openssl rand -hex 16`)",
+        );
+    }
+    Some(t.clone())
 }

@@ -1,0 +1,278 @@
+//! The operator's view on the admin listener: `GET /api/status` (listeners, pools and their
+//! servers' health, routes, rules, decisions per second per rule over the last minute, Redis,
+//! the last reload) and `GET /api/tenants/<tenant>` (every per-tenant rule's tiers for one
+//! tenant, read from the counters without creating any). Tenant ids appear here and nowhere
+//! in metrics.
+
+use crate::config::duration::format_duration;
+use crate::limits::fleet::{FleetState, Link};
+use crate::metrics::Metrics;
+use crate::reload::ReloadStatus;
+use crate::snapshot::SharedSnapshot;
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Every rule's decision counters at one moment: allowed, denied, shadow_denied, delayed.
+type Sample = (Instant, HashMap<String, [u64; 4]>);
+
+/// Samples of every rule's decision counters, one a second for the last minute.
+#[derive(Default)]
+pub struct DecisionRates {
+    samples: Mutex<VecDeque<Sample>>,
+}
+
+const RATE_WINDOW: Duration = Duration::from_secs(60);
+
+impl DecisionRates {
+    fn sample(&self, shared: &SharedSnapshot) {
+        let snap = shared.load();
+        let counts = snap
+            .limiter
+            .rules
+            .iter()
+            .map(|r| {
+                let m = &r.metrics;
+                (
+                    r.rule.id.clone(),
+                    [
+                        m.allowed.get(),
+                        m.denied.get(),
+                        m.shadow_denied.get(),
+                        m.delayed.get(),
+                    ],
+                )
+            })
+            .collect();
+        let now = Instant::now();
+        let mut s = self.samples.lock();
+        s.push_back((now, counts));
+        while s
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > RATE_WINDOW)
+        {
+            s.pop_front();
+        }
+    }
+
+    /// Per rule: decisions per second over the samples kept (allowed, denied, shadow_denied,
+    /// delayed).
+    fn rates(&self) -> HashMap<String, [f64; 4]> {
+        let s = self.samples.lock();
+        let (Some((t0, first)), Some((t1, last))) = (s.front(), s.back()) else {
+            return HashMap::new();
+        };
+        let secs = t1.duration_since(*t0).as_secs_f64();
+        last.iter()
+            .map(|(rule, now)| {
+                let before = first.get(rule).copied().unwrap_or([0; 4]);
+                let mut r = [0.0; 4];
+                for i in 0..4 {
+                    r[i] = if secs > 0.0 {
+                        now[i].saturating_sub(before[i]) as f64 / secs
+                    } else {
+                        0.0
+                    };
+                }
+                (rule.clone(), r)
+            })
+            .collect()
+    }
+}
+
+/// Takes a sample of the decision counters every second.
+pub struct RateSampler {
+    pub shared: SharedSnapshot,
+    pub rates: Arc<DecisionRates>,
+}
+
+#[async_trait]
+impl BackgroundService for RateSampler {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut ticker = crate::ticker::Ticker::every(Duration::from_secs(1));
+        while ticker.tick(&mut shutdown).await {
+            self.rates.sample(&self.shared);
+        }
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+pub fn redis_state(fleet: &FleetState) -> &'static str {
+    match (fleet.is_configured(), fleet.link()) {
+        (false, _) => "not_configured",
+        (true, Link::Up) => "connected",
+        (true, Link::Down) => "disconnected",
+        (true, Link::Unknown) => "connecting",
+    }
+}
+
+/// `GET /api/status`.
+pub fn status(
+    shared: &SharedSnapshot,
+    fleet: &FleetState,
+    metrics: &Metrics,
+    rates: &DecisionRates,
+    reload: &ReloadStatus,
+) -> Value {
+    let snap = shared.load();
+    let cfg = &snap.config;
+    let listeners: Vec<Value> = cfg
+        .server
+        .listen
+        .iter()
+        .zip(&cfg.server.listen_tls)
+        .map(|(a, tls)| json!({ "addr": a.to_string(), "tls": tls, "h2c": cfg.server.h2c && !tls }))
+        .collect();
+    let pools: Vec<Value> = cfg
+        .upstreams
+        .iter()
+        .zip(&snap.pools)
+        .map(|(spec, pool)| {
+            let servers: Vec<Value> = pool
+                .servers()
+                .into_iter()
+                .map(|(addr, healthy, skipped)| {
+                    json!({ "addr": addr.to_string(), "healthy": healthy, "skipped_after_failure": skipped })
+                })
+                .collect();
+            json!({
+                "name": spec.name,
+                "balance": spec.balance.to_string(),
+                "health_check": spec.health_check.is_some(),
+                "tls": spec.tls.is_some(),
+                "servers": servers,
+            })
+        })
+        .collect();
+    let routes: Vec<Value> = cfg
+        .routes
+        .iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "match": r.matcher.describe(),
+                "upstream": cfg.upstreams[r.upstream].name,
+            })
+        })
+        .collect();
+    let per_second = rates.rates();
+    let rules: Vec<Value> = cfg
+        .rules
+        .iter()
+        .map(|r| {
+            let tiers: Vec<String> = r
+                .tiers
+                .iter()
+                .map(|t| format!("{}/{}", t.threshold, format_duration(t.period)))
+                .collect();
+            let rate = per_second.get(&r.id).copied().unwrap_or([0.0; 4]);
+            json!({
+                "id": r.id,
+                "match": r.matcher.describe(),
+                "per": match &r.per {
+                    crate::config::model::PartitionBy::Tenant => "tenant".to_string(),
+                    crate::config::model::PartitionBy::Ip => "ip".to_string(),
+                    crate::config::model::PartitionBy::Global => "global".to_string(),
+                    crate::config::model::PartitionBy::Header(h) => format!("header:{h}"),
+                },
+                "algorithm": r.algorithm.to_string(),
+                "action": r.action.to_string(),
+                "enabled": r.enabled,
+                "tiers": tiers,
+                "per_second": {
+                    "allowed": round2(rate[0]),
+                    "denied": round2(rate[1]),
+                    "shadow_denied": round2(rate[2]),
+                    "delayed": round2(rate[3]),
+                },
+            })
+        })
+        .collect();
+    let redis = match &cfg.redis {
+        None => json!({ "state": redis_state(fleet) }),
+        Some(r) => {
+            let last = fleet.last_round();
+            json!({
+                "state": redis_state(fleet),
+                "on_failure": r.on_failure.to_string(),
+                "sync_interval_ms": r.sync_interval.as_millis() as u64,
+                "last_round_end_ms": last.map(|(end, _)| end),
+                "last_round_duration_ms": last.map(|(_, us)| us as f64 / 1000.0),
+                "live_instances": fleet.instances(),
+                "pending_tier_counters": metrics.redis_pending.get(),
+            })
+        }
+    };
+    json!({
+        "config": cfg.file.display().to_string(),
+        "listeners": listeners,
+        "admin_token": cfg.server.admin_token.is_some(),
+        "pools": pools,
+        "routes": routes,
+        "rules": rules,
+        "redis": redis,
+        "last_reload": reload.last(),
+        "tracked_counters": metrics.tracked_counters.get(),
+    })
+}
+
+/// `GET /api/tenants/<tenant>` (the id percent-decoded).
+pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Value {
+    let snap = shared.load();
+    let cfg = &snap.config;
+    let plan = cfg
+        .plans
+        .plan_of(tenant)
+        .and_then(|p| cfg.plans.names.get(p).cloned());
+    let rules = snap.limiter.inspect_tenant(tenant, &cfg.plans);
+    let last = fleet.last_round();
+    json!({
+        "tenant": String::from_utf8_lossy(tenant),
+        "plan": plan,
+        "rules": rules,
+        "redis": {
+            "state": redis_state(fleet),
+            "last_round_end_ms": last.map(|(end, _)| end),
+            "live_instances": fleet.instances(),
+        },
+    })
+}
+
+/// Percent-decode a path segment (`%3Cscript%3E` -> `<script>`); `None` if malformed.
+pub fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn decodes_escapes() {
+        assert_eq!(percent_decode("a%3Cb%3e").unwrap(), b"a<b>");
+        assert_eq!(percent_decode("plain").unwrap(), b"plain");
+        assert!(percent_decode("bad%2").is_none());
+        assert!(percent_decode("bad%zz").is_none());
+    }
+}

@@ -1,0 +1,253 @@
+//! The admin listener: `/healthz`, `/readyz`, `/metrics` for probes and scrapers; the
+//! operator's view (`/`, a status page, and `/api/status`, `/api/tenants/<tenant>`; see `api`),
+//! behind `server.admin_token` when one is set.
+
+pub mod api;
+
+use crate::limits::fleet::{FleetState, Link};
+use crate::metrics::Metrics;
+use crate::reload::ReloadStatus;
+use crate::snapshot::SharedSnapshot;
+use async_trait::async_trait;
+use http::{Response, StatusCode};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct Admin {
+    pub shared: SharedSnapshot,
+    pub reload: Arc<ReloadStatus>,
+    pub rates: Arc<api::DecisionRates>,
+    pub metrics: Arc<Metrics>,
+    pub ready: Arc<AtomicBool>,
+    /// Set by SIGTERM (drain, then exit) and SIGQUIT (hand the listeners over, then exit).
+    pub draining: Arc<AtomicBool>,
+    pub fleet: Arc<FleetState>,
+}
+
+/// A flag raised when the process starts leaving: SIGTERM or SIGQUIT. Pingora handles those
+/// signals itself (it stops accepting, serves what is open for `grace_period`, then exits);
+/// this second handler lets `/readyz` say 503 from the first moment on connections that are
+/// kept alive, so that load balancers stop sending traffic.
+pub fn install_drain_signals() -> std::io::Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [libc::SIGTERM, libc::SIGQUIT] {
+        let raised = Arc::clone(&flag);
+        // SAFETY: the action only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            signal_hook_registry::register(sig, move || raised.store(true, Ordering::SeqCst))?;
+        }
+    }
+    Ok(flag)
+}
+
+fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .header("content-length", body.len())
+        .header("cache-control", "no-store")
+        .body(body)
+        .unwrap_or_else(|_| Response::new(Vec::new()))
+}
+
+const PAGE: &str = include_str!("page.html");
+
+/// Does the request carry the admin token? `Authorization: Bearer <token>` (curl, scripts), or
+/// `Basic` with the token as password (a browser asks for it and sends it with the page's own
+/// requests). Compared in constant time.
+fn authorized(req: &pingora::http::RequestHeader, token: &str) -> bool {
+    let Some(value) = req
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let given: Vec<u8> = if let Some(t) = value.strip_prefix("Bearer ") {
+        t.trim().as_bytes().to_vec()
+    } else if let Some(b) = value.strip_prefix("Basic ") {
+        match base64_decode(b.trim()) {
+            Some(pair) => match pair.iter().position(|&c| c == b':') {
+                Some(i) => pair[i + 1..].to_vec(),
+                None => return false,
+            },
+            None => return false,
+        }
+    } else {
+        return false;
+    };
+    let want = token.as_bytes();
+    given.len() == want.len()
+        && given
+            .iter()
+            .zip(want)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let val = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let s = s.trim_end_matches('=').as_bytes();
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    for chunk in s.chunks(4) {
+        let mut n = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            n |= val(c)? << (18 - 6 * i);
+        }
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..chunk.len().saturating_sub(1)]);
+    }
+    Some(out)
+}
+
+fn problem(status: StatusCode, detail: &str) -> Response<Vec<u8>> {
+    let title = status.canonical_reason().unwrap_or("Error");
+    reply(
+        status,
+        crate::problem::CONTENT_TYPE,
+        crate::problem::body(status.as_u16(), title, detail, "about:blank", &[]).to_vec(),
+    )
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let path = session.req_header().uri.path().to_string();
+        let operator = path == "/" || path.starts_with("/api/");
+        if operator {
+            let token = self.shared.load().config.server.admin_token.clone();
+            if let Some(token) = token {
+                if !authorized(session.req_header(), &token) {
+                    let mut r = problem(
+                        StatusCode::UNAUTHORIZED,
+                        "this endpoint needs the admin token: Authorization: Bearer <token>",
+                    );
+                    r.headers_mut().insert(
+                        http::header::WWW_AUTHENTICATE,
+                        http::HeaderValue::from_static(
+                            "Basic realm=\"tollgate\", charset=\"UTF-8\"",
+                        ),
+                    );
+                    return r;
+                }
+            }
+        }
+        match path.as_str() {
+            "/" => reply(StatusCode::OK, "text/html; charset=utf-8", PAGE.as_bytes().to_vec()),
+            "/api/status" => {
+                let body = api::status(&self.shared, &self.fleet, &self.metrics, &self.rates, &self.reload);
+                reply(StatusCode::OK, "application/json", body.to_string().into_bytes())
+            }
+            p if p.starts_with("/api/tenants/") => {
+                let raw = &p["/api/tenants/".len()..];
+                match api::percent_decode(raw) {
+                    Some(id) if !id.is_empty() => {
+                        let body = api::tenant(&self.shared, &self.fleet, &id);
+                        reply(StatusCode::OK, "application/json", body.to_string().into_bytes())
+                    }
+                    _ => problem(StatusCode::BAD_REQUEST, "expected /api/tenants/<tenant id, percent-encoded>"),
+                }
+            }
+            "/healthz" => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
+            "/readyz" => {
+                let draining = self.draining.load(Ordering::SeqCst);
+                let ready = self.ready.load(Ordering::Acquire) && !draining;
+                let last = self.reload.last();
+                let body = serde_json::json!({
+                    "ready": ready,
+                    "draining": draining,
+                    "config": "loaded",
+                    "redis": api::redis_state(&self.fleet),
+                    // a broken file on disk does not make the running process unready
+                    "last_reload": last.map(|l| if l.ok { "ok" } else { "failed" }),
+                });
+                let status = if ready {
+                    StatusCode::OK
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                reply(status, "application/json", body.to_string().into_bytes())
+            }
+            "/metrics" => reply(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                self.metrics.render(),
+            ),
+            _ => problem(
+                StatusCode::NOT_FOUND,
+                "admin endpoints: /, /api/status, /api/tenants/<tenant>, /healthz, /readyz, /metrics",
+            ),
+        }
+    }
+}
+
+/// Marks the process ready once every data plane listener accepts connections and, with a
+/// `redis` section, the first sync round has ended (so the fleet's size is known, or the
+/// failure logged and `on_failure` in force); at most `FIRST_ROUND_WAIT` is spent on that.
+pub struct ReadinessProbe {
+    pub listen: Vec<SocketAddr>,
+    pub ready: Arc<AtomicBool>,
+    pub fleet: Arc<FleetState>,
+}
+
+/// Longest wait for the first sync round before the process says it is ready anyway.
+pub const FIRST_ROUND_WAIT: Duration = Duration::from_secs(5);
+
+fn dialable(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
+        _ => addr,
+    }
+}
+
+#[async_trait]
+impl BackgroundService for ReadinessProbe {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        for addr in &self.listen {
+            loop {
+                if tokio::net::TcpStream::connect(dialable(*addr))
+                    .await
+                    .is_ok()
+                {
+                    break;
+                }
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+        }
+        let started = tokio::time::Instant::now();
+        while self.fleet.is_configured()
+            && self.fleet.link() == Link::Unknown
+            && started.elapsed() < FIRST_ROUND_WAIT
+        {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+        self.ready.store(true, Ordering::Release);
+        log::info!("ready: listening on {:?}", self.listen);
+    }
+}

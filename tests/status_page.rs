@@ -1,0 +1,290 @@
+//! The operator's view (issue 12): `/api/tenants/<tenant>` in a fleet of two, `/api/status`,
+//! the admin token, and the status page rendered by headless Chromium (Debian package
+//! `chromium`, installed by `make test`), with a screenshot kept under `target/`.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const LIMITS: &str = "tenant:\n  from:\n    - header: x-org-id\nlimits:\n  - id: per-org\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 4 }]\n";
+
+fn api(gw: &Gateway, path: &str, headers: &[(&str, &str)]) -> Response {
+    request(gw.admin, "GET", path, headers).expect("admin answers")
+}
+
+#[test]
+fn tenant_lookup_in_a_fleet_of_two_shows_the_tenant_at_its_limit() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = one_route_config(up.addr, 1, "")
+        + LIMITS
+        + &format!("redis:\n  url: {}\n  key_prefix: tg\n", redis.url());
+    let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
+    for gw in [&a, &b] {
+        assert!(wait_redis_state(gw, "connected"));
+    }
+    avoid_window_edge(3_600_000, 60_000);
+    let mut admitted = 0;
+    for i in 0..12 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        if gw.get("/x", &[("x-org-id", "acme")]).status == 200 {
+            admitted += 1;
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    assert_eq!(admitted, 4);
+    // both instances have heard the fleet's total
+    assert!(eventually(Duration::from_secs(5), || {
+        [&a, &b].iter().all(|gw| {
+            let v = api(gw, "/api/tenants/acme", &[]).json();
+            v["rules"][0]["tiers"][0]["fleet"]["total"] == 4
+        })
+    }));
+    let v = api(&a, "/api/tenants/acme", &[]).json();
+    println!("{}", serde_json::to_string_pretty(&v).unwrap());
+    let tier = &v["rules"][0]["tiers"][0];
+    assert_eq!(v["tenant"], "acme");
+    assert_eq!(v["rules"][0]["rule"], "per-org");
+    assert_eq!(tier["threshold"], 4);
+    assert_eq!(tier["remaining"], 0, "{v}");
+    assert!(tier["reset_ms"].as_u64().unwrap() > 60_000);
+    assert_eq!(v["redis"]["state"], "connected");
+    assert_eq!(v["redis"]["live_instances"], 2);
+    let here = tier["fleet"]["this_instance"].as_u64().unwrap();
+    let there = api(&b, "/api/tenants/acme", &[]).json()["rules"][0]["tiers"][0]["fleet"]
+        ["this_instance"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(here + there, 4, "each instance's share of the fleet's 4");
+
+    // looking a tenant up creates no counter
+    let tracked = || metric_sum(&a.metrics(), "tollgate_tracked_counters");
+    let before = tracked();
+    let v = api(&a, "/api/tenants/nobody%20here", &[]).json();
+    assert_eq!(v["tenant"], "nobody here");
+    assert_eq!(v["rules"][0]["tracked"], false);
+    assert_eq!(v["rules"][0]["tiers"][0]["remaining"], 4);
+    assert_eq!(tracked(), before);
+    // and tenant ids never reach the metrics
+    assert!(!a.metrics().contains("acme"));
+}
+
+#[test]
+fn status_lists_pools_rules_rates_redis_and_the_last_reload() {
+    let up = Upstream::start("u");
+    let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + LIMITS));
+    for _ in 0..6 {
+        gw.get("/x", &[("x-org-id", "acme")]);
+    }
+    // the rates come from one sample a second
+    std::thread::sleep(Duration::from_millis(2200));
+    let s = api(&gw, "/api/status", &[]).json();
+    assert_eq!(s["listeners"][0]["addr"], gw.addr.to_string());
+    assert_eq!(s["pools"][0]["name"], "app");
+    assert_eq!(s["pools"][0]["servers"][0]["addr"], up.addr.to_string());
+    assert_eq!(s["pools"][0]["servers"][0]["healthy"], true);
+    assert_eq!(s["routes"][0]["id"], "all");
+    assert_eq!(s["rules"][0]["id"], "per-org");
+    assert_eq!(s["rules"][0]["tiers"][0], "4/1h");
+    assert_eq!(s["redis"]["state"], "not_configured");
+    assert!(s["last_reload"].is_null());
+    // 4 allowed and 2 denied happened within the samples kept: rates above zero
+    std::thread::sleep(Duration::from_millis(1100));
+    for _ in 0..4 {
+        gw.get("/x", &[("x-org-id", "acme")]);
+    }
+    std::thread::sleep(Duration::from_millis(2200));
+    let s = api(&gw, "/api/status", &[]).json();
+    assert!(
+        s["rules"][0]["per_second"]["denied"].as_f64().unwrap() > 0.0,
+        "{s}"
+    );
+
+    // a broken file on disk: the last reload says so, and the process stays ready
+    std::fs::write(&gw.config, "server: [").unwrap();
+    let pid = gw.child.id().to_string();
+    Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+    assert!(eventually(Duration::from_secs(5), || {
+        api(&gw, "/api/status", &[]).json()["last_reload"]["ok"] == false
+    }));
+    let s = api(&gw, "/api/status", &[]).json();
+    let error = s["last_reload"]["error"].as_str().unwrap();
+    assert!(error.contains("gateway.yaml:1:"), "{error}");
+    let ready = api(&gw, "/readyz", &[]);
+    assert_eq!(ready.status, 200);
+    assert_eq!(ready.json()["last_reload"], "failed");
+}
+
+#[test]
+fn the_admin_token_guards_the_operator_endpoints_only() {
+    let up = Upstream::start("u");
+    let token = "0123456789abcdef0123";
+    let gw = Gateway::start(
+        &(one_route_config(up.addr, 1, &format!("  admin_token: \"{token}\"")) + LIMITS),
+    );
+    for path in ["/", "/api/status", "/api/tenants/acme"] {
+        let r = api(&gw, path, &[]);
+        assert_eq!(r.status, 401, "{path}");
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert!(r
+            .header("www-authenticate")
+            .is_some_and(|v| v.starts_with("Basic")));
+        assert_eq!(
+            api(
+                &gw,
+                path,
+                &[("authorization", "Bearer wrong-token-0000000")]
+            )
+            .status,
+            401
+        );
+        let bearer = format!("Bearer {token}");
+        assert_eq!(
+            api(&gw, path, &[("authorization", &bearer)]).status,
+            200,
+            "{path}"
+        );
+    }
+    // a browser sends the token as the password of Basic authentication
+    let basic = format!("Basic {}", base64(&format!("ops:{token}")));
+    assert_eq!(
+        api(&gw, "/api/status", &[("authorization", &basic)]).status,
+        200
+    );
+    // probes and scrapers need none
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(api(&gw, path, &[]).status, 200, "{path}");
+    }
+}
+
+fn base64(s: &str) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let b = s.as_bytes();
+    let mut out = String::new();
+    for c in b.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Headless Chromium, as the environment notes say it runs here (no sandbox as root, no
+/// background networking on this closed network).
+fn chromium(dir: &Path, args: &[&str]) -> String {
+    // bounded: a page that opened a dialog would otherwise hold the browser forever
+    let out = Command::new("timeout")
+        .args([
+            "60",
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--virtual-time-budget=4000",
+        ])
+        .arg(format!("--user-data-dir={}", dir.display()))
+        .args(args)
+        .output()
+        .expect("chromium (Debian package chromium; make test installs it)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_status_page_renders_in_a_browser_and_escapes_what_it_shows() {
+    let up = Upstream::start("u");
+    let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + LIMITS));
+    let evil = "<script>document.title='owned'</script><img src=x onerror=alert(1)>";
+    for _ in 0..5 {
+        gw.get("/x", &[("x-org-id", evil)]);
+    }
+    let encoded: String = evil
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    let url = format!("http://{}/#tenant={encoded}", gw.admin);
+    let profile = TempDir::new();
+    let dom = chromium(&profile.0, &["--dump-dom", &url]);
+    // the page rendered the status: pools, rules, routes, from /api/status
+    assert!(dom.contains("Tollgate"), "{dom}");
+    assert!(
+        dom.contains(&up.addr.to_string()),
+        "pool server shown: {dom}"
+    );
+    assert!(dom.contains("per-org"), "rule shown: {dom}");
+    assert!(dom.contains("4/1h"), "tiers shown: {dom}");
+    assert!(dom.contains("healthy"), "{dom}");
+    // the tenant lookup for the hostile id: shown as text, at its limit
+    assert!(
+        dom.contains("tenant &lt;script&gt;document.title='owned'&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;"),
+        "the id is text, escaped: {dom}"
+    );
+    assert!(
+        !dom.contains("<img src=\"x\""),
+        "no element injected: {dom}"
+    );
+    assert!(
+        dom.contains("<title>Tollgate status</title>"),
+        "title untouched: {dom}"
+    );
+    // a screenshot for the README and for people
+    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/status-page.png");
+    let profile = TempDir::new();
+    chromium(
+        &profile.0,
+        &[
+            "--window-size=1280,1000",
+            &format!("--screenshot={}", shot.display()),
+            &format!("http://{}/#tenant=acme", gw.admin),
+        ],
+    );
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    assert!(png.len() > 10_000, "not a blank page: {} bytes", png.len());
+    // and on a phone's screen
+    let phone = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/status-page-phone.png");
+    let profile = TempDir::new();
+    chromium(
+        &profile.0,
+        &[
+            "--window-size=390,844",
+            &format!("--screenshot={}", phone.display()),
+            &format!("http://{}/#tenant=acme", gw.admin),
+        ],
+    );
+    let png = std::fs::read(&phone).expect("a phone screenshot");
+    assert!(png.len() > 10_000, "not a blank page: {} bytes", png.len());
+}
+
+#[test]
+fn a_short_admin_token_is_a_config_error() {
+    let dir = TempDir::new();
+    let text = "server:\n  listen: [\"127.0.0.1:1\"]\n  admin: \"127.0.0.1:2\"\n  admin_token: \"short\"\nupstreams:\n  app:\n    servers: [\"127.0.0.1:3\"]\nroutes:\n  - id: all\n    path: /**\n    upstream: app\n";
+    let f = dir.write("gateway.yaml", text);
+    let (code, _, err) = run_tollgate(&["-t", "-c", f.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("gateway.yaml:4:16: server.admin_token: must be at least 16"),
+        "{err}"
+    );
+}
