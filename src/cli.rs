@@ -1,6 +1,6 @@
 //! Command line (contract section 1) and process start-up.
 
-use crate::admin::api::{DecisionRates, RateSampler};
+use crate::admin::api::{DecisionRates, OpsSampler};
 use crate::admin::install_drain_signals;
 use crate::admin::{Admin, ReadinessProbe};
 use crate::client_limits::Edge;
@@ -240,10 +240,12 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
 
     if let Some(admin_addr) = server_cfg.admin {
         server.add_service(background_service(
-            "decision rates",
-            RateSampler {
+            "operator view sampler",
+            OpsSampler {
                 shared: shared.clone(),
                 rates: rates.clone(),
+                metrics: metrics.clone(),
+                fleet: rt.fleet.clone(),
             },
         ));
         let mut admin = Service::new(

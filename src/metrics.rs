@@ -2,8 +2,8 @@
 //! client address: label values come from the config (route and rule ids) or small fixed sets.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -28,6 +28,10 @@ pub struct Metrics {
     pub redis_pending: IntGauge,
     /// `tollgate_redis_live_instances`
     pub redis_instances: IntGauge,
+    /// `tollgate_redis_connected`: 1 while the last round reached Redis.
+    pub redis_connected: IntGauge,
+    /// `tollgate_upstream_server_healthy{pool,server}`: 1 healthy, 0 down or skipped.
+    pub upstream_healthy: IntGaugeVec,
 }
 
 impl Metrics {
@@ -84,12 +88,31 @@ impl Metrics {
         )?;
         let redis_pending = IntGauge::new(
             "tollgate_redis_pending_deltas",
-            "Requests admitted here that Redis has not confirmed yet (after the last round)",
+            "Tier counters holding counts that Redis has not confirmed yet (after the last round; one per tier of each counter, not a number of requests)",
         )?;
         let redis_instances = IntGauge::new(
             "tollgate_redis_live_instances",
             "Gateway instances sharing the limits, as last seen in Redis",
         )?;
+        let redis_connected = IntGauge::new(
+            "tollgate_redis_connected",
+            "1 while the last sync round reached Redis, 0 otherwise (also without a redis section)",
+        )?;
+        let upstream_healthy = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_upstream_server_healthy",
+                "Each upstream server: 1 healthy, 0 down (health check) or skipped after a failed connection (refreshed every second)",
+            ),
+            &["pool", "server"],
+        )?;
+        // series with a fixed set of labels exist from the start (at 0), so that dashboards
+        // and alerts see them before the first reload or round
+        for result in ["ok", "error"] {
+            reloads.with_label_values(&[result]);
+            redis_sync.with_label_values(&[result]);
+        }
+        registry.register(Box::new(redis_connected.clone()))?;
+        registry.register(Box::new(upstream_healthy.clone()))?;
         registry.register(Box::new(redis_sync.clone()))?;
         registry.register(Box::new(redis_sync_duration.clone()))?;
         registry.register(Box::new(redis_pending.clone()))?;
@@ -112,6 +135,8 @@ impl Metrics {
             redis_sync_duration,
             redis_pending,
             redis_instances,
+            redis_connected,
+            upstream_healthy,
         })
     }
 

@@ -288,3 +288,72 @@ fn a_short_admin_token_is_a_config_error() {
         "{err}"
     );
 }
+
+/// Every metric the shipped Grafana dashboard queries exists in `/metrics` of a gateway with
+/// Redis, a health-checked pool and a rule (histograms by their `_bucket`, `_sum`, `_count`).
+#[test]
+fn the_grafana_dashboard_queries_only_metrics_that_exist() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = one_route_config(up.addr, 1, "").replace(
+        &format!("    servers: [\"{}\"]\n", up.addr),
+        &format!(
+            "    servers: [\"{}\"]\n    health_check: {{ interval: 200ms }}\n",
+            up.addr
+        ),
+    ) + LIMITS
+        + &format!("redis:\n  url: {}\n", redis.url());
+    let gw = Gateway::start(&cfg);
+    assert!(wait_redis_state(&gw, "connected"));
+    gw.get("/x", &[("x-org-id", "acme")]);
+    std::thread::sleep(Duration::from_millis(1300));
+    let metrics = gw.metrics();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ops/grafana-dashboard.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 8);
+    let mut queried = std::collections::BTreeSet::new();
+    for p in panels {
+        for t in p["targets"].as_array().expect("targets") {
+            let expr = t["expr"].as_str().expect("expr");
+            let mut rest = expr;
+            while let Some(i) = rest.find("tollgate_") {
+                let name: String = rest[i..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest = &rest[i + name.len()..];
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .filter(|b| metrics.contains(&format!("# TYPE {b} histogram")))
+                    .unwrap_or(&name)
+                    .to_string();
+                queried.insert(base);
+            }
+        }
+    }
+    for m in [
+        "tollgate_redis_connected",
+        "tollgate_upstream_server_healthy",
+        "tollgate_ratelimit_decisions_total",
+        "tollgate_redis_sync_duration_seconds",
+    ] {
+        assert!(queried.contains(m), "the dashboard shows {m}");
+    }
+    for name in &queried {
+        assert!(
+            metrics.contains(&format!("# TYPE {name} ")),
+            "{name} is queried but not in /metrics:\n{metrics}"
+        );
+    }
+    assert!(metrics.contains("tollgate_redis_connected 1"), "{metrics}");
+    assert!(
+        metrics.contains(&format!(
+            "tollgate_upstream_server_healthy{{pool=\"app\",server=\"{}\"}} 1",
+            up.addr
+        )),
+        "{metrics}"
+    );
+}

@@ -85,18 +85,35 @@ impl DecisionRates {
     }
 }
 
-/// Takes a sample of the decision counters every second.
-pub struct RateSampler {
+/// Every second: a sample of the decision counters (for the rates of `/api/status`), and the
+/// gauges that describe the present: each upstream server's health (the servers of the
+/// running config only: a pool removed by a reload leaves no series) and the Redis link.
+pub struct OpsSampler {
     pub shared: SharedSnapshot,
     pub rates: Arc<DecisionRates>,
+    pub metrics: Arc<Metrics>,
+    pub fleet: Arc<FleetState>,
 }
 
 #[async_trait]
-impl BackgroundService for RateSampler {
+impl BackgroundService for OpsSampler {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut ticker = crate::ticker::Ticker::every(Duration::from_secs(1));
         while ticker.tick(&mut shutdown).await {
             self.rates.sample(&self.shared);
+            let snap = self.shared.load();
+            let health = &self.metrics.upstream_healthy;
+            health.reset();
+            for (spec, pool) in snap.config.upstreams.iter().zip(&snap.pools) {
+                for (addr, healthy, skipped) in pool.servers() {
+                    let up = i64::from(healthy && !skipped);
+                    health
+                        .with_label_values(&[spec.name.as_str(), &addr.to_string()])
+                        .set(up);
+                }
+            }
+            let connected = self.fleet.is_configured() && self.fleet.is_connected();
+            self.metrics.redis_connected.set(i64::from(connected));
         }
     }
 }
