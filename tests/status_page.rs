@@ -357,3 +357,46 @@ fn the_grafana_dashboard_queries_only_metrics_that_exist() {
         "{metrics}"
     );
 }
+
+#[test]
+fn top_names_who_is_limited_now_from_bounded_memory() {
+    let up = Upstream::start("u");
+    let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + LIMITS));
+    avoid_window_edge(3_600_000, 60_000);
+    // "heavy" is denied 6 times, "medium" twice, "light" never; many others make 1 request
+    for (tenant, n) in [("heavy", 10), ("medium", 6), ("light", 3)] {
+        for _ in 0..n {
+            gw.get("/x", &[("x-org-id", tenant)]);
+        }
+    }
+    for i in 0..200 {
+        gw.get("/x", &[("x-org-id", &format!("other-{i}"))]);
+    }
+    let t = api(&gw, "/api/top?rule=per-org&by=denied&n=5", &[]).json();
+    let top = t["top"].as_array().unwrap();
+    assert_eq!(top[0]["partition"], "heavy", "{t}");
+    assert_eq!(top[0]["denied"], 6);
+    assert_eq!(top[1]["partition"], "medium");
+    assert_eq!(top[1]["denied"], 2);
+    assert_eq!(top.len(), 2, "only those denied: {t}");
+    let u = api(&gw, "/api/top?rule=per-org&by=usage", &[]).json();
+    let names: Vec<&str> = u["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["partition"].as_str().unwrap())
+        .collect();
+    assert_eq!(&names[..3], ["heavy", "medium", "light"], "{u}");
+    assert_eq!(u["top"][2]["usage"], 0.75);
+    // bad questions get a 400 problem
+    for q in [
+        "",
+        "?rule=nope",
+        "?rule=per-org&by=size",
+        "?rule=per-org&n=0",
+    ] {
+        let r = api(&gw, &format!("/api/top{q}"), &[]);
+        assert_eq!(r.status, 400, "{q}");
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    }
+}

@@ -263,6 +263,78 @@ pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Val
     })
 }
 
+/// `GET /api/top?rule=<id>&by=denied|usage&n=20`: the partitions of one rule with the most
+/// denials, or the highest use of their limit, in the rule's current window (the first tier's).
+pub fn top(shared: &SharedSnapshot, query: &str) -> Result<Value, String> {
+    let mut rule = None;
+    let mut by_denied = true;
+    let mut n = 20usize;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v)
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or("bad percent-encoding")?;
+        match k {
+            "rule" => rule = Some(v),
+            "by" => match v.as_str() {
+                "denied" => by_denied = true,
+                "usage" => by_denied = false,
+                _ => return Err(format!("by={v}: expected denied or usage")),
+            },
+            "n" => {
+                n = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=crate::limits::top::CAPACITY).contains(n))
+                    .ok_or(format!(
+                        "n={v}: expected 1 to {}",
+                        crate::limits::top::CAPACITY
+                    ))?
+            }
+            _ => return Err(format!("unknown parameter {k:?}: expected rule, by, n")),
+        }
+    }
+    let rule = rule.ok_or("rule=<id> is required")?;
+    let snap = shared.load();
+    let cr = snap
+        .limiter
+        .rules
+        .iter()
+        .find(|r| r.rule.id == rule)
+        .ok_or(format!("no rule {rule:?}"))?;
+    let period_ms = cr.rule.tiers[0].period.as_millis().max(1) as u64;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let since = now_ms / period_ms * period_ms;
+    let list: Vec<Value> = cr
+        .top
+        .top(n, by_denied, since)
+        .into_iter()
+        .map(|e| {
+            let shown = match (&cr.rule.per, e.key.split_first()) {
+                (crate::config::model::PartitionBy::Tenant, Some((0, raw))) => {
+                    String::from_utf8_lossy(raw).into_owned()
+                }
+                (per, _) => crate::limits::partition::redis_partition(per, &e.key),
+            };
+            json!({
+                "partition": shown,
+                "denied": e.denied,
+                // at most this many of `denied` may belong to partitions it replaced
+                "denied_at_least": e.denied - e.inherited,
+                "usage": e.usage_permille as f64 / 1000.0,
+            })
+        })
+        .collect();
+    Ok(json!({
+        "rule": rule,
+        "by": if by_denied { "denied" } else { "usage" },
+        "window_start_ms": since,
+        "top": list,
+    }))
+}
+
 /// Percent-decode a path segment (`%3Cscript%3E` -> `<script>`); `None` if malformed.
 pub fn percent_decode(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();

@@ -153,6 +153,13 @@ impl ServeHttp for Admin {
                 let body = api::status(&self.shared, &self.fleet, &self.metrics, &self.rates, &self.reload);
                 reply(StatusCode::OK, "application/json", body.to_string().into_bytes())
             }
+            "/api/top" => {
+                let query = session.req_header().uri.query().unwrap_or("").to_string();
+                match api::top(&self.shared, &query) {
+                    Ok(body) => reply(StatusCode::OK, "application/json", body.to_string().into_bytes()),
+                    Err(why) => problem(StatusCode::BAD_REQUEST, &why),
+                }
+            }
             p if p.starts_with("/api/tenants/") => {
                 let raw = &p["/api/tenants/".len()..];
                 match api::percent_decode(raw) {
@@ -190,7 +197,7 @@ impl ServeHttp for Admin {
             ),
             _ => problem(
                 StatusCode::NOT_FOUND,
-                "admin endpoints: /, /api/status, /api/tenants/<tenant>, /healthz, /readyz, /metrics",
+                "admin endpoints: /, /api/status, /api/tenants/<tenant>, /api/top?rule=<id>, /healthz, /readyz, /metrics",
             ),
         }
     }

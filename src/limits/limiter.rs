@@ -13,6 +13,7 @@ use super::ledger::{self, Ceiling};
 use super::partition::{PartitionValue, KEY_BUF};
 use super::policy::{tier_texts, PolicyCache, TierText};
 use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked};
+use super::top;
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans, Rule, Tier};
 use crate::matching::Segments;
 use http::{HeaderMap, Method};
@@ -41,6 +42,8 @@ pub struct CompiledRule {
     pub metrics: RuleMetrics,
     /// Header texts of each tier, by tier list then tier, made once per config.
     pub texts: Vec<Vec<TierText>>,
+    /// The partitions denied most, or closest to their limit, in the current window.
+    pub top: top::TopPartitions,
 }
 
 /// The rate limiter of one config snapshot. Its counters outlive it (see `CounterRegistry`).
@@ -246,6 +249,7 @@ impl Limiter {
                 let m = |d: &str| decisions.with_label_values(&[r.id.as_str(), d]);
                 CompiledRule {
                     texts,
+                    top: Default::default(),
                     rule: Arc::clone(r),
                     counters: registry.get_or_create(identity, cap_per_rule),
                     plan_lists,
@@ -457,6 +461,9 @@ impl Limiter {
         let shadow = cr.rule.action == Action::Shadow;
         let mut violated = false;
         let mut wake = false;
+        // for `/api/top`: the highest use of a limit among the tiers, and the first's window
+        let mut usage_permille = 0u32;
+        let mut window_start_ms = 0u64;
         for (ti, (state, tier)) in slot.states().iter_mut().zip(tiers).enumerate() {
             if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
                 if tracked {
@@ -501,6 +508,12 @@ impl Limiter {
                 }
             }
             violated |= !verdict.allowed;
+            let used = state.current + u64::from(verdict.allowed);
+            let permille = used.saturating_mul(1000) / tier.threshold.max(1);
+            usage_permille = usage_permille.max(permille.min(u64::from(u32::MAX)) as u32);
+            if ti == 0 {
+                window_start_ms = state.window_start_ms;
+            }
             decision.tiers.push(TierReport {
                 rule: a.rule,
                 list: a.list,
@@ -510,6 +523,11 @@ impl Limiter {
                 verdict,
                 shadow,
             });
+        }
+        if violated {
+            cr.top.denied(key, window_start_ms, usage_permille);
+        } else if usage_permille >= top::USAGE_FLOOR {
+            cr.top.usage(key, window_start_ms, usage_permille);
         }
         decision.applied.push((a.rule, violated));
         (slot, wake)

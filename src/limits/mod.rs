@@ -14,6 +14,7 @@ pub mod partition;
 pub mod policy;
 pub mod store;
 pub mod sweeper;
+pub mod top;
 
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use limiter::{Decision, LimitRequest, Limiter, Verdict};
