@@ -54,7 +54,7 @@ impl Metrics {
         let decisions = IntCounterVec::new(
             Opts::new(
                 "tollgate_ratelimit_decisions_total",
-                "Rate-limit decisions, by rule and decision (allowed, denied, shadow_denied, delayed)",
+                "Rate-limit decisions, by rule and decision (allowed, denied, shadow_denied, delayed, unavailable: refused under on_failure: deny)",
             ),
             &["rule", "decision"],
         )?;

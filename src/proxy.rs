@@ -50,6 +50,10 @@ pub struct RequestCtx {
     failures: usize,
     /// Request body bytes seen so far (counted only with `server.max_body_bytes`).
     body_bytes: u64,
+    /// For the access log: the rule that denied or held the request, and a shadow rule that
+    /// would have denied it (indexes into the snapshot's limiter).
+    decided_by: Option<u16>,
+    shadow_by: Option<u16>,
 }
 
 pub struct Gateway {
@@ -140,20 +144,33 @@ fn access_log(session: &Session, ctx: &RequestCtx, route: &str, status: http::St
     let upstream = ctx
         .upstream
         .map_or_else(|| "-".to_string(), |a| a.to_string());
-    log::info!(
-        target: "tollgate::access",
-        "{}",
-        access_line(
-            route,
-            &ctx.tenant,
-            req.method.as_str(),
-            req.uri.path(),
-            status.as_u16(),
-            decision,
-            &upstream,
-            ctx.started.elapsed().as_secs_f64() * 1000.0,
-        )
+    let rule_id = |i: Option<u16>| {
+        i.and_then(|i| {
+            let snap = ctx.snapshot.as_ref()?;
+            Some(snap.limiter.rules.get(usize::from(i))?.rule.id.as_str())
+        })
+        .unwrap_or("-")
+    };
+    let mut line = access_line(
+        route,
+        &ctx.tenant,
+        req.method.as_str(),
+        req.uri.path(),
+        status.as_u16(),
+        decision,
+        &upstream,
+        ctx.started.elapsed().as_secs_f64() * 1000.0,
     );
+    // the rule that denied or held it, and a shadow rule that would have denied this tenant
+    if ctx.decided_by.is_some() {
+        line.push_str(" rule=");
+        line.push_str(rule_id(ctx.decided_by));
+    }
+    if ctx.shadow_by.is_some() {
+        line.push_str(" shadow_denied_by=");
+        line.push_str(rule_id(ctx.shadow_by));
+    }
+    log::info!(target: "tollgate::access", "{line}");
 }
 
 /// One access log line. The tenant and the path are quoted with every control character,
@@ -190,6 +207,8 @@ impl ProxyHttp for Gateway {
             decision: None,
             failures: 0,
             body_bytes: 0,
+            decided_by: None,
+            shadow_by: None,
             started: Instant::now(),
             upstream: None,
             delayed: false,
@@ -292,6 +311,9 @@ impl ProxyHttp for Gateway {
         ctx.delayed = delayed;
         let admitted = decision.verdict == Verdict::Allow;
         limiter.record(&decision, admitted, delayed);
+        if !decision.applied.is_empty() && cfg.server.access_log {
+            (ctx.decided_by, ctx.shadow_by) = decision.deciding_rules(limiter);
+        }
         if let Verdict::Reject { status } = decision.verdict {
             ctx.denied = true;
             let body = headers::denial_body(limiter, &decision, status);

@@ -107,7 +107,18 @@ impl Reloader {
                 return fail(&why, format!("{}:1:1: {why}", self.path.display()));
             }
         };
+        let kept: std::collections::HashSet<String> =
+            snapshot.config.rules.iter().map(|r| r.id.clone()).collect();
         self.shared.store(Arc::new(snapshot));
+        // the series of rules the new config no longer has go with them
+        for gone in old.config.rules.iter().filter(|r| !kept.contains(&r.id)) {
+            for d in crate::limits::limiter::DECISIONS {
+                let _ = self
+                    .metrics
+                    .decisions
+                    .remove_label_values(&[gone.id.as_str(), d]);
+            }
+        }
         self.status.record(None);
         self.metrics.reloads.with_label_values(&["ok"]).inc();
         log::info!("reload: configuration {} reloaded", self.path.display());

@@ -286,6 +286,14 @@ fn on_failure_deny_answers_503_and_allow_lets_everything_through() {
         .is_some_and(|d| d.contains("cannot be checked")));
     assert!(body.get("violated-policies").is_none(), "{}", r.body);
     assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(
+        metric_sum(
+            &deny.metrics(),
+            "tollgate_ratelimit_decisions_total{decision=\"unavailable\""
+        ),
+        1.0,
+        "the 503 is counted"
+    );
     assert!(
         !r.body.to_lowercase().contains("redis"),
         "no Redis detail to clients: {}",

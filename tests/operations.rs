@@ -345,9 +345,9 @@ fn access_log_has_one_line_per_request() {
         line.contains("tenant=\"acme\\\"\""),
         "tenant escaped: {line}"
     );
-    assert!(log
-        .lines()
-        .any(|l| l.contains("tollgate::access") && l.contains("status=429 decision=denied")));
+    assert!(log.lines().any(|l| l.contains("tollgate::access")
+        && l.contains("status=429 decision=denied")
+        && l.ends_with(" rule=api")));
 
     // a bare CR, an obs-fold and a vertical tab inside the tenant header: whatever the parser
     // makes of them, each request is one line
@@ -449,4 +449,26 @@ fn a_listener_that_cannot_be_bound_ends_start_up_with_exit_1() {
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     // the first one is untouched
     assert_eq!(first.get("/x", &[("x-org-id", "t")]).status, 200);
+}
+
+#[test]
+fn the_access_log_names_a_shadow_rule_and_a_reload_drops_the_series_of_removed_rules() {
+    let up = Upstream::start("a");
+    let shadow = "  - id: trial\n    pathPattern: /limited/**\n    action: shadow\n    tiers: [{ period: 1h, threshold: 1 }]\n";
+    let with_shadow = format!("{}{shadow}", config(&up, "  access_log: true", 100));
+    let gw = Gateway::start(&with_shadow);
+    for _ in 0..2 {
+        assert_eq!(gw.get("/limited/1", &[("x-org-id", "globex")]).status, 200);
+    }
+    assert!(eventually(Duration::from_secs(2), || gw.log().lines().any(
+        |l| l.contains("tenant=\"globex\"") && l.ends_with(" shadow_denied_by=trial")
+    )));
+    assert!(gw.metrics().contains("rule=\"trial\""));
+    // the rule goes; its series go with it
+    rewrite(&gw, &config(&up, "  access_log: true", 100));
+    signal(&gw, libc::SIGHUP);
+    assert!(eventually(Duration::from_secs(5), || !gw
+        .metrics()
+        .contains("rule=\"trial\"")));
+    assert!(gw.metrics().contains("rule=\"api\""));
 }

@@ -29,6 +29,7 @@ pub struct RuleMetrics {
     pub denied: IntCounter,
     pub shadow_denied: IntCounter,
     pub delayed: IntCounter,
+    pub unavailable: IntCounter,
     /// Shadow denials not yet logged, and when the last log line was written (ms).
     shadow_unlogged: AtomicU64,
     shadow_logged_ms: AtomicU64,
@@ -65,6 +66,15 @@ pub struct LimitRequest<'a> {
     pub client_ip: IpAddr,
     pub headers: &'a HeaderMap,
 }
+
+/// The `decision` label values of `tollgate_ratelimit_decisions_total`.
+pub const DECISIONS: [&str; 5] = [
+    "allowed",
+    "denied",
+    "shadow_denied",
+    "delayed",
+    "unavailable",
+];
 
 /// One rule's counters for one tenant, as `/api/tenants/<id>` shows them.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -151,6 +161,24 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// The first exceeded rule that enforces (its index), and the first exceeded shadow rule:
+    /// what the access log names.
+    pub fn deciding_rules(&self, limiter: &Limiter) -> (Option<u16>, Option<u16>) {
+        let violated = |shadow: bool| {
+            self.applied
+                .iter()
+                .filter(|&&(_, v)| v)
+                .map(|&(r, _)| r)
+                .find(|&r| {
+                    limiter
+                        .rules
+                        .get(usize::from(r))
+                        .is_some_and(|cr| (cr.rule.action == Action::Shadow) == shadow)
+                })
+        };
+        (violated(false), violated(true))
+    }
+
     pub fn none() -> Self {
         Decision {
             verdict: Verdict::Allow,
@@ -258,6 +286,7 @@ impl Limiter {
                         denied: m("denied"),
                         shadow_denied: m("shadow_denied"),
                         delayed: m("delayed"),
+                        unavailable: m("unavailable"),
                         shadow_unlogged: AtomicU64::new(0),
                         shadow_logged_ms: AtomicU64::new(0),
                     },
@@ -614,6 +643,7 @@ impl Limiter {
 
     /// Count the final outcome of a request in the decision metrics.
     pub fn record(&self, d: &Decision, admitted: bool, was_delayed: bool) {
+        let any_violated = d.applied.iter().any(|&(_, v)| v);
         for &(rule, violated) in &d.applied {
             let cr = &self.rules[rule as usize];
             let m = &cr.metrics;
@@ -626,6 +656,8 @@ impl Limiter {
                 (Action::Delay, true, _) if was_delayed => m.delayed.inc(),
                 (_, true, _) => m.allowed.inc(),
                 (_, false, true) => m.denied.inc(),
+                // refused although no tier was exceeded: `on_failure: deny` without Redis
+                (_, false, false) if !any_violated => m.unavailable.inc(),
                 (_, false, false) => {}
             }
         }
