@@ -247,33 +247,37 @@ fn the_status_page_renders_in_a_browser_and_escapes_what_it_shows() {
         dom.contains("<title>Tollgate status</title>"),
         "title untouched: {dom}"
     );
-    // a screenshot for the README and for people
-    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/status-page.png");
-    let profile = TempDir::new();
-    chromium(
-        &profile.0,
-        &[
-            "--window-size=1280,1000",
-            &format!("--screenshot={}", shot.display()),
-            &format!("http://{}/#tenant=acme", gw.admin),
-        ],
-    );
-    let png = std::fs::read(&shot).expect("a screenshot");
+    // it refreshes itself every 2 s: 4 s of the browser's virtual time see the first load and
+    // at least one refresh
+    let refreshes: u32 = dom
+        .split("data-refreshes=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(refreshes >= 2, "refreshes: {refreshes}");
+    // screenshots for the README and for people, on a laptop's screen and on a phone's
+    let url = format!("http://{}/#tenant=acme", gw.admin);
+    let png = screenshot(&url, "1280,1000", "target/status-page.png");
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     assert!(png.len() > 10_000, "not a blank page: {} bytes", png.len());
-    // and on a phone's screen
-    let phone = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/status-page-phone.png");
+    let png = screenshot(&url, "390,844", "target/status-page-phone.png");
+    assert!(png.len() > 10_000, "not a blank page: {} bytes", png.len());
+}
+
+/// A screenshot of `url` at `size` ("W,H"), kept at `file` (relative to the crate); its bytes.
+fn screenshot(url: &str, size: &str, file: &str) -> Vec<u8> {
+    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
     let profile = TempDir::new();
     chromium(
         &profile.0,
         &[
-            "--window-size=390,844",
-            &format!("--screenshot={}", phone.display()),
-            &format!("http://{}/#tenant=acme", gw.admin),
+            &format!("--window-size={size}"),
+            &format!("--screenshot={}", shot.display()),
+            url,
         ],
     );
-    let png = std::fs::read(&phone).expect("a phone screenshot");
-    assert!(png.len() > 10_000, "not a blank page: {} bytes", png.len());
+    std::fs::read(&shot).expect("a screenshot")
 }
 
 #[test]
