@@ -407,9 +407,12 @@ fn a_redis_cluster_shares_counts_across_two_instances() {
     let (a, b) = pair(&cfg);
     avoid_window_edge(3_600_000, 60_000);
     let tenants = ["acme", "globex", "initech", "umbrella", "hooli", "tyrell"];
+    // 3x the threshold, alternating: an instance whose lease is used refuses until its next
+    // round, so how soon the fleet is full depends on how fast Redis answers on a busy
+    // machine; what the test holds is where the fleet stops
     for t in tenants {
         let mut admitted = 0;
-        for i in 0..16 {
+        for i in 0..30 {
             let gw = if i % 2 == 0 { &a } else { &b };
             if gw.get("/x", &[("x-org-id", t)]).status == 200 {
                 admitted += 1;
