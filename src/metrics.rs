@@ -2,17 +2,23 @@
 //! client address: label values come from the config (route and rule ids) or small fixed sets.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
     registry: Registry,
     /// `tollgate_requests_total{route,status}`; route is `none` when no route matched.
     pub requests: IntCounterVec,
+    /// `tollgate_request_duration_seconds{route}`: from the request's headers read to the end
+    /// of its answer.
+    pub request_duration: HistogramVec,
+    /// `tollgate_ratelimit_decision_duration_seconds`: the limiter's decision for one request
+    /// (a held request's wait not included).
+    pub decision_duration: Histogram,
     /// `tollgate_config_reloads_total{result}`
     pub reloads: IntCounterVec,
-    /// `tollgate_ratelimit_decisions_total{rule,decision}`
+    /// `tollgate_ratelimit_decisions_total{rule,decision,tier}`
     pub decisions: IntCounterVec,
     /// `tollgate_tracked_counters`
     pub tracked_counters: IntGauge,
@@ -44,6 +50,27 @@ impl Metrics {
             ),
             &["route", "status"],
         )?;
+        let request_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "tollgate_request_duration_seconds",
+                "Time from a request's headers read to the end of its answer, by route (none: no route matched)",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0,
+            ]),
+            &["route"],
+        )?;
+        let decision_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "tollgate_ratelimit_decision_duration_seconds",
+                "Time the limiter takes to decide one request (every applying rule and tier; a held request's wait not included)",
+            )
+            .buckets(vec![
+                0.000_001, 0.000_002_5, 0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1,
+                0.000_25, 0.001,
+            ]),
+        )?;
         let reloads = IntCounterVec::new(
             Opts::new(
                 "tollgate_config_reloads_total",
@@ -54,9 +81,9 @@ impl Metrics {
         let decisions = IntCounterVec::new(
             Opts::new(
                 "tollgate_ratelimit_decisions_total",
-                "Rate-limit decisions, by rule and decision (allowed, denied, shadow_denied, delayed, unavailable: refused under on_failure: deny)",
+                "Rate-limit decisions, by rule, decision (allowed, denied, shadow_denied, delayed, unavailable: refused under on_failure: deny) and tier (the period of the first tier exceeded; all: admitted, none: unavailable)",
             ),
-            &["rule", "decision"],
+            &["rule", "decision", "tier"],
         )?;
         let tracked_counters = IntGauge::new(
             "tollgate_tracked_counters",
@@ -118,6 +145,8 @@ impl Metrics {
         registry.register(Box::new(redis_pending.clone()))?;
         registry.register(Box::new(redis_instances.clone()))?;
         registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(request_duration.clone()))?;
+        registry.register(Box::new(decision_duration.clone()))?;
         registry.register(Box::new(reloads.clone()))?;
         registry.register(Box::new(decisions.clone()))?;
         registry.register(Box::new(tracked_counters.clone()))?;
@@ -126,6 +155,8 @@ impl Metrics {
         Ok(Metrics {
             registry,
             requests,
+            request_duration,
+            decision_duration,
             reloads,
             decisions,
             tracked_counters,

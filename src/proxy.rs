@@ -295,7 +295,11 @@ impl ProxyHttp for Gateway {
                 client_ip: client,
                 headers: &req.headers,
             };
+            let t0 = Instant::now();
             let d = limiter.decide(&lreq, &cfg.plans);
+            self.metrics
+                .decision_duration
+                .observe(t0.elapsed().as_secs_f64());
             if let Verdict::Delay { .. } = d.verdict {
                 // rare: boxed, so that the request's future stays small for the common case
                 let held;
@@ -546,12 +550,17 @@ impl ProxyHttp for Gateway {
             _ => "none",
         };
         match &ctx.snapshot {
-            Some(s) => s.requests.inc(ctx.route, status),
-            None => self
-                .metrics
-                .requests
-                .with_label_values(&[route, status.as_str()])
-                .inc(),
+            Some(s) => s.requests.done(ctx.route, status, ctx.started.elapsed()),
+            None => {
+                self.metrics
+                    .requests
+                    .with_label_values(&[route, status.as_str()])
+                    .inc();
+                self.metrics
+                    .request_duration
+                    .with_label_values(&[route])
+                    .observe(ctx.started.elapsed().as_secs_f64());
+            }
         }
         if ctx
             .snapshot

@@ -109,14 +109,41 @@ impl Reloader {
         };
         let kept: std::collections::HashSet<String> =
             snapshot.config.rules.iter().map(|r| r.id.clone()).collect();
+        let routes_kept: std::collections::HashSet<String> = snapshot
+            .config
+            .routes
+            .iter()
+            .map(|r| r.id.clone())
+            .collect();
         self.shared.store(Arc::new(snapshot));
         // the series of rules the new config no longer has go with them
         for gone in old.config.rules.iter().filter(|r| !kept.contains(&r.id)) {
             for d in crate::limits::limiter::DECISIONS {
-                let _ = self
-                    .metrics
-                    .decisions
-                    .remove_label_values(&[gone.id.as_str(), d]);
+                for t in crate::limits::limiter::tier_labels(gone) {
+                    let _ = self.metrics.decisions.remove_label_values(&[
+                        gone.id.as_str(),
+                        d,
+                        t.as_str(),
+                    ]);
+                }
+            }
+        }
+        // and so do those of removed routes
+        for gone in old
+            .config
+            .routes
+            .iter()
+            .filter(|r| !routes_kept.contains(&r.id))
+        {
+            let id = gone.id.as_str();
+            let _ = self.metrics.request_duration.remove_label_values(&[id]);
+            for code in 100..600u16 {
+                if let Ok(status) = http::StatusCode::from_u16(code) {
+                    let _ = self
+                        .metrics
+                        .requests
+                        .remove_label_values(&[id, status.as_str()]);
+                }
             }
         }
         self.status.record(None);

@@ -8,8 +8,9 @@ use crate::limits::{Clock, CounterRegistry, Limiter};
 use crate::metrics::Metrics;
 use crate::upstream::Pool;
 use arc_swap::ArcSwap;
-use prometheus::{IntCounter, IntCounterVec};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 pub struct Snapshot {
     pub config: Config,
@@ -30,24 +31,36 @@ pub struct RequestCounters {
     vec: IntCounterVec,
     /// Indexed like `config.routes`, then one for requests no route matched.
     routes: Vec<(String, ByStatus)>,
+    /// `tollgate_request_duration_seconds{route}`, indexed like `routes`.
+    durations: Vec<Histogram>,
 }
 
 impl RequestCounters {
-    fn new(vec: &IntCounterVec, routes: impl Iterator<Item = String>) -> Self {
+    fn new(vec: &IntCounterVec, durations: &HistogramVec, routes: Vec<String>) -> Self {
         let slots = || (100..600).map(|_| OnceLock::new()).collect::<ByStatus>();
+        let routes: Vec<String> = routes
+            .into_iter()
+            .chain(std::iter::once("none".to_string()))
+            .collect();
         RequestCounters {
             vec: vec.clone(),
-            routes: routes
-                .chain(std::iter::once("none".to_string()))
-                .map(|r| (r, slots()))
+            durations: routes
+                .iter()
+                .map(|r| durations.with_label_values(&[r.as_str()]))
                 .collect(),
+            routes: routes.into_iter().map(|r| (r, slots())).collect(),
         }
     }
 
-    /// Count one request of `route` (None: no route matched) answered with `status`.
-    pub fn inc(&self, route: Option<usize>, status: http::StatusCode) {
+    /// Count one request of `route` (None: no route matched) answered with `status` after
+    /// `elapsed`.
+    pub fn done(&self, route: Option<usize>, status: http::StatusCode, elapsed: Duration) {
         let none = self.routes.len() - 1;
-        let (name, slots) = &self.routes[route.unwrap_or(none).min(none)];
+        let i = route.unwrap_or(none).min(none);
+        if let Some(h) = self.durations.get(i) {
+            h.observe(elapsed.as_secs_f64());
+        }
+        let (name, slots) = &self.routes[i];
         let code = status.as_u16();
         match code
             .checked_sub(100)
@@ -98,7 +111,8 @@ impl Snapshot {
         );
         let requests = RequestCounters::new(
             &rt.metrics.requests,
-            config.routes.iter().map(|r| r.id.clone()),
+            &rt.metrics.request_duration,
+            config.routes.iter().map(|r| r.id.clone()).collect(),
         );
         // the one place where a config's `redis` section sets the fleet's mode (start-up and
         // reload alike); the snapshot is stored right after

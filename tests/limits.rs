@@ -93,12 +93,12 @@ fn seed_rule_counts_down_then_429_with_retry_after() {
     let m = gw.metrics();
     assert!(
         m.contains(
-            r#"tollgate_ratelimit_decisions_total{decision="allowed",rule="get-product"} 5"#
+            r#"tollgate_ratelimit_decisions_total{decision="allowed",rule="get-product",tier="all"} 5"#
         ),
         "{m}"
     );
     assert!(
-        m.contains(r#"tollgate_ratelimit_decisions_total{decision="denied",rule="get-product"} 1"#),
+        m.contains(r#"tollgate_ratelimit_decisions_total{decision="denied",rule="get-product",tier="10s"} 1"#),
         "{m}"
     );
     assert!(
@@ -213,12 +213,14 @@ fn shadow_counts_and_reports_but_never_blocks() {
     }
     let m = gw.metrics();
     assert!(
-        m.contains(r#"tollgate_ratelimit_decisions_total{decision="allowed",rule="trial"} 2"#),
+        m.contains(
+            r#"tollgate_ratelimit_decisions_total{decision="allowed",rule="trial",tier="all"} 2"#
+        ),
         "{m}"
     );
     assert!(
         m.contains(
-            r#"tollgate_ratelimit_decisions_total{decision="shadow_denied",rule="trial"} 3"#
+            r#"tollgate_ratelimit_decisions_total{decision="shadow_denied",rule="trial",tier="1h"} 3"#
         ),
         "{m}"
     );
@@ -301,7 +303,7 @@ fn delay_holds_a_request_until_it_fits_or_rejects_past_max_delay() {
     );
     assert!(gw
         .metrics()
-        .contains(r#"decision="delayed",rule="smooth"} 1"#));
+        .contains(r#"decision="delayed",rule="smooth",tier="all"} 1"#));
     // a wait longer than max_delay is rejected with the rule's status
     avoid_window_edge(3_600_000, 5_000);
     assert_eq!(get(&gw, "/fast/x", "t").status, 200);

@@ -2,7 +2,7 @@
 //! access log. Real processes, real signals.
 
 mod common;
-use common::{eventually, get_on, metric_sum, request, Gateway, Upstream};
+use common::{avoid_window_edge, eventually, get_on, metric_sum, request, Gateway, Upstream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,7 +33,7 @@ fn signal(gw: &Gateway, sig: i32) {
     }
 }
 
-/// Write a new config for `gw` (placeholders resolved as at start) and send SIGHUP.
+/// Write a new config for `gw` (placeholders resolved as at start); SIGHUP is the caller's.
 fn rewrite(gw: &Gateway, template: &str) {
     let text = template
         .replace("{LISTEN}", &gw.addr.to_string())
@@ -471,4 +471,53 @@ fn the_access_log_names_a_shadow_rule_and_a_reload_drops_the_series_of_removed_r
         .metrics()
         .contains("rule=\"trial\"")));
     assert!(gw.metrics().contains("rule=\"api\""));
+}
+
+#[test]
+fn metrics_name_the_tier_that_denies_and_time_each_route() {
+    let up = Upstream::start("a");
+    let base = common::one_route_config(up.addr, 2, "");
+    // a second route, to be removed by a reload
+    let two_routes = base.replace(
+        "routes:\n",
+        "routes:\n  - id: reports\n    path: /reports/**\n    upstream: app\n",
+    );
+    let limits = "tenant:\n  from:\n    - header: x-org-id\nlimits:\n  - id: api\n    pathPattern: /limited/**\n    tiers: [{ period: 1s, threshold: 1000 }, { period: 1h, threshold: 2 }]\n  - id: burst\n    pathPattern: /burst/**\n    tiers: [{ period: 10s, threshold: 1 }, { period: 1h, threshold: 1000 }]\n";
+    let gw = Gateway::start(&format!("{two_routes}{limits}"));
+    avoid_window_edge(3_600_000, 5_000);
+    for _ in 0..2 {
+        assert_eq!(gw.get("/limited/1", &[("x-org-id", "t")]).status, 200);
+    }
+    assert_eq!(gw.get("/limited/1", &[("x-org-id", "t")]).status, 429);
+    assert_eq!(gw.get("/burst/1", &[("x-org-id", "t")]).status, 200);
+    assert_eq!(gw.get("/burst/1", &[("x-org-id", "t")]).status, 429);
+    assert_eq!(gw.get("/reports/1", &[("x-org-id", "t")]).status, 200);
+    let m = gw.metrics();
+    // which tier denies: the hourly one of `api`, the 10-second one of `burst`
+    for series in [
+        r#"tollgate_ratelimit_decisions_total{decision="denied",rule="api",tier="1h"} 1"#,
+        r#"tollgate_ratelimit_decisions_total{decision="denied",rule="api",tier="1s"} 0"#,
+        r#"tollgate_ratelimit_decisions_total{decision="denied",rule="burst",tier="10s"} 1"#,
+        r#"tollgate_ratelimit_decisions_total{decision="allowed",rule="api",tier="all"} 2"#,
+        // a latency histogram per route: every request answered is in it
+        r#"tollgate_request_duration_seconds_count{route="all"} 5"#,
+        r#"tollgate_request_duration_seconds_count{route="reports"} 1"#,
+        // the limiter's own time: one observation per request decided
+        r#"tollgate_ratelimit_decision_duration_seconds_count 6"#,
+    ] {
+        assert!(m.contains(series), "{series} missing in\n{m}");
+    }
+    // the route goes; its series go with it
+    rewrite(&gw, &format!("{base}{limits}"));
+    signal(&gw, libc::SIGHUP);
+    assert!(
+        eventually(Duration::from_secs(5), || !gw
+            .metrics()
+            .contains("route=\"reports\"")),
+        "{}",
+        gw.metrics()
+    );
+    assert!(gw
+        .metrics()
+        .contains(r#"tollgate_request_duration_seconds_count{route="all"}"#));
 }

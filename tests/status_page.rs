@@ -343,6 +343,8 @@ fn the_grafana_dashboard_queries_only_metrics_that_exist() {
         "tollgate_upstream_server_healthy",
         "tollgate_ratelimit_decisions_total",
         "tollgate_redis_sync_duration_seconds",
+        "tollgate_ratelimit_decision_duration_seconds",
+        "tollgate_request_duration_seconds",
     ] {
         assert!(queried.contains(m), "the dashboard shows {m}");
     }

@@ -42,8 +42,8 @@ impl DecisionRates {
                     r.rule.id.clone(),
                     [
                         m.allowed.get(),
-                        m.denied.get(),
-                        m.shadow_denied.get(),
+                        m.denied.total(),
+                        m.shadow_denied.total(),
                         m.delayed.get(),
                     ],
                 )

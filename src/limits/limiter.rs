@@ -23,11 +23,13 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Decision metrics of one rule (`tollgate_ratelimit_decisions_total{rule,decision}`).
+/// Decision metrics of one rule (`tollgate_ratelimit_decisions_total{rule,decision,tier}`).
+/// Denials carry the first tier exceeded (its period: `1s`, `1h`); admitted requests
+/// `tier="all"`, refusals of `on_failure: deny` `tier="none"`.
 pub struct RuleMetrics {
     pub allowed: IntCounter,
-    pub denied: IntCounter,
-    pub shadow_denied: IntCounter,
+    pub denied: ByTier,
+    pub shadow_denied: ByTier,
     pub delayed: IntCounter,
     pub unavailable: IntCounter,
     /// Shadow denials not yet logged, and when the last log line was written (ms).
@@ -75,6 +77,77 @@ pub const DECISIONS: [&str; 5] = [
     "delayed",
     "unavailable",
 ];
+
+/// One decision's counters of one rule, by tier list then tier (lists that share a period
+/// share its series).
+pub struct ByTier {
+    pub lists: Vec<Vec<IntCounter>>,
+    /// One handle per distinct series, for the rule's total.
+    distinct: Vec<IntCounter>,
+}
+
+impl ByTier {
+    fn new<'a>(
+        lists: impl Iterator<Item = &'a [Tier]>,
+        series: impl Fn(&str) -> IntCounter,
+    ) -> ByTier {
+        let mut labels: Vec<(String, IntCounter)> = Vec::new();
+        let lists = lists
+            .map(|tiers| {
+                tiers
+                    .iter()
+                    .map(|t| {
+                        let l = tier_label(t);
+                        if let Some((_, c)) = labels.iter().find(|(x, _)| *x == l) {
+                            return c.clone();
+                        }
+                        let c = series(&l);
+                        labels.push((l, c.clone()));
+                        c
+                    })
+                    .collect()
+            })
+            .collect();
+        ByTier {
+            lists,
+            distinct: labels.into_iter().map(|(_, c)| c).collect(),
+        }
+    }
+
+    /// All tiers together.
+    pub fn total(&self) -> u64 {
+        self.distinct.iter().map(IntCounter::get).sum()
+    }
+
+    fn inc(&self, list: usize, tier: usize) {
+        if let Some(c) = self.lists.get(list).and_then(|l| l.get(tier)) {
+            c.inc();
+        }
+    }
+}
+
+/// The `tier` label of a tier: its period (`1s`, `10s`, `1h`, `500ms`).
+pub fn tier_label(tier: &Tier) -> String {
+    let mut out = String::new();
+    crate::config::duration::write_duration_ms(&mut out, tier.period.as_millis() as u64);
+    out
+}
+
+/// The `tier` label values of one rule's decision series (for removing them on reload).
+pub fn tier_labels(rule: &Rule) -> Vec<String> {
+    let mut out = vec!["all".to_string(), "none".to_string()];
+    for t in rule
+        .tiers
+        .iter()
+        .chain(rule.plan_tiers.iter().flatten().flatten())
+    {
+        let l = tier_label(t);
+        if !out.contains(&l) {
+            out.push(l);
+        }
+    }
+    out
+}
 
 /// One rule's counters for one tenant, as `/api/tenants/<id>` shows them.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -268,28 +341,30 @@ impl Limiter {
                     }
                 }
                 let texts = lists.iter().map(|(_, t)| tier_texts(&r.id, t)).collect();
+                let m = |d: &str, t: &str| decisions.with_label_values(&[r.id.as_str(), d, t]);
+                let by_tier = |d: &str| ByTier::new(lists.iter().map(|(_, t)| &t[..]), |t| m(d, t));
+                let metrics = RuleMetrics {
+                    allowed: m("allowed", "all"),
+                    denied: by_tier("denied"),
+                    shadow_denied: by_tier("shadow_denied"),
+                    delayed: m("delayed", "all"),
+                    unavailable: m("unavailable", "none"),
+                    shadow_unlogged: AtomicU64::new(0),
+                    shadow_logged_ms: AtomicU64::new(0),
+                };
                 let identity = RuleIdentity {
                     id: r.id.clone(),
                     algorithm: r.algorithm,
                     per: r.per.clone(),
                     lists,
                 };
-                let m = |d: &str| decisions.with_label_values(&[r.id.as_str(), d]);
                 CompiledRule {
                     texts,
                     top: Default::default(),
                     rule: Arc::clone(r),
                     counters: registry.get_or_create(identity, cap_per_rule),
                     plan_lists,
-                    metrics: RuleMetrics {
-                        allowed: m("allowed"),
-                        denied: m("denied"),
-                        shadow_denied: m("shadow_denied"),
-                        delayed: m("delayed"),
-                        unavailable: m("unavailable"),
-                        shadow_unlogged: AtomicU64::new(0),
-                        shadow_logged_ms: AtomicU64::new(0),
-                    },
+                    metrics,
                 }
             })
             .collect();
@@ -644,18 +719,31 @@ impl Limiter {
     /// Count the final outcome of a request in the decision metrics.
     pub fn record(&self, d: &Decision, admitted: bool, was_delayed: bool) {
         let any_violated = d.applied.iter().any(|&(_, v)| v);
+        // the first tier of `rule` that was exceeded: (list, tier)
+        let exceeded = |rule: u16| {
+            d.tiers
+                .iter()
+                .find(|t| t.rule == rule && !t.verdict.allowed)
+                .map_or((0, 0), |t| (usize::from(t.list), usize::from(t.tier)))
+        };
+        let inc = |by: &ByTier, rule: u16| {
+            let (list, tier) = exceeded(rule);
+            by.inc(list, tier);
+        };
         for &(rule, violated) in &d.applied {
-            let cr = &self.rules[rule as usize];
+            let Some(cr) = self.rules.get(usize::from(rule)) else {
+                continue;
+            };
             let m = &cr.metrics;
             match (cr.rule.action, admitted, violated) {
                 (Action::Shadow, _, true) => {
-                    m.shadow_denied.inc();
+                    inc(&m.shadow_denied, rule);
                     self.log_shadow(cr);
                 }
                 (Action::Shadow, _, false) => m.allowed.inc(),
                 (Action::Delay, true, _) if was_delayed => m.delayed.inc(),
                 (_, true, _) => m.allowed.inc(),
-                (_, false, true) => m.denied.inc(),
+                (_, false, true) => inc(&m.denied, rule),
                 // refused although no tier was exceeded: `on_failure: deny` without Redis
                 (_, false, false) if !any_violated => m.unavailable.inc(),
                 (_, false, false) => {}
