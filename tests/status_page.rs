@@ -367,7 +367,12 @@ fn the_grafana_dashboard_queries_only_metrics_that_exist() {
 #[test]
 fn top_names_who_is_limited_now_from_bounded_memory() {
     let up = Upstream::start("u");
-    let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + LIMITS));
+    // an hourly tier behind a 1 s one: the hour's denials are listed after the second rolled
+    let limits = LIMITS.replace(
+        "tiers: [{ period: 1h, threshold: 4 }]",
+        "tiers: [{ period: 1s, threshold: 1000 }, { period: 1h, threshold: 4 }]",
+    );
+    let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + &limits));
     avoid_window_edge(3_600_000, 60_000);
     // "heavy" is denied 6 times, "medium" twice, "light" never; many others make 1 request
     for (tenant, n) in [("heavy", 10), ("medium", 6), ("light", 3)] {
@@ -378,6 +383,7 @@ fn top_names_who_is_limited_now_from_bounded_memory() {
     for i in 0..200 {
         gw.get("/x", &[("x-org-id", &format!("other-{i}"))]);
     }
+    std::thread::sleep(Duration::from_millis(1100));
     let t = api(&gw, "/api/top?rule=per-org&by=denied&n=5", &[]).json();
     let top = t["top"].as_array().unwrap();
     assert_eq!(top[0]["partition"], "heavy", "{t}");

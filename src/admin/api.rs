@@ -264,7 +264,8 @@ pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Val
 }
 
 /// `GET /api/top?rule=<id>&by=denied|usage&n=20`: the partitions of one rule with the most
-/// denials, or the highest use of their limit, in the rule's current window (the first tier's).
+/// denials, or the highest use of their limit, in the current window of the rule's longest
+/// period.
 pub fn top(shared: &SharedSnapshot, query: &str) -> Result<Value, String> {
     let mut rule = None;
     let mut by_denied = true;
@@ -302,11 +303,10 @@ pub fn top(shared: &SharedSnapshot, query: &str) -> Result<Value, String> {
         .iter()
         .find(|r| r.rule.id == rule)
         .ok_or(format!("no rule {rule:?}"))?;
-    let period_ms = cr.rule.tiers[0].period.as_millis().max(1) as u64;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    let since = now_ms / period_ms * period_ms;
+    let since = cr.top_window(now_ms);
     let list: Vec<Value> = cr
         .top
         .top(n, by_denied, since)

@@ -45,8 +45,18 @@ pub struct CompiledRule {
     pub metrics: RuleMetrics,
     /// Header texts of each tier, by tier list then tier, made once per config.
     pub texts: Vec<Vec<TierText>>,
-    /// The partitions denied most, or closest to their limit, in the current window.
+    /// The partitions denied most, or closest to their limit, in the current window of the
+    /// rule's longest period (every tier list's).
     pub top: top::TopPartitions,
+    pub top_period_ms: u64,
+}
+
+impl CompiledRule {
+    /// The start of `/api/top`'s current window at `now_ms`: aligned to the rule's longest
+    /// period, so that an hourly tier's denials are still there after its 1 s tier rolled.
+    pub fn top_window(&self, now_ms: u64) -> u64 {
+        now_ms / self.top_period_ms * self.top_period_ms
+    }
 }
 
 /// The rate limiter of one config snapshot. Its counters outlive it (see `CounterRegistry`).
@@ -341,6 +351,13 @@ impl Limiter {
                     }
                 }
                 let texts = lists.iter().map(|(_, t)| tier_texts(&r.id, t)).collect();
+                let top_period_ms = lists
+                    .iter()
+                    .flat_map(|(_, t)| t.iter())
+                    .map(|t| t.period.as_millis() as u64)
+                    .max()
+                    .unwrap_or(1)
+                    .max(1);
                 let m = |d: &str, t: &str| decisions.with_label_values(&[r.id.as_str(), d, t]);
                 let by_tier = |d: &str| ByTier::new(lists.iter().map(|(_, t)| &t[..]), |t| m(d, t));
                 let metrics = RuleMetrics {
@@ -361,6 +378,7 @@ impl Limiter {
                 CompiledRule {
                     texts,
                     top: Default::default(),
+                    top_period_ms,
                     rule: Arc::clone(r),
                     counters: registry.get_or_create(identity, cap_per_rule),
                     plan_lists,
@@ -565,9 +583,8 @@ impl Limiter {
         let shadow = cr.rule.action == Action::Shadow;
         let mut violated = false;
         let mut wake = false;
-        // for `/api/top`: the highest use of a limit among the tiers, and the first's window
+        // for `/api/top`: the highest use of a limit among the tiers
         let mut usage_permille = 0u32;
-        let mut window_start_ms = 0u64;
         for (ti, (state, tier)) in slot.states().iter_mut().zip(tiers).enumerate() {
             if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
                 if tracked {
@@ -615,9 +632,6 @@ impl Limiter {
             let used = state.current + u64::from(verdict.allowed);
             let permille = used.saturating_mul(1000) / tier.threshold.max(1);
             usage_permille = usage_permille.max(permille.min(u64::from(u32::MAX)) as u32);
-            if ti == 0 {
-                window_start_ms = state.window_start_ms;
-            }
             decision.tiers.push(TierReport {
                 rule: a.rule,
                 list: a.list,
@@ -629,9 +643,9 @@ impl Limiter {
             });
         }
         if violated {
-            cr.top.denied(key, window_start_ms, usage_permille);
+            cr.top.denied(key, cr.top_window(now_ms), usage_permille);
         } else if usage_permille >= top::USAGE_FLOOR {
-            cr.top.usage(key, window_start_ms, usage_permille);
+            cr.top.usage(key, cr.top_window(now_ms), usage_permille);
         }
         decision.applied.push((a.rule, violated));
         (slot, wake)
