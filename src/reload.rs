@@ -148,7 +148,19 @@ impl Reloader {
         }
         self.status.record(None);
         self.metrics.reloads.with_label_values(&["ok"]).inc();
-        log::info!("reload: configuration {} reloaded", self.path.display());
+        let changes = crate::config::diff::changes(&old.config, &self.shared.load().config);
+        log::info!(
+            "reload: configuration {} reloaded{}",
+            self.path.display(),
+            if changes.is_empty() {
+                " (no rule or pool changed)"
+            } else {
+                ""
+            }
+        );
+        for line in changes {
+            log::info!("reload: {line}");
+        }
         true
     }
 }

@@ -733,3 +733,67 @@ fn a_held_request_waits_for_the_round_that_grants_it_room() {
     }
     panic!("no request of three bursts was held: {}", a.metrics());
 }
+
+#[test]
+fn a_threshold_change_keeps_the_fleet_counting_on_the_same_redis_key() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let at = |threshold: u64| {
+        config(
+            &up,
+            &format!("url: {}", redis.url()),
+            &format!("[{{ period: 1h, threshold: {threshold} }}]"),
+            "  sync_interval: 100ms",
+        )
+    };
+    let (a, b) = pair(&at(10));
+    avoid_window_edge(3_600_000, 60_000);
+    let acme = [("x-org-id", "acme")];
+    let mut admitted = 0;
+    for i in 0..6 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        if gw.get("/x", &acme).status == 200 {
+            admitted += 1;
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let key_of = || {
+        let k = redis.counter_keys("tg:{acme}:*");
+        assert_eq!(k.len(), 1, "one counter key: {k:?}");
+        k[0].clone()
+    };
+    assert!(eventually(Duration::from_secs(5), || redis
+        .int(&["GET", &key_of()])
+        == admitted));
+    let key = key_of();
+    // lowered below what the fleet has admitted: both instances deny at once
+    for gw in [&a, &b] {
+        assert!(gw.reload(&at(admitted as u64 - 2)), "{}", gw.log());
+    }
+    for gw in [&a, &b] {
+        let r = gw.get("/x", &acme);
+        assert_eq!(r.status, 429, "no amnesty after a lowered limit");
+        assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    }
+    // raised: the fleet goes on from the same key, up to the new threshold
+    for gw in [&a, &b] {
+        assert!(gw.reload(&at(admitted as u64 + 4)));
+    }
+    let mut more = 0;
+    for i in 0..30 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        if gw.get("/x", &acme).status == 200 {
+            more += 1;
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    // 4 more, and at most one over per instance (the accuracy bound under 100)
+    assert!(
+        (4..=6).contains(&more),
+        "admitted {more} more after raising by 4"
+    );
+    assert_eq!(key_of(), key, "the same Redis key");
+    assert!(eventually(Duration::from_secs(5), || redis
+        .int(&["GET", &key])
+        == admitted + more));
+}

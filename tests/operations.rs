@@ -49,7 +49,7 @@ fn server_of(gw: &Gateway) -> String {
 }
 
 #[test]
-fn sighup_swaps_the_config_and_keeps_counters_of_unchanged_rules() {
+fn sighup_swaps_the_config_keeps_counts_when_only_thresholds_change_and_logs_what_changed() {
     let (a, b) = (Upstream::start("a"), Upstream::start("b"));
     let gw = Gateway::start(&config(&a, "", 3));
     assert_eq!(
@@ -72,18 +72,64 @@ fn sighup_swaps_the_config_and_keeps_counters_of_unchanged_rules() {
         Some("0")
     );
     assert_eq!(gw.get("/limited/1", &[]).status, 429);
-    // changed tiers: a new counter (waiting on the reload metric, not on limited requests,
-    // so that the first request after the swap shows the new counter's count)
-    rewrite(&gw, &config(&b, "", 5));
-    signal(&gw, libc::SIGHUP);
-    assert!(eventually(Duration::from_secs(5), || metric_sum(
-        &gw.metrics(),
-        "tollgate_config_reloads_total{result=\"ok\"}"
-    ) >= 2.0));
+    // (waiting on the reload metric, not on limited requests, so that the first request after
+    // the swap shows what the reload did to the count)
+    let reload = |text: &str, n: f64| {
+        rewrite(&gw, text);
+        signal(&gw, libc::SIGHUP);
+        assert!(eventually(Duration::from_secs(5), || metric_sum(
+            &gw.metrics(),
+            "tollgate_config_reloads_total{result=\"ok\"}"
+        ) >= n));
+    };
+    // a raised threshold: no amnesty, the 3 used stay used
+    reload(&config(&b, "", 5), 2.0);
     let r = gw.get("/limited/1", &[]);
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-ratelimit-limit"), Some("5"));
-    assert_eq!(r.header("x-ratelimit-remaining"), Some("4"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("1"));
+    // a lowered threshold already used up denies at once
+    reload(&config(&b, "", 2), 3.0);
+    let r = gw.get("/limited/1", &[]);
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-ratelimit-limit"), Some("2"));
+    assert!(
+        gw.log()
+            .contains("reload: rule api changed: tiers 5/1h -> 2/1h; counts kept"),
+        "{}",
+        gw.log()
+    );
+    // a changed period starts fresh, and the log says so
+    reload(&config(&b, "", 2).replace("period: 1h", "period: 2h"), 4.0);
+    let r = gw.get("/limited/1", &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("1"));
+    assert!(gw.log().contains(
+        "reload: rule api changed: tiers 2/1h -> 2/2h; counts reset (tier periods or plan lists changed)"
+    ), "{}", gw.log());
+    // so do a changed algorithm and `per`; rules added and removed and pools changed are listed
+    let next = config(&a, "", 2)
+        .replace("period: 1h", "period: 2h")
+        .replace(
+            "  - id: api\n",
+            "  - id: api\n    algorithm: sliding_window\n    per: ip\n",
+        )
+        + "  - id: extra\n    pathPattern: /x/**\n    tiers: [{ period: 1s, threshold: 9 }]\n";
+    reload(&next, 5.0);
+    assert!(
+        eventually(Duration::from_secs(2), || {
+            let log = gw.log();
+            log.contains("reload: rules added: extra")
+                && log.contains("counts reset (algorithm, per changed)")
+                && log.contains("reload: pools changed: app")
+        }),
+        "{}",
+        gw.log()
+    );
+    reload(&config(&a, "", 2).replace("period: 1h", "period: 2h"), 6.0);
+    assert!(eventually(Duration::from_secs(2), || gw
+        .log()
+        .contains("reload: rules removed: extra")));
 }
 
 #[test]

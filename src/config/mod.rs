@@ -2,6 +2,7 @@
 //! model (`model`), with every error located (`error`, `locate`).
 
 pub mod defaults;
+pub mod diff;
 pub mod duration;
 pub mod error;
 pub mod file;

@@ -4,7 +4,7 @@ use super::duration::format_duration;
 use super::model::*;
 use std::fmt::Write;
 
-fn tiers_text(tiers: &[Tier]) -> String {
+pub(crate) fn tiers_text(tiers: &[Tier]) -> String {
     tiers
         .iter()
         .map(|t| format!("{}/{}", t.threshold, format_duration(t.period)))
@@ -12,12 +12,21 @@ fn tiers_text(tiers: &[Tier]) -> String {
         .join(" + ")
 }
 
-fn per_text(p: &PartitionBy) -> String {
+pub(crate) fn per_text(p: &PartitionBy) -> String {
     match p {
         PartitionBy::Tenant => "tenant".into(),
         PartitionBy::Ip => "ip".into(),
         PartitionBy::Global => "global".into(),
         PartitionBy::Header(h) => format!("header:{h}"),
+    }
+}
+
+/// An algorithm as the config file spells it.
+pub(crate) fn algorithm_text(a: Algorithm) -> &'static str {
+    match a {
+        Algorithm::FixedWindow => "fixed_window",
+        Algorithm::SlidingWindow => "sliding_window",
+        Algorithm::TokenBucket => "token_bucket",
     }
 }
 

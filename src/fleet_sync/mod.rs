@@ -128,12 +128,13 @@ impl Accounts {
         };
         for rc in self.registry.live() {
             let counters = Arc::clone(&rc);
+            let lists = rc.tiers();
             rc.for_each(|key, c| {
                 for (ti, st) in c.tiers.iter_mut().enumerate() {
-                    let Some(p) = counters.tiers(c.list).get(ti).map(period_ms) else {
+                    let Some(tier) = lists.get(usize::from(c.list)).and_then(|l| l.get(ti)) else {
                         continue;
                     };
-                    let threshold = counters.tiers(c.list).get(ti).map_or(0, |t| t.threshold);
+                    let (p, threshold) = (period_ms(tier), tier.threshold);
                     let sizing = ledger::Sizing {
                         since_ms,
                         horizon_ms,
@@ -155,7 +156,11 @@ impl Accounts {
                     tier,
                     orphan,
                 } = o;
-                let Some(p) = rc.tiers(list).get(tier as usize).map(period_ms) else {
+                let Some(p) = lists
+                    .get(usize::from(list))
+                    .and_then(|l| l.get(tier as usize))
+                    .map(period_ms)
+                else {
                     continue;
                 };
                 let ask = Ask {
@@ -223,7 +228,11 @@ impl Accounts {
             (ledger_key.clone(), 0)
         };
         let keep = if sliding { p } else { 0 };
-        let threshold = counters.tiers(list).get(tier).map_or(0, |t| t.threshold);
+        let threshold = counters
+            .tiers()
+            .get(usize::from(list))
+            .and_then(|l| l.get(tier))
+            .map_or(0, |t| t.threshold);
         round.updates.push(LedgerUpdate {
             ledger_key,
             key: contract_key,

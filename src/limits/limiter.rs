@@ -49,9 +49,19 @@ pub struct CompiledRule {
     /// rule's longest period (every tier list's).
     pub top: top::TopPartitions,
     pub top_period_ms: u64,
+    /// The tiers of each list, with this config's thresholds (the counters' identity holds
+    /// only the periods).
+    tier_lists: Vec<Vec<Tier>>,
 }
 
 impl CompiledRule {
+    /// The tiers of list `list` (0: the rule's `tiers`, then plans' own).
+    pub fn tiers(&self, list: u16) -> &[Tier] {
+        self.tier_lists
+            .get(usize::from(list))
+            .map_or(&[][..], |l| &l[..])
+    }
+
     /// The start of `/api/top`'s current window at `now_ms`: aligned to the rule's longest
     /// period, so that an hourly tier's denials are still there after its 1 s tier rolled.
     pub fn top_window(&self, now_ms: u64) -> u64 {
@@ -369,18 +379,15 @@ impl Limiter {
                     shadow_unlogged: AtomicU64::new(0),
                     shadow_logged_ms: AtomicU64::new(0),
                 };
-                let identity = RuleIdentity {
-                    id: r.id.clone(),
-                    algorithm: r.algorithm,
-                    per: r.per.clone(),
-                    lists,
-                };
+                let identity = RuleIdentity::of(&r.id, r.algorithm, &r.per, &lists);
+                let tier_lists: Vec<Vec<Tier>> = lists.into_iter().map(|(_, t)| t).collect();
                 CompiledRule {
                     texts,
                     top: Default::default(),
                     top_period_ms,
                     rule: Arc::clone(r),
-                    counters: registry.get_or_create(identity, cap_per_rule),
+                    counters: registry.get_or_create(identity, tier_lists.clone(), cap_per_rule),
+                    tier_lists,
                     plan_lists,
                     metrics,
                 }
@@ -424,7 +431,7 @@ impl Limiter {
                 let list = plan
                     .and_then(|p| cr.plan_lists.get(p).copied())
                     .unwrap_or(0);
-                let tiers = rc.tiers(list);
+                let tiers = cr.tiers(list);
                 let algo = rc.algorithm();
                 let counter = rc.get(&key[..n]).filter(|c| c.list == list);
                 let tiers = tiers
@@ -565,7 +572,7 @@ impl Limiter {
     ) -> (Slot<'g>, bool) {
         let cr = &self.rules[a.rule as usize];
         let rc = &cr.counters;
-        let tiers = rc.tiers(a.list);
+        let tiers = cr.tiers(a.list);
         let algo = rc.algorithm();
         let mut slot = match rc.counter(shard, key, a.hash, a.list, now) {
             Ok(c) => Slot::Tracked(c),
@@ -720,9 +727,9 @@ impl Limiter {
             let Slot::Tracked(c) = slot else {
                 continue;
             };
-            let rc = &self.rules[a.rule as usize].counters;
-            let algo = rc.algorithm();
-            for (state, tier) in c.tiers.iter_mut().zip(rc.tiers(a.list)) {
+            let cr = &self.rules[a.rule as usize];
+            let algo = cr.counters.algorithm();
+            for (state, tier) in c.tiers.iter_mut().zip(cr.tiers(a.list)) {
                 algorithm::commit(state, tier, algo, now);
                 wake |= ledger::commit(state) && leased;
             }

@@ -1,8 +1,8 @@
 //! Local counters: exact per-counter state, sharded, with bounded memory.
 //!
-//! One `RuleCounters` per rule identity (id, algorithm, `per`, tiers): it lives outside the
-//! config snapshot, in the `CounterRegistry`, so a reload that keeps a rule's id and tiers keeps
-//! its counts. Inside, counters are keyed by the partition's store key and spread over shards,
+//! One `RuleCounters` per rule identity (id, algorithm, `per`, tier periods): it lives outside
+//! the config snapshot, in the `CounterRegistry`, so a reload that keeps a rule's identity keeps
+//! its counts, whatever it does to the thresholds (no amnesty when a limit is lowered). Inside, counters are keyed by the partition's store key and spread over shards,
 //! each behind its own mutex.
 //!
 //! Memory is bounded by `cap` counters per rule. When a shard is full, a new partition may take
@@ -17,6 +17,7 @@ use super::algorithm::{self, TierState};
 use super::ledger::Orphan;
 use crate::config::model::{Algorithm, PartitionBy, Tier};
 use ahash::RandomState;
+use arc_swap::ArcSwap;
 use hashbrown::hash_map::RawEntryMut;
 use hashbrown::HashMap;
 use parking_lot::{Mutex, MutexGuard};
@@ -25,6 +26,7 @@ use prometheus::IntCounter;
 use smallvec::{smallvec, SmallVec};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Shards per rule: enough to keep two to a few dozen worker threads off each other's locks.
 pub const SHARDS: usize = 32;
@@ -33,14 +35,35 @@ const EVICTION_SAMPLE: usize = 8;
 /// Counters are kept this long after the last window they matter for.
 pub const GRACE_MS: u64 = 1000;
 
-/// What makes counts of one rule comparable across reloads.
+/// What makes counts of one rule comparable across reloads: not the thresholds.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RuleIdentity {
     pub id: String,
     pub algorithm: Algorithm,
     pub per: PartitionBy,
-    /// Index 0: the rule's `tiers`; then one list per plan that has its own, by plan name.
-    pub lists: Vec<(Option<String>, Vec<Tier>)>,
+    /// The periods of each tier list. Index 0: the rule's `tiers`; then one list per plan that
+    /// has its own, by plan name.
+    pub lists: Vec<(Option<String>, Vec<Duration>)>,
+}
+
+impl RuleIdentity {
+    /// The identity of a rule whose tier lists are `lists`.
+    pub fn of(
+        id: &str,
+        algorithm: Algorithm,
+        per: &PartitionBy,
+        lists: &[(Option<String>, Vec<Tier>)],
+    ) -> RuleIdentity {
+        RuleIdentity {
+            id: id.to_string(),
+            algorithm,
+            per: per.clone(),
+            lists: lists
+                .iter()
+                .map(|(name, tiers)| (name.clone(), tiers.iter().map(|t| t.period).collect()))
+                .collect(),
+        }
+    }
 }
 
 /// The state of one partition of one rule: one `TierState` per tier of its tier list.
@@ -71,6 +94,8 @@ pub struct RuleCounters {
     /// Unique and increasing: locks of several rules are always taken in `uid` order.
     pub uid: u64,
     pub identity: RuleIdentity,
+    /// The tiers of the newest config with this identity (its thresholds), by list.
+    tiers: ArcSwap<Vec<Vec<Tier>>>,
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     shard_cap: AtomicUsize,
@@ -87,6 +112,7 @@ impl RuleCounters {
     fn new(
         uid: u64,
         identity: RuleIdentity,
+        tiers: Vec<Vec<Tier>>,
         cap: usize,
         evictions: IntCounter,
         untracked: IntCounter,
@@ -103,6 +129,7 @@ impl RuleCounters {
         RuleCounters {
             uid,
             identity,
+            tiers: ArcSwap::from_pointee(tiers),
             shards,
             hasher,
             shard_cap: AtomicUsize::new(cap.div_ceil(SHARDS).max(1)),
@@ -153,11 +180,17 @@ impl RuleCounters {
         any
     }
 
-    pub fn tiers(&self, list: u16) -> &[Tier] {
+    /// The tiers of every list, with the thresholds of the newest config.
+    pub fn tiers(&self) -> arc_swap::Guard<Arc<Vec<Vec<Tier>>>> {
+        self.tiers.load()
+    }
+
+    /// How many tiers list `list` has.
+    pub fn tier_count(&self, list: u16) -> usize {
         self.identity
             .lists
             .get(list as usize)
-            .map_or(&[][..], |(_, t)| t.as_slice())
+            .map_or(0, |(_, t)| t.len())
     }
 
     pub fn algorithm(&self) -> Algorithm {
@@ -189,7 +222,7 @@ impl RuleCounters {
         list: u16,
         now_ns: u64,
     ) -> Result<&'s mut Counter, Untracked> {
-        let n = self.tiers(list).len();
+        let n = self.tier_count(list);
         let fresh = || Counter {
             list,
             tiers: smallvec![TierState::default(); n],
@@ -242,9 +275,10 @@ impl RuleCounters {
 
     fn weight(&self, c: &Counter, now_ns: u64) -> u64 {
         let algo = self.algorithm();
+        let lists = self.tiers();
         c.tiers
             .iter()
-            .zip(self.tiers(c.list))
+            .zip(lists.get(usize::from(c.list)).map_or(&[][..], |l| &l[..]))
             .map(|(s, t)| algorithm::weight(s, t, algo, now_ns))
             .max()
             .unwrap_or(0)
@@ -254,6 +288,7 @@ impl RuleCounters {
     /// Redis); returns how many are left.
     pub fn sweep(&self, now_ms: u64) -> usize {
         let algo = self.algorithm();
+        let lists = self.tiers();
         let mut left = 0;
         for shard in self.shards.iter() {
             let mut s = shard.lock();
@@ -261,7 +296,7 @@ impl RuleCounters {
                 self.has_unsent(c)
                     || c.tiers
                         .iter()
-                        .zip(self.tiers(c.list))
+                        .zip(lists.get(usize::from(c.list)).map_or(&[][..], |l| &l[..]))
                         .any(|(st, t)| algorithm::needed_until_ms(st, t, algo) + GRACE_MS > now_ms)
             });
             left += s.map.len();
@@ -343,18 +378,26 @@ impl CounterRegistry {
     }
 
     /// The counters of a rule: the existing ones if a live rule has the same identity.
-    pub fn get_or_create(&self, identity: RuleIdentity, cap: usize) -> Arc<RuleCounters> {
+    /// Its thresholds become `tiers` (the counts stay).
+    pub fn get_or_create(
+        &self,
+        identity: RuleIdentity,
+        tiers: Vec<Vec<Tier>>,
+        cap: usize,
+    ) -> Arc<RuleCounters> {
         let mut rules = self.rules.lock();
         if let Some(existing) = rules.get(&identity).cloned() {
             existing
                 .shard_cap
                 .store(cap.div_ceil(SHARDS).max(1), Ordering::Relaxed);
+            existing.tiers.store(Arc::new(tiers));
             return existing;
         }
         let uid = self.next_uid.fetch_add(1, Ordering::Relaxed);
         let rc = Arc::new(RuleCounters::new(
             uid,
             identity.clone(),
+            tiers,
             cap,
             self.evictions.clone(),
             self.untracked.clone(),
@@ -385,19 +428,20 @@ mod tests {
         )
     }
 
+    fn tiers() -> Vec<Vec<Tier>> {
+        vec![vec![Tier {
+            period: Duration::from_secs(10),
+            threshold: 100,
+        }]]
+    }
+
     fn identity(id: &str) -> RuleIdentity {
-        RuleIdentity {
-            id: id.into(),
-            algorithm: Algorithm::FixedWindow,
-            per: PartitionBy::Tenant,
-            lists: vec![(
-                None,
-                vec![Tier {
-                    period: Duration::from_secs(10),
-                    threshold: 100,
-                }],
-            )],
-        }
+        RuleIdentity::of(
+            id,
+            Algorithm::FixedWindow,
+            &PartitionBy::Tenant,
+            &[(None, tiers().remove(0))],
+        )
     }
 
     fn hit(rc: &RuleCounters, key: &[u8], now_ns: u64) -> bool {
@@ -405,7 +449,7 @@ mod tests {
         let mut shard = rc.lock(RuleCounters::shard_of_hash(hash));
         match rc.counter(&mut shard, key, hash, 0, now_ns) {
             Ok(c) => {
-                let t = rc.tiers(0)[0];
+                let t = rc.tiers()[0][0];
                 algorithm::roll(&mut c.tiers[0], &t, Algorithm::FixedWindow, now_ns);
                 algorithm::commit(&mut c.tiers[0], &t, Algorithm::FixedWindow, now_ns);
                 true
@@ -417,9 +461,9 @@ mod tests {
     #[test]
     fn same_identity_shares_counters_other_identity_does_not() {
         let reg = registry();
-        let a = reg.get_or_create(identity("a"), 100);
-        let a2 = reg.get_or_create(identity("a"), 100);
-        let b = reg.get_or_create(identity("b"), 100);
+        let a = reg.get_or_create(identity("a"), tiers(), 100);
+        let a2 = reg.get_or_create(identity("a"), tiers(), 100);
+        let b = reg.get_or_create(identity("b"), tiers(), 100);
         assert!(Arc::ptr_eq(&a, &a2));
         assert!(!Arc::ptr_eq(&a, &b));
         assert!(b.uid > a.uid);
@@ -431,7 +475,7 @@ mod tests {
     fn a_million_distinct_tenants_cannot_evict_a_busy_one_and_memory_stays_capped() {
         let reg = registry();
         let cap = 1000;
-        let rc = reg.get_or_create(identity("flood"), cap);
+        let rc = reg.get_or_create(identity("flood"), tiers(), cap);
         let now = 5_000_000_000_000u64;
         for _ in 0..50 {
             assert!(hit(&rc, b"busy", now));
@@ -458,7 +502,7 @@ mod tests {
     #[test]
     fn sweep_drops_counters_after_their_window_and_grace() {
         let reg = registry();
-        let rc = reg.get_or_create(identity("s"), 100);
+        let rc = reg.get_or_create(identity("s"), tiers(), 100);
         let t0 = 1_000_000u64; // ms
         hit(&rc, b"x", t0 * 1_000_000);
         assert_eq!(rc.sweep(t0 + 9_000), 1);

@@ -202,6 +202,34 @@ impl Gateway {
         panic!("gateway not ready in time; log:\n{}", self.log());
     }
 
+    /// Write `template` as the new config (placeholders resolved as at start), send SIGHUP and
+    /// wait until the reload is counted (ok or error); returns whether it was ok.
+    #[allow(dead_code)]
+    pub fn reload(&self, template: &str) -> bool {
+        let count = |result: &str| {
+            metric_sum(
+                &self.metrics(),
+                &format!("tollgate_config_reloads_total{{result=\"{result}\"}}"),
+            )
+        };
+        let before = (count("ok"), count("error"));
+        let text = template
+            .replace("{LISTEN}", &self.addr.to_string())
+            .replace("{ADMIN}", &self.admin.to_string())
+            .replace("{DIR}", &self.dir.0.display().to_string());
+        std::fs::write(&self.config, text).expect("write config");
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGHUP);
+        }
+        assert!(
+            eventually(Duration::from_secs(5), || (count("ok"), count("error"))
+                != before),
+            "no reload counted"
+        );
+        count("ok") > before.0
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.0.join("gateway.log")).unwrap_or_default()
     }

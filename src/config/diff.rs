@@ -1,0 +1,146 @@
+//! What a reload changes, for its log: rules added, removed and changed (their counts kept or
+//! reset, by the counters' identity: rule id, algorithm, `per` and tier periods), and pools
+//! added, removed and changed.
+
+use super::model::{Config, Rule, Tier};
+use super::summary::{algorithm_text, per_text, tiers_text};
+use crate::limits::store::RuleIdentity;
+
+/// The tier lists of a rule as the limiter keys its counters: `tiers`, then each plan's own.
+fn lists(rule: &Rule, cfg: &Config) -> Vec<(Option<String>, Vec<Tier>)> {
+    let mut out = vec![(None, rule.tiers.clone())];
+    for (p, tiers) in rule.plan_tiers.iter().enumerate() {
+        if let (Some(t), Some(name)) = (tiers, cfg.plans.names.get(p)) {
+            out.push((Some(name.clone()), t.clone()));
+        }
+    }
+    out
+}
+
+fn identity(rule: &Rule, cfg: &Config) -> RuleIdentity {
+    RuleIdentity::of(&rule.id, rule.algorithm, &rule.per, &lists(rule, cfg))
+}
+
+fn lists_text(lists: &[(Option<String>, Vec<Tier>)]) -> String {
+    lists
+        .iter()
+        .map(|(plan, tiers)| match plan {
+            Some(p) => format!("{p}: {}", tiers_text(tiers)),
+            None => tiers_text(tiers),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Everything but the tiers that makes a rule decide differently.
+fn other_fields(rule: &Rule) -> String {
+    format!(
+        "{:?} {:?} {:?} {} {:?}",
+        rule.matcher, rule.action, rule.status, rule.enabled, rule.max_delay
+    )
+}
+
+/// One line per change, in the order: rules added, removed, changed; pools.
+pub fn changes(old: &Config, new: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    // a disabled rule counts nothing: as good as absent
+    let enabled = |c: &'_ Config| -> Vec<(String, usize)> {
+        c.rules
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.enabled)
+            .map(|(i, r)| (r.id.clone(), i))
+            .collect()
+    };
+    let (before, after) = (enabled(old), enabled(new));
+    let find = |list: &[(String, usize)], id: &str| list.iter().find(|(x, _)| x == id).map(|x| x.1);
+    let added: Vec<&str> = after
+        .iter()
+        .filter(|(id, _)| find(&before, id).is_none())
+        .map(|(id, _)| id.as_str())
+        .collect();
+    let removed: Vec<&str> = before
+        .iter()
+        .filter(|(id, _)| find(&after, id).is_none())
+        .map(|(id, _)| id.as_str())
+        .collect();
+    if !added.is_empty() {
+        out.push(format!("rules added: {}", added.join(", ")));
+    }
+    if !removed.is_empty() {
+        out.push(format!("rules removed: {}", removed.join(", ")));
+    }
+    for (id, j) in &after {
+        let Some(i) = find(&before, id) else {
+            continue;
+        };
+        let (a, b) = (&old.rules[i], &new.rules[*j]);
+        let (la, lb) = (lists(a, old), lists(b, new));
+        let mut what = Vec::new();
+        if la != lb {
+            what.push(format!("tiers {} -> {}", lists_text(&la), lists_text(&lb)));
+        }
+        if a.algorithm != b.algorithm {
+            what.push(format!(
+                "algorithm {} -> {}",
+                algorithm_text(a.algorithm),
+                algorithm_text(b.algorithm)
+            ));
+        }
+        if a.per != b.per {
+            what.push(format!("per {} -> {}", per_text(&a.per), per_text(&b.per)));
+        }
+        if other_fields(a) != other_fields(b) {
+            what.push("matching or action".to_string());
+        }
+        if what.is_empty() {
+            continue;
+        }
+        let what = what.join(", ");
+        let counts = if identity(a, old) == identity(b, new) {
+            "counts kept".to_string()
+        } else {
+            let mut why = Vec::new();
+            if a.algorithm != b.algorithm {
+                why.push("algorithm");
+            }
+            if a.per != b.per {
+                why.push("per");
+            }
+            if why.is_empty() {
+                why.push("tier periods or plan lists");
+            }
+            format!("counts reset ({} changed)", why.join(", "))
+        };
+        out.push(format!("rule {id} changed: {what}; {counts}"));
+    }
+    let pools =
+        |c: &Config| -> Vec<String> { c.upstreams.iter().map(|u| u.name.clone()).collect() };
+    let (pa, pb) = (pools(old), pools(new));
+    let pool_added: Vec<&str> = pb
+        .iter()
+        .filter(|p| !pa.contains(p))
+        .map(String::as_str)
+        .collect();
+    let pool_removed: Vec<&str> = pa
+        .iter()
+        .filter(|p| !pb.contains(p))
+        .map(String::as_str)
+        .collect();
+    let pool_changed: Vec<&str> = new
+        .upstreams
+        .iter()
+        .filter(|u| old.upstreams.iter().any(|o| o.name == u.name && o != *u))
+        .map(|u| u.name.as_str())
+        .collect();
+    for (what, list) in [
+        ("pools added", pool_added),
+        ("pools removed", pool_removed),
+        ("pools changed", pool_changed),
+    ] {
+        if !list.is_empty() {
+            out.push(format!("{what}: {}", list.join(", ")));
+        }
+    }
+    out
+}
