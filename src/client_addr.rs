@@ -5,8 +5,9 @@
 use ipnet::IpNet;
 use std::net::{IpAddr, SocketAddr};
 
-fn trusted(ip: IpAddr, nets: &[IpNet]) -> bool {
-    nets.iter().any(|n| n.contains(&ip))
+/// Is `ip` one of the trusted proxies?
+pub fn trusted(ip: IpAddr, nets: &[IpNet]) -> bool {
+    !nets.is_empty() && nets.iter().any(|n| n.contains(&ip.to_canonical()))
 }
 
 /// Parse one X-Forwarded-For entry: `1.2.3.4`, `2001:db8::1`, `1.2.3.4:5678`, `[2001:db8::1]:80`.

@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::problem;
 use crate::routing::find_route;
 use crate::snapshot::{SharedSnapshot, Snapshot};
-use crate::tenant::{self, RequestFacts};
+use crate::tenant::{self, RequestFacts, Resolved};
 use async_trait::async_trait;
 use http::header::{self, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -235,8 +235,7 @@ impl ProxyHttp for Gateway {
             .or_else(|| req.uri.host());
 
         let segments = Segments::new(&path);
-        let Some((route_idx, _route)) = find_route(&cfg.routes, &req.method, host, &segments)
-        else {
+        let Some((route_idx, route)) = find_route(&cfg.routes, &req.method, host, &segments) else {
             ctx.snapshot = Some(snap);
             Box::pin(problem::respond(
                 session,
@@ -264,21 +263,27 @@ impl ProxyHttp for Gateway {
             headers: &req.headers,
             normalized_path: &path,
             client_ip: client,
+            from_trusted_proxy: crate::client_addr::trusted(peer, &cfg.server.trusted_proxies),
         };
-        let tenant = tenant::resolve(&cfg.tenant, &facts);
+        let resolved = tenant::resolve(&cfg.tenant, route.tenant, &facts);
         ctx.route = Some(route_idx);
         ctx.client_ip = Some(client);
-        let Some(tenant) = tenant else {
-            drop(segments);
-            drop(path);
-            ctx.snapshot = Some(snap);
-            Box::pin(problem::respond(
-                session,
-                401,
-                "this request does not identify a tenant",
-            ))
-            .await?;
-            return Ok(true);
+        let tenant = match resolved {
+            Resolved::Tenant(t) => t,
+            // no tenant: per-tenant rules skip the request (an empty id is never a tenant)
+            Resolved::NotAsked => Vec::new(),
+            Resolved::UnknownKey | Resolved::Missing => {
+                drop(segments);
+                drop(path);
+                ctx.snapshot = Some(snap);
+                let detail = if resolved == Resolved::UnknownKey {
+                    "the API key is not valid"
+                } else {
+                    "this request does not identify a tenant"
+                };
+                Box::pin(problem::respond(session, 401, detail)).await?;
+                return Ok(true);
+            }
         };
 
         // The rate-limit decision; `delay` waits on a timer, never blocking a worker thread.
@@ -446,8 +451,16 @@ impl ProxyHttp for Gateway {
         // WebSocket handshake's Upgrade, normalized.
         if let Some(snap) = &ctx.snapshot {
             let t = &snap.config.tenant;
+            // API keys stay here (`api_key.hide`)
+            for h in &t.hidden {
+                upstream_request.remove_header(h);
+            }
             // inserting replaces whatever the client sent under that name
             match &t.forward_header {
+                Some(name) if ctx.tenant.is_empty() => {
+                    // `tenant: none`: no tenant to forward, and no client copy either
+                    upstream_request.remove_header(name);
+                }
                 Some(name) => match HeaderValue::from_bytes(&ctx.tenant) {
                     Ok(v) => upstream_request.insert_header(t.forward_name.clone(), v)?,
                     Err(_) => {

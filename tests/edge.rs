@@ -120,7 +120,7 @@ fn tls_config(up: SocketAddr, tls_port: u16, server_extra: &str, tail: &str) -> 
     )
 }
 
-const LIMITS: &str = "tenant:\n  from:\n    - header: x-org-id\nlimits:\n  - id: per-org\n    pathPattern: /**\n    tiers: [{ period: 10, threshold: 2 }]\n";
+const LIMITS: &str = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\nlimits:\n  - id: per-org\n    pathPattern: /**\n    tiers: [{ period: 10, threshold: 2 }]\n";
 
 /// Start a gateway whose directory already holds the certificates `certs` (name, host).
 fn start_tls(template: &str, certs: &[(&str, &str)]) -> Gateway {
@@ -485,7 +485,7 @@ fn websocket_is_tunnelled_and_counted_once() {
     use tokio_tungstenite::tungstenite::Message;
 
     let ws = WsEcho::start();
-    let limits = "tenant:\n  from:\n    - header: x-org-id\nlimits:\n  - id: per-org\n    pathPattern: /ws/**\n    tiers: [{ period: 10, threshold: 1 }]\n";
+    let limits = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\nlimits:\n  - id: per-org\n    pathPattern: /ws/**\n    tiers: [{ period: 10, threshold: 1 }]\n";
     let gw = Gateway::start(&(one_route_config(ws.addr, 1, "") + limits));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -543,19 +543,20 @@ fn websocket_is_tunnelled_and_counted_once() {
 #[test]
 fn the_tenant_header_is_the_gateways_own() {
     let up = Upstream::start("app");
-    let tenant = "tenant:\n  from:\n    - header: x-org-id\n";
+    let tenant = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n";
     let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + tenant));
     let r = gw.get("/a", &[("x-org-id", "acme"), ("x-tenant-id", "evil")]);
     assert_eq!(r.upstream_headers("x-tenant-id"), vec!["acme".to_string()]);
     drop(gw);
 
-    let off = "tenant:\n  from:\n    - header: x-org-id\n  forward_header: false\n";
+    let off =
+        "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n  forward_header: false\n";
     let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + off));
     let r = gw.get("/a", &[("x-org-id", "acme"), ("x-tenant-id", "evil")]);
     assert!(r.upstream_headers("x-tenant-id").is_empty(), "{}", r.body);
     drop(gw);
 
-    let named = "tenant:\n  from:\n    - header: x-org-id\n  forward_header: x-customer\n";
+    let named = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n  forward_header: x-customer\n";
     let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + named));
     let r = gw.get(
         "/a",

@@ -12,6 +12,7 @@ fn config(up: &Upstream, redis: &str, tiers: &str, extra_redis: &str) -> String 
         r#"{head}tenant:
   from:
     - header: x-org-id
+      trusted: true
   required: true
 limits:
   - id: fleet

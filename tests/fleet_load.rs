@@ -99,6 +99,7 @@ fn config(up: &Upstream, redis: &RedisServer, period_s: u64, threshold: u64) -> 
         r#"{head}tenant:
   from:
     - header: x-org-id
+      trusted: true
   required: true
 limits:
   - id: {RULE}

@@ -242,7 +242,7 @@ fn config_text(s: &Scenario) -> String {
 server: {{ listen: ["127.0.0.1:1"] }}
 upstreams: {{ app: {{ servers: ["127.0.0.1:2"] }} }}
 routes: [{{ id: all, path: /**, upstream: app }}]
-tenant: {{ from: [{{ header: x-org-id }}] }}
+tenant: {{ from: [{{ header: x-org-id, trusted: true }}] }}
 limits:
   - id: sim
     pathPattern: /**

@@ -33,7 +33,7 @@ fn config(limits: &str, plans: &str, cap: usize) -> Config {
 server: {{ listen: ["127.0.0.1:1"], max_counters_per_rule: {cap} }}
 upstreams: {{ app: {{ servers: ["127.0.0.1:2"] }} }}
 routes: [{{ id: all, path: /**, upstream: app }}]
-tenant: {{ from: [{{ header: x-org-id }}] }}
+tenant: {{ from: [{{ header: x-org-id, trusted: true }}] }}
 {plans}
 limits:
 {limits}

@@ -12,7 +12,9 @@ fn config(up: &Upstream, limits: &str, extra: &str) -> String {
   from:
     - api_key: {{ header: x-api-key, keys: {{ "k-7f3a": acme }} }}
     - path: /v1/organizations/{{tenant}}/**
+      trusted: true
     - header: x-org-id
+      trusted: true
   required: false
 plans:
   premium: [globex]

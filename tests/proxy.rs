@@ -35,7 +35,9 @@ const TENANTS: &str = r#"tenant:
   from:
     - api_key: { header: x-api-key, keys: { "k-7f3a": acme } }
     - path: /v1/organizations/{tenant}/**
+      trusted: true
     - header: x-org-id
+      trusted: true
   required: true
   forward_header: x-tenant-id
 "#;
@@ -117,12 +119,16 @@ fn tenant_sources_in_order_and_forward_header_replaces_client_copy() {
         &[("host", "api.example.com"), ("x-org-id", "evil")],
     );
     assert_eq!(r.upstream_headers("x-tenant-id"), vec!["globex"]);
-    // an unknown key yields nothing; the header source is next
+    // no key: the header
+    let r = gw.get("/v1/orders", &[("x-org-id", "initech")]);
+    assert_eq!(r.upstream_headers("x-tenant-id"), vec!["initech"]);
+    // an unknown key is refused: it never falls through to a claim
     let r = gw.get(
         "/v1/orders",
         &[("x-api-key", "wrong"), ("x-org-id", "initech")],
     );
-    assert_eq!(r.upstream_headers("x-tenant-id"), vec!["initech"]);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["detail"], "the API key is not valid");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-const LIMITS: &str = "tenant:\n  from:\n    - header: x-org-id\nlimits:\n  - id: per-org\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 4 }]\n";
+const LIMITS: &str = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\nlimits:\n  - id: per-org\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 4 }]\n";
 
 fn api(gw: &Gateway, path: &str, headers: &[(&str, &str)]) -> Response {
     request(gw.admin, "GET", path, headers).expect("admin answers")

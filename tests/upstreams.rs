@@ -23,6 +23,7 @@ routes:
 tenant:
   from:
     - header: x-org-id
+      trusted: true
   required: false
 "#,
         list.join(", ")

@@ -17,7 +17,7 @@ pub struct FileConfig {
     #[serde(default)]
     pub tenant: Option<TenantFile>,
     #[serde(default)]
-    pub plans: BTreeMap<String, Vec<String>>,
+    pub plans: Option<PlansFile>,
     #[serde(default)]
     pub limits: Option<LimitsFile>,
     #[serde(default)]
@@ -251,6 +251,18 @@ pub struct RouteFile {
     #[serde(default)]
     pub methods: Option<Vec<String>>,
     pub upstream: String,
+    /// Overrides `tenant.required` on this route.
+    #[serde(default)]
+    pub tenant: Option<TenantModeFile>,
+}
+
+/// A route's `tenant`: whether its requests must, may or do not identify a tenant.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TenantModeFile {
+    Required,
+    Optional,
+    None,
 }
 
 #[derive(Debug, Deserialize)]
@@ -260,6 +272,9 @@ pub struct TenantFile {
     pub from: Vec<TenantSourceFile>,
     #[serde(default)]
     pub required: bool,
+    /// A plan member that no API key maps to is an error, not a warning.
+    #[serde(default)]
+    pub strict: bool,
     /// The header that carries the tenant to the upstream (default `x-tenant-id`), or
     /// `false` for none.
     #[serde(default)]
@@ -303,8 +318,9 @@ impl<'de> Deserialize<'de> for ForwardHeaderFile {
 #[serde(try_from = "TenantSourceMap")]
 pub enum TenantSourceFile {
     ApiKey(ApiKeyFile),
-    Path(String),
-    Header(String),
+    /// The pattern, and whether any client may claim a tenant with it (`trusted: true`).
+    Path(String, bool),
+    Header(String, bool),
     ClientIp(EmptyFile),
 }
 
@@ -321,27 +337,36 @@ pub struct TenantSourceMap {
     header: Option<String>,
     #[serde(default)]
     client_ip: Option<EmptyFile>,
+    /// For `header` and `path`: believe it from any client, not only from trusted proxies.
+    #[serde(default)]
+    trusted: Option<bool>,
 }
 
 impl TryFrom<TenantSourceMap> for TenantSourceFile {
     type Error = String;
     fn try_from(m: TenantSourceMap) -> Result<Self, String> {
         let mut found = Vec::new();
+        let trusted = m.trusted.unwrap_or(false);
         if let Some(k) = m.api_key {
             found.push(TenantSourceFile::ApiKey(k));
         }
         if let Some(p) = m.path {
-            found.push(TenantSourceFile::Path(p));
+            found.push(TenantSourceFile::Path(p, trusted));
         }
         if let Some(h) = m.header {
-            found.push(TenantSourceFile::Header(h));
+            found.push(TenantSourceFile::Header(h, trusted));
         }
         if let Some(c) = m.client_ip {
             found.push(TenantSourceFile::ClientIp(c));
         }
         match (found.pop(), found.is_empty()) {
+            (Some(TenantSourceFile::ApiKey(_) | TenantSourceFile::ClientIp(_)), true)
+                if m.trusted.is_some() =>
+            {
+                Err("`trusted` applies to header and path sources; api_key and client_ip are always trusted".to_string())
+            }
             (Some(one), true) => Ok(one),
-            _ => Err("each tenant source has exactly one key: api_key: {...}, path: PATTERN, header: NAME or client_ip: {}".to_string()),
+            _ => Err("each tenant source has exactly one of api_key: {...}, path: PATTERN, header: NAME or client_ip: {} (and, for header and path, trusted: true|false)".to_string()),
         }
     }
 }
@@ -352,9 +377,91 @@ pub struct ApiKeyFile {
     #[serde(default = "default_api_key_header")]
     pub header: String,
     #[serde(default)]
-    pub keys: Option<BTreeMap<String, String>>,
+    pub keys: Option<BTreeMap<String, KeyFile>>,
     #[serde(default)]
     pub keys_file: Option<String>,
+    /// Remove the key's header before the upstream (default true), as Kong's
+    /// `hide_credentials`.
+    #[serde(default)]
+    pub hide: Option<bool>,
+}
+
+/// What an API key maps to: a tenant, or `{ tenant, plan }`.
+#[derive(Debug, Clone)]
+pub struct KeyFile {
+    pub tenant: String,
+    pub plan: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyMap {
+    tenant: String,
+    #[serde(default)]
+    plan: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for KeyFile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = KeyFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a tenant id, or { tenant: ID, plan: NAME }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<KeyFile, E> {
+                Ok(KeyFile {
+                    tenant: v.to_string(),
+                    plan: None,
+                })
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<KeyFile, E> {
+                self.visit_str(&v.to_string())
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<KeyFile, E> {
+                self.visit_str(&v.to_string())
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<KeyFile, A::Error> {
+                let m = KeyMap::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(KeyFile {
+                    tenant: m.tenant,
+                    plan: m.plan,
+                })
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+/// `plans:` is either the map of plan name to tenants or the path of a YAML file holding it.
+#[derive(Debug)]
+pub enum PlansFile {
+    Inline(BTreeMap<String, Vec<String>>),
+    Include(String),
+}
+
+impl<'de> Deserialize<'de> for PlansFile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PlansFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a map of plan name to tenant ids, or the path of a YAML file holding that map",
+                )
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<PlansFile, E> {
+                Ok(PlansFile::Include(v.to_string()))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<PlansFile, A::Error> {
+                BTreeMap::<String, Vec<String>>::deserialize(de::value::MapAccessDeserializer::new(
+                    map,
+                ))
+                .map(PlansFile::Inline)
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
 }
 
 fn default_api_key_header() -> String {

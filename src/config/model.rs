@@ -87,12 +87,29 @@ pub struct Route {
     pub matcher: RequestMatch,
     /// Index into `Config::upstreams`.
     pub upstream: usize,
+    /// Whether its requests must, may or do not identify a tenant (`tenant.required` when the
+    /// route does not say).
+    pub tenant: TenantMode,
+}
+
+/// What a route asks of its requests' tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TenantMode {
+    /// No tenant: 401.
+    Required,
+    /// No tenant: the shared tenant `anonymous`.
+    Optional,
+    /// Tenants are not looked for: per-tenant rules do not count these requests, and no
+    /// tenant header is forwarded.
+    None,
 }
 
 #[derive(Debug)]
 pub struct TenantSettings {
     pub sources: Vec<TenantSource>,
     pub required: bool,
+    /// API key headers removed before the upstream (`api_key.hide`, default true).
+    pub hidden: Vec<HeaderName>,
     /// Set to the tenant on the way to the upstream (`None`: `forward_header: false`).
     pub forward_header: Option<HeaderName>,
     /// The forward header's name as sent, made once (pingora's `insert_header` would make a
@@ -114,6 +131,7 @@ impl Default for TenantSettings {
         TenantSettings {
             sources: Vec::new(),
             required: false,
+            hidden: Vec::new(),
             forward_header: Some(default_tenant_header()),
             forward_name: bytes::Bytes::from_static(DEFAULT_TENANT_HEADER.as_bytes()),
             strip_header: default_tenant_header(),
@@ -121,6 +139,8 @@ impl Default for TenantSettings {
     }
 }
 
+/// Where a tenant comes from. `api_key` and `client_ip` are trusted (a client cannot choose
+/// them); `path` and `header` only when `trusted`, or for requests from `trusted_proxies`.
 #[derive(Debug)]
 pub enum TenantSource {
     ApiKey {
@@ -128,8 +148,14 @@ pub enum TenantSource {
         /// key -> tenant
         keys: HashMap<String, String>,
     },
-    Path(PathPattern),
-    Header(HeaderName),
+    Path {
+        pattern: PathPattern,
+        trusted: bool,
+    },
+    Header {
+        name: HeaderName,
+        trusted: bool,
+    },
     ClientIp,
 }
 

@@ -21,6 +21,14 @@ pub(crate) fn per_text(p: &PartitionBy) -> String {
     }
 }
 
+fn trust_text(trusted: bool) -> &'static str {
+    if trusted {
+        ", trusted"
+    } else {
+        ", from trusted_proxies only"
+    }
+}
+
 /// An algorithm as the config file spells it.
 pub(crate) fn algorithm_text(a: Algorithm) -> &'static str {
     match a {
@@ -78,10 +86,15 @@ pub fn summary(cfg: &Config) -> String {
     for r in &cfg.routes {
         let _ = writeln!(
             s,
-            "  {:<16} {} -> {}",
+            "  {:<16} {} -> {} (tenant {})",
             r.id,
             r.matcher.describe(),
-            cfg.upstreams[r.upstream].name
+            cfg.upstreams[r.upstream].name,
+            match r.tenant {
+                TenantMode::Required => "required",
+                TenantMode::Optional => "optional",
+                TenantMode::None => "none",
+            }
         );
     }
     let sources: Vec<String> = cfg
@@ -90,10 +103,19 @@ pub fn summary(cfg: &Config) -> String {
         .iter()
         .map(|src| match src {
             TenantSource::ApiKey { header, keys } => {
-                format!("api_key({header}, {} keys)", keys.len())
+                let hide = if cfg.tenant.hidden.contains(header) {
+                    ", hidden"
+                } else {
+                    ""
+                };
+                format!("api_key({header}, {} keys{hide})", keys.len())
             }
-            TenantSource::Path(p) => format!("path({})", p.as_str()),
-            TenantSource::Header(h) => format!("header({h})"),
+            TenantSource::Path { pattern, trusted } => {
+                format!("path({}{})", pattern.as_str(), trust_text(*trusted))
+            }
+            TenantSource::Header { name, trusted } => {
+                format!("header({name}{})", trust_text(*trusted))
+            }
             TenantSource::ClientIp => "client_ip".to_string(),
         })
         .collect();

@@ -407,6 +407,8 @@ impl Limiter {
 
     fn partition<'a>(rule: &Rule, req: &LimitRequest<'a>) -> Option<PartitionValue<'a>> {
         Some(match &rule.per {
+            // a route with `tenant: none` has no tenant: per-tenant rules do not count it
+            PartitionBy::Tenant if req.tenant.is_empty() => return None,
             PartitionBy::Tenant => PartitionValue::Bytes(req.tenant),
             PartitionBy::Ip => PartitionValue::Ip(req.client_ip),
             PartitionBy::Global => PartitionValue::Global,

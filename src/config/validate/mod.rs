@@ -25,7 +25,7 @@ use limits::*;
 use redis::*;
 use routes::*;
 use server::*;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -178,12 +178,23 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
 
     let (server, tls) = check_server(&mut c, &model.server);
     let upstreams = check_upstreams(&mut c, &model.upstreams);
-    let routes = check_routes(&mut c, &model.routes, &upstreams);
+    let default_mode = match &model.tenant {
+        Some(t) if t.required => TenantMode::Required,
+        _ => TenantMode::Optional,
+    };
+    let routes = check_routes(&mut c, &model.routes, &upstreams, default_mode);
+    let (mut plans, members) = check_plans(&mut c, &model.plans, &mut includes);
     let tenant = match &model.tenant {
-        Some(t) => check_tenant(&mut c, t, &mut includes),
+        Some(t) => check_tenant(
+            &mut c,
+            t,
+            &mut includes,
+            &mut plans,
+            members,
+            !server.trusted_proxies.is_empty(),
+        ),
         None => TenantSettings::default(),
     };
-    let plans = check_plans(&mut c, &model.plans);
     let rules = match model.limits {
         None => Vec::new(),
         Some(LimitsFile::Inline(list)) => check_rules(&mut c, "limits", &list, &plans),

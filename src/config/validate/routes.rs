@@ -33,6 +33,7 @@ pub(super) fn check_routes(
     c: &mut Checker,
     routes: &[RouteFile],
     ups: &[UpstreamSpec],
+    default_mode: TenantMode,
 ) -> Vec<Route> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
@@ -62,6 +63,12 @@ pub(super) fn check_routes(
                 methods: check_methods(c, &format!("{base}.methods"), &r.methods),
             },
             upstream,
+            tenant: match r.tenant {
+                None => default_mode,
+                Some(TenantModeFile::Required) => TenantMode::Required,
+                Some(TenantModeFile::Optional) => TenantMode::Optional,
+                Some(TenantModeFile::None) => TenantMode::None,
+            },
         });
     }
     out

@@ -1,30 +1,196 @@
-//! `tenant` sources and `plans`.
+//! `tenant` sources and `plans` (inline or a file), and the plans API keys carry.
 
 use super::*;
+
+/// A plan member, where it was written (for the check against the API keys' tenants).
+pub(super) struct Member {
+    tenant: String,
+    file: PathBuf,
+    pos: Pos,
+    path: String,
+    label: &'static str,
+}
+
+/// `plans`: a map of plan name to tenants, or a file holding it.
+pub(super) fn check_plans(
+    c: &mut Checker,
+    plans: &Option<PlansFile>,
+    includes: &mut Vec<PathBuf>,
+) -> (Plans, Vec<Member>) {
+    match plans {
+        None => (Plans::default(), Vec::new()),
+        Some(PlansFile::Inline(map)) => plans_of(c, "plans.", map),
+        Some(PlansFile::Include(name)) => {
+            let target = resolve_relative(&c.file, name);
+            includes.push(target.clone());
+            match read_include::<BTreeMap<String, Vec<String>>>(c, "plans", "plans.", &target) {
+                Some((map, loc)) => {
+                    let mut inc = Checker {
+                        file: target,
+                        loc,
+                        label: "plans.",
+                        errors: c.errors,
+                        warnings: c.warnings,
+                    };
+                    plans_of(&mut inc, "", &map)
+                }
+                None => (Plans::default(), Vec::new()),
+            }
+        }
+    }
+}
+
+/// `prefix`: how paths start in `c`'s file (`plans.` in the main file, nothing in a plans file,
+/// whose messages are labelled `plans.`).
+fn plans_of(
+    c: &mut Checker,
+    prefix: &str,
+    plans: &BTreeMap<String, Vec<String>>,
+) -> (Plans, Vec<Member>) {
+    let mut out = Plans::default();
+    let mut members = Vec::new();
+    for (name, tenants) in plans {
+        let base = format!("{prefix}{name}");
+        if !valid_id(name) {
+            c.err_key(&base, format!("invalid plan name {name:?}: {ID_RULE}"));
+        }
+        let idx = out.names.len();
+        out.names.push(name.clone());
+        for (i, t) in tenants.iter().enumerate() {
+            let path = format!("{base}[{i}]");
+            if t.is_empty() {
+                c.err(&path, "tenant id must not be empty");
+                continue;
+            }
+            let key: Box<[u8]> = t.as_bytes().into();
+            if let Some(prev) = out.by_tenant.insert(key, idx) {
+                c.err(
+                    &path,
+                    format!(
+                        "tenant {t:?} is already in plan {:?}: a tenant belongs to one plan",
+                        out.names[prev]
+                    ),
+                );
+            }
+            members.push(Member {
+                tenant: t.clone(),
+                file: c.file.clone(),
+                pos: c.loc.at(&path),
+                path,
+                label: c.label,
+            });
+        }
+    }
+    (out, members)
+}
+
+/// The keys of one `api_key` source (a map in the main file or a keys file): key -> tenant,
+/// and each key's plan joins `plans`.
+fn check_keys(
+    c: &mut Checker,
+    prefix: &str,
+    keys: &BTreeMap<String, KeyFile>,
+    plans: &mut Plans,
+    key_tenants: &mut HashSet<String>,
+) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    for (key, entry) in keys {
+        let base = format!("{prefix}{key}");
+        if key.is_empty() || entry.tenant.is_empty() {
+            c.err(&base, "keys and tenants must not be empty");
+            continue;
+        }
+        key_tenants.insert(entry.tenant.clone());
+        if let Some(plan) = &entry.plan {
+            match plans.names.iter().position(|n| n == plan) {
+                None => c.err(
+                    &format!("{base}.plan"),
+                    format!(
+                        "unknown plan {plan:?}: expected one of the plans under `plans` ({})",
+                        plans.names.join(", ")
+                    ),
+                ),
+                Some(idx) => {
+                    let t: Box<[u8]> = entry.tenant.as_bytes().into();
+                    match plans.by_tenant.get(&t) {
+                        Some(&prev) if prev != idx => c.err(
+                            &format!("{base}.plan"),
+                            format!(
+                                "tenant {:?} is already in plan {:?}: a tenant belongs to one plan",
+                                entry.tenant, plans.names[prev]
+                            ),
+                        ),
+                        _ => {
+                            plans.by_tenant.insert(t, idx);
+                        }
+                    }
+                }
+            }
+        }
+        out.insert(key.clone(), entry.tenant.clone());
+    }
+    out
+}
 
 pub(super) fn check_tenant(
     c: &mut Checker,
     t: &TenantFile,
     includes: &mut Vec<PathBuf>,
+    plans: &mut Plans,
+    members: Vec<Member>,
+    trusted_proxies: bool,
 ) -> TenantSettings {
     let mut sources = Vec::new();
+    let mut hidden = Vec::new();
+    let mut key_tenants = HashSet::new();
+    let mut any_keys = false;
     for (i, s) in t.from.iter().enumerate() {
         let base = format!("tenant.from[{i}]");
+        // a source any client can fill in with any tenant id
+        let claimable = |c: &mut Checker, at: &str, what: &str, trusted: bool| {
+            if trusted {
+                c.warn(
+                    at,
+                    format!("{what} is trusted: any client can claim any tenant with it; trust it only behind a proxy that sets it (or list the proxy in server.trusted_proxies instead)"),
+                );
+            } else if !trusted_proxies {
+                c.warn(
+                    at,
+                    format!("{what} is not trusted and server.trusted_proxies is empty: no request will use it; list the proxies that set it, or add trusted: true"),
+                );
+            }
+        };
         match s {
             TenantSourceFile::ApiKey(k) => {
+                any_keys = true;
                 let header = header_name(c, &format!("{base}.api_key.header"), &k.header);
                 let keys = match (&k.keys, &k.keys_file) {
-                    (Some(map), None) => Some(map.clone()),
+                    (Some(map), None) => Some(check_keys(
+                        c,
+                        &format!("{base}.api_key.keys."),
+                        map,
+                        plans,
+                        &mut key_tenants,
+                    )),
                     (None, Some(f)) => {
                         let target = resolve_relative(&c.file, f);
                         includes.push(target.clone());
-                        read_include::<BTreeMap<String, String>>(
+                        read_include::<BTreeMap<String, KeyFile>>(
                             c,
                             &format!("{base}.api_key.keys_file"),
-                            "keys_file",
+                            "keys_file.",
                             &target,
                         )
-                        .map(|(m, _)| m)
+                        .map(|(map, loc)| {
+                            let mut inc = Checker {
+                                file: target,
+                                loc,
+                                label: "keys_file.",
+                                errors: c.errors,
+                                warnings: c.warnings,
+                            };
+                            check_keys(&mut inc, "", &map, plans, &mut key_tenants)
+                        })
                     }
                     _ => {
                         c.err(
@@ -35,19 +201,13 @@ pub(super) fn check_tenant(
                     }
                 };
                 if let (Some(header), Some(keys)) = (header, keys) {
-                    if let Some((_, _)) = keys.iter().find(|(k, v)| k.is_empty() || v.is_empty()) {
-                        c.err(
-                            &format!("{base}.api_key"),
-                            "keys and tenants must not be empty",
-                        );
+                    if k.hide.unwrap_or(true) {
+                        hidden.push(header.clone());
                     }
-                    sources.push(TenantSource::ApiKey {
-                        header,
-                        keys: keys.into_iter().collect(),
-                    });
+                    sources.push(TenantSource::ApiKey { header, keys });
                 }
             }
-            TenantSourceFile::Path(p) => {
+            TenantSourceFile::Path(p, trusted) => {
                 let pat = check_pattern(c, &format!("{base}.path"), p);
                 if !pat.has_capture() && PathPattern::compile(p).is_ok() {
                     c.err(
@@ -55,14 +215,45 @@ pub(super) fn check_tenant(
                         format!("path {p:?} must capture the tenant with one `{{tenant}}` segment"),
                     );
                 }
-                sources.push(TenantSource::Path(pat));
+                claimable(c, &format!("{base}.path"), &format!("path {p}"), *trusted);
+                sources.push(TenantSource::Path {
+                    pattern: pat,
+                    trusted: *trusted,
+                });
             }
-            TenantSourceFile::Header(h) => {
-                if let Some(h) = header_name(c, &format!("{base}.header"), h) {
-                    sources.push(TenantSource::Header(h));
+            TenantSourceFile::Header(h, trusted) => {
+                if let Some(name) = header_name(c, &format!("{base}.header"), h) {
+                    claimable(
+                        c,
+                        &format!("{base}.header"),
+                        &format!("header {name}"),
+                        *trusted,
+                    );
+                    sources.push(TenantSource::Header {
+                        name,
+                        trusted: *trusted,
+                    });
                 }
             }
             TenantSourceFile::ClientIp(_) => sources.push(TenantSource::ClientIp),
+        }
+    }
+    // a plan member that no key maps to is probably a typo (only known when keys exist)
+    if any_keys {
+        for m in members.iter().filter(|m| !key_tenants.contains(&m.tenant)) {
+            let message = format!(
+                "{}{}: tenant {:?} is not the tenant of any API key (a typo?)",
+                m.label, m.path, m.tenant
+            );
+            if t.strict {
+                c.errors.push(ConfigError::new(&m.file, m.pos, message));
+            } else {
+                c.warnings.push(ConfigError::new(
+                    &m.file,
+                    m.pos,
+                    format!("warning: {message}; tenant.strict: true makes this an error"),
+                ));
+            }
         }
     }
     let (forward_header, strip_header) = match &t.forward_header {
@@ -77,39 +268,11 @@ pub(super) fn check_tenant(
     TenantSettings {
         sources,
         required: t.required,
+        hidden,
         forward_name: forward_header.as_ref().map_or_else(bytes::Bytes::new, |h| {
             bytes::Bytes::copy_from_slice(h.as_str().as_bytes())
         }),
         forward_header,
         strip_header,
     }
-}
-
-pub(super) fn check_plans(c: &mut Checker, plans: &BTreeMap<String, Vec<String>>) -> Plans {
-    let mut out = Plans::default();
-    for (name, tenants) in plans {
-        let base = format!("plans.{name}");
-        if !valid_id(name) {
-            c.err_key(&base, format!("invalid plan name {name:?}: {ID_RULE}"));
-        }
-        let idx = out.names.len();
-        out.names.push(name.clone());
-        for (i, t) in tenants.iter().enumerate() {
-            if t.is_empty() {
-                c.err(&format!("{base}[{i}]"), "tenant id must not be empty");
-                continue;
-            }
-            let key: Box<[u8]> = t.as_bytes().into();
-            if let Some(prev) = out.by_tenant.insert(key, idx) {
-                c.err(
-                    &format!("{base}[{i}]"),
-                    format!(
-                        "tenant {t:?} is already in plan {:?}: a tenant belongs to one plan",
-                        out.names[prev]
-                    ),
-                );
-            }
-        }
-    }
-    out
 }
