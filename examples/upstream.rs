@@ -4,7 +4,9 @@
 //! once bound (ADDR may use port 0). Every request gets 200 with a JSON body naming the server
 //! and echoing the method, path and request headers, so tests can see what reached the
 //! upstream. `/healthz` answers 200 `ok`; `/status/NNN` answers with status NNN; `/delay/MS`
-//! answers after MS milliseconds. With `UPSTREAM_TLS=CERT:KEY` (PEM files) it speaks HTTPS.
+//! answers after MS milliseconds (and may be combined: `/delay/MS/bytes/N`); `/bytes/N` answers N
+//! bytes; `/hits` answers how many requests it served before (but `/healthz` and `/hits`). With
+//! `UPSTREAM_TLS=CERT:KEY` (PEM files) it speaks HTTPS.
 
 use pingora::tls::ssl::{Ssl, SslAcceptor, SslFiletype, SslMethod};
 use pingora::tls::tokio_ssl::SslStream;
@@ -12,6 +14,9 @@ use std::io::Write as _;
 use std::pin::Pin;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
+
+/// Requests served, but `/healthz` and `/hits` (which reports it).
+static HITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn json_str(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
@@ -105,12 +110,27 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, name: String) {
         }
         if let Some(ms) = path
             .strip_prefix("/delay/")
+            .and_then(|m| m.split('/').next())
             .and_then(|m| m.parse::<u64>().ok())
         {
             tokio::time::sleep(std::time::Duration::from_millis(ms.min(60_000))).await;
         }
+        if path != "/healthz" && path != "/hits" {
+            HITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let (status, body) = if path == "/healthz" {
             (200u16, "ok\n".to_string())
+        } else if path == "/hits" {
+            let n = HITS.load(std::sync::atomic::Ordering::Relaxed);
+            (
+                200,
+                format!("{{\"server\":{},\"hits\":{n}}}", json_str(&name)),
+            )
+        } else if let Some(n) = path
+            .split_once("/bytes/")
+            .and_then(|(_, n)| n.parse::<usize>().ok())
+        {
+            (200, "x".repeat(n.min(64 << 20)))
         } else if let Some(code) = path
             .strip_prefix("/status/")
             .and_then(|c| c.parse::<u16>().ok())

@@ -45,6 +45,10 @@ pub struct RequestCtx {
     upstream: Option<std::net::SocketAddr>,
     delayed: bool,
     denied: bool,
+    /// For the access log: `shadowbanned` or `throttled` (the actions that do not deny).
+    action: Option<&'static str>,
+    /// `action: throttle`: the response body's pace, bytes per second (0: not paced).
+    throttle_bps: u64,
     /// Failed attempts to reach an upstream for this request (retries stop at the pool's
     /// `retries`).
     failures: usize,
@@ -136,6 +140,7 @@ fn write_ip(out: &mut String, ip: IpAddr) {
 fn access_log(session: &Session, ctx: &RequestCtx, route: &str, status: http::StatusCode) {
     let req = session.req_header();
     let decision = match (ctx.denied, ctx.delayed, ctx.decision.is_none()) {
+        _ if ctx.action.is_some() => ctx.action.unwrap_or("none"),
         (true, _, _) => "denied",
         (false, true, _) => "delayed",
         (false, false, true) => "none",
@@ -213,6 +218,8 @@ impl ProxyHttp for Gateway {
             upstream: None,
             delayed: false,
             denied: false,
+            action: None,
+            throttle_bps: 0,
         }
     }
 
@@ -318,7 +325,7 @@ impl ProxyHttp for Gateway {
         drop(path);
         ctx.tenant = tenant;
         ctx.delayed = delayed;
-        let admitted = decision.verdict == Verdict::Allow;
+        let admitted = matches!(decision.verdict, Verdict::Allow | Verdict::Throttle { .. });
         limiter.record(&decision, admitted, delayed);
         if !decision.applied.is_empty() && cfg.server.access_log {
             (ctx.decided_by, ctx.shadow_by) = decision.deciding_rules(limiter);
@@ -335,6 +342,26 @@ impl ProxyHttp for Gateway {
             ctx.snapshot = Some(snap);
             Box::pin(send(session, resp, body)).await?;
             return Ok(true);
+        }
+        if let Verdict::Shadowban { rule } = decision.verdict {
+            // the rule's own answer, as if served: no upstream, no quota headers
+            ctx.action = Some("shadowbanned");
+            let reply = limiter
+                .rules
+                .get(usize::from(rule))
+                .and_then(|cr| cr.rule.shadowban.clone());
+            if let Some(reply) = reply {
+                ctx.snapshot = Some(snap);
+                let mut resp = ResponseHeader::build(reply.status, Some(2))?;
+                resp.insert_header(header::CONTENT_TYPE, reply.content_type.as_str())?;
+                resp.insert_header(header::CONTENT_LENGTH, reply.body.len())?;
+                Box::pin(send(session, resp, reply.body.clone())).await?;
+                return Ok(true);
+            }
+        }
+        if let Verdict::Throttle { bytes_per_sec } = decision.verdict {
+            ctx.action = Some("throttled");
+            ctx.throttle_bps = bytes_per_sec;
         }
         if !decision.tiers.is_empty() {
             ctx.decision = Some(Box::new(decision));
@@ -554,6 +581,21 @@ impl ProxyHttp for Gateway {
             error_code: code,
             can_reuse_downstream: false,
         }
+    }
+
+    /// `action: throttle`: each chunk of the response body waits its share of the pace (a
+    /// timer; no worker thread is blocked).
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<Duration>> {
+        Ok(match (ctx.throttle_bps, body) {
+            (0, _) | (_, None) => None,
+            (bps, Some(b)) => Some(Duration::from_secs_f64(b.len() as f64 / bps as f64)),
+        })
     }
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {

@@ -179,7 +179,7 @@ macro_rules! config_names {
 
 config_names!(Balance { RoundRobin => "round_robin", Random => "random", ConsistentHash => "consistent_hash" });
 config_names!(Algorithm { FixedWindow => "fixed_window", SlidingWindow => "sliding_window", TokenBucket => "token_bucket" });
-config_names!(Action { Reject => "reject", Delay => "delay", Shadow => "shadow" });
+config_names!(Action { Reject => "reject", Delay => "delay", Shadow => "shadow", Shadowban => "shadowban", Throttle => "throttle" });
 config_names!(OnFailure { LocalShare => "local_share", Local => "local", Allow => "allow", Deny => "deny" });
 
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
@@ -516,6 +516,8 @@ pub struct RuleFile {
     pub per: Option<String>,
     #[serde(default)]
     pub algorithm: Algorithm,
+    /// Required unless `concurrency` is set.
+    #[serde(default)]
     pub tiers: Vec<TierFile>,
     #[serde(default)]
     pub plans: BTreeMap<String, Vec<TierFile>>,
@@ -525,6 +527,59 @@ pub struct RuleFile {
     pub status: Option<u16>,
     #[serde(default)]
     pub max_delay: Option<ConfDuration>,
+    /// The answer of `action: shadowban`.
+    #[serde(default)]
+    pub shadowban: Option<ShadowbanFile>,
+    /// The pace of `action: throttle`.
+    #[serde(default)]
+    pub throttle: Option<ThrottleFile>,
+    /// At most this many requests of one partition in flight on this instance.
+    #[serde(default)]
+    pub concurrency: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShadowbanFile {
+    #[serde(default)]
+    pub status: Option<u16>,
+    #[serde(default)]
+    pub body: Option<String>,
+    #[serde(default)]
+    pub content_type: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThrottleFile {
+    /// Bytes per second: `64KiB/s`, `1MB/s`, `500000`.
+    pub rate: RateFile,
+}
+
+/// A rate as written: a string with a unit, or a number of bytes per second.
+#[derive(Debug, Clone)]
+pub struct RateFile(pub String);
+
+impl<'de> Deserialize<'de> for RateFile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = RateFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a rate such as \"64KiB/s\" or a number of bytes per second")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RateFile, E> {
+                Ok(RateFile(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RateFile, E> {
+                Ok(RateFile(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RateFile, E> {
+                Ok(RateFile(v.to_string()))
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
 }
 
 fn default_true() -> bool {
@@ -547,6 +602,8 @@ pub enum Action {
     Reject,
     Delay,
     Shadow,
+    Shadowban,
+    Throttle,
 }
 
 #[derive(Debug, Deserialize)]

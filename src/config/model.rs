@@ -200,6 +200,20 @@ pub struct Rule {
     pub action: Action,
     pub status: u16,
     pub max_delay: Duration,
+    /// `action: shadowban`: the answer an over-limit request gets instead of the upstream's.
+    pub shadowban: Option<Arc<ShadowbanReply>>,
+    /// `action: throttle`: the pace of an over-limit request's response body, bytes/s.
+    pub throttle_bps: u64,
+    /// At most this many requests of one partition in flight on this instance.
+    pub concurrency: Option<u32>,
+}
+
+/// What a shadowbanned request is answered.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ShadowbanReply {
+    pub status: u16,
+    pub content_type: String,
+    pub body: bytes::Bytes,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

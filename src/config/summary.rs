@@ -130,15 +130,27 @@ pub fn summary(cfg: &Config) -> String {
     }
     let _ = writeln!(s, "rules ({}):", cfg.rules.len());
     for r in &cfg.rules {
+        let action = match (r.action, &r.shadowban) {
+            (Action::Throttle, _) => format!("throttle to {} B/s", r.throttle_bps),
+            (Action::Shadowban, Some(b)) => format!("shadowban ({} {})", b.status, b.content_type),
+            (a, _) => a.to_string(),
+        };
+        let tiers = if r.tiers.is_empty() {
+            String::new()
+        } else {
+            format!(" tiers {}", tiers_text(&r.tiers))
+        };
+        let concurrency = r
+            .concurrency
+            .map_or_else(String::new, |n| format!(" concurrency {n}"));
         let _ = writeln!(
             s,
-            "  {:<16} {} per {} {} {} tiers {}{}",
+            "  {:<16} {} per {} {} {}{tiers}{concurrency}{}",
             r.id,
             r.matcher.describe(),
             per_text(&r.per),
             r.algorithm,
-            r.action,
-            tiers_text(&r.tiers),
+            action,
             if r.enabled { "" } else { " (disabled)" }
         );
         for (i, pt) in r.plan_tiers.iter().enumerate() {

@@ -30,6 +30,8 @@ pub struct RuleMetrics {
     pub allowed: IntCounter,
     pub denied: ByTier,
     pub shadow_denied: ByTier,
+    pub shadowbanned: ByTier,
+    pub throttled: ByTier,
     pub delayed: IntCounter,
     pub unavailable: IntCounter,
     /// Shadow denials not yet logged, and when the last log line was written (ms).
@@ -90,12 +92,14 @@ pub struct LimitRequest<'a> {
 }
 
 /// The `decision` label values of `tollgate_ratelimit_decisions_total`.
-pub const DECISIONS: [&str; 5] = [
+pub const DECISIONS: [&str; 7] = [
     "allowed",
     "denied",
     "shadow_denied",
     "delayed",
     "unavailable",
+    "shadowbanned",
+    "throttled",
 ];
 
 /// One decision's counters of one rule, by tier list then tier (lists that share a period
@@ -242,6 +246,16 @@ pub enum Verdict {
         max_delay_ms: u64,
         status: u16,
     },
+    /// Over the limit of a `shadowban` rule (index into `Limiter::rules`): answer its reply,
+    /// without the upstream and without quota headers.
+    Shadowban {
+        rule: u16,
+    },
+    /// Over the limit of `throttle` rules only: proxy, and pace the response body at this many
+    /// bytes per second.
+    Throttle {
+        bytes_per_sec: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -350,7 +364,8 @@ impl Limiter {
     ) -> Limiter {
         let compiled = rules
             .iter()
-            .filter(|r| r.enabled)
+            // rules with tiers (a rule with only `concurrency` is `InFlightLimits`')
+            .filter(|r| r.enabled && !r.tiers.is_empty())
             .map(|r| {
                 let mut lists = vec![(None, r.tiers.clone())];
                 let mut plan_lists = vec![0u16; plans.names.len()];
@@ -374,6 +389,8 @@ impl Limiter {
                     allowed: m("allowed", "all"),
                     denied: by_tier("denied"),
                     shadow_denied: by_tier("shadow_denied"),
+                    shadowbanned: by_tier("shadowbanned"),
+                    throttled: by_tier("throttled"),
                     delayed: m("delayed", "all"),
                     unavailable: m("unavailable", "none"),
                     shadow_unlogged: AtomicU64::new(0),
@@ -663,6 +680,8 @@ impl Limiter {
     /// The verdict from the violated rules' actions and the fleet's state.
     fn verdict(&self, decision: &Decision, mode: FleetMode) -> Verdict {
         let mut reject: Option<u16> = None;
+        let mut shadowban: Option<u16> = None;
+        let mut throttle: Option<u64> = None; // the slowest pace
         let mut delay: Option<(u64, u16)> = None; // (smallest max_delay, status)
         for &(rule, violated) in &decision.applied {
             let r = &self.rules[rule as usize].rule;
@@ -673,6 +692,12 @@ impl Limiter {
                 Action::Shadow => {}
                 Action::Reject => {
                     reject.get_or_insert(r.status);
+                }
+                Action::Shadowban => {
+                    shadowban.get_or_insert(rule);
+                }
+                Action::Throttle => {
+                    throttle = Some(throttle.map_or(r.throttle_bps, |t| t.min(r.throttle_bps)));
                 }
                 Action::Delay => {
                     let md = r.max_delay.as_millis() as u64;
@@ -687,10 +712,14 @@ impl Limiter {
             .applied
             .iter()
             .any(|&(r, _)| self.rules[r as usize].rule.action != Action::Shadow);
+        // reject, then shadowban, then delay, then throttle
         match (reject, delay) {
             _ if mode == FleetMode::AllowAll => Verdict::Allow,
             _ if mode == FleetMode::DenyAll && enforced => Verdict::Reject { status: 503 },
             (Some(status), _) => Verdict::Reject { status },
+            _ if shadowban.is_some() => Verdict::Shadowban {
+                rule: shadowban.unwrap_or(0),
+            },
             (None, Some((max_delay_ms, status))) => {
                 let wait_ms = decision.retry_after_ms();
                 if wait_ms <= max_delay_ms {
@@ -703,7 +732,10 @@ impl Limiter {
                     Verdict::Reject { status }
                 }
             }
-            (None, None) => Verdict::Allow,
+            (None, None) => match throttle {
+                Some(bytes_per_sec) => Verdict::Throttle { bytes_per_sec },
+                None => Verdict::Allow,
+            },
         }
     }
 
@@ -739,7 +771,8 @@ impl Limiter {
         wake
     }
 
-    /// Count the final outcome of a request in the decision metrics.
+    /// Count the final outcome of a request in the decision metrics. `admitted`: the request
+    /// goes to the upstream (allowed, or throttled).
     pub fn record(&self, d: &Decision, admitted: bool, was_delayed: bool) {
         let any_violated = d.applied.iter().any(|&(_, v)| v);
         // the first tier of `rule` that was exceeded: (list, tier)
@@ -764,6 +797,8 @@ impl Limiter {
                     self.log_shadow(cr);
                 }
                 (Action::Shadow, _, false) => m.allowed.inc(),
+                (Action::Shadowban, _, true) => inc(&m.shadowbanned, rule),
+                (Action::Throttle, _, true) => inc(&m.throttled, rule),
                 (Action::Delay, true, _) if was_delayed => m.delayed.inc(),
                 (_, true, _) => m.allowed.inc(),
                 (_, false, true) => inc(&m.denied, rule),

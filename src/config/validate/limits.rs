@@ -88,7 +88,31 @@ pub(super) fn check_rules(
             format!("{prefix}[{i}]")
         };
         check_id(c, &base, "rule", &r.id, &mut seen);
-        let tiers = check_tiers(c, &format!("{base}.tiers"), &r.tiers);
+        let concurrency = match r.concurrency {
+            None => None,
+            Some(n) if (1..=MAX_CONCURRENCY).contains(&n) => Some(n as u32),
+            Some(n) => {
+                c.err(
+                    &format!("{base}.concurrency"),
+                    format!(
+                        "concurrency must be 1 to {MAX_CONCURRENCY} requests in flight, got {n}"
+                    ),
+                );
+                None
+            }
+        };
+        let tiers = if r.tiers.is_empty() && r.concurrency.is_some() {
+            // a concurrency limit alone
+            if r.action != Action::Reject {
+                c.err(
+                    &format!("{base}.action"),
+                    format!("action {} applies to tiers; a rule with only `concurrency` rejects (status 429 or 503)", r.action),
+                );
+            }
+            Vec::new()
+        } else {
+            check_tiers(c, &format!("{base}.tiers"), &r.tiers)
+        };
         let mut plan_tiers: Vec<Option<Vec<Tier>>> = vec![None; plans.names.len()];
         for (plan, pt) in &r.plans {
             let p = format!("{base}.plans.{plan}");
@@ -109,10 +133,20 @@ pub(super) fn check_rules(
         }
         let status = match (r.action, r.status) {
             (_, None) => 429,
-            (Action::Shadow, Some(_)) => {
+            (Action::Shadow | Action::Shadowban | Action::Throttle, Some(_))
+                if r.concurrency.is_none() =>
+            {
                 c.err(
                     &format!("{base}.status"),
-                    "status applies to action reject or delay, not shadow (which never blocks)",
+                    format!(
+                        "status applies to action reject or delay (and to concurrency), not {}{}",
+                        r.action,
+                        match r.action {
+                            Action::Shadow => " (which never blocks)",
+                            Action::Shadowban => " (its answer is `shadowban.status`)",
+                            _ => " (which proxies the request)",
+                        }
+                    ),
                 );
                 429
             }
@@ -136,6 +170,28 @@ pub(super) fn check_rules(
             }
             (_, None) => DEFAULT_MAX_DELAY,
         };
+        let shadowban = check_shadowban(c, &base, r);
+        let throttle_bps = match (&r.throttle, r.action) {
+            (Some(t), Action::Throttle) => parse_rate(&t.rate.0).unwrap_or_else(|e| {
+                c.err(&format!("{base}.throttle.rate"), e);
+                1
+            }),
+            (None, Action::Throttle) => {
+                c.err(
+                    &format!("{base}.action"),
+                    "action throttle needs `throttle: { rate: 64KiB/s }`, the pace of an over-limit response",
+                );
+                1
+            }
+            (Some(_), _) => {
+                c.err_key(
+                    &format!("{base}.throttle"),
+                    "throttle applies only to action: throttle",
+                );
+                1
+            }
+            (None, _) => 0,
+        };
         let per = check_per(c, &format!("{base}.per"), &r.per);
         if per != PartitionBy::Tenant && !r.plans.is_empty() {
             c.err_key(
@@ -158,7 +214,102 @@ pub(super) fn check_rules(
             action: r.action,
             status,
             max_delay,
+            shadowban,
+            throttle_bps,
+            concurrency,
         }));
     }
     out
+}
+
+/// The most requests in flight a `concurrency` limit may allow.
+const MAX_CONCURRENCY: i64 = 1_000_000;
+
+/// `shadowban: { status, body, content_type }` of a shadowban rule (default 200, `{}`, JSON).
+fn check_shadowban(c: &mut Checker, base: &str, r: &RuleFile) -> Option<Arc<ShadowbanReply>> {
+    match (&r.shadowban, r.action) {
+        (Some(_), a) if a != Action::Shadowban => {
+            c.err_key(
+                &format!("{base}.shadowban"),
+                "shadowban applies only to action: shadowban",
+            );
+            None
+        }
+        (_, Action::Shadowban) => {
+            let f = r.shadowban.as_ref();
+            let status = f.and_then(|f| f.status).unwrap_or(200);
+            if !(200..=599).contains(&status) {
+                c.err(
+                    &format!("{base}.shadowban.status"),
+                    format!("invalid status {status}: expected 200 to 599"),
+                );
+            }
+            let content_type = f
+                .and_then(|f| f.content_type.clone())
+                .unwrap_or_else(|| "application/json".to_string());
+            if http::HeaderValue::from_str(&content_type).is_err() {
+                c.err(
+                    &format!("{base}.shadowban.content_type"),
+                    format!("invalid content type {content_type:?}"),
+                );
+            }
+            let body = f
+                .and_then(|f| f.body.clone())
+                .unwrap_or_else(|| "{}".to_string());
+            Some(Arc::new(ShadowbanReply {
+                status,
+                content_type,
+                body: bytes::Bytes::from(body),
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// A rate in bytes per second: `64KiB/s`, `1.5MB/s`, `500000` (decimal units are powers of
+/// 1000, binary ones of 1024; `/s` may be left out).
+pub(crate) fn parse_rate(text: &str) -> Result<u64, String> {
+    let bad = || {
+        format!("invalid rate {text:?}: expected bytes per second such as \"64KiB/s\", \"1MB/s\" or 500000")
+    };
+    let t = text.trim();
+    let t = t.strip_suffix("/s").unwrap_or(t).trim();
+    let split = t
+        .find(|ch: char| !(ch.is_ascii_digit() || ch == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    let mult: f64 = match unit.trim() {
+        "" | "B" => 1.0,
+        "KB" | "kB" => 1e3,
+        "KiB" => 1024.0,
+        "MB" => 1e6,
+        "MiB" => 1024.0 * 1024.0,
+        "GB" => 1e9,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(bad()),
+    };
+    let v = n * mult;
+    if !(1.0..1e15).contains(&v) {
+        return Err(format!(
+            "invalid rate {text:?}: must be at least 1 byte per second"
+        ));
+    }
+    Ok(v as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rate;
+
+    #[test]
+    fn rates_in_decimal_and_binary_units() {
+        assert_eq!(parse_rate("64KiB/s"), Ok(65536));
+        assert_eq!(parse_rate("1MB/s"), Ok(1_000_000));
+        assert_eq!(parse_rate("1.5 MiB"), Ok(1_572_864));
+        assert_eq!(parse_rate("500000"), Ok(500_000));
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("0").is_err());
+        assert!(parse_rate("10 parsecs/s").is_err());
+    }
 }
