@@ -4,8 +4,8 @@
 //! once bound (ADDR may use port 0). Every request gets 200 with a JSON body naming the server
 //! and echoing the method, path and request headers, so tests can see what reached the
 //! upstream. `/healthz` answers 200 `ok`; `/status/NNN` answers with status NNN; `/delay/MS`
-//! answers after MS milliseconds (and may be combined: `/delay/MS/bytes/N`); `/bytes/N` answers N
-//! bytes; `/hits` answers how many requests it served before (but `/healthz` and `/hits`). With
+//! (anywhere in the path) answers after MS milliseconds, and may be combined with `/bytes/N`,
+//! which answers N bytes; `/hits` answers how many requests it served before (but `/healthz` and `/hits`). With
 //! `UPSTREAM_TLS=CERT:KEY` (PEM files) it speaks HTTPS.
 
 use pingora::tls::ssl::{Ssl, SslAcceptor, SslFiletype, SslMethod};
@@ -109,8 +109,8 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, name: String) {
             }
         }
         if let Some(ms) = path
-            .strip_prefix("/delay/")
-            .and_then(|m| m.split('/').next())
+            .split_once("/delay/")
+            .and_then(|(_, m)| m.split('/').next())
             .and_then(|m| m.parse::<u64>().ok())
         {
             tokio::time::sleep(std::time::Duration::from_millis(ms.min(60_000))).await;

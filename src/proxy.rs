@@ -58,6 +58,8 @@ pub struct RequestCtx {
     /// would have denied it (indexes into the snapshot's limiter).
     decided_by: Option<u16>,
     shadow_by: Option<u16>,
+    /// Slots of `concurrency` limits, freed when the request is done (the context dropped).
+    slots: smallvec::SmallVec<[crate::limits::in_flight::Slot; 1]>,
 }
 
 pub struct Gateway {
@@ -220,6 +222,7 @@ impl ProxyHttp for Gateway {
             denied: false,
             action: None,
             throttle_bps: 0,
+            slots: smallvec::SmallVec::new(),
         }
     }
 
@@ -307,6 +310,33 @@ impl ProxyHttp for Gateway {
                 client_ip: client,
                 headers: &req.headers,
             };
+            // requests in flight first: a request refused there spends no rate quota
+            if !limiter.concurrency.is_empty() {
+                match limiter.acquire(&lreq) {
+                    Ok(slots) => ctx.slots = slots,
+                    Err(refusal) => {
+                        drop(segments);
+                        drop(path);
+                        ctx.tenant = tenant;
+                        ctx.denied = true;
+                        let detail = format!(
+                            "too many requests in flight: concurrency limit {} is {}",
+                            limiter.concurrency[refusal.rule].rule.id, refusal.max
+                        );
+                        let title = http::StatusCode::from_u16(refusal.status)
+                            .ok()
+                            .and_then(|s| s.canonical_reason())
+                            .unwrap_or("Too Many Requests");
+                        let body =
+                            problem::body(refusal.status, title, &detail, "about:blank", &[]);
+                        let mut resp = problem::header(refusal.status, body.len())?;
+                        resp.insert_header("retry-after", "1")?;
+                        ctx.snapshot = Some(snap);
+                        Box::pin(send(session, resp, body)).await?;
+                        return Ok(true);
+                    }
+                }
+            }
             let t0 = Instant::now();
             let d = limiter.decide(&lreq, &cfg.plans);
             self.metrics

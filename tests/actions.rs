@@ -119,3 +119,70 @@ fn throttle_paces_an_over_limit_download_and_leaves_others_alone() {
         "{m}"
     );
 }
+
+/// `n` requests at once; their statuses in the order sent.
+fn parallel(gw: &Gateway, path: &str, tenant: &str, n: usize) -> Vec<u16> {
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let (addr, path, tenant) = (gw.addr, path.to_string(), tenant.to_string());
+            std::thread::spawn(move || {
+                // in this order: each starts after the previous one is in flight
+                std::thread::sleep(Duration::from_millis(100 * i as u64));
+                request(addr, "GET", &path, &[("x-org-id", &tenant)]).map_or(0, |r| r.status)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap_or(0)).collect()
+}
+
+#[test]
+fn concurrency_limits_requests_in_flight_and_frees_the_slot_however_a_request_ends() {
+    let up = Upstream::start("u");
+    let dead = format!("127.0.0.1:{}", common::free_port());
+    let cfg = one_route_config(up.addr, 2, "")
+        .replace("    servers:", "    read_timeout: 1s\n    servers:")
+        .replace(
+            "routes:\n",
+            &format!("  gone:\n    servers: [\"{dead}\"]\n    retries: 0\n  patient:\n    servers: [\"{}\"]\nroutes:\n  - id: broken\n    path: /broken/**\n    upstream: gone\n  - id: patient\n    path: /patient/**\n    upstream: patient\n", up.addr),
+        );
+    let limits = "limits:\n  - id: in-flight\n    pathPattern: /**\n    concurrency: 2\n";
+    let gw = Gateway::start(&format!("{cfg}{TENANT}{limits}"));
+    // two slow requests fill the tenant's slots; the third is refused at once
+    let statuses = parallel(&gw, "/delay/800", "acme", 3);
+    assert_eq!(statuses, vec![200, 200, 429]);
+    // another tenant has its own slots
+    assert_eq!(parallel(&gw, "/delay/300", "globex", 2), vec![200, 200]);
+    let m = gw.metrics();
+    assert_eq!(
+        metric_sum(&m, "tollgate_ratelimit_decisions_total{decision=\"denied\",rule=\"in-flight\",tier=\"concurrency\"}"),
+        1.0,
+        "{m}"
+    );
+    let free = |why: &str| {
+        assert!(
+            common::eventually(Duration::from_secs(3), || parallel(&gw, "/x", "acme", 2)
+                == vec![200, 200]),
+            "slots not freed after {why}"
+        );
+    };
+    free("success");
+    // the client goes away while the upstream is slow (10 s, no read timeout on that pool:
+    // only the client's going frees the slots within the 3 s `free` waits)
+    for _ in 0..2 {
+        let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
+        use std::io::Write;
+        s.write_all(b"GET /patient/delay/10000 HTTP/1.1\r\nhost: x\r\nx-org-id: acme\r\n\r\n")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        drop(s);
+    }
+    free("client aborts");
+    // the upstream fails, and the upstream times out (read_timeout 1s)
+    assert_eq!(parallel(&gw, "/broken/x", "acme", 2), vec![502, 502]);
+    free("upstream errors");
+    assert_eq!(parallel(&gw, "/delay/1500", "acme", 2), vec![504, 504]);
+    free("timeouts");
+    // a request refused by the concurrency limit spends no slot either
+    assert_eq!(parallel(&gw, "/delay/500", "acme", 3), vec![200, 200, 429]);
+    free("a refusal");
+}

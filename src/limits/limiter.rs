@@ -9,6 +9,7 @@
 use super::algorithm::{self, TierState, TierVerdict};
 use super::clock::{Clock, NANOS_PER_MS};
 use super::fleet::{FleetMode, FleetState, MIN_ROUND_GAP_MS};
+use super::in_flight;
 use super::ledger::{self, Ceiling};
 use super::partition::{PartitionValue, KEY_BUF};
 use super::policy::{tier_texts, PolicyCache, TierText};
@@ -74,6 +75,8 @@ impl CompiledRule {
 /// The rate limiter of one config snapshot. Its counters outlive it (see `CounterRegistry`).
 pub struct Limiter {
     pub rules: Vec<CompiledRule>,
+    /// Rules with `concurrency`: requests in flight per partition.
+    pub concurrency: Vec<in_flight::ConcurrencyRule>,
     clock: Arc<dyn Clock>,
     pub(crate) fleet: Arc<FleetState>,
     /// `RateLimit-Policy` values by the set of tiers that applied (bounded).
@@ -159,7 +162,11 @@ pub fn tier_label(tier: &Tier) -> String {
 
 /// The `tier` label values of one rule's decision series (for removing them on reload).
 pub fn tier_labels(rule: &Rule) -> Vec<String> {
-    let mut out = vec!["all".to_string(), "none".to_string()];
+    let mut out = vec![
+        "all".to_string(),
+        "none".to_string(),
+        "concurrency".to_string(),
+    ];
     for t in rule
         .tiers
         .iter()
@@ -410,16 +417,44 @@ impl Limiter {
                 }
             })
             .collect();
+        let concurrency = rules
+            .iter()
+            .filter(|r| r.enabled)
+            .filter_map(|r| {
+                Some(in_flight::ConcurrencyRule {
+                    rule: Arc::clone(r),
+                    max: r.concurrency?,
+                    table: registry.in_flight.get_or_create(r),
+                    denied: decisions.with_label_values(&[r.id.as_str(), "denied", "concurrency"]),
+                })
+            })
+            .collect();
         Limiter {
             rules: compiled,
+            concurrency,
             clock,
             fleet,
             policy_cache: PolicyCache::default(),
         }
     }
 
+    /// No rule limits anything (neither rates nor requests in flight).
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.rules.is_empty() && self.concurrency.is_empty()
+    }
+
+    /// Take a slot in every `concurrency` limit that applies to the request (see `in_flight`).
+    pub fn acquire(
+        &self,
+        req: &LimitRequest,
+    ) -> Result<SmallVec<[in_flight::Slot; 1]>, in_flight::Refusal> {
+        in_flight::acquire(&self.concurrency, |r| {
+            if r.matcher.matches(req.method, req.host, req.path) {
+                Self::partition(r, req)
+            } else {
+                None
+            }
+        })
     }
 
     fn partition<'a>(rule: &Rule, req: &LimitRequest<'a>) -> Option<PartitionValue<'a>> {

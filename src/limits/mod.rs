@@ -8,6 +8,7 @@ pub mod algorithm;
 pub mod clock;
 pub mod fleet;
 pub mod headers;
+pub mod in_flight;
 pub mod ledger;
 pub mod limiter;
 pub mod partition;

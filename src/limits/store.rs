@@ -359,6 +359,8 @@ pub struct CounterRegistry {
     evictions: IntCounter,
     untracked: IntCounter,
     syncing: Arc<AtomicBool>,
+    /// Requests in flight of `concurrency` limits, by rule.
+    pub in_flight: super::in_flight::InFlightRegistry,
 }
 
 impl CounterRegistry {
@@ -369,6 +371,7 @@ impl CounterRegistry {
             evictions,
             untracked,
             syncing: Arc::new(AtomicBool::new(false)),
+            in_flight: Default::default(),
         }
     }
 
