@@ -83,6 +83,7 @@ pub fn main() -> i32 {
             metrics.evictions.clone(),
             metrics.untracked.clone(),
         )),
+        gates: Default::default(),
         fleet,
         metrics,
         clock: Arc::new(SystemClock),

@@ -2,7 +2,8 @@
 //!
 //! Follow one request: [`config`] (file model -> validated snapshot, held in [`snapshot`]) ->
 //! [`tenant`] resolution (with the [`client_addr`]) -> [`routing`] on [`matching`] -> the
-//! [`limits`] decision on local counters -> [`proxy`] to an [`upstream`] pool -> [`problem`] answers on errors; beside it the [`admin`]
+//! [`limits`] decision on local counters -> [`proxy`] to an [`upstream`] pool (through its
+//! [`shaping`] queue when it has one) -> [`problem`] answers on errors; beside it the [`admin`]
 //! listener and [`metrics`], the [`fleet_sync`] to Redis, and the [`reload`]er.
 
 pub mod admin;
@@ -18,6 +19,7 @@ pub mod problem;
 pub mod proxy;
 pub mod reload;
 pub mod routing;
+pub mod shaping;
 pub mod snapshot;
 pub mod tenant;
 pub mod ticker;

@@ -38,6 +38,13 @@ pub struct Metrics {
     pub redis_connected: IntGauge,
     /// `tollgate_upstream_server_healthy{pool,server}`: 1 healthy, 0 down or skipped.
     pub upstream_healthy: IntGaugeVec,
+    /// `tollgate_pool_queue_depth{pool}`: requests waiting for a full pool (refreshed every
+    /// second).
+    pub queue_depth: IntGaugeVec,
+    /// `tollgate_pool_queue_waits_total{pool,plan}`: requests that waited and got in.
+    pub queue_waits: IntCounterVec,
+    /// `tollgate_pool_queue_refused_total{pool,reason}`: 503s of a full queue or a timeout.
+    pub queue_refused: IntCounterVec,
 }
 
 impl Metrics {
@@ -132,6 +139,30 @@ impl Metrics {
             ),
             &["pool", "server"],
         )?;
+        let queue_depth = IntGaugeVec::new(
+            Opts::new(
+                "tollgate_pool_queue_depth",
+                "Requests waiting in a full pool's queue (max_in_flight), by pool (refreshed every second)",
+            ),
+            &["pool"],
+        )?;
+        let queue_waits = IntCounterVec::new(
+            Opts::new(
+                "tollgate_pool_queue_waits_total",
+                "Requests that waited in a pool's queue and got in, by pool and plan (none: no plan)",
+            ),
+            &["pool", "plan"],
+        )?;
+        let queue_refused = IntCounterVec::new(
+            Opts::new(
+                "tollgate_pool_queue_refused_total",
+                "Requests refused by a full pool with 503, by pool and reason (full: the queue was full; timeout: waited queue.timeout)",
+            ),
+            &["pool", "reason"],
+        )?;
+        registry.register(Box::new(queue_depth.clone()))?;
+        registry.register(Box::new(queue_waits.clone()))?;
+        registry.register(Box::new(queue_refused.clone()))?;
         // series with a fixed set of labels exist from the start (at 0), so that dashboards
         // and alerts see them before the first reload or round
         for result in ["ok", "error"] {
@@ -168,6 +199,9 @@ impl Metrics {
             redis_instances,
             redis_connected,
             upstream_healthy,
+            queue_depth,
+            queue_waits,
+            queue_refused,
         })
     }
 

@@ -47,12 +47,29 @@ pub fn header(status: u16, body_len: usize) -> Result<ResponseHeader> {
 
 /// Send a plain problem (`type: about:blank`) with the standard reason phrase as title.
 pub async fn respond(session: &mut Session, status: u16, detail: &str) -> Result<()> {
+    send(session, status, detail, None).await
+}
+
+/// `respond`, with `Retry-After: <seconds>`.
+pub async fn respond_retry(
+    session: &mut Session,
+    status: u16,
+    detail: &str,
+    retry_after: u64,
+) -> Result<()> {
+    send(session, status, detail, Some(retry_after)).await
+}
+
+async fn send(session: &mut Session, status: u16, detail: &str, retry: Option<u64>) -> Result<()> {
     let title = http::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason())
         .unwrap_or("Error");
     let b = body(status, title, detail, "about:blank", &[]);
-    let h = header(status, b.len())?;
+    let mut h = header(status, b.len())?;
+    if let Some(secs) = retry {
+        h.insert_header("retry-after", secs.to_string())?;
+    }
     session.write_response_header(Box::new(h), false).await?;
     session.write_response_body(Some(b), true).await?;
     Ok(())

@@ -60,6 +60,8 @@ pub struct RequestCtx {
     shadow_by: Option<u16>,
     /// Slots of `concurrency` limits, freed when the request is done (the context dropped).
     slots: smallvec::SmallVec<[crate::limits::in_flight::Slot; 1]>,
+    /// The place in a shaped pool, handed to the next waiter when the request is done.
+    gate: Option<crate::shaping::GateSlot>,
 }
 
 pub struct Gateway {
@@ -105,6 +107,59 @@ async fn hold(
         }
     }
     (d, delayed)
+}
+
+/// Get into a shaped pool (`max_in_flight`): the slot goes into `ctx` (freed when the request is
+/// done). Returns whether the request is refused (a full queue, or it waited too long).
+async fn enter_gate(
+    metrics: &Metrics,
+    snap: &Snapshot,
+    pool: usize,
+    gate: &Arc<crate::shaping::Gate>,
+    ctx: &mut RequestCtx,
+) -> Result<bool> {
+    let tenant = &ctx.tenant[..];
+    let plans = &snap.config.plans;
+    let plan = if tenant.is_empty() {
+        None
+    } else {
+        plans.plan_of(tenant)
+    };
+    let priority = plan
+        .and_then(|p| plans.priority.get(p))
+        .copied()
+        .unwrap_or(0);
+    let name = snap
+        .config
+        .upstreams
+        .get(pool)
+        .map_or("", |u| u.name.as_str());
+    match gate.enter(priority).await {
+        Ok((slot, waited)) => {
+            ctx.gate = Some(slot);
+            if waited {
+                let plan_name = plan
+                    .and_then(|p| plans.names.get(p))
+                    .map_or("none", String::as_str);
+                metrics
+                    .queue_waits
+                    .with_label_values(&[name, plan_name])
+                    .inc();
+            }
+            Ok(false)
+        }
+        Err(why) => {
+            let reason = match why {
+                crate::shaping::Refused::Full => "full",
+                crate::shaping::Refused::Timeout => "timeout",
+            };
+            metrics
+                .queue_refused
+                .with_label_values(&[name, reason])
+                .inc();
+            Ok(true)
+        }
+    }
 }
 
 /// Send a whole answer made here (a denial).
@@ -223,6 +278,7 @@ impl ProxyHttp for Gateway {
             action: None,
             throttle_bps: 0,
             slots: smallvec::SmallVec::new(),
+            gate: None,
         }
     }
 
@@ -395,6 +451,21 @@ impl ProxyHttp for Gateway {
         }
         if !decision.tiers.is_empty() {
             ctx.decision = Some(Box::new(decision));
+        }
+        // a shaped pool: wait for a place, by the tenant's plan priority
+        let pool = route.upstream;
+        if let Some(gate) = snap.gates.get(pool).and_then(Option::clone) {
+            if Box::pin(enter_gate(&self.metrics, &snap, pool, &gate, ctx)).await? {
+                ctx.snapshot = Some(snap);
+                Box::pin(problem::respond_retry(
+                    session,
+                    503,
+                    "the upstream is busy: its queue is full or the wait timed out",
+                    crate::shaping::RETRY_AFTER.as_secs(),
+                ))
+                .await?;
+                return Ok(true);
+            }
         }
         ctx.snapshot = Some(snap);
         Ok(false)

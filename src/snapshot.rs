@@ -16,6 +16,8 @@ pub struct Snapshot {
     pub config: Config,
     /// Indexed like `config.upstreams`.
     pub pools: Vec<Arc<Pool>>,
+    /// Indexed like `config.upstreams`: the gate of pools with `max_in_flight`.
+    pub gates: Vec<Option<Arc<crate::shaping::Gate>>>,
     /// The rate-limit rules, compiled; their counters live in the registry, not here.
     pub limiter: Limiter,
     /// `tollgate_requests_total` handles by route and status, resolved on first use.
@@ -84,6 +86,8 @@ impl RequestCounters {
 #[derive(Clone)]
 pub struct Runtime {
     pub registry: Arc<CounterRegistry>,
+    /// Pools' priority-shaping gates, by pool name.
+    pub gates: Arc<crate::shaping::Gates>,
     pub fleet: Arc<FleetState>,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
@@ -123,9 +127,15 @@ impl Snapshot {
                 .as_ref()
                 .map_or(Default::default(), |r| r.on_failure),
         );
+        let gates = config
+            .upstreams
+            .iter()
+            .map(|u| u.shaping.map(|limits| rt.gates.get(&u.name, limits)))
+            .collect();
         Ok(Snapshot {
             config,
             pools,
+            gates,
             limiter,
             requests,
         })

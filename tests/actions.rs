@@ -186,3 +186,111 @@ fn concurrency_limits_requests_in_flight_and_frees_the_slot_however_a_request_en
     assert_eq!(parallel(&gw, "/delay/500", "acme", 3), vec![200, 200, 429]);
     free("a refusal");
 }
+
+/// Requests sent `gap_ms` apart, each `(path, tenant)`; their responses and when each ended.
+fn staggered(gw: &Gateway, reqs: &[(&str, &str)], gap_ms: u64) -> Vec<(common::Response, Instant)> {
+    let handles: Vec<_> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, (path, tenant))| {
+            let (addr, path, tenant) = (gw.addr, path.to_string(), tenant.to_string());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(gap_ms * i as u64));
+                let r = request(addr, "GET", &path, &[("x-org-id", &tenant)]).expect("answer");
+                (r, Instant::now())
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("thread"))
+        .collect()
+}
+
+#[test]
+fn a_full_pool_serves_the_higher_plan_first_and_refuses_past_its_queue() {
+    let up = Upstream::start("u");
+    let shaped = |queue: &str| {
+        one_route_config(up.addr, 2, "").replace(
+            "    servers:",
+            &format!("    max_in_flight: 1\n    queue: {queue}\n    servers:"),
+        )
+    };
+    let plans = "plans:\n  premium: { tenants: [vip], priority: 10 }\n";
+    let gw = Gateway::start(&format!(
+        "{}{TENANT}{plans}",
+        shaped("{ max: 20, timeout: 10s }")
+    ));
+    // one request holds the pool; ten free ones queue behind it; then a premium one
+    let mut reqs = vec![("/delay/600", "f0")];
+    let free: Vec<String> = (1..=10).map(|i| format!("f{i}")).collect();
+    for f in &free {
+        reqs.push(("/delay/100", f));
+    }
+    reqs.push(("/delay/100", "vip"));
+    let done = staggered(&gw, &reqs, 30);
+    assert!(done.iter().all(|(r, _)| r.status == 200));
+    let vip = done[11].1;
+    let before_vip: Vec<&str> = done[1..11]
+        .iter()
+        .zip(&free)
+        .filter(|((_, t), _)| *t < vip)
+        .map(|(_, f)| f.as_str())
+        .collect();
+    assert!(
+        before_vip.is_empty(),
+        "served before the premium request: {before_vip:?}"
+    );
+    let m = gw.metrics();
+    for (series, want) in [
+        (
+            "tollgate_pool_queue_waits_total{plan=\"premium\",pool=\"app\"}",
+            1.0,
+        ),
+        (
+            "tollgate_pool_queue_waits_total{plan=\"none\",pool=\"app\"}",
+            10.0,
+        ),
+    ] {
+        assert_eq!(metric_sum(&m, series), want, "{series}\n{m}");
+    }
+    assert!(m.contains("tollgate_pool_queue_depth{pool=\"app\"}"), "{m}");
+    drop(gw);
+
+    // a queue of one, a 300 ms wait: the third is refused at once, the second after waiting
+    let gw = Gateway::start(&format!(
+        "{}{TENANT}{plans}",
+        shaped("{ max: 1, timeout: 300ms }")
+    ));
+    let start = Instant::now();
+    let done = staggered(&gw, &[("/delay/1200", "a"), ("/x", "b"), ("/x", "c")], 100);
+    assert_eq!(done[0].0.status, 200);
+    for (r, _) in &done[1..] {
+        assert_eq!(r.status, 503);
+        assert_eq!(r.header("retry-after"), Some("1"));
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    }
+    let (waited, full) = (done[1].1 - start, done[2].1 - start);
+    assert!(
+        full < waited,
+        "the full queue answers at once ({full:?}), the wait at its timeout ({waited:?})"
+    );
+    assert!(waited >= Duration::from_millis(350), "{waited:?}");
+    let m = gw.metrics();
+    assert_eq!(
+        metric_sum(
+            &m,
+            "tollgate_pool_queue_refused_total{pool=\"app\",reason=\"full\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "tollgate_pool_queue_refused_total{pool=\"app\",reason=\"timeout\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+}

@@ -112,6 +112,15 @@ impl BackgroundService for OpsSampler {
                         .set(up);
                 }
             }
+            let depth = &self.metrics.queue_depth;
+            depth.reset();
+            for (spec, gate) in snap.config.upstreams.iter().zip(&snap.gates) {
+                if let Some(g) = gate {
+                    depth
+                        .with_label_values(&[spec.name.as_str()])
+                        .set(g.depth() as i64);
+                }
+            }
             let connected = self.fleet.is_configured() && self.fleet.is_connected();
             self.metrics.redis_connected.set(i64::from(connected));
         }

@@ -31,3 +31,6 @@ pub const MAX_TIERS: usize = 16;
 pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(100);
 pub const DEFAULT_KEY_PREFIX: &str = "tollgate";
+
+/// How long a request waits in a full pool's queue before 503 (`queue.timeout`).
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(2);

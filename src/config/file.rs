@@ -208,6 +208,20 @@ pub struct UpstreamFile {
     pub retries: Option<usize>,
     #[serde(default)]
     pub tls: Option<UpstreamTlsFile>,
+    /// At most this many requests in flight to the pool (all its servers, this instance).
+    #[serde(default)]
+    pub max_in_flight: Option<i64>,
+    /// Where requests wait while the pool is full, by plan priority.
+    #[serde(default)]
+    pub queue: Option<QueueFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueFile {
+    pub max: i64,
+    #[serde(default)]
+    pub timeout: Option<ConfDuration>,
 }
 
 /// TLS to the servers of a pool.
@@ -436,8 +450,53 @@ impl<'de> Deserialize<'de> for KeyFile {
 /// `plans:` is either the map of plan name to tenants or the path of a YAML file holding it.
 #[derive(Debug)]
 pub enum PlansFile {
-    Inline(BTreeMap<String, Vec<String>>),
+    Inline(BTreeMap<String, PlanFile>),
     Include(String),
+}
+
+/// One plan: its tenants, or `{ tenants: [...], priority: N }`.
+#[derive(Debug, Clone, Default)]
+pub struct PlanFile {
+    pub tenants: Vec<String>,
+    /// Higher is served first from a full pool's queue (default 0).
+    pub priority: i64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanMap {
+    #[serde(default)]
+    tenants: Vec<String>,
+    #[serde(default)]
+    priority: i64,
+}
+
+impl<'de> Deserialize<'de> for PlanFile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PlanFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of tenant ids, or { tenants: [...], priority: N }")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<PlanFile, A::Error> {
+                Vec::<String>::deserialize(de::value::SeqAccessDeserializer::new(seq)).map(
+                    |tenants| PlanFile {
+                        tenants,
+                        priority: 0,
+                    },
+                )
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<PlanFile, A::Error> {
+                let m = PlanMap::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(PlanFile {
+                    tenants: m.tenants,
+                    priority: m.priority,
+                })
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
 }
 
 impl<'de> Deserialize<'de> for PlansFile {
@@ -454,7 +513,7 @@ impl<'de> Deserialize<'de> for PlansFile {
                 Ok(PlansFile::Include(v.to_string()))
             }
             fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<PlansFile, A::Error> {
-                BTreeMap::<String, Vec<String>>::deserialize(de::value::MapAccessDeserializer::new(
+                BTreeMap::<String, PlanFile>::deserialize(de::value::MapAccessDeserializer::new(
                     map,
                 ))
                 .map(PlansFile::Inline)

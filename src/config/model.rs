@@ -62,6 +62,17 @@ pub struct UpstreamSpec {
     /// Connect failures retried on another server of the pool.
     pub retries: usize,
     pub tls: Option<UpstreamTls>,
+    /// Priority shaping: at most this many requests in flight, the others queued.
+    pub shaping: Option<Shaping>,
+}
+
+/// A pool's `max_in_flight` and `queue`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shaping {
+    pub max_in_flight: usize,
+    /// Requests that may wait (0: none; a full pool refuses at once).
+    pub queue_max: usize,
+    pub queue_timeout: Duration,
 }
 
 /// TLS to a pool's servers.
@@ -163,6 +174,8 @@ pub enum TenantSource {
 #[derive(Debug, Default)]
 pub struct Plans {
     pub names: Vec<String>,
+    /// Per plan (like `names`): its place in a full pool's queue, higher first.
+    pub priority: Vec<i64>,
     /// tenant id -> index into `names`
     pub by_tenant: HashMap<Box<[u8]>, usize>,
 }

@@ -74,9 +74,17 @@ pub fn summary(cfg: &Config) -> String {
                 None => format!("tcp every {}", format_duration(h.interval)),
             },
         };
+        let shaping = u.shaping.map_or_else(String::new, |sh| {
+            format!(
+                ", max_in_flight {} (queue {}, timeout {})",
+                sh.max_in_flight,
+                sh.queue_max,
+                format_duration(sh.queue_timeout)
+            )
+        });
         let _ = writeln!(
             s,
-            "  {:<16} {} [{}] {hc}",
+            "  {:<16} {} [{}] {hc}{shaping}",
             u.name,
             u.balance,
             servers.join(", ")
@@ -126,7 +134,17 @@ pub fn summary(cfg: &Config) -> String {
         cfg.tenant.required
     );
     if !cfg.plans.names.is_empty() {
-        let _ = writeln!(s, "plans: {}", cfg.plans.names.join(", "));
+        let plans: Vec<String> = cfg
+            .plans
+            .names
+            .iter()
+            .zip(&cfg.plans.priority)
+            .map(|(n, &p)| match p {
+                0 => n.clone(),
+                p => format!("{n} (priority {p})"),
+            })
+            .collect();
+        let _ = writeln!(s, "plans: {}", plans.join(", "));
     }
     let _ = writeln!(s, "rules ({}):", cfg.rules.len());
     for r in &cfg.rules {

@@ -23,7 +23,7 @@ pub(super) fn check_plans(
         Some(PlansFile::Include(name)) => {
             let target = resolve_relative(&c.file, name);
             includes.push(target.clone());
-            match read_include::<BTreeMap<String, Vec<String>>>(c, "plans", "plans.", &target) {
+            match read_include::<BTreeMap<String, PlanFile>>(c, "plans", "plans.", &target) {
                 Some((map, loc)) => {
                     let mut inc = Checker {
                         file: target,
@@ -45,19 +45,35 @@ pub(super) fn check_plans(
 fn plans_of(
     c: &mut Checker,
     prefix: &str,
-    plans: &BTreeMap<String, Vec<String>>,
+    plans: &BTreeMap<String, PlanFile>,
 ) -> (Plans, Vec<Member>) {
     let mut out = Plans::default();
     let mut members = Vec::new();
-    for (name, tenants) in plans {
+    for (name, plan) in plans {
         let base = format!("{prefix}{name}");
         if !valid_id(name) {
             c.err_key(&base, format!("invalid plan name {name:?}: {ID_RULE}"));
         }
+        if plan.priority.abs() > 1_000_000 {
+            c.err(
+                &format!("{base}.priority"),
+                format!(
+                    "priority must be -1000000 to 1000000, got {}",
+                    plan.priority
+                ),
+            );
+        }
         let idx = out.names.len();
         out.names.push(name.clone());
-        for (i, t) in tenants.iter().enumerate() {
-            let path = format!("{base}[{i}]");
+        out.priority.push(plan.priority);
+        // `premium: [a, b]` lists at `premium[i]`, the map form at `premium.tenants[i]`
+        let list = if c.loc.at(&format!("{base}.tenants")) != c.loc.at(&base) {
+            format!("{base}.tenants")
+        } else {
+            base.clone()
+        };
+        for (i, t) in plan.tenants.iter().enumerate() {
+            let path = format!("{list}[{i}]");
             if t.is_empty() {
                 c.err(&path, "tenant id must not be empty");
                 continue;

@@ -152,7 +152,48 @@ pub(super) fn check_upstreams(
             None => DEFAULT_RETRIES,
         };
         let tls = u.tls.as_ref().map(|t| check_upstream_tls(c, &base, t));
+        let shaping = match (u.max_in_flight, &u.queue) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                c.err_key(
+                    &format!("{base}.queue"),
+                    "queue applies to a pool with max_in_flight: requests wait there while the pool is full",
+                );
+                None
+            }
+            (Some(n), q) => {
+                if !(1..=1_000_000).contains(&n) {
+                    c.err(
+                        &format!("{base}.max_in_flight"),
+                        format!("max_in_flight must be 1 to 1000000, got {n}"),
+                    );
+                }
+                let queue_max = match q.as_ref().map(|q| q.max) {
+                    None => 0,
+                    Some(m) if (0..=1_000_000).contains(&m) => m as usize,
+                    Some(m) => {
+                        c.err(
+                            &format!("{base}.queue.max"),
+                            format!("queue.max must be 0 to 1000000, got {m}"),
+                        );
+                        0
+                    }
+                };
+                let queue_timeout = positive(
+                    c,
+                    &format!("{base}.queue.timeout"),
+                    q.as_ref().and_then(|q| q.timeout),
+                    DEFAULT_QUEUE_TIMEOUT,
+                );
+                Some(Shaping {
+                    max_in_flight: n.clamp(1, 1_000_000) as usize,
+                    queue_max,
+                    queue_timeout,
+                })
+            }
+        };
         out.push(UpstreamSpec {
+            shaping,
             name: name.clone(),
             servers,
             balance: u.balance,
