@@ -47,8 +47,10 @@ pub struct RequestCtx {
     denied: bool,
     /// For the access log: `shadowbanned` or `throttled` (the actions that do not deny).
     action: Option<&'static str>,
-    /// `action: throttle`: the response body's pace, bytes per second (0: not paced).
+    /// `action: throttle`: the response body's pace, bytes per second (0: not paced), and the
+    /// wait owed but not yet taken.
     throttle_bps: u64,
+    throttle_owed: Duration,
     /// Failed attempts to reach an upstream for this request (retries stop at the pool's
     /// `retries`).
     failures: usize,
@@ -277,6 +279,7 @@ impl ProxyHttp for Gateway {
             denied: false,
             action: None,
             throttle_bps: 0,
+            throttle_owed: Duration::ZERO,
             slots: smallvec::SmallVec::new(),
             gate: None,
         }
@@ -693,9 +696,15 @@ impl ProxyHttp for Gateway {
         _end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Duration>> {
+        // the timer's tick is 1 ms: shorter waits are owed until they add up to one, so that
+        // small chunks are neither over-paced (each sleep rounded up) nor each a timer trip
         Ok(match (ctx.throttle_bps, body) {
             (0, _) | (_, None) => None,
-            (bps, Some(b)) => Some(Duration::from_secs_f64(b.len() as f64 / bps as f64)),
+            (bps, Some(b)) => {
+                ctx.throttle_owed += Duration::from_secs_f64(b.len() as f64 / bps as f64);
+                (ctx.throttle_owed >= Duration::from_millis(1))
+                    .then(|| std::mem::take(&mut ctx.throttle_owed))
+            }
         })
     }
 

@@ -519,3 +519,71 @@ fn one_listen_address_may_stand_alone() {
         &["server.listen", "invalid address \"localhost\""],
     );
 }
+
+/// The rule's tier line, for cases that add keys after it.
+const TIER: &str = "      - { period: 1, threshold: 10 }\n";
+
+#[test]
+fn actions_beyond_reject_are_checked() {
+    let rule = |extra: &str| with(TIER, &format!("{TIER}{extra}"));
+    assert_error(
+        &rule("    action: throttle\n    throttle: { rate: fast }\n"),
+        25,
+        23,
+        &[
+            "limits[0].throttle.rate",
+            "invalid rate \"fast\"",
+            "64KiB/s",
+        ],
+    );
+    assert_error(
+        &rule("    action: throttle\n"),
+        24,
+        13,
+        &["limits[0].action", "throttle: { rate: 64KiB/s }"],
+    );
+    assert_error(
+        &rule("    shadowban: { status: 200 }\n"),
+        24,
+        5,
+        &["limits[0].shadowban", "only to action: shadowban"],
+    );
+    assert_error(
+        &rule("    action: shadowban\n    shadowban: { status: 100 }\n"),
+        25,
+        26,
+        &["limits[0].shadowban.status", "200 to 599"],
+    );
+    assert_error(
+        &rule("    concurrency: 0\n"),
+        24,
+        18,
+        &["limits[0].concurrency", "1 to 1000000"],
+    );
+}
+
+#[test]
+fn shaping_settings_are_checked() {
+    let hc = "    health_check: { interval: 1s }\n";
+    assert_error(
+        &with(hc, &format!("{hc}    queue: {{ max: 5 }}\n")),
+        8,
+        5,
+        &["upstreams.products.queue", "max_in_flight"],
+    );
+    assert_error(
+        &with(hc, &format!("{hc}    max_in_flight: 0\n")),
+        8,
+        20,
+        &["upstreams.products.max_in_flight", "1 to 1000000"],
+    );
+    assert_error(
+        &with(
+            "  premium: [acme]\n",
+            "  premium: { tenants: [acme], priority: high }\n",
+        ),
+        17,
+        41,
+        &["plans.premium.priority", "expected i64"],
+    );
+}
