@@ -294,3 +294,38 @@ fn a_full_pool_serves_the_higher_plan_first_and_refuses_past_its_queue() {
         "{m}"
     );
 }
+
+#[test]
+fn a_reload_keeps_the_queue_and_a_raised_max_in_flight_lets_it_in() {
+    let up = Upstream::start("u");
+    let shaped = |max: usize| {
+        format!(
+            "{}{TENANT}",
+            one_route_config(up.addr, 2, "").replace(
+                "    servers:",
+                &format!(
+                    "    max_in_flight: {max}\n    queue: {{ max: 5, timeout: 10s }}\n    servers:"
+                ),
+            )
+        )
+    };
+    let gw = Gateway::start(&shaped(1));
+    let addr = gw.addr;
+    let blocker = std::thread::spawn(move || {
+        request(addr, "GET", "/delay/3000", &[("x-org-id", "a")])
+            .map(|r| (r.status, Instant::now()))
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let queued = std::thread::spawn(move || {
+        request(addr, "GET", "/x", &[("x-org-id", "b")]).map(|r| (r.status, Instant::now()))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(gw.reload(&shaped(2)), "{}", gw.log());
+    let (q_status, q_done) = queued.join().expect("thread").expect("answer");
+    let (b_status, b_done) = blocker.join().expect("thread").expect("answer");
+    assert_eq!((q_status, b_status), (200, 200));
+    assert!(
+        q_done < b_done,
+        "the waiting request got in when the reload raised the limit"
+    );
+}
