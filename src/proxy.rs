@@ -164,6 +164,20 @@ async fn enter_gate(
     }
 }
 
+/// `Retry-After` of a denial, and the seed's `X-Ratelimit-Retry-After` beside it (with the
+/// `x_ratelimit` header family).
+fn retry_after(
+    resp: &mut ResponseHeader,
+    secs: u64,
+    families: crate::config::model::HeaderSettings,
+) -> Result<()> {
+    resp.insert_header("retry-after", HeaderValue::from(secs))?;
+    if families.x_ratelimit {
+        resp.insert_header("x-ratelimit-retry-after", HeaderValue::from(secs))?;
+    }
+    Ok(())
+}
+
 /// Send a whole answer made here (a denial).
 async fn send(session: &mut Session, resp: ResponseHeader, body: bytes::Bytes) -> Result<()> {
     session.write_response_header(Box::new(resp), false).await?;
@@ -389,7 +403,7 @@ impl ProxyHttp for Gateway {
                         let body =
                             problem::body(refusal.status, title, &detail, "about:blank", &[]);
                         let mut resp = problem::header(refusal.status, body.len())?;
-                        resp.insert_header("retry-after", "1")?;
+                        retry_after(&mut resp, 1, cfg.headers)?;
                         ctx.snapshot = Some(snap);
                         Box::pin(send(session, resp, body)).await?;
                         return Ok(true);
@@ -424,10 +438,7 @@ impl ProxyHttp for Gateway {
             let body = headers::denial_body(limiter, &decision, status);
             let mut resp = problem::header(status, body.len())?;
             headers::apply(&mut resp, limiter, &decision, cfg.headers, true)?;
-            resp.insert_header(
-                "retry-after",
-                HeaderValue::from(headers::retry_after_secs(&decision)),
-            )?;
+            retry_after(&mut resp, headers::retry_after_secs(&decision), cfg.headers)?;
             ctx.snapshot = Some(snap);
             Box::pin(send(session, resp, body)).await?;
             return Ok(true);

@@ -77,6 +77,11 @@ fn seed_rule_counts_down_then_429_with_retry_after() {
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
     let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=10).contains(&retry), "retry-after {retry}");
+    // the seed's header, beside it
+    assert_eq!(
+        r.header("x-ratelimit-retry-after"),
+        Some(retry.to_string().as_str())
+    );
     let j = r.json();
     assert_eq!(
         j["type"],
@@ -318,15 +323,20 @@ fn delay_holds_a_request_until_it_fits_or_rejects_past_max_delay() {
 #[test]
 fn header_families_can_be_switched_off() {
     let up = Upstream::start("u");
-    let limits = "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 9 }]";
+    let limits = "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 1 }]";
     let gw = Gateway::start(&config(
         &up,
         limits,
         "headers:\n  x_ratelimit: false\n  ietf: true",
     ));
+    avoid_window_edge(3_600_000, 5_000);
     let r = get(&gw, "/x", "t");
     assert!(r.header("x-ratelimit-limit").is_none());
     assert!(r.header("ratelimit").is_some());
+    let denied = get(&gw, "/x", "t");
+    assert_eq!(denied.status, 429);
+    assert!(denied.header("retry-after").is_some());
+    assert!(denied.header("x-ratelimit-retry-after").is_none());
     let gw = Gateway::start(&config(
         &up,
         limits,
