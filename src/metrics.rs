@@ -34,6 +34,10 @@ pub struct Metrics {
     pub redis_pending: IntGauge,
     /// `tollgate_redis_live_instances`
     pub redis_instances: IntGauge,
+    /// `tollgate_redis_node_rounds_total{node,result}`: rounds per Redis Cluster node.
+    pub redis_node_rounds: IntCounterVec,
+    /// `tollgate_redis_slot_map_refreshes_total`: Redis Cluster slot maps read.
+    pub redis_slot_map_refreshes: IntCounter,
     /// `tollgate_redis_connected`: 1 while the last round reached Redis.
     pub redis_connected: IntGauge,
     /// `tollgate_upstream_server_healthy{pool,server}`: 1 healthy, 0 down or skipped.
@@ -139,6 +143,19 @@ impl Metrics {
             ),
             &["pool", "server"],
         )?;
+        let redis_node_rounds = IntCounterVec::new(
+            Opts::new(
+                "tollgate_redis_node_rounds_total",
+                "Sync rounds sent to each Redis Cluster node (its pipeline), by node and result (ok, error: no answer within the timeout, refused or not connected)",
+            ),
+            &["node", "result"],
+        )?;
+        let redis_slot_map_refreshes = IntCounter::new(
+            "tollgate_redis_slot_map_refreshes_total",
+            "Redis Cluster slot maps read (CLUSTER SLOTS): at start, and after a node failed or a slot moved",
+        )?;
+        registry.register(Box::new(redis_node_rounds.clone()))?;
+        registry.register(Box::new(redis_slot_map_refreshes.clone()))?;
         let queue_depth = IntGaugeVec::new(
             Opts::new(
                 "tollgate_pool_queue_depth",
@@ -202,6 +219,8 @@ impl Metrics {
             queue_depth,
             queue_waits,
             queue_refused,
+            redis_node_rounds,
+            redis_slot_map_refreshes,
         })
     }
 

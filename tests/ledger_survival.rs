@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use tollgate::config::{self, Config};
-use tollgate::fleet_sync::backend::ledger_model;
+use tollgate::fleet_sync::backend::{ledger_model, Exchange};
 use tollgate::fleet_sync::{Accounts, Round};
 use tollgate::limits::fleet::FleetState;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
@@ -114,7 +114,7 @@ impl Fleet {
             .iter()
             .map(|u| ledger_model(&mut self.strings, &mut self.hashes, u))
             .collect();
-        let done = self.accounts.finish(round, &Ok((answers, 1)));
+        let done = self.accounts.finish(round, &Ok(Exchange::whole(answers, 1)));
         assert!(done.ok);
     }
 

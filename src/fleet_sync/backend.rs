@@ -55,13 +55,42 @@ pub struct Heartbeat {
     pub liveness_ms: u64,
 }
 
-/// Each update's answer, and the live instance count.
-pub type Exchange = (Vec<Answer>, u64);
+/// What a round got back.
+#[derive(Debug, Clone, Default)]
+pub struct Exchange {
+    /// Each update's answer; `None` where its node did not answer (a cluster node down or
+    /// slow: the others' answers still count).
+    pub answers: Vec<Option<Answer>>,
+    /// The live instance count (`None`: the heartbeat's node did not answer).
+    pub instances: Option<u64>,
+    /// Cluster: each node the round went to, and whether it answered.
+    pub nodes: Vec<(String, bool)>,
+    /// Cluster: the slot map was read for this round (at start, or after a node failed).
+    pub refreshed: bool,
+}
+
+impl Exchange {
+    /// Every update answered.
+    pub fn whole(answers: Vec<Answer>, instances: u64) -> Exchange {
+        Exchange {
+            answers: answers.into_iter().map(Some).collect(),
+            instances: Some(instances),
+            ..Exchange::default()
+        }
+    }
+}
 
 #[async_trait]
 pub trait SyncBackend: Send + Sync {
-    /// Apply the updates; answer each, and count the live instances.
+    /// Apply the updates; answer each, and count the live instances. `Err` when nothing
+    /// answered.
     async fn exchange(&self, updates: &[LedgerUpdate], hb: &Heartbeat) -> Result<Exchange, String>;
+
+    /// How long a whole round may take (a cluster waits for each node up to the timeout, and
+    /// may read the slot map first).
+    fn deadline(&self, timeout: Duration) -> Duration {
+        timeout
+    }
 }
 
 /// Report a cumulative count (only its growth reaches the key: re-sending changes nothing),
@@ -355,7 +384,7 @@ fn split_reply(mut values: Vec<redis::Value>, n: usize) -> Result<Exchange, Stri
         .iter()
         .map(|v| answer(v).ok_or_else(|| format!("unexpected answer {v:?}")))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok((answers, instances))
+    Ok(Exchange::whole(answers, instances))
 }
 
 /// The backend for the configured endpoint. Call inside the runtime: connections are made
@@ -402,8 +431,11 @@ impl SyncBackend for SingleRedis {
     }
 }
 
-/// A Redis Cluster: the slot map is read from `CLUSTER SLOTS` and kept until a round fails;
-/// each round sends one pipeline to each master that owns some of the keys, all at once.
+/// A Redis Cluster: the slot map is read from `CLUSTER SLOTS` and kept until a node fails or
+/// answers MOVED; each round sends one pipeline to each master that owns some of the keys,
+/// all at once, each bounded by the timeout. A node that does not answer holds up only its own
+/// keys: the others' answers are applied, and its counts wait for a later round (rounds are
+/// idempotent). After a failover the map read again names the promoted replica.
 /// Keys carry the `{partition}` hash tag, so a tenant's counters share a slot.
 pub struct ClusterRedis {
     seeds: Vec<String>,
@@ -414,7 +446,10 @@ pub struct ClusterRedis {
 struct Topology {
     /// (first slot, last slot, index into `nodes`)
     slots: Vec<(u16, u16, usize)>,
-    nodes: Vec<redis::aio::MultiplexedConnection>,
+    /// Each master's address, and its connection (`None`: it could not be reached).
+    nodes: Vec<(String, Option<redis::aio::MultiplexedConnection>)>,
+    /// A node failed or answered MOVED: read the map again before the next round.
+    stale: bool,
 }
 
 impl Topology {
@@ -425,6 +460,24 @@ impl Topology {
             .find(|(a, b, _)| (*a..=*b).contains(&slot))
             .map(|(_, _, n)| *n)
     }
+}
+
+/// A connection to one cluster node, set up and answering within `timeout`.
+async fn connect_node(
+    url: &str,
+    timeout: Duration,
+) -> Result<redis::aio::MultiplexedConnection, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout));
+    tokio::time::timeout(
+        timeout * 2,
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .map_err(|_| format!("{url}: not connected within {:?}", timeout * 2))?
+    .map_err(|e| e.to_string())
 }
 
 /// CRC16 (XMODEM), as Redis Cluster computes key slots.
@@ -483,26 +536,37 @@ impl ClusterRedis {
     }
 
     async fn connect(&self, url: &str) -> Result<redis::aio::MultiplexedConnection, String> {
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(|e| e.to_string())
+        connect_node(url, self.timeout).await
     }
 
-    /// Read the slot map from the first seed that answers, and connect to every master.
-    async fn discover(&self) -> Result<Topology, String> {
+    /// Read the slot map from the first seed that answers (the masters of the last map first,
+    /// then the configured seeds), and connect to every master, keeping the connections of
+    /// `old` to the same addresses. A master that cannot be reached gets no connection: its
+    /// slots wait, the others go on.
+    async fn discover(&self, old: Option<Topology>) -> Result<Topology, String> {
         let mut last_error = String::from("no seed nodes");
-        for seed in &self.seeds {
-            let mut conn = match self.connect(seed).await {
-                Ok(c) => c,
-                Err(e) => {
-                    last_error = e;
-                    continue;
-                }
+        let mut known: Vec<(String, Option<redis::aio::MultiplexedConnection>)> =
+            old.map(|t| t.nodes).unwrap_or_default();
+        let mut candidates: Vec<String> = known
+            .iter()
+            .filter(|(_, c)| c.is_some())
+            .map(|(a, _)| a.clone())
+            .collect();
+        candidates.extend(self.seeds.iter().cloned());
+        for seed in &candidates {
+            let reused = known
+                .iter()
+                .find(|(a, c)| a == seed && c.is_some())
+                .and_then(|(_, c)| c.clone());
+            let mut conn = match reused {
+                Some(c) => c,
+                None => match self.connect(seed).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        last_error = e;
+                        continue;
+                    }
+                },
             };
             let reply: redis::Value = match redis::cmd("CLUSTER")
                 .arg("SLOTS")
@@ -516,7 +580,8 @@ impl ClusterRedis {
                 }
             };
             let redis::Value::Array(ranges) = reply else {
-                return Err("unexpected CLUSTER SLOTS answer".into());
+                last_error = "unexpected CLUSTER SLOTS answer".into();
+                continue;
             };
             let scheme = if seed.starts_with("rediss://") {
                 "rediss"
@@ -548,11 +613,34 @@ impl ClusterRedis {
                 });
                 slots.push((a as u16, b as u16, idx));
             }
+            // connect to the masters not connected yet, all at once
             let mut nodes = Vec::with_capacity(addrs.len());
+            let mut pending = Vec::new();
             for a in &addrs {
-                nodes.push(self.connect(a).await?);
+                let kept = known
+                    .iter_mut()
+                    .find(|(x, c)| x == a && c.is_some())
+                    .and_then(|(_, c)| c.take());
+                match kept {
+                    Some(c) => nodes.push((a.clone(), Some(c))),
+                    None => {
+                        let (url, timeout) = (a.clone(), self.timeout);
+                        pending.push((
+                            nodes.len(),
+                            tokio::spawn(async move { connect_node(&url, timeout).await }),
+                        ));
+                        nodes.push((a.clone(), None));
+                    }
+                }
             }
-            return Ok(Topology { slots, nodes });
+            for (i, task) in pending {
+                nodes[i].1 = task.await.ok().and_then(Result::ok);
+            }
+            return Ok(Topology {
+                slots,
+                nodes,
+                stale: false,
+            });
         }
         Err(last_error)
     }
@@ -562,64 +650,93 @@ impl ClusterRedis {
 impl SyncBackend for ClusterRedis {
     async fn exchange(&self, updates: &[LedgerUpdate], hb: &Heartbeat) -> Result<Exchange, String> {
         let mut guard = self.topology.lock().await;
-        if guard.is_none() {
-            *guard = Some(self.discover().await?);
+        let mut refreshed = false;
+        if guard.as_ref().is_none_or(|t| t.stale) {
+            let old = guard.take();
+            *guard = Some(self.discover(old).await?);
+            refreshed = true;
         }
-        let Some(topo) = guard.as_ref() else {
+        let Some(topo) = guard.as_mut() else {
             return Err("no cluster topology".into());
         };
         // group by master: one pipeline (one round trip) per node
-        let hb_node = topo
-            .node_of(&hb.key)
-            .ok_or("no node for the heartbeat slot")?;
+        let hb_node = topo.node_of(&hb.key);
         let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); topo.nodes.len()];
+        let mut unmapped = false;
         for (i, u) in updates.iter().enumerate() {
-            let n = topo.node_of(&u.key).ok_or("no node for a key's slot")?;
-            per_node[n].push(i);
+            match topo.node_of(&u.key) {
+                Some(n) => per_node[n].push(i),
+                None => unmapped = true,
+            }
         }
-        let mut tasks = Vec::new();
+        let mut nodes_seen = Vec::new();
         for (n, idxs) in per_node.iter().enumerate() {
-            if idxs.is_empty() && n != hb_node {
+            if idxs.is_empty() && Some(n) != hb_node {
                 continue;
             }
+            let (addr, conn) = &topo.nodes[n];
+            let Some(conn) = conn.clone() else {
+                nodes_seen.push((n, addr.clone(), None));
+                continue;
+            };
             let mut p = redis::pipe();
             idxs.iter().for_each(|&i| add_update(&mut p, &updates[i]));
-            if n == hb_node {
+            if Some(n) == hb_node {
                 add_heartbeat(&mut p, hb);
             }
-            let mut conn = topo.nodes[n].clone();
-            tasks.push((
-                n,
-                tokio::spawn(async move { p.query_async::<Vec<redis::Value>>(&mut conn).await }),
-            ));
+            let timeout = self.timeout;
+            let mut conn = conn;
+            let task = tokio::spawn(async move {
+                tokio::time::timeout(timeout, p.query_async::<Vec<redis::Value>>(&mut conn))
+                    .await
+                    .map_err(|_| format!("no answer within {timeout:?}"))
+                    .and_then(|r| r.map_err(|e| e.to_string()))
+            });
+            nodes_seen.push((n, addr.clone(), Some(task)));
         }
-        let mut answers = vec![None; updates.len()];
-        let mut instances = 1;
-        let mut failed = None;
-        for (n, task) in tasks {
-            match task.await {
-                Ok(Ok(values)) => {
+        let mut out = Exchange {
+            answers: vec![None; updates.len()],
+            instances: None,
+            nodes: Vec::new(),
+            refreshed,
+        };
+        let mut last_error = None;
+        for (n, addr, task) in nodes_seen {
+            let result = match task {
+                None => Err("not connected".to_string()),
+                Some(t) => t.await.map_err(|e| e.to_string()).and_then(|r| r),
+            };
+            match result {
+                Ok(values) => {
                     for (k, &i) in per_node[n].iter().enumerate() {
-                        answers[i] = values.get(k).and_then(answer);
+                        out.answers[i] = values.get(k).and_then(answer);
                     }
-                    if n == hb_node {
-                        instances = values.last().and_then(int).unwrap_or(1).max(1) as u64;
+                    if Some(n) == hb_node {
+                        out.instances = values.last().and_then(int).map(|i| i.max(1) as u64);
                     }
+                    out.nodes.push((addr, true));
                 }
-                Ok(Err(e)) => failed = Some(e.to_string()),
-                Err(e) => failed = Some(e.to_string()),
+                Err(e) => {
+                    // slots may have moved (MOVED) or the node is gone: read the map again
+                    topo.stale = true;
+                    last_error = Some(format!("{addr}: {e}"));
+                    out.nodes.push((addr, false));
+                }
             }
         }
-        if let Some(e) = failed {
-            // slots may have moved or a node is gone: read the map again next round
-            *guard = None;
-            return Err(e);
+        if unmapped {
+            topo.stale = true;
         }
-        let answers = answers
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .ok_or("a node's answer did not parse")?;
-        Ok((answers, instances))
+        if out.nodes.iter().all(|(_, ok)| !ok) {
+            return Err(last_error.unwrap_or_else(|| "no node answered".into()));
+        }
+        Ok(out)
+    }
+
+    fn deadline(&self, timeout: Duration) -> Duration {
+        // reading the map (a seed's connect and CLUSTER SLOTS, the masters' connects), then
+        // the nodes' answers
+        timeout * 4
     }
 }
 
@@ -644,10 +761,10 @@ mod tests {
     fn replies_split_into_answers_and_instances() {
         use redis::Value::{Array, Int};
         let a = |t, c| Array(vec![Int(t), Int(c), Int(4), Int(2), Int(1), Int(0)]);
-        let (answers, n) = split_reply(vec![a(5, 9), a(7, 7), Int(3)], 2).unwrap();
-        assert_eq!(n, 3);
+        let ex = split_reply(vec![a(5, 9), a(7, 7), Int(3)], 2).unwrap();
+        assert_eq!(ex.instances, Some(3));
         assert_eq!(
-            answers[0],
+            ex.answers[0].unwrap(),
             Answer {
                 total: 5,
                 ceiling: 9,

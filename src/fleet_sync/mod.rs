@@ -272,14 +272,23 @@ impl Accounts {
         let ok = outcome.is_ok();
         let now_ms = self.now_ms();
         for (i, src) in round.sources.iter().enumerate() {
-            let answer: Option<Answer> = outcome.as_ref().ok().and_then(|(a, _)| a.get(i).copied());
+            let answer: Option<Answer> = outcome
+                .as_ref()
+                .ok()
+                .and_then(|ex| ex.answers.get(i).copied().flatten());
             let found = !src.orphan
                 && src.counters.update(&src.key, |c| {
                     if c.list != src.list {
                         return;
                     }
-                    if let (Some(st), Some(a)) = (c.tiers.get_mut(src.tier), answer) {
-                        ledger::apply(st, &src.ask, a, src.period_ms);
+                    match (c.tiers.get_mut(src.tier), answer) {
+                        (Some(st), Some(a)) => ledger::apply(st, &src.ask, a, src.period_ms),
+                        // the rest of Redis answered, not this counter's node: it falls back
+                        // to on_failure alone, until its node answers
+                        (Some(st), None) if ok && !src.ask.previous => {
+                            st.ledger.unreachable = true;
+                        }
+                        _ => {}
                     }
                 });
             if (src.orphan || !found) && answer.is_none() {
@@ -299,8 +308,8 @@ impl Accounts {
                 }
             }
         }
-        if let Ok((_, instances)) = outcome {
-            self.fleet.set_instances(*instances);
+        if let Some(instances) = outcome.as_ref().ok().and_then(|ex| ex.instances) {
+            self.fleet.set_instances(instances);
         }
         let changed_from = self.fleet.set_connected(ok);
         let (unsent, holding) = self.outstanding();
@@ -340,7 +349,7 @@ impl SyncService {
         let round = self.accounts.begin(settings);
         let started = Instant::now();
         let outcome = tokio::time::timeout(
-            settings.timeout,
+            backend.deadline(settings.timeout),
             backend.exchange(&round.updates, &round.heartbeat),
         )
         .await
@@ -349,6 +358,21 @@ impl SyncService {
         self.metrics
             .redis_sync_duration
             .observe(started.elapsed().as_secs_f64());
+        if let Ok(ex) = &outcome {
+            for (node, ok) in &ex.nodes {
+                let result = if *ok { "ok" } else { "error" };
+                self.metrics
+                    .redis_node_rounds
+                    .with_label_values(&[node.as_str(), result])
+                    .inc();
+                if !ok {
+                    log::warn!("redis: cluster node {node} did not answer; its keys wait for a later round, on_failure applies to them");
+                }
+            }
+            if ex.refreshed {
+                self.metrics.redis_slot_map_refreshes.inc();
+            }
+        }
         let done = self.accounts.finish(round, &outcome);
         self.metrics.redis_pending.set(done.unsent as i64);
         let instances = self.accounts.fleet.instances();

@@ -179,5 +179,19 @@ impl FleetState {
     }
 }
 
+impl FleetState {
+    /// The mode of a counter whose Redis Cluster node did not answer while the rest of Redis
+    /// did: `local_share` divides what was left among the instances, `local` gives each the
+    /// whole threshold. `allow` acts as `local` and `deny` as `local_share` here: answering
+    /// every request (or none) for the tenants of one shard is left to a whole outage.
+    pub fn unreachable_mode(&self) -> FleetMode {
+        let instances = self.instances();
+        match self.on_failure.load(Ordering::Relaxed) {
+            1 | 2 => FleetMode::Alone,
+            _ => FleetMode::Shared { instances },
+        }
+    }
+}
+
 /// Rounds asked for early come at least this far apart (so at most 20 extra per second).
 pub const MIN_ROUND_GAP_MS: u64 = 50;

@@ -72,6 +72,9 @@ pub struct Ledger {
     /// At the last answer Redis would have given less than was asked: others want it too, so
     /// asks look only a few round gaps ahead (a lease held is a lease the others lack).
     pub contended: bool,
+    /// Its Redis Cluster node did not answer the last round while others did: the counter
+    /// falls back to `on_failure` alone until its node answers (kept across windows).
+    pub unreachable: bool,
     /// The previous window's record, until Redis has confirmed all of it.
     pub prev_start_ms: u64,
     pub prev_gen: u32,
@@ -127,6 +130,7 @@ impl Ledger {
             contended: bucket && self.contended,
             ceiling: carried,
             adopt: carried,
+            unreachable: self.unreachable,
             ..Ledger::default()
         };
         orphan
@@ -226,6 +230,12 @@ pub fn ceiling(
                 return Ceiling::LeaseUsed;
             }
         }
+    } else if let (Some(n), false, true) = (shared, bucket, l.unreachable && l.fair > 0) {
+        // only this counter's cluster node is down: its lease stands (the others' leases are
+        // theirs), and what nobody held at the last answer is divided among the instances
+        if l.used >= l.ceiling.max(l.sent) + l.room / n.max(1) {
+            return Ceiling::ShareUsed;
+        }
     } else if let (Some(n), false) = (shared, bucket) {
         // what was left at the last answer, divided among the instances last seen (a token
         // bucket keeps its local bucket alone)
@@ -261,6 +271,11 @@ pub fn room(
         return Some(granted.saturating_sub(l.used).max(1));
     }
     match (shared, algorithm == Algorithm::TokenBucket) {
+        (Some(n), false) if l.unreachable && l.fair > 0 => Some(
+            (l.ceiling.max(l.sent) + l.room / n.max(1))
+                .saturating_sub(l.used)
+                .max(1),
+        ),
         (Some(n), false) if n > 1 => {
             let left = tier.threshold.saturating_sub(l.base);
             let share = if left == 0 { 0 } else { (left / n).max(1) };
@@ -397,6 +412,7 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
     let l = &mut state.ledger;
     if !ask.previous && l.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
         l.sent = l.sent.max(ask.used);
+        l.unreachable = false;
         l.base = answer.total;
         l.ceiling = answer.ceiling;
         l.lease_from = ask.used;

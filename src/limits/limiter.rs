@@ -635,11 +635,12 @@ impl Limiter {
             }
         };
         let tracked = matches!(slot, Slot::Tracked(_));
-        let (leased, shared) = match mode {
+        let modes = |mode: FleetMode| match mode {
             FleetMode::Leased { instances } => (Some(instances), None),
             FleetMode::Shared { instances } => (None, Some(instances)),
             _ => (None, None),
         };
+        let (leased, shared) = modes(mode);
         let now_ms = now / NANOS_PER_MS;
         let shadow = cr.rule.action == Action::Shadow;
         let mut violated = false;
@@ -654,6 +655,12 @@ impl Limiter {
             }
             let mut verdict = algorithm::evaluate(state, tier, algo, now);
             ledger::note_demand(state);
+            // a counter whose cluster node is down while the rest of Redis answers
+            let (leased, shared) = if leased.is_some() && state.ledger.unreachable {
+                modes(self.fleet.unreachable_mode())
+            } else {
+                (leased, shared)
+            };
             let fleet = if verdict.allowed {
                 ledger::ceiling(state, tier, algo, now_ms, leased, shared)
             } else {
