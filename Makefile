@@ -40,13 +40,14 @@ lint: deps
 	$(CARGO) clippy --all-targets -- -D warnings
 
 ## Lints, then every unit and integration test (real gateway, upstreams and redis-server),
-## then, on the release build, the fleet simulation (thousands of seeds) and the fleet under
-## wrk load. The integration tests run the example upstream, so examples are built first.
+## then, on the release build, the fleet simulation (thousands of seeds), the fleet under
+## wrk load and Redis Cluster under faults. The integration tests run the example upstream,
+## so examples are built first.
 test: deps-test demo-cert lint
 	$(CARGO) build --examples
 	$(CARGO) build --release --bins --examples
 	$(CARGO) test --lib --bins --tests 2>&1 | tee target/test.log
-	$(CARGO) test --release --test fleet_sim --test fleet_load 2>&1 | tee -a target/test.log
+	$(CARGO) test --release --test fleet_sim --test fleet_load --test cluster 2>&1 | tee -a target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
 
 ## Criterion benchmark of the decision; the cost per request against a bare Pingora

@@ -3,7 +3,8 @@
 
 mod common;
 use common::{
-    avoid_window_edge, eventually, metric_sum, wait_redis_state, Gateway, RedisServer, Upstream,
+    avoid_window_edge, eventually, metric_sum, wait_redis_state, Cluster, Gateway, RedisServer,
+    Upstream,
 };
 use std::time::{Duration, Instant};
 
@@ -333,66 +334,9 @@ fn local_share_divides_the_threshold_while_redis_is_down() {
     assert_eq!(admitted, 5);
 }
 
-/// A local Redis Cluster of three masters.
-struct Cluster {
-    nodes: Vec<RedisServer>,
-}
-
-impl Cluster {
-    fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| {
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-node-timeout",
-                    "2000",
-                ])
-            })
-            .collect();
-        let mut create = std::process::Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
-        for n in &nodes {
-            create.arg(format!("127.0.0.1:{}", n.port));
-        }
-        let out = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("redis-cli (install redis-tools)");
-        assert!(
-            out.status.success(),
-            "cluster create: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        let ok = eventually(Duration::from_secs(15), || {
-            nodes.iter().all(|n| match n.cmd(&["CLUSTER", "INFO"]) {
-                redis::Value::BulkString(b) => {
-                    String::from_utf8_lossy(&b).contains("cluster_state:ok")
-                }
-                redis::Value::VerbatimString { text, .. } => text.contains("cluster_state:ok"),
-                _ => false,
-            })
-        });
-        assert!(ok, "cluster did not become ok");
-        Cluster { nodes }
-    }
-
-    /// (key, value) of every counter key matching `pattern`, on whichever node holds it.
-    fn keys(&self, pattern: &str) -> Vec<(u16, String, i64)> {
-        let mut out = Vec::new();
-        for n in &self.nodes {
-            for k in n.counter_keys(pattern) {
-                let v = n.int(&["GET", &k]);
-                out.push((n.port, k, v));
-            }
-        }
-        out
-    }
-}
-
 #[test]
 fn a_redis_cluster_shares_counts_across_two_instances() {
-    let cluster = Cluster::start();
+    let cluster = Cluster::start(3, 0);
     let up = Upstream::start("u");
     let seeds: Vec<String> = cluster
         .nodes

@@ -114,7 +114,9 @@ impl Fleet {
             .iter()
             .map(|u| ledger_model(&mut self.strings, &mut self.hashes, u))
             .collect();
-        let done = self.accounts.finish(round, &Ok(Exchange::whole(answers, 1)));
+        let done = self
+            .accounts
+            .finish(round, &Ok(Exchange::whole(answers, 1)));
         assert!(done.ok);
     }
 

@@ -601,3 +601,143 @@ pub fn get_on<S: Read + Write>(s: &mut S, path: &str, headers: &[(&str, &str)]) 
     r.read_exact(&mut body).unwrap();
     (status, String::from_utf8_lossy(&body).into_owned())
 }
+
+/// A local Redis Cluster: `masters` masters with `replicas` replicas each, a short node
+/// timeout (1 s) so that a failover takes about a second.
+#[allow(dead_code)]
+pub struct Cluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+#[allow(dead_code)]
+impl Cluster {
+    pub fn start(masters: usize, replicas: usize) -> Self {
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
+            .map(|_| {
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "1000",
+                    // a master down leaves its own slots without service, not the others'
+                    "--cluster-require-full-coverage",
+                    "no",
+                ])
+            })
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .expect("redis-cli (install redis-tools)");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let c = Cluster { nodes };
+        assert!(
+            eventually(Duration::from_secs(20), || c.is_ok()
+                && c.masters().len() == masters
+                && (replicas == 0 || c.replicas_in_sync() == masters * replicas)),
+            "cluster did not become ok"
+        );
+        c
+    }
+
+    fn info(n: &RedisServer, section: &[&str]) -> String {
+        match redis_cmd(n.port, section) {
+            Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+            Ok(redis::Value::VerbatimString { text, .. }) => text,
+            _ => String::new(),
+        }
+    }
+
+    /// Every live node says the cluster is ok.
+    pub fn is_ok(&self) -> bool {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .all(|n| Self::info(n, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+    }
+
+    /// Live nodes that are masters now.
+    pub fn masters(&self) -> Vec<&RedisServer> {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .filter(|n| Self::info(n, &["INFO", "replication"]).contains("role:master"))
+            .collect()
+    }
+
+    fn replicas_in_sync(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .filter(|n| {
+                let i = Self::info(n, &["INFO", "replication"]);
+                i.contains("role:slave") && i.contains("master_link_status:up")
+            })
+            .count()
+    }
+
+    /// The node serving `key`'s slot now (asked of the live masters).
+    pub fn master_of(&self, key: &str) -> Option<usize> {
+        let slot = match redis_cmd(self.masters().first()?.port, &["CLUSTER", "KEYSLOT", key]) {
+            Ok(redis::Value::Int(s)) => s,
+            _ => return None,
+        };
+        self.nodes.iter().position(|n| {
+            n.child.is_some()
+                && Self::info(n, &["INFO", "replication"]).contains("role:master")
+                && self.owns(n, slot)
+        })
+    }
+
+    fn owns(&self, n: &RedisServer, slot: i64) -> bool {
+        // CLUSTER SLOTS: [[start, end, [host, port, id], replicas...], ...]
+        let Ok(redis::Value::Array(ranges)) = redis_cmd(n.port, &["CLUSTER", "SLOTS"]) else {
+            return false;
+        };
+        ranges.iter().any(|r| match r {
+            redis::Value::Array(p) => {
+                let int = |v: Option<&redis::Value>| match v {
+                    Some(redis::Value::Int(i)) => *i,
+                    _ => -1,
+                };
+                let port = match p.get(2) {
+                    Some(redis::Value::Array(m)) => int(m.get(1)),
+                    _ => -1,
+                };
+                int(p.first()) <= slot && slot <= int(p.get(1)) && port == i64::from(n.port)
+            }
+            _ => false,
+        })
+    }
+
+    /// The seeds, as the config lists them.
+    pub fn seeds(&self) -> String {
+        let s: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("\"{}\"", n.url()))
+            .collect();
+        format!("[{}]", s.join(", "))
+    }
+
+    /// (port, key, value) of every counter key matching `pattern`, on the masters.
+    pub fn keys(&self, pattern: &str) -> Vec<(u16, String, i64)> {
+        let mut out = Vec::new();
+        for n in self.masters() {
+            for k in n.counter_keys(pattern) {
+                let v = n.int(&["GET", &k]);
+                out.push((n.port, k, v));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,361 @@
+//! Redis Cluster under faults (issue 15), with real redis-server nodes, real gateways and wrk:
+//! a master killed under load (its replica takes over), a master stopped for 3 s (the other
+//! masters' rounds go on), and a tenant's slot migrated to another master during traffic. In
+//! each, no client sees a 5xx and no count is lost or counted twice.
+//!
+//! Meant for the release binary, like `fleet_load` (`make test` runs it with `--release`):
+//!
+//!     cargo test --release --test cluster -- --nocapture
+#![cfg(not(debug_assertions))]
+
+mod common;
+use common::{
+    avoid_window_edge, eventually, metric_sum, redis_cmd, wait_redis_state, Cluster, Gateway,
+    TempDir, Upstream,
+};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The cases take turns: the machine has 2 cores, and a cluster of six nodes, two gateways and
+/// wrk need them.
+static LOCK: Mutex<()> = Mutex::new(());
+
+const TENANTS: [&str; 5] = ["t0", "t1", "t2", "t3", "t4"];
+
+/// Two rules: `all` never denies (its counts are what Redis must hold), `tiny` (200 an hour
+/// on `/tiny/**`) is full long before a fault, so that its drift during the fault shows.
+fn config(up: &Upstream, seeds: &str) -> String {
+    format!(
+        "{}tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n  required: true\nlimits:\n  - id: all\n    pathPattern: /**\n    tiers: [{{ period: 1h, threshold: 1000000000 }}]\n  - id: tiny\n    pathPattern: /tiny/**\n    tiers: [{{ period: 1h, threshold: 200 }}]\nredis:\n  cluster: {seeds}\n  key_prefix: cl\n  sync_interval: 200ms\n  timeout: 100ms\n",
+        common::one_route_config(up.addr, 1, "")
+    )
+}
+
+/// wrk over the five tenants, every other request on `/tiny/x`.
+fn wrk(dir: &TempDir, gw: &Gateway, secs: u64) -> std::process::Child {
+    let lua = r#"local n = 0
+request = function()
+  n = n + 1
+  local path = (n % 2 == 0) and "/tiny/x" or "/x"
+  return wrk.format("GET", path, { ["x-org-id"] = "t" .. (n % 5) })
+end
+done = function(summary, latency, requests)
+  io.write(string.format("RESULT requests=%d errors=%d\n", summary.requests,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
+end
+"#;
+    let script = dir.write("load.lua", lua);
+    Command::new("wrk")
+        .args(["-t1", "-c4", &format!("-d{secs}s"), "-s"])
+        .arg(&script)
+        .arg(format!("http://{}/", gw.addr))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("wrk (install wrk)")
+}
+
+/// (requests, socket errors) of a finished wrk.
+fn wrk_result(child: std::process::Child) -> (u64, u64) {
+    let out = child.wait_with_output().expect("wrk runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT from wrk:\n{text}"));
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("requests"), field("errors"))
+}
+
+/// Answers with a 5xx status, from the gateway's metrics.
+fn five_xx(gw: &Gateway) -> f64 {
+    gw.metrics()
+        .lines()
+        .filter(|l| l.starts_with("tollgate_requests_total{") && l.contains("status=\"5"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// What the gateways admitted under rule `rule`.
+fn allowed(gws: &[&Gateway], rule: &str) -> f64 {
+    gws.iter()
+        .map(|g| {
+            metric_sum(
+                &g.metrics(),
+                &format!(
+                    "tollgate_ratelimit_decisions_total{{decision=\"allowed\",rule=\"{rule}\""
+                ),
+            )
+        })
+        .sum()
+}
+
+/// What Redis holds for rule `rule`, over every tenant.
+fn in_redis(cluster: &Cluster, rule: &str) -> i64 {
+    cluster
+        .keys(&format!("cl:{{*}}:{rule}:*"))
+        .iter()
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
+fn pending(gws: &[&Gateway]) -> f64 {
+    gws.iter()
+        .map(|g| metric_sum(&g.metrics(), "tollgate_redis_pending_deltas"))
+        .sum()
+}
+
+#[test]
+fn a_master_killed_under_load_fails_over_and_counting_resumes() {
+    let _turn = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cluster = Cluster::start(3, 1);
+    let up = Upstream::start("u");
+    let cfg = config(&up, &cluster.seeds());
+    let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
+    for gw in [&a, &b] {
+        assert!(wait_redis_state(gw, "connected"), "{}", gw.log());
+    }
+    avoid_window_edge(3_600_000, 60_000);
+    let dir = TempDir::new();
+    let victim = cluster.master_of("{t0}").expect("t0's master");
+    let load = [wrk(&dir, &a, 6), wrk(&dir, &b, 6)];
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(in_redis(&cluster, "tiny") > 0, "counting before the fault");
+    let killed = Instant::now();
+    cluster.nodes[victim].kill();
+    // the replica is promoted; the gateways find it and round to it
+    assert!(
+        eventually(Duration::from_secs(15), || cluster
+            .master_of("{t0}")
+            .is_some_and(|m| m != victim)),
+        "no failover"
+    );
+    let promoted = cluster.master_of("{t0}").expect("t0's new master");
+    let node = format!(
+        "tollgate_redis_node_rounds_total{{node=\"{}\",result=\"ok\"}}",
+        cluster.nodes[promoted].url()
+    );
+    assert!(
+        eventually(Duration::from_secs(15), || [&a, &b]
+            .iter()
+            .all(|g| metric_sum(&g.metrics(), &node) > 0.0)),
+        "the gateways did not round to the promoted replica"
+    );
+    let gap = killed.elapsed();
+    let results: Vec<(u64, u64)> = load.into_iter().map(wrk_result).collect();
+    for (gw, (requests, errors)) in [&a, &b].iter().zip(&results) {
+        assert!(*requests > 1000, "{requests} requests");
+        assert_eq!(*errors, 0, "socket errors");
+        assert_eq!(five_xx(gw), 0.0, "no 5xx with on_failure: local_share");
+    }
+    // every count reaches Redis, once
+    assert!(
+        eventually(Duration::from_secs(10), || pending(&[&a, &b]) == 0.0
+            && in_redis(&cluster, "all") as f64 == allowed(&[&a, &b], "all")),
+        "Redis holds {} of {} admitted",
+        in_redis(&cluster, "all"),
+        allowed(&[&a, &b], "all")
+    );
+    // the tiny limit (200 per tenant, full before the fault) drifted by at most one
+    // threshold per tenant (the bound of a window a shard fails in)
+    let tiny = in_redis(&cluster, "tiny");
+    let drift = tiny - 200 * TENANTS.len() as i64;
+    eprintln!(
+        "failover: {gap:?} from SIGKILL to the gateways' first round to the promoted replica; \
+         {} requests; tiny admitted {tiny} for a limit of {} (drift {drift})",
+        results.iter().map(|r| r.0).sum::<u64>(),
+        200 * TENANTS.len()
+    );
+    assert!(
+        (0..=200 * TENANTS.len() as i64).contains(&drift),
+        "drift {drift}"
+    );
+    let refreshes = metric_sum(&a.metrics(), "tollgate_redis_slot_map_refreshes_total");
+    assert!(refreshes >= 2.0, "the slot map was read again: {refreshes}");
+}
+
+/// A second tenant name whose slot is on another master than `of`.
+fn tenant_elsewhere(cluster: &Cluster, of: usize) -> String {
+    (0..1000)
+        .map(|i| format!("other{i}"))
+        .find(|t| {
+            cluster
+                .master_of(&format!("{{{t}}}"))
+                .is_some_and(|m| m != of)
+        })
+        .expect("a tenant on another master")
+}
+
+/// Requests for each tenant in turn until `stop`; counts 200s per tenant, and anything else.
+fn traffic(
+    gw: &Gateway,
+    tenants: Vec<String>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(Vec<u64>, u64)> {
+    let addr = gw.addr;
+    std::thread::spawn(move || {
+        let mut ok = vec![0u64; tenants.len()];
+        let mut other = 0;
+        while !stop.load(Ordering::Relaxed) {
+            for (i, t) in tenants.iter().enumerate() {
+                match common::request(addr, "GET", "/x", &[("x-org-id", t)]) {
+                    Ok(r) if r.status == 200 => ok[i] += 1,
+                    _ => other += 1,
+                }
+            }
+        }
+        (ok, other)
+    })
+}
+
+fn key_value(cluster: &Cluster, tenant: &str) -> i64 {
+    cluster
+        .keys(&format!("cl:{{{tenant}}}:all:*"))
+        .iter()
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
+#[test]
+fn a_stopped_master_holds_up_only_its_own_keys() {
+    let _turn = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::start(3, 0);
+    let up = Upstream::start("u");
+    let gw = Gateway::start(&config(&up, &cluster.seeds()));
+    assert!(wait_redis_state(&gw, "connected"));
+    avoid_window_edge(3_600_000, 60_000);
+    let stopped = cluster.master_of("{t0}").expect("t0's master");
+    let other = tenant_elsewhere(&cluster, stopped);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(&gw, vec!["t0".into(), other.clone()], Arc::clone(&stop));
+    std::thread::sleep(Duration::from_millis(700));
+    cluster.nodes[stopped].signal("STOP");
+    std::thread::sleep(Duration::from_millis(500));
+    // while it is stopped, the other tenant's counts keep arriving on its own master
+    let before = key_value_except(&cluster, stopped, &other);
+    std::thread::sleep(Duration::from_millis(1500));
+    let during = key_value_except(&cluster, stopped, &other);
+    assert!(
+        during > before,
+        "rounds to the other masters went on ({before} -> {during})"
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    cluster.nodes[stopped].signal("CONT");
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failed) = load.join().expect("traffic");
+    assert_eq!(failed, 0, "every request answered 200");
+    // the stopped shard's counts arrive after it resumes, once
+    assert!(
+        eventually(Duration::from_secs(10), || key_value(&cluster, "t0")
+            == ok[0] as i64
+            && key_value(&cluster, &other) == ok[1] as i64),
+        "Redis holds t0 {} of {}, {other} {} of {}",
+        key_value(&cluster, "t0"),
+        ok[0],
+        key_value(&cluster, &other),
+        ok[1]
+    );
+    let m = gw.metrics();
+    let errors = metric_sum(
+        &m,
+        &format!(
+            "tollgate_redis_node_rounds_total{{node=\"{}\",result=\"error\"}}",
+            cluster.nodes[stopped].url()
+        ),
+    );
+    assert!(
+        errors >= 1.0,
+        "the stopped node's failed rounds are counted:\n{m}"
+    );
+}
+
+/// `tenant`'s count, asking every node but `stopped` (a stopped node would hold the test up;
+/// in a cluster of masters only, each key is on one of them).
+fn key_value_except(cluster: &Cluster, stopped: usize, tenant: &str) -> i64 {
+    cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != stopped)
+        .flat_map(|(_, n)| {
+            n.counter_keys(&format!("cl:{{{tenant}}}:all:*"))
+                .into_iter()
+                .map(move |k| n.int(&["GET", &k]))
+        })
+        .sum()
+}
+
+#[test]
+fn a_slot_moved_during_traffic_loses_no_count() {
+    let _turn = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::start(3, 0);
+    let up = Upstream::start("u");
+    let gw = Gateway::start(&config(&up, &cluster.seeds()));
+    assert!(wait_redis_state(&gw, "connected"));
+    avoid_window_edge(3_600_000, 60_000);
+    let src = cluster.master_of("{t0}").expect("t0's master");
+    let dst = (0..3).find(|&i| i != src).expect("another master");
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(&gw, vec!["t0".into()], Arc::clone(&stop));
+    std::thread::sleep(Duration::from_millis(800));
+    // move t0's slot, as `redis-cli --cluster reshard` does for each slot
+    let (s, d) = (&cluster.nodes[src], &cluster.nodes[dst]);
+    let id = |n: &common::RedisServer| match n.cmd(&["CLUSTER", "MYID"]) {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+        redis::Value::SimpleString(t) => t,
+        other => panic!("CLUSTER MYID: {other:?}"),
+    };
+    let (src_id, dst_id) = (id(s), id(d));
+    let slot = match s.cmd(&["CLUSTER", "KEYSLOT", "{t0}"]) {
+        redis::Value::Int(i) => i.to_string(),
+        other => panic!("KEYSLOT: {other:?}"),
+    };
+    d.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]);
+    s.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]);
+    loop {
+        let keys: Vec<String> = match s.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot, "100"]) {
+            redis::Value::Array(v) => v
+                .into_iter()
+                .filter_map(|k| match k {
+                    redis::Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        if keys.is_empty() {
+            break;
+        }
+        let port = d.port.to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend(keys.iter().map(String::as_str));
+        redis_cmd(s.port, &args).expect("MIGRATE");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for n in &cluster.nodes {
+        n.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
+    }
+    assert!(eventually(Duration::from_secs(10), || cluster
+        .master_of("{t0}")
+        == Some(dst)));
+    std::thread::sleep(Duration::from_millis(1000));
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failed) = load.join().expect("traffic");
+    assert_eq!(failed, 0, "every request answered 200");
+    assert!(
+        eventually(Duration::from_secs(10), || key_value(&cluster, "t0")
+            == ok[0] as i64),
+        "Redis holds {} of {} admitted",
+        key_value(&cluster, "t0"),
+        ok[0]
+    );
+    assert!(ok[0] > 100, "traffic ran: {ok:?}");
+}
