@@ -147,9 +147,28 @@ fn concurrency_limits_requests_in_flight_and_frees_the_slot_however_a_request_en
         );
     let limits = "limits:\n  - id: in-flight\n    pathPattern: /**\n    concurrency: 2\n";
     let gw = Gateway::start(&format!("{cfg}{TENANT}{limits}"));
-    // two slow requests fill the tenant's slots; the third is refused at once
+    // two slow requests fill the tenant's slots; the third is refused at once; meanwhile the
+    // operator sees them in the tenant lookup and the status
+    let admin = gw.admin;
+    let lookup = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(400));
+        let t = request(admin, "GET", "/api/tenants/acme", &[])
+            .expect("lookup")
+            .json();
+        let s = request(admin, "GET", "/api/status", &[])
+            .expect("status")
+            .json();
+        (t, s)
+    });
     let statuses = parallel(&gw, "/delay/800", "acme", 3);
     assert_eq!(statuses, vec![200, 200, 429]);
+    let (t, s) = lookup.join().expect("lookup");
+    assert_eq!(t["in_flight"][0]["rule"], "in-flight", "{t}");
+    assert_eq!(t["in_flight"][0]["now"], 2, "{t}");
+    assert_eq!(t["in_flight"][0]["max"], 2, "{t}");
+    let rule = &s["rules"].as_array().expect("rules")[0];
+    assert_eq!(rule["concurrency"]["max"], 2, "{s}");
+    assert_eq!(rule["concurrency"]["partitions_in_flight"], 1, "{s}");
     // another tenant has its own slots
     assert_eq!(parallel(&gw, "/delay/300", "globex", 2), vec![200, 200]);
     let m = gw.metrics();
@@ -320,6 +339,13 @@ fn a_reload_keeps_the_queue_and_a_raised_max_in_flight_lets_it_in() {
         request(addr, "GET", "/x", &[("x-org-id", "b")]).map(|r| (r.status, Instant::now()))
     });
     std::thread::sleep(Duration::from_millis(300));
+    let status = request(gw.admin, "GET", "/api/status", &[])
+        .expect("status")
+        .json();
+    let shaping = &status["pools"][0]["shaping"];
+    assert_eq!(shaping["max_in_flight"], 1, "{status}");
+    assert_eq!(shaping["in_flight"], 1, "{status}");
+    assert_eq!(shaping["queue_depth"], 1, "{status}");
     assert!(gw.reload(&shaped(2)), "{}", gw.log());
     let (q_status, q_done) = queued.join().expect("thread").expect("answer");
     let (b_status, b_done) = blocker.join().expect("thread").expect("answer");

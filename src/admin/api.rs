@@ -161,7 +161,8 @@ pub fn status(
         .upstreams
         .iter()
         .zip(&snap.pools)
-        .map(|(spec, pool)| {
+        .enumerate()
+        .map(|(i, (spec, pool))| {
             let servers: Vec<Value> = pool
                 .servers()
                 .into_iter()
@@ -169,12 +170,23 @@ pub fn status(
                     json!({ "addr": addr.to_string(), "healthy": healthy, "skipped_after_failure": skipped })
                 })
                 .collect();
+            let gate = snap.gates.get(i).and_then(Option::as_ref);
+            let shaping = spec.shaping.zip(gate).map(|(sh, g)| {
+                json!({
+                    "max_in_flight": sh.max_in_flight,
+                    "in_flight": g.active(),
+                    "queue_max": sh.queue_max,
+                    "queue_depth": g.depth(),
+                    "queue_timeout_ms": sh.queue_timeout.as_millis() as u64,
+                })
+            });
             json!({
                 "name": spec.name,
                 "balance": spec.balance.to_string(),
                 "health_check": spec.health_check.is_some(),
                 "tls": spec.tls.is_some(),
                 "servers": servers,
+                "shaping": shaping,
             })
         })
         .collect();
@@ -200,6 +212,12 @@ pub fn status(
                 .map(|t| format!("{}/{}", t.threshold, format_duration(t.period)))
                 .collect();
             let rate = per_second.get(&r.id).copied().unwrap_or([0.0; 4]);
+            let concurrency = snap
+                .limiter
+                .concurrency
+                .iter()
+                .find(|c| c.rule.id == r.id)
+                .map(|c| json!({ "max": c.max, "partitions_in_flight": c.table.len() }));
             json!({
                 "id": r.id,
                 "match": r.matcher.describe(),
@@ -213,6 +231,7 @@ pub fn status(
                 "action": r.action.to_string(),
                 "enabled": r.enabled,
                 "tiers": tiers,
+                "concurrency": concurrency,
                 "per_second": {
                     "allowed": round2(rate[0]),
                     "denied": round2(rate[1]),
@@ -259,11 +278,22 @@ pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Val
         .plan_of(tenant)
         .and_then(|p| cfg.plans.names.get(p).cloned());
     let rules = snap.limiter.inspect_tenant(tenant, &cfg.plans);
+    // requests of this tenant in flight, for each per-tenant concurrency limit
+    let mut key = [0u8; crate::limits::partition::KEY_BUF];
+    let n = crate::limits::partition::PartitionValue::Bytes(tenant).store_key(&mut key);
+    let in_flight: Vec<Value> = snap
+        .limiter
+        .concurrency
+        .iter()
+        .filter(|c| c.rule.per == crate::config::model::PartitionBy::Tenant)
+        .map(|c| json!({ "rule": c.rule.id, "max": c.max, "now": c.table.count(&key[..n]) }))
+        .collect();
     let last = fleet.last_round();
     json!({
         "tenant": String::from_utf8_lossy(tenant),
         "plan": plan,
         "rules": rules,
+        "in_flight": in_flight,
         "redis": {
             "state": redis_state(fleet),
             "last_round_end_ms": last.map(|(end, _)| end),
