@@ -355,3 +355,60 @@ fn a_reload_keeps_the_queue_and_a_raised_max_in_flight_lets_it_in() {
         "the waiting request got in when the reload raised the limit"
     );
 }
+
+#[test]
+fn the_strictest_answer_wins_and_over_limit_answers_spend_nothing() {
+    let up = Upstream::start("u");
+    let rule = |id: &str, path: &str, action: &str| {
+        let extra = match action {
+            "throttle" => "\n    throttle: { rate: 100MB/s }",
+            _ => "",
+        };
+        format!("  - id: {id}\n    pathPattern: {path}\n    tiers: [{{ period: 1h, threshold: 1 }}]\n    action: {action}{extra}\n")
+    };
+    let limits = format!(
+        "limits:\n{}{}{}{}{}",
+        rule("ban", "/a/**", "shadowban"),
+        rule("slow", "/a/**", "throttle"),
+        rule("hard", "/b/**", "reject"),
+        rule("ban2", "/b/**", "shadowban"),
+        rule("slow2", "/c/**", "throttle"),
+    );
+    let gw = Gateway::start(&format!(
+        "{}{TENANT}{limits}",
+        one_route_config(up.addr, 1, "")
+    ));
+    avoid_window_edge(3_600_000, 10_000);
+    let t = [("x-org-id", "t")];
+    for path in ["/a/x", "/b/x", "/c/x"] {
+        assert!(
+            gw.get(path, &t).body.contains("\"server\""),
+            "first request of {path} served"
+        );
+    }
+    // shadowban over throttle: the made-up answer, not the upstream's
+    let r = gw.get("/a/x", &t);
+    assert_eq!((r.status, r.body.as_str()), (200, "{}"));
+    // reject over shadowban
+    assert_eq!(gw.get("/b/x", &t).status, 429);
+    // throttled: proxied, and not counted in the rule's window
+    for _ in 0..3 {
+        assert!(gw.get("/c/x", &t).body.contains("\"server\""));
+    }
+    let lookup = request(gw.admin, "GET", "/api/tenants/t", &[])
+        .expect("lookup")
+        .json();
+    let used = |rule: &str| {
+        lookup["rules"]
+            .as_array()
+            .and_then(|rs| rs.iter().find(|r| r["rule"] == rule))
+            .map(|r| r["tiers"][0]["used"].clone())
+    };
+    for rule in ["ban", "slow", "hard", "ban2", "slow2"] {
+        assert_eq!(
+            used(rule),
+            Some(1.into()),
+            "{rule}: only the admitted request counts: {lookup}"
+        );
+    }
+}
