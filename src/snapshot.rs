@@ -132,6 +132,24 @@ impl Snapshot {
             .iter()
             .map(|u| u.shaping.map(|limits| rt.gates.get(&u.name, limits)))
             .collect();
+        // a shaped pool's series exist from the start (at 0), for dashboards and alerts
+        for u in config.upstreams.iter().filter(|u| u.shaping.is_some()) {
+            let m = &rt.metrics;
+            m.queue_depth.with_label_values(&[u.name.as_str()]);
+            for reason in ["full", "timeout"] {
+                m.queue_refused
+                    .with_label_values(&[u.name.as_str(), reason]);
+            }
+            for plan in config
+                .plans
+                .names
+                .iter()
+                .map(String::as_str)
+                .chain(["none"])
+            {
+                m.queue_waits.with_label_values(&[u.name.as_str(), plan]);
+            }
+        }
         Ok(Snapshot {
             config,
             pools,

@@ -294,7 +294,8 @@ fn a_short_admin_token_is_a_config_error() {
 }
 
 /// Every metric the shipped Grafana dashboard queries exists in `/metrics` of a gateway with
-/// Redis, a health-checked pool and a rule (histograms by their `_bucket`, `_sum`, `_count`).
+/// Redis, a health-checked and shaped pool and a rule (histograms by their `_bucket`, `_sum`,
+/// `_count`).
 #[test]
 fn the_grafana_dashboard_queries_only_metrics_that_exist() {
     let redis = RedisServer::start();
@@ -302,7 +303,7 @@ fn the_grafana_dashboard_queries_only_metrics_that_exist() {
     let cfg = one_route_config(up.addr, 1, "").replace(
         &format!("    servers: [\"{}\"]\n", up.addr),
         &format!(
-            "    servers: [\"{}\"]\n    health_check: {{ interval: 200ms }}\n",
+            "    servers: [\"{}\"]\n    health_check: {{ interval: 200ms }}\n    max_in_flight: 100\n    queue: {{ max: 10 }}\n",
             up.addr
         ),
     ) + LIMITS
@@ -345,6 +346,8 @@ fn the_grafana_dashboard_queries_only_metrics_that_exist() {
         "tollgate_redis_sync_duration_seconds",
         "tollgate_ratelimit_decision_duration_seconds",
         "tollgate_request_duration_seconds",
+        "tollgate_pool_queue_depth",
+        "tollgate_pool_queue_refused_total",
     ] {
         assert!(queried.contains(m), "the dashboard shows {m}");
     }
