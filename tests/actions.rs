@@ -412,3 +412,29 @@ fn the_strictest_answer_wins_and_over_limit_answers_spend_nothing() {
         );
     }
 }
+
+#[test]
+fn check_shows_each_answer_and_limit() {
+    let dir = common::TempDir::new();
+    let cfg = one_route_config("127.0.0.1:9".parse().expect("addr"), 1, "")
+        .replace("{LISTEN}", "127.0.0.1:1")
+        .replace("{ADMIN}", "127.0.0.1:2")
+        .replace(
+            "    servers:",
+            "    max_in_flight: 2\n    queue: { max: 10, timeout: 2s }\n    servers:",
+        )
+        + "plans:\n  premium: { tenants: [acme], priority: 10 }\n"
+        + "limits:\n  - { id: scraping, pathPattern: /s/**, tiers: [{ period: 1m, threshold: 2 }], action: shadowban }\n  - { id: downloads, pathPattern: /f/**, tiers: [{ period: 1h, threshold: 1 }], action: throttle, throttle: { rate: 256KiB/s } }\n  - { id: exports, pathPattern: /e/**, concurrency: 1 }\n";
+    let conf = dir.write("gateway.yaml", &cfg);
+    let (code, out, err) = common::run_tollgate(&["-t", "-c", conf.to_str().expect("path")]);
+    assert_eq!(code, 0, "{err}");
+    for want in [
+        "max_in_flight 2 (queue 10, timeout 2s)",
+        "premium (priority 10)",
+        "shadowban (200 application/json)",
+        "throttle to 262144 B/s",
+        "concurrency 1",
+    ] {
+        assert!(out.contains(want), "{want:?} missing in:\n{out}");
+    }
+}
