@@ -171,10 +171,26 @@ fn concurrency_limits_requests_in_flight_and_frees_the_slot_however_a_request_en
     assert_eq!(rule["concurrency"]["partitions_in_flight"], 1, "{s}");
     // another tenant has its own slots
     assert_eq!(parallel(&gw, "/delay/300", "globex", 2), vec![200, 200]);
+    // a refusal says when to come back, under both names
+    let addr = gw.addr;
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || request(addr, "GET", "/delay/600", &[("x-org-id", "hooli")]))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let r = gw.get("/x", &[("x-org-id", "hooli")]);
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.header("x-ratelimit-retry-after"), Some("1"));
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    for s in slow {
+        assert_eq!(s.join().expect("thread").expect("answer").status, 200);
+    }
     let m = gw.metrics();
     assert_eq!(
         metric_sum(&m, "tollgate_ratelimit_decisions_total{decision=\"denied\",rule=\"in-flight\",tier=\"concurrency\"}"),
-        1.0,
+        2.0,
         "{m}"
     );
     let free = |why: &str| {
