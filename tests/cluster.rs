@@ -215,6 +215,16 @@ fn traffic(
     })
 }
 
+/// Three masters without replicas, one gateway connected to them, well inside an hour window.
+fn three_masters_one_gateway() -> (Cluster, Upstream, Gateway) {
+    let cluster = Cluster::start(3, 0);
+    let up = Upstream::start("u");
+    let gw = Gateway::start(&config(&up, &cluster.seeds()));
+    assert!(wait_redis_state(&gw, "connected"));
+    avoid_window_edge(3_600_000, 60_000);
+    (cluster, up, gw)
+}
+
 fn key_value(cluster: &Cluster, tenant: &str) -> i64 {
     cluster
         .keys(&format!("cl:{{{tenant}}}:all:*"))
@@ -226,11 +236,7 @@ fn key_value(cluster: &Cluster, tenant: &str) -> i64 {
 #[test]
 fn a_stopped_master_holds_up_only_its_own_keys() {
     let _turn = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let cluster = Cluster::start(3, 0);
-    let up = Upstream::start("u");
-    let gw = Gateway::start(&config(&up, &cluster.seeds()));
-    assert!(wait_redis_state(&gw, "connected"));
-    avoid_window_edge(3_600_000, 60_000);
+    let (cluster, _up, gw) = three_masters_one_gateway();
     let stopped = cluster.master_of("{t0}").expect("t0's master");
     let other = tenant_elsewhere(&cluster, stopped);
     let stop = Arc::new(AtomicBool::new(false));
@@ -296,11 +302,7 @@ fn key_value_except(cluster: &Cluster, stopped: usize, tenant: &str) -> i64 {
 #[test]
 fn a_slot_moved_during_traffic_loses_no_count() {
     let _turn = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let cluster = Cluster::start(3, 0);
-    let up = Upstream::start("u");
-    let gw = Gateway::start(&config(&up, &cluster.seeds()));
-    assert!(wait_redis_state(&gw, "connected"));
-    avoid_window_edge(3_600_000, 60_000);
+    let (cluster, _up, gw) = three_masters_one_gateway();
     let src = cluster.master_of("{t0}").expect("t0's master");
     let dst = (0..3).find(|&i| i != src).expect("another master");
     let stop = Arc::new(AtomicBool::new(false));
