@@ -60,12 +60,17 @@ pub async fn respond_retry(
     send(session, status, detail, Some(retry_after)).await
 }
 
-async fn send(session: &mut Session, status: u16, detail: &str, retry: Option<u64>) -> Result<()> {
+/// A plain problem body (`type: about:blank`), its title the status's standard reason phrase.
+pub fn plain(status: u16, detail: &str) -> Bytes {
     let title = http::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason())
         .unwrap_or("Error");
-    let b = body(status, title, detail, "about:blank", &[]);
+    body(status, title, detail, "about:blank", &[])
+}
+
+async fn send(session: &mut Session, status: u16, detail: &str, retry: Option<u64>) -> Result<()> {
+    let b = plain(status, detail);
     let mut h = header(status, b.len())?;
     if let Some(secs) = retry {
         h.insert_header("retry-after", secs.to_string())?;

@@ -396,12 +396,7 @@ impl ProxyHttp for Gateway {
                             "too many requests in flight: concurrency limit {} is {}",
                             limiter.concurrency[refusal.rule].rule.id, refusal.max
                         );
-                        let title = http::StatusCode::from_u16(refusal.status)
-                            .ok()
-                            .and_then(|s| s.canonical_reason())
-                            .unwrap_or("Too Many Requests");
-                        let body =
-                            problem::body(refusal.status, title, &detail, "about:blank", &[]);
+                        let body = problem::plain(refusal.status, &detail);
                         let mut resp = problem::header(refusal.status, body.len())?;
                         retry_after(&mut resp, 1, cfg.headers)?;
                         ctx.snapshot = Some(snap);
