@@ -230,19 +230,10 @@ pub fn ceiling(
                 return Ceiling::LeaseUsed;
             }
         }
-    } else if let (Some(n), false, true) = (shared, bucket, l.unreachable && l.fair > 0) {
-        // only this counter's cluster node is down: its lease stands (the others' leases are
-        // theirs), and what nobody held at the last answer is divided among the instances
-        if l.used >= l.ceiling.max(l.sent) + l.room / n.max(1) {
-            return Ceiling::ShareUsed;
-        }
     } else if let (Some(n), false) = (shared, bucket) {
-        // what was left at the last answer, divided among the instances last seen (a token
-        // bucket keeps its local bucket alone)
-        if n > 1 {
-            let left = tier.threshold.saturating_sub(l.base);
-            let share = if left == 0 { 0 } else { (left / n).max(1) };
-            if state.current >= l.base + share {
+        // a token bucket keeps its local bucket alone
+        if let Some((counted, cap)) = share(state, tier, n) {
+            if counted >= cap {
                 return Ceiling::ShareUsed;
             }
         }
@@ -271,18 +262,29 @@ pub fn room(
         return Some(granted.saturating_sub(l.used).max(1));
     }
     match (shared, algorithm == Algorithm::TokenBucket) {
-        (Some(n), false) if l.unreachable && l.fair > 0 => Some(
-            (l.ceiling.max(l.sent) + l.room / n.max(1))
-                .saturating_sub(l.used)
-                .max(1),
-        ),
-        (Some(n), false) if n > 1 => {
-            let left = tier.threshold.saturating_sub(l.base);
-            let share = if left == 0 { 0 } else { (left / n).max(1) };
-            Some((l.base + share).saturating_sub(state.current).max(1))
+        (Some(n), false) => {
+            share(state, tier, n).map(|(counted, cap)| cap.saturating_sub(counted).max(1))
         }
         _ => None,
     }
+}
+
+/// Without Redis's answers (`on_failure: local_share`, `n` instances): what this instance has
+/// counted, and how far it may go. `None`: no cap (alone).
+/// - Only this counter's cluster node is down, and it had an answer in this window: its lease
+///   stands (the others' leases are theirs), plus its part of what nobody held at that answer.
+/// - Otherwise: what was left at the last answer, divided among the instances last seen.
+fn share(state: &TierState, tier: &Tier, n: u64) -> Option<(u64, u64)> {
+    let l = &state.ledger;
+    if l.unreachable && l.fair > 0 {
+        return Some((l.used, l.ceiling.max(l.sent) + l.room / n.max(1)));
+    }
+    if n <= 1 {
+        return None;
+    }
+    let left = tier.threshold.saturating_sub(l.base);
+    let share = if left == 0 { 0 } else { (left / n).max(1) };
+    Some((state.current, l.base + share))
 }
 
 /// Count one admitted request. Returns whether a round should come now: the request ran on
