@@ -164,6 +164,14 @@ async fn enter_gate(
     }
 }
 
+/// The wait before sending a chunk of `bytes` at `bytes_per_sec`. The timer's tick is 1 ms:
+/// shorter waits are owed until they add up to one, so that small chunks are neither
+/// over-paced (each sleep rounded up to a tick) nor each a timer trip.
+fn pace(owed: &mut Duration, bytes: usize, bytes_per_sec: u64) -> Option<Duration> {
+    *owed += Duration::from_secs_f64(bytes as f64 / bytes_per_sec.max(1) as f64);
+    (*owed >= Duration::from_millis(1)).then(|| std::mem::take(owed))
+}
+
 /// `Retry-After` of a denial, and the seed's `X-Ratelimit-Retry-After` beside it (with the
 /// `x_ratelimit` header family).
 fn retry_after(
@@ -702,15 +710,9 @@ impl ProxyHttp for Gateway {
         _end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<Duration>> {
-        // the timer's tick is 1 ms: shorter waits are owed until they add up to one, so that
-        // small chunks are neither over-paced (each sleep rounded up) nor each a timer trip
         Ok(match (ctx.throttle_bps, body) {
             (0, _) | (_, None) => None,
-            (bps, Some(b)) => {
-                ctx.throttle_owed += Duration::from_secs_f64(b.len() as f64 / bps as f64);
-                (ctx.throttle_owed >= Duration::from_millis(1))
-                    .then(|| std::mem::take(&mut ctx.throttle_owed))
-            }
+            (bps, Some(b)) => pace(&mut ctx.throttle_owed, b.len(), bps),
         })
     }
 
@@ -745,7 +747,30 @@ impl ProxyHttp for Gateway {
 
 #[cfg(test)]
 mod tests {
-    use super::write_ip;
+    use super::{pace, write_ip};
+    use std::time::Duration;
+
+    #[test]
+    fn small_chunks_are_paced_in_whole_ticks_and_nothing_is_lost() {
+        // 1 KiB chunks at 10 MiB/s: ~98 us each, owed until a tick's worth
+        let mut owed = Duration::ZERO;
+        let waits: Vec<Option<Duration>> =
+            (0..30).map(|_| pace(&mut owed, 1024, 10 << 20)).collect();
+        let taken: Duration = waits.iter().flatten().sum();
+        assert_eq!(waits.iter().flatten().count(), 2, "{waits:?}");
+        assert!(waits
+            .iter()
+            .flatten()
+            .all(|w| *w >= Duration::from_millis(1)));
+        let total = Duration::from_secs_f64(30.0 * 1024.0 / f64::from(10 << 20));
+        assert!((taken + owed).abs_diff(total) < Duration::from_micros(1));
+        // a large chunk waits at once
+        let mut owed = Duration::ZERO;
+        assert_eq!(
+            pace(&mut owed, 64 << 10, 64 << 10),
+            Some(Duration::from_secs(1))
+        );
+    }
     use std::net::IpAddr;
 
     #[test]
