@@ -454,3 +454,31 @@ fn check_shows_each_answer_and_limit() {
         assert!(out.contains(want), "{want:?} missing in:\n{out}");
     }
 }
+
+#[test]
+fn requests_in_flight_survive_a_reload() {
+    let up = Upstream::start("u");
+    let cfg = |extra: &str| {
+        format!(
+            "{}{TENANT}limits:\n  - id: in-flight\n    pathPattern: /**\n    concurrency: 1\n{extra}",
+            one_route_config(up.addr, 2, "")
+        )
+    };
+    let gw = Gateway::start(&cfg(""));
+    let addr = gw.addr;
+    let slow = std::thread::spawn(move || {
+        request(addr, "GET", "/delay/1500", &[("x-org-id", "acme")]).map(|r| r.status)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    // another rule comes; the concurrency rule stays: its request in flight still counts
+    let other =
+        "  - id: other\n    pathPattern: /o/**\n    tiers: [{ period: 1h, threshold: 9 }]\n";
+    assert!(gw.reload(&cfg(other)), "{}", gw.log());
+    assert_eq!(gw.get("/x", &[("x-org-id", "acme")]).status, 429);
+    assert_eq!(slow.join().expect("thread").expect("answer"), 200);
+    assert_eq!(
+        gw.get("/x", &[("x-org-id", "acme")]).status,
+        200,
+        "freed after it ended"
+    );
+}

@@ -144,3 +144,58 @@ pub fn changes(old: &Config, new: &Config) -> Vec<String> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::changes;
+    use std::path::Path;
+
+    fn config(rule: &str, servers: &str) -> crate::config::Config {
+        let text = format!(
+            "server:\n  listen: [\"127.0.0.1:1\"]\nupstreams:\n  app:\n    servers: [{servers}]\nroutes:\n  - {{ id: all, path: /**, upstream: app }}\nplans:\n  gold: [acme]\nlimits:\n{rule}  - {{ id: other, pathPattern: /o/**, tiers: [{{ period: 1s, threshold: 5 }}] }}\n"
+        );
+        crate::config::load_str(Path::new("t.yaml"), &text).expect("valid")
+    }
+
+    #[test]
+    fn a_reload_names_what_changed_and_whether_counts_stay() {
+        let rule = |tiers: &str, extra: &str| {
+            format!("  - {{ id: api, pathPattern: /**, tiers: [{tiers}]{extra} }}\n")
+        };
+        let base = config(&rule("{ period: 1h, threshold: 5 }", ""), "\"127.0.0.1:9\"");
+        let same = |c: &crate::config::Config| changes(&base, c);
+        // nothing changed
+        assert!(same(&config(
+            &rule("{ period: 1h, threshold: 5 }", ""),
+            "\"127.0.0.1:9\""
+        ))
+        .is_empty());
+        // a threshold: counts kept
+        assert_eq!(
+            same(&config(
+                &rule("{ period: 1h, threshold: 3 }", ""),
+                "\"127.0.0.1:9\""
+            )),
+            ["rule api changed: tiers 5/1h -> 3/1h; counts kept"]
+        );
+        // a plan gaining its own tiers: the rule's tier lists change, counts reset
+        assert_eq!(
+            same(&config(
+                &rule("{ period: 1h, threshold: 5 }", ", plans: { gold: [{ period: 1h, threshold: 50 }] }"),
+                "\"127.0.0.1:9\""
+            )),
+            ["rule api changed: tiers 5/1h -> 5/1h, gold: 50/1h; counts reset (tier periods or plan lists changed)"]
+        );
+        // an algorithm, and a pool
+        assert_eq!(
+            same(&config(
+                &rule("{ period: 1h, threshold: 5 }", ", algorithm: sliding_window"),
+                "\"127.0.0.1:8\""
+            )),
+            [
+                "rule api changed: algorithm fixed_window -> sliding_window; counts reset (algorithm changed)",
+                "pools changed: app",
+            ]
+        );
+    }
+}

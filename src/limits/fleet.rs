@@ -195,3 +195,24 @@ impl FleetState {
 
 /// Rounds asked for early come at least this far apart (so at most 20 extra per second).
 pub const MIN_ROUND_GAP_MS: u64 = 50;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_counter_whose_cluster_node_is_down_falls_back_by_on_failure() {
+        let f = FleetState::default();
+        f.set_instances(3);
+        for (on_failure, mode) in [
+            (OnFailure::LocalShare, FleetMode::Shared { instances: 3 }),
+            (OnFailure::Local, FleetMode::Alone),
+            // a partial outage: allow acts as local, deny as local_share
+            (OnFailure::Allow, FleetMode::Alone),
+            (OnFailure::Deny, FleetMode::Shared { instances: 3 }),
+        ] {
+            f.configure(true, on_failure);
+            assert_eq!(f.unreachable_mode(), mode, "{on_failure}");
+        }
+    }
+}
