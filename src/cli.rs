@@ -225,6 +225,7 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
                 instance_id(),
             ),
             metrics: metrics.clone(),
+            down_nodes: Default::default(),
         },
     ));
     server.add_service(background_service(

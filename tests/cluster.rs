@@ -281,6 +281,19 @@ fn a_stopped_master_holds_up_only_its_own_keys() {
         errors >= 1.0,
         "the stopped node's failed rounds are counted:\n{m}"
     );
+    // logged when it stops answering and when it answers again, not at every round
+    let node = cluster.nodes[stopped].url();
+    let log = gw.log();
+    let lines = |what: &str| {
+        log.lines()
+            .filter(|l| l.contains(&format!("cluster node {node} {what}")))
+            .count()
+    };
+    assert_eq!(
+        (lines("did not answer"), lines("answers again")),
+        (1, 1),
+        "{log}"
+    );
 }
 
 /// `tenant`'s count, asking every node but `stopped` (a stopped node would hold the test up;

@@ -341,6 +341,9 @@ pub struct SyncService {
     pub shared: SharedSnapshot,
     pub accounts: Accounts,
     pub metrics: Arc<Metrics>,
+    /// Cluster nodes whose last round failed (logged when they fail and when they answer
+    /// again, not at every round).
+    pub down_nodes: parking_lot::Mutex<Vec<String>>,
 }
 
 impl SyncService {
@@ -365,8 +368,18 @@ impl SyncService {
                     .redis_node_rounds
                     .with_label_values(&[node.as_str(), result])
                     .inc();
-                if !ok {
-                    log::warn!("redis: cluster node {node} did not answer; its keys wait for a later round, on_failure applies to them");
+                let mut down = self.down_nodes.lock();
+                let was_down = down.iter().position(|n| n == node);
+                match (ok, was_down) {
+                    (false, None) => {
+                        log::warn!("redis: cluster node {node} did not answer; its keys wait for a later round, on_failure applies to them");
+                        down.push(node.clone());
+                    }
+                    (true, Some(i)) => {
+                        log::info!("redis: cluster node {node} answers again");
+                        down.swap_remove(i);
+                    }
+                    _ => {}
                 }
             }
             if ex.refreshed {
