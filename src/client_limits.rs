@@ -3,13 +3,14 @@
 //!   the gateway starts waiting for it (at accept, or after the previous answer on a kept-alive
 //!   connection), or the connection is closed without an answer, as nginx does. A slow client
 //!   (slowloris) thus holds a connection for at most that long, not for pingora's 60 s per read.
-//!   [`Edge`] wraps pingora's HTTP proxy to arm the deadline; the proxy's first phase marks the
-//!   header read. HTTP/2 requests reach the proxy with their headers complete.
+//!   [`Edge`] wraps pingora's HTTP proxy in a [`HeaderDeadline`]; the proxy's first phase marks
+//!   the header read. HTTP/2 requests reach the proxy with their headers complete.
 //! - `server.max_request_header_bytes`: larger request headers get 431.
 //! - `server.max_body_bytes`: a larger `Content-Length` gets 413 before anything is proxied;
 //!   a body that grows past the limit while streaming ends the request with 413.
 
 use crate::config::model::ServerSettings;
+use crate::header_deadline::HeaderDeadline;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
 use pingora::apps::{HttpServerApp, HttpServerOptions, ReusedHttpStream};
@@ -18,18 +19,7 @@ use pingora::protocols::http::ServerSession;
 use pingora::protocols::Stream;
 use pingora::proxy::{HttpProxy, ProxyHttp};
 use pingora::server::ShutdownWatch;
-use std::cell::Cell;
 use std::sync::Arc;
-
-tokio::task_local! {
-    /// Set once the request header of the HTTP/1 session being served has been read.
-    static HEADER_READ: Cell<bool>;
-}
-
-/// Called by the proxy's first phase: the request header is complete.
-pub fn header_read() {
-    let _ = HEADER_READ.try_with(|h| h.set(true));
-}
 
 /// Pingora's HTTP proxy, with the client header deadline around each HTTP/1 session.
 pub struct Edge<SV: ProxyHttp> {
@@ -51,24 +41,8 @@ where
         if session.is_http2() {
             return self.proxy.process_new_http(session, shutdown).await;
         }
-        let deadline = self.shared.load().config.server.client_header_timeout;
-        HEADER_READ
-            .scope(Cell::new(false), async {
-                let work = self.proxy.process_new_http(session, shutdown);
-                tokio::pin!(work);
-                tokio::select! {
-                    biased;
-                    done = &mut work => return done,
-                    _ = tokio::time::sleep(deadline) => {}
-                }
-                if HEADER_READ.with(Cell::get) {
-                    work.await
-                } else {
-                    log::debug!("client header not complete in {deadline:?}: connection closed");
-                    None
-                }
-            })
-            .await
+        let timeout = self.shared.load().config.server.client_header_timeout;
+        HeaderDeadline::new(self.proxy.process_new_http(session, shutdown), timeout).await
     }
 
     fn h2_options(&self) -> Option<pingora::protocols::http::v2::server::H2Options> {

@@ -12,6 +12,7 @@ pub mod client_addr;
 pub mod client_limits;
 pub mod config;
 pub mod fleet_sync;
+pub mod header_deadline;
 pub mod limits;
 pub mod matching;
 pub mod metrics;

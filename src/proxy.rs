@@ -12,6 +12,7 @@
 
 use crate::client_addr::client_ip;
 use crate::client_limits;
+use crate::header_deadline;
 use crate::limits::headers;
 use crate::limits::{Decision, LimitRequest, Verdict};
 use crate::matching::{normalize_path, Segments};
@@ -308,7 +309,7 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        client_limits::header_read();
+        header_deadline::header_read();
         let snap = self.shared.load_full();
         let cfg = &snap.config;
         let req = session.req_header();
