@@ -2,8 +2,12 @@
 //! proxy, the X-Forwarded-For entry found by walking it right to left past trusted proxies
 //! only. A client cannot choose its address by sending X-Forwarded-For.
 
+use http::header::HeaderName;
 use ipnet::IpNet;
 use std::net::{IpAddr, SocketAddr};
+
+/// The header's name, built once: a lookup by `&str` parses the name each time.
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Is `ip` one of the trusted proxies?
 pub fn trusted(ip: IpAddr, nets: &[IpNet]) -> bool {

@@ -10,7 +10,7 @@
 //! 5. `fail_to_proxy`: problem+json for upstream failures (502, 504) and bad requests.
 //! 6. `logging`: metrics.
 
-use crate::client_addr::client_ip;
+use crate::client_addr::{client_ip, X_FORWARDED_FOR};
 use crate::client_limits;
 use crate::header_deadline;
 use crate::limits::headers;
@@ -346,7 +346,7 @@ impl ProxyHttp for Gateway {
         let client = client_ip(
             peer,
             req.headers
-                .get_all("x-forwarded-for")
+                .get_all(X_FORWARDED_FOR)
                 .iter()
                 .map(|v| v.as_bytes()),
             &cfg.server.trusted_proxies,
@@ -620,8 +620,9 @@ impl ProxyHttp for Gateway {
             }
         }
         if let Some(ip) = ctx.client_ip {
-            let mut xff = String::new();
-            for v in upstream_request.headers.get_all("x-forwarded-for") {
+            // one allocation for the common case: no list yet, or a short one
+            let mut xff = String::with_capacity(64);
+            for v in upstream_request.headers.get_all(X_FORWARDED_FOR) {
                 if let Ok(s) = v.to_str() {
                     if !xff.is_empty() {
                         xff.push_str(", ");
