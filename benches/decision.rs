@@ -1,11 +1,14 @@
 //! The pieces of the request path that issue 9 measured: the rate-limit decision for a request
 //! that matches 3 rules (one with 2 tiers) on the allow path over 25 tenants (with its heap
 //! allocations counted), the five quota headers added to an upstream's response, and the
-//! choice of a server in a one-server pool and in a two-server round-robin pool.
+//! choice of a server in a one-server pool and in a two-server round-robin pool; the path's
+//! normal-form check; the client header deadline around a session (next to the tokio timer it
+//! replaced).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, Method};
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::future::Future;
 use std::hint::black_box;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,6 +139,49 @@ fn bench(c: &mut Criterion) {
     });
     c.bench_function("select_server_pool_of_2_round_robin", |b| {
         b.iter(|| black_box(two.select(b"tenant-1")))
+    });
+
+    c.bench_function("normalize_path_already_normal", |b| {
+        b.iter(|| {
+            black_box(tollgate::matching::normalize_path(black_box(
+                "/v1/organizations/tenant-3/product/42",
+            )))
+        })
+    });
+
+    // a keep-alive session as the deadline sees it: it waits for the header (the deadline is
+    // armed), the header is read on the next poll, and the session goes on to the upstream
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    c.bench_function("header_deadline_armed_and_lifted", |b| {
+        b.iter(|| {
+            let mut polls = 0;
+            let session = std::future::poll_fn(|_| {
+                polls += 1;
+                if polls == 2 {
+                    tollgate::header_deadline::header_read();
+                }
+                std::task::Poll::<Option<()>>::Pending
+            });
+            let mut d = std::pin::pin!(tollgate::header_deadline::HeaderDeadline::new(
+                session,
+                std::time::Duration::from_secs(10)
+            ));
+            black_box(d.as_mut().poll(&mut cx).is_pending());
+            black_box(d.as_mut().poll(&mut cx).is_pending());
+        })
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    c.bench_function("tokio_sleep_armed_and_dropped_for_comparison", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let mut sleep =
+                    std::pin::pin!(tokio::time::sleep(std::time::Duration::from_secs(10)));
+                black_box(futures_util::poll!(sleep.as_mut()).is_pending());
+            })
+        })
     });
 }
 
