@@ -321,21 +321,12 @@ struct Applying {
     key_end: usize,
 }
 
-/// Where a decision reads and writes tier states: a tracked counter, or a stand-in built from
-/// the sketch estimate of an untracked partition (never committed).
-#[allow(clippy::large_enum_variant)] // on the stack for one decision; boxing would allocate
+/// Where a decision commits: a tracked counter, or nothing for an untracked partition (its
+/// tier states are stand-ins built from the sketch estimate, checked and dropped in `check`).
+/// Two words: a slot is moved once per applying rule.
 enum Slot<'g> {
     Tracked(&'g mut Counter),
-    Untracked(SmallVec<[TierState; 2]>),
-}
-
-impl Slot<'_> {
-    fn states(&mut self) -> &mut [TierState] {
-        match self {
-            Slot::Tracked(c) => &mut c.tiers,
-            Slot::Untracked(s) => s,
-        }
-    }
+    Untracked,
 }
 
 /// State standing in for an untracked partition that has been seen `seen` times (this request
@@ -628,10 +619,12 @@ impl Limiter {
         let rc = &cr.counters;
         let tiers = cr.tiers(a.list);
         let algo = rc.algorithm();
+        let mut stand_ins: SmallVec<[TierState; 2]> = SmallVec::new();
         let mut slot = match rc.counter(shard, key, a.hash, a.list, now) {
             Ok(c) => Slot::Tracked(c),
             Err(Untracked(seen)) => {
-                Slot::Untracked(tiers.iter().map(|t| stand_in(t, algo, now, seen)).collect())
+                stand_ins.extend(tiers.iter().map(|t| stand_in(t, algo, now, seen)));
+                Slot::Untracked
             }
         };
         let tracked = matches!(slot, Slot::Tracked(_));
@@ -647,7 +640,11 @@ impl Limiter {
         let mut wake = false;
         // for `/api/top`: the highest use of a limit among the tiers
         let mut usage_permille = 0u32;
-        for (ti, (state, tier)) in slot.states().iter_mut().zip(tiers).enumerate() {
+        let states: &mut [TierState] = match &mut slot {
+            Slot::Tracked(c) => &mut c.tiers,
+            Slot::Untracked => &mut stand_ins,
+        };
+        for (ti, (state, tier)) in states.iter_mut().zip(tiers).enumerate() {
             if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
                 if tracked {
                     rc.keep_orphan(key, a.list, ti, orphan);
