@@ -151,7 +151,10 @@ where
         }
         match this.watch {
             None => {
-                let at = Instant::now() + this.timeout;
+                // a timeout too long for the clock is no deadline (never a panic on a config value)
+                let Some(at) = Instant::now().checked_add(this.timeout) else {
+                    return Poll::Pending;
+                };
                 let watch = Watch {
                     at,
                     waker: cx.waker().clone(),
@@ -281,6 +284,14 @@ mod tests {
         let (out, _, _) = run(None, usize::MAX, ms(100), Duration::from_secs(5));
         assert_eq!(out, None);
         assert!(HEADER_READ.with(Cell::get), "the caller's flag is restored");
+    }
+
+    #[test]
+    fn a_timeout_beyond_the_clock_is_no_deadline() {
+        let (out, _, _) = run(Some(2), usize::MAX, Duration::MAX, ms(300));
+        assert_eq!(out, Some("never woken"));
+        let (out, _, _) = run(None, usize::MAX, Duration::MAX, ms(300));
+        assert_eq!(out, Some("never woken"));
     }
 
     #[test]
