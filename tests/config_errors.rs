@@ -586,4 +586,16 @@ fn shaping_settings_are_checked() {
         41,
         &["plans.premium.priority", "expected i64"],
     );
+    // the most negative i64 has no absolute value: refused, not a panic nor a wrap
+    for p in ["-9223372036854775808", "1000001"] {
+        assert_error(
+            &with(
+                "  premium: [acme]\n",
+                &format!("  premium: {{ tenants: [acme], priority: {p} }}\n"),
+            ),
+            17,
+            41,
+            &["plans.premium.priority", "-1000000 to 1000000"],
+        );
+    }
 }

@@ -54,7 +54,7 @@ fn plans_of(
         if !valid_id(name) {
             c.err_key(&base, format!("invalid plan name {name:?}: {ID_RULE}"));
         }
-        if plan.priority.abs() > 1_000_000 {
+        if !(-1_000_000..=1_000_000).contains(&plan.priority) {
             c.err(
                 &format!("{base}.priority"),
                 format!(
