@@ -432,7 +432,7 @@ impl ProxyHttp for Gateway {
         drop(path);
         ctx.tenant = tenant;
         ctx.delayed = delayed;
-        let admitted = matches!(decision.verdict, Verdict::Allow | Verdict::Throttle { .. });
+        let admitted = decision.verdict.admits();
         limiter.record(&decision, admitted, delayed);
         if !decision.applied.is_empty() && cfg.server.access_log {
             (ctx.decided_by, ctx.shadow_by) = decision.deciding_rules(limiter);

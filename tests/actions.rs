@@ -389,7 +389,8 @@ fn the_strictest_answer_wins_and_over_limit_answers_spend_nothing() {
         rule("hard", "/b/**", "reject"),
         rule("ban2", "/b/**", "shadowban"),
         rule("slow2", "/c/**", "throttle"),
-    );
+    )
+        + "  - id: cap\n    pathPattern: /c/**\n    tiers: [{ period: 1h, threshold: 10 }]\n";
     let gw = Gateway::start(&format!(
         "{}{TENANT}{limits}",
         one_route_config(up.addr, 1, "")
@@ -407,7 +408,8 @@ fn the_strictest_answer_wins_and_over_limit_answers_spend_nothing() {
     assert_eq!((r.status, r.body.as_str()), (200, "{}"));
     // reject over shadowban
     assert_eq!(gw.get("/b/x", &t).status, 429);
-    // throttled: proxied, and not counted in the rule's window
+    // throttled: proxied, not counted in the throttle rule's window, but counted in the
+    // windows of the rules it is not over (it reached the upstream)
     for _ in 0..3 {
         assert!(gw.get("/c/x", &t).body.contains("\"server\""));
     }
@@ -427,6 +429,11 @@ fn the_strictest_answer_wins_and_over_limit_answers_spend_nothing() {
             "{rule}: only the admitted request counts: {lookup}"
         );
     }
+    assert_eq!(
+        used("cap"),
+        Some(4.into()),
+        "cap counts the allowed and the 3 throttled requests: {lookup}"
+    );
 }
 
 #[test]

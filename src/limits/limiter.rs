@@ -265,6 +265,14 @@ pub enum Verdict {
     },
 }
 
+impl Verdict {
+    /// The request goes to the upstream (allowed, or throttled): it counts in the windows of
+    /// every applying rule it is not over.
+    pub fn admits(&self) -> bool {
+        matches!(self, Verdict::Allow | Verdict::Throttle { .. })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub verdict: Verdict,
@@ -553,7 +561,7 @@ impl Limiter {
             slots.push(slot);
         }
         decision.verdict = self.verdict(&decision, mode);
-        if decision.verdict == Verdict::Allow {
+        if decision.verdict.admits() {
             wake |= self.commit(&applying, &mut slots, &decision, now, mode);
         }
         if wake {
@@ -778,8 +786,9 @@ impl Limiter {
         }
     }
 
-    /// Commit an allowed request to every tracked counter (shadow rules only where they
-    /// themselves passed). The remaining counts reported were computed as if committed.
+    /// Commit an admitted request (allowed, or throttled) to every tracked counter of the rules
+    /// it is not over (a throttle rule it is over, like a shadow rule it is over, is skipped).
+    /// The remaining counts reported were computed as if committed.
     /// Returns whether a fleet round is wanted now.
     fn commit(
         &self,
