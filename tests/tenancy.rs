@@ -93,11 +93,14 @@ fn each_route_requires_takes_anonymous_or_skips_the_tenant() {
         r.upstream_headers("x-tenant-id"),
         vec!["anonymous".to_string()]
     );
-    // `none`: open, counted by the per-address rule only; a client's x-tenant-id is removed
+    // `none`: open, counted by the per-address rule only; a client's x-tenant-id is removed;
+    // no key is looked at (a wrong one is no 401 here), and a key still stays at the gateway
     for i in 0..3 {
-        let r = request_post(&gw, "/login", &[("x-tenant-id", "acme")]);
+        let wrong_key = [("x-tenant-id", "acme"), ("x-api-key", "k-guess")];
+        let r = request_post(&gw, "/login", &wrong_key[..if i == 2 { 2 } else { 1 }]);
         assert_eq!(r.status, 200, "login {i}");
         assert!(r.upstream_headers("x-tenant-id").is_empty(), "{}", r.body);
+        assert!(r.upstream_headers("x-api-key").is_empty(), "{}", r.body);
         // the per-tenant rule (2 an hour) does not see it: only the address rule's quota shows
         assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
     }
