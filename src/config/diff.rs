@@ -35,8 +35,15 @@ fn lists_text(lists: &[(Option<String>, Vec<Tier>)]) -> String {
 /// Everything but the tiers that makes a rule decide differently.
 fn other_fields(rule: &Rule) -> String {
     format!(
-        "{:?} {:?} {:?} {} {:?}",
-        rule.matcher, rule.action, rule.status, rule.enabled, rule.max_delay
+        "{:?} {:?} {:?} {} {:?} {:?} {} {:?}",
+        rule.matcher,
+        rule.action,
+        rule.status,
+        rule.enabled,
+        rule.max_delay,
+        rule.shadowban,
+        rule.throttle_bps,
+        rule.concurrency
     )
 }
 
@@ -196,6 +203,31 @@ mod tests {
                 "rule api changed: algorithm fixed_window -> sliding_window; counts reset (algorithm changed)",
                 "pools changed: app",
             ]
+        );
+        // what an action does, and the requests in flight
+        for extra in [
+            ", concurrency: 4",
+            ", action: throttle, throttle: { rate: 1MB/s }",
+        ] {
+            assert_eq!(
+                same(&config(
+                    &rule("{ period: 1h, threshold: 5 }", extra),
+                    "\"127.0.0.1:9\""
+                )),
+                ["rule api changed: matching or action; counts kept"],
+                "{extra}"
+            );
+        }
+        let throttled = |rate: &str| {
+            let extra = format!(", action: throttle, throttle: {{ rate: {rate} }}");
+            config(
+                &rule("{ period: 1h, threshold: 5 }", &extra),
+                "\"127.0.0.1:9\"",
+            )
+        };
+        assert_eq!(
+            changes(&throttled("1MB/s"), &throttled("2MB/s")),
+            ["rule api changed: matching or action; counts kept"]
         );
     }
 }
