@@ -219,7 +219,13 @@ fn write_ip(out: &mut String, ip: IpAddr) {
 
 /// One access log line (target `tollgate::access`). The tenant and path are escaped, so a
 /// hostile id cannot forge log lines.
-fn access_log(session: &Session, ctx: &RequestCtx, route: &str, status: http::StatusCode) {
+fn access_log(
+    session: &Session,
+    ctx: &RequestCtx,
+    route: &str,
+    status: http::StatusCode,
+    took: Duration,
+) {
     let req = session.req_header();
     let decision = match (ctx.denied, ctx.delayed, ctx.decision.is_none()) {
         _ if ctx.action.is_some() => ctx.action.unwrap_or("none"),
@@ -246,7 +252,7 @@ fn access_log(session: &Session, ctx: &RequestCtx, route: &str, status: http::St
         status.as_u16(),
         decision,
         &upstream,
-        ctx.started.elapsed().as_secs_f64() * 1000.0,
+        took.as_secs_f64() * 1000.0,
     );
     // the rule that denied or held it, and a shadow rule that would have denied this tenant
     if ctx.decided_by.is_some() {
@@ -720,12 +726,13 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(CLIENT_GONE, |r| r.status);
+        let took = ctx.started.elapsed();
         let route = match (&ctx.snapshot, ctx.route) {
             (Some(s), Some(r)) => s.config.routes[r].id.as_str(),
             _ => "none",
         };
         match &ctx.snapshot {
-            Some(s) => s.requests.done(ctx.route, status, ctx.started.elapsed()),
+            Some(s) => s.requests.done(ctx.route, status, took),
             None => {
                 self.metrics
                     .requests
@@ -734,7 +741,7 @@ impl ProxyHttp for Gateway {
                 self.metrics
                     .request_duration
                     .with_label_values(&[route])
-                    .observe(ctx.started.elapsed().as_secs_f64());
+                    .observe(took.as_secs_f64());
             }
         }
         if ctx
@@ -742,7 +749,7 @@ impl ProxyHttp for Gateway {
             .as_ref()
             .is_some_and(|s| s.config.server.access_log)
         {
-            access_log(session, ctx, route, status);
+            access_log(session, ctx, route, status, took);
         }
     }
 }

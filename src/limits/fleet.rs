@@ -1,7 +1,8 @@
 //! What the request path knows about the fleet: whether a sync is configured, whether Redis
 //! answered the last round (or has not been asked yet), how many instances share the limits,
-//! Read with atomics only; written by the sync service.
+//! and which `on_failure` applies. Read with atomics only; written by the sync service.
 
+use super::clock::{Clock, SystemClock, NANOS_PER_MS};
 use crate::config::model::OnFailure;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use tokio::sync::Notify;
@@ -73,6 +74,15 @@ fn code(f: OnFailure) -> u8 {
     }
 }
 
+fn decode(c: u8) -> OnFailure {
+    match c {
+        0 => OnFailure::LocalShare,
+        1 => OnFailure::Local,
+        2 => OnFailure::Allow,
+        _ => OnFailure::Deny,
+    }
+}
+
 impl FleetState {
     pub fn configure(&self, on: bool, on_failure: OnFailure) {
         self.on_failure.store(code(on_failure), Ordering::Relaxed);
@@ -119,12 +129,9 @@ impl FleetState {
         self.instances.load(Ordering::Relaxed)
     }
 
-    /// Ask the sync service for a round now.
     /// A sync round has ended after `took`: wake the requests waiting for one.
     pub fn round_ended(&self, took: std::time::Duration) {
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = SystemClock.now_ns() / NANOS_PER_MS;
         self.last_round_end_ms.store(now_ms, Ordering::Relaxed);
         self.last_round_us
             .store(took.as_micros() as u64, Ordering::Relaxed);
@@ -170,25 +177,27 @@ impl FleetState {
             Link::Down => {}
         }
         // Redis did not answer the last round (or the first): on_failure applies
-        match self.on_failure.load(Ordering::Relaxed) {
-            0 => FleetMode::Shared { instances },
-            1 => FleetMode::Alone,
-            2 => FleetMode::AllowAll,
-            _ => FleetMode::DenyAll,
+        match self.on_failure() {
+            OnFailure::LocalShare => FleetMode::Shared { instances },
+            OnFailure::Local => FleetMode::Alone,
+            OnFailure::Allow => FleetMode::AllowAll,
+            OnFailure::Deny => FleetMode::DenyAll,
         }
     }
-}
 
-impl FleetState {
+    fn on_failure(&self) -> OnFailure {
+        decode(self.on_failure.load(Ordering::Relaxed))
+    }
+
     /// The mode of a counter whose Redis Cluster node did not answer while the rest of Redis
     /// did: `local_share` divides what was left among the instances, `local` gives each the
     /// whole threshold. `allow` acts as `local` and `deny` as `local_share` here: answering
     /// every request (or none) for the tenants of one shard is left to a whole outage.
     pub fn unreachable_mode(&self) -> FleetMode {
         let instances = self.instances();
-        match self.on_failure.load(Ordering::Relaxed) {
-            1 | 2 => FleetMode::Alone,
-            _ => FleetMode::Shared { instances },
+        match self.on_failure() {
+            OnFailure::Local | OnFailure::Allow => FleetMode::Alone,
+            OnFailure::LocalShare | OnFailure::Deny => FleetMode::Shared { instances },
         }
     }
 }
