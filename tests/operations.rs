@@ -574,3 +574,25 @@ fn metrics_name_the_tier_that_denies_and_time_each_route() {
         .metrics()
         .contains(r#"tollgate_request_duration_seconds_count{route="all"}"#));
 }
+
+#[test]
+fn server_health_series_follow_the_running_config() {
+    let (a, b) = (Upstream::start("a"), Upstream::start("b"));
+    let config = |up: &Upstream| common::one_route_config(up.addr, 1, "");
+    let gw = Gateway::start(&config(&a));
+    let series = |up: &Upstream| {
+        format!(
+            "tollgate_upstream_server_healthy{{pool=\"app\",server=\"{}\"}} 1",
+            up.addr
+        )
+    };
+    assert!(eventually(Duration::from_secs(3), || gw
+        .metrics()
+        .contains(&series(&a))));
+    // a reload to another server: its series comes, the old one goes
+    assert!(gw.reload(&config(&b)));
+    assert!(eventually(Duration::from_secs(3), || {
+        let m = gw.metrics();
+        m.contains(&series(&b)) && !m.contains(&a.addr.to_string())
+    }));
+}

@@ -86,8 +86,9 @@ impl DecisionRates {
 }
 
 /// Every second: a sample of the decision counters (for the rates of `/api/status`), and the
-/// gauges that describe the present: each upstream server's health (the servers of the
-/// running config only: a pool removed by a reload leaves no series) and the Redis link.
+/// gauges that describe the present: each upstream server's health and each shaped pool's
+/// queue (the running config's only: a server or pool removed by a reload leaves no series),
+/// and the Redis link.
 pub struct OpsSampler {
     pub shared: SharedSnapshot,
     pub rates: Arc<DecisionRates>,
@@ -99,32 +100,52 @@ pub struct OpsSampler {
 impl BackgroundService for OpsSampler {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut ticker = crate::ticker::Ticker::every(Duration::from_secs(1));
+        let (mut servers_seen, mut pools_seen) = (Vec::new(), Vec::new());
         while ticker.tick(&mut shutdown).await {
             self.rates.sample(&self.shared);
             let snap = self.shared.load();
-            let health = &self.metrics.upstream_healthy;
-            health.reset();
+            let mut health = Vec::new();
             for (spec, pool) in snap.config.upstreams.iter().zip(&snap.pools) {
                 for (addr, healthy, skipped) in pool.servers() {
                     let up = i64::from(healthy && !skipped);
-                    health
-                        .with_label_values(&[spec.name.as_str(), &addr.to_string()])
-                        .set(up);
+                    health.push((vec![spec.name.clone(), addr.to_string()], up));
                 }
             }
-            let depth = &self.metrics.queue_depth;
-            depth.reset();
-            for (spec, gate) in snap.config.upstreams.iter().zip(&snap.gates) {
-                if let Some(g) = gate {
-                    depth
-                        .with_label_values(&[spec.name.as_str()])
-                        .set(g.depth() as i64);
-                }
-            }
+            set_series(&self.metrics.upstream_healthy, health, &mut servers_seen);
+            let depth = snap
+                .config
+                .upstreams
+                .iter()
+                .zip(&snap.gates)
+                .filter_map(|(spec, gate)| {
+                    Some((vec![spec.name.clone()], gate.as_ref()?.depth() as i64))
+                })
+                .collect();
+            set_series(&self.metrics.queue_depth, depth, &mut pools_seen);
             let connected = self.fleet.is_configured() && self.fleet.is_connected();
             self.metrics.redis_connected.set(i64::from(connected));
         }
     }
+}
+
+/// Set a gauge's series to `now`, then remove those of the last sample that are gone, so that a
+/// scrape never finds a series missing in between (as a `reset` followed by the new values
+/// would show it).
+fn set_series(
+    gauge: &prometheus::IntGaugeVec,
+    now: Vec<(Vec<String>, i64)>,
+    last: &mut Vec<Vec<String>>,
+) {
+    fn refs(l: &[String]) -> Vec<&str> {
+        l.iter().map(String::as_str).collect()
+    }
+    for (labels, v) in &now {
+        gauge.with_label_values(&refs(labels)).set(*v);
+    }
+    for gone in last.iter().filter(|l| !now.iter().any(|(n, _)| n == *l)) {
+        let _ = gauge.remove_label_values(&refs(gone));
+    }
+    *last = now.into_iter().map(|(l, _)| l).collect();
 }
 
 fn round2(x: f64) -> f64 {
