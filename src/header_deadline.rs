@@ -258,10 +258,8 @@ mod tests {
         let (out, took, _) = run(None, usize::MAX, ms(300), Duration::from_secs(5));
         assert_eq!(out, None);
         assert!(took >= Duration::from_millis(300), "{took:?}");
-        assert!(
-            took < Duration::from_millis(300) + RESOLUTION * 4,
-            "{took:?}"
-        );
+        // one look of the deadline thread late at most, and a scheduling margin
+        assert!(took < ms(300) + RESOLUTION + ms(150), "{took:?}");
     }
 
     #[test]
