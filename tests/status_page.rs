@@ -268,6 +268,8 @@ fn the_status_page_renders_in_a_browser_and_escapes_what_it_shows() {
 /// A screenshot of `url` at `size` ("W,H"), kept at `file` (relative to the crate); its bytes.
 fn screenshot(url: &str, size: &str, file: &str) -> Vec<u8> {
     let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    // an earlier run's picture must not pass for this one's
+    let _ = std::fs::remove_file(&shot);
     let profile = TempDir::new();
     chromium(
         &profile.0,
