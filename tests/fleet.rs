@@ -150,10 +150,21 @@ fn redis_down_keeps_traffic_flowing_and_counts_arrive_when_it_returns() {
         .len()
         == 1));
     redis.kill();
-    // traffic keeps flowing, no 5xx, while the counts wait
-    for _ in 0..7 {
-        assert_eq!(gw.get("/x", &[("x-org-id", "t1")]).status, 200);
+    // traffic keeps flowing, no 5xx, while the counts wait; until the round that finds Redis
+    // gone has timed out (200 ms here), a request past this instance's lease is refused with a
+    // short Retry-After, as while a lease is renewed; then `on_failure` (local_share) admits
+    let mut admitted = 0;
+    for _ in 0..50 {
+        match gw.get("/x", &[("x-org-id", "t1")]).status {
+            200 => admitted += 1,
+            429 => std::thread::sleep(Duration::from_millis(60)),
+            s => panic!("unexpected {s} while Redis is down"),
+        }
+        if admitted == 7 {
+            break;
+        }
     }
+    assert_eq!(admitted, 7, "traffic flows while Redis is down");
     assert!(wait_redis_state(&gw, "disconnected"));
     let m = gw.metrics();
     assert!(
@@ -442,14 +453,16 @@ fn a_redis_restart_that_loses_every_key_costs_at_most_one_window() {
         .filter(|_| gw.get("/x", &[("x-org-id", "u")]).status == 200)
         .count();
     assert_eq!(other, 5, "a fresh tenant after the restart");
-    // what was admitted since reaches the new Redis (an absent key counts 0)
+    // what was admitted since reaches the new Redis (an absent key counts 0); an instance
+    // reports its cumulative count of the window, so once it has a reason to send (an admission,
+    // or the demand of the refused requests), the key holds the window's 5 as well
     assert!(eventually(Duration::from_secs(5), || {
         let total: i64 = redis
             .counter_keys("tg:{t}:*")
             .iter()
             .map(|k| redis.int(&["GET", k]))
             .sum();
-        total == extra as i64
+        total == extra as i64 || total == 5 + extra as i64
     }));
     assert!(eventually(Duration::from_secs(5), || {
         let total: i64 = redis
