@@ -172,6 +172,12 @@ fn redis_down_keeps_traffic_flowing_and_counts_arrive_when_it_returns() {
         "{m}"
     );
     assert!(metric_sum(&m, "tollgate_redis_sync_total{result=\"error\"}") >= 1.0);
+    assert!(
+        eventually(Duration::from_secs(3), || gw
+            .metrics()
+            .contains("tollgate_redis_connected 0")),
+        "the link gauge shows Redis gone"
+    );
     let log = gw.log();
     assert_eq!(
         log.matches("redis: sync failed").count(),

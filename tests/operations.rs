@@ -577,7 +577,7 @@ fn metrics_name_the_tier_that_denies_and_time_each_route() {
 
 #[test]
 fn server_health_series_follow_the_running_config() {
-    let (a, b) = (Upstream::start("a"), Upstream::start("b"));
+    let (a, mut b) = (Upstream::start("a"), Upstream::start("b"));
     let config = |up: &Upstream| common::one_route_config(up.addr, 1, "");
     let gw = Gateway::start(&config(&a));
     let series = |up: &Upstream| {
@@ -595,4 +595,14 @@ fn server_health_series_follow_the_running_config() {
         let m = gw.metrics();
         m.contains(&series(&b)) && !m.contains(&a.addr.to_string())
     }));
+    // a server whose connection failed is skipped, and shows 0
+    let addr = b.addr;
+    b.kill();
+    assert_eq!(gw.get("/x", &[]).status, 502);
+    let down = format!("tollgate_upstream_server_healthy{{pool=\"app\",server=\"{addr}\"}} 0");
+    assert!(
+        eventually(Duration::from_secs(3), || gw.metrics().contains(&down)),
+        "{}",
+        gw.metrics()
+    );
 }
