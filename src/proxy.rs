@@ -646,13 +646,23 @@ impl ProxyHttp for Gateway {
     }
 
     /// A body that grows past `server.max_body_bytes` ends the request with 413.
+    ///
+    /// An empty last piece of a body (an HTTP/2 client ending it with an empty DATA frame
+    /// carrying END_STREAM, as `curl -T -` does) is turned into "no data": Pingora 0.9 would
+    /// write it to an HTTP/1.1 upstream as a chunk of size 0, which *is* the chunked
+    /// terminator, and then write the terminator again, so the upstream reads a second request
+    /// and its answer goes to whoever reuses the connection next (cloudflare/pingora#935, fixed
+    /// upstream by PR #936, not released in 0.9).
     async fn request_body_filter(
         &self,
         _session: &mut Session,
         body: &mut Option<bytes::Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        if end_of_stream && body.as_ref().is_some_and(|b| b.is_empty()) {
+            *body = None;
+        }
         let max = ctx
             .snapshot
             .as_ref()

@@ -3,6 +3,8 @@
 //! `request` is a small HTTP/1.1 client over a plain TCP socket.
 #![allow(dead_code)]
 
+pub mod recording;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
