@@ -27,6 +27,9 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
+/// The key exchange groups a TLS listener offers (Mozilla intermediate, 5.7).
+pub const TLS_GROUPS: &str = "X25519:P-256:P-384";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "tollgate",
@@ -206,6 +209,12 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
                 }
             };
             settings.enable_h2();
+            // Mozilla's "intermediate" profile: X25519, prime256v1 and secp384r1 only (OpenSSL
+            // 3 also offers X448 and secp521r1, which sslyze's intermediate check refuses)
+            if let Err(e) = settings.set_groups_list(TLS_GROUPS) {
+                eprintln!("{}: tls: groups {TLS_GROUPS}: {e}", args.conf.display());
+                return 1;
+            }
             proxy.add_tls_with_settings(&addr.to_string(), None, settings);
         } else {
             proxy.add_tcp(&addr.to_string());
@@ -287,6 +296,7 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         "readiness probe",
         ReadinessProbe {
             listen: server_cfg.listen.clone(),
+            listen_tls: server_cfg.listen_tls.clone(),
             ready,
             fleet: rt.fleet.clone(),
         },

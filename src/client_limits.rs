@@ -35,9 +35,13 @@ where
 {
     async fn process_new_http(
         self: &Arc<Self>,
-        session: ServerSession,
+        mut session: ServerSession,
         shutdown: &ShutdownWatch,
     ) -> Option<ReusedHttpStream> {
+        // HTTP/1.1 pipelining (RFC 9112 section 9.3.2): a request sent before the previous
+        // answer is served after it, in order. Pingora drops it and closes the connection
+        // unless asked not to; the setting is kept across the connection's later requests.
+        session.set_pipelining_enabled(true);
         if session.is_http2() {
             return self.proxy.process_new_http(session, shutdown).await;
         }
@@ -71,8 +75,12 @@ where
 
 pub const BODY_TOO_LARGE: &str = "the request body is larger than this gateway accepts";
 
-/// The answer to a request whose header or declared body is over the limits, if it is.
+/// The answer to a request whose framing is ambiguous, or whose header or declared body is
+/// over the limits, if it is.
 pub fn refuse(req: &RequestHeader, server: &ServerSettings) -> Option<(u16, &'static str)> {
+    if let Some(detail) = malformed(req) {
+        return Some((400, detail));
+    }
     if header_bytes(req) > server.max_request_header_bytes {
         return Some((
             431,
@@ -83,6 +91,35 @@ pub fn refuse(req: &RequestHeader, server: &ServerSettings) -> Option<(u16, &'st
     content_length(req)
         .is_some_and(|n| n > max)
         .then_some((413, BODY_TOO_LARGE))
+}
+
+/// What RFC 9112 says a server must answer 400, and Pingora's parser lets through: an
+/// HTTP/1.1 request without `Host` (section 3.2), more than one `Host`, a `Content-Length`
+/// that is repeated or a list, even of equal values (section 6.3: a recipient may take a list
+/// of equal values as one, but a proxy that forwards it as it came hands the next hop the
+/// ambiguity; nginx refuses both). HTTP/2 requests carry `:authority` instead of `Host`.
+/// (`Transfer-Encoding` Pingora checks itself: it drops a `Content-Length` beside it and closes
+/// the connection after the answer, as section 6.1 asks, and refuses a last coding that is not
+/// `chunked`.)
+pub fn malformed(req: &RequestHeader) -> Option<&'static str> {
+    let hosts = req.headers.get_all(http::header::HOST).iter().count();
+    if hosts == 0 && req.version == http::Version::HTTP_11 {
+        return Some("an HTTP/1.1 request must have a Host header");
+    }
+    if hosts > 1 {
+        return Some("a request must have one Host header, not several");
+    }
+    let mut lengths = req.headers.get_all(http::header::CONTENT_LENGTH).iter();
+    if let Some(first) = lengths.next() {
+        if lengths.next().is_some() {
+            return Some("a request must have at most one Content-Length header");
+        }
+        let digits = first.as_bytes().trim_ascii();
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return Some("Content-Length must be one decimal number");
+        }
+    }
+    None
 }
 
 /// The size of a request header as sent: the request line and every field line.
@@ -117,5 +154,38 @@ mod tests {
         assert_eq!(header_bytes(&req), bare + "x-org-id: acme\r\n".len());
         req.insert_header("content-length", " 42 ").unwrap();
         assert_eq!(content_length(&req), Some(42));
+    }
+
+    #[test]
+    fn ambiguous_framing_is_malformed() {
+        let build = |version, headers: &[(&str, &str)]| {
+            let mut req = RequestHeader::build("POST", b"/a", None).unwrap();
+            req.set_version(version);
+            for (k, v) in headers {
+                req.append_header(k.to_string(), *v).unwrap();
+            }
+            malformed(&req)
+        };
+        use http::Version;
+        assert_eq!(build(Version::HTTP_11, &[("host", "x")]), None);
+        assert_eq!(build(Version::HTTP_10, &[]), None, "HTTP/1.0 needs no Host");
+        assert_eq!(build(Version::HTTP_2, &[]), None, ":authority instead");
+        assert!(build(Version::HTTP_11, &[]).is_some());
+        assert!(build(Version::HTTP_11, &[("host", "x"), ("host", "x")]).is_some());
+        let cl = |v: &str| build(Version::HTTP_11, &[("host", "x"), ("content-length", v)]);
+        assert_eq!(cl("5"), None);
+        assert_eq!(cl(" 5 "), None);
+        for bad in ["5, 5", "5,5", "-1", "+5", "0x5", "", "5 5"] {
+            assert!(cl(bad).is_some(), "{bad:?}");
+        }
+        assert!(build(
+            Version::HTTP_11,
+            &[
+                ("host", "x"),
+                ("content-length", "5"),
+                ("content-length", "5")
+            ]
+        )
+        .is_some());
     }
 }

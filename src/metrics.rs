@@ -22,7 +22,7 @@ pub struct Metrics {
     pub decisions: IntCounterVec,
     /// `tollgate_tracked_counters`
     pub tracked_counters: IntGauge,
-    /// `tollgate_ratelimit_counter_evictions_total`
+    /// `tollgate_ratelimit_evictions_total`
     pub evictions: IntCounter,
     /// `tollgate_ratelimit_untracked_total`
     pub untracked: IntCounter,
@@ -101,7 +101,7 @@ impl Metrics {
             "Rate-limit counters held in memory (refreshed every second)",
         )?;
         let evictions = IntCounter::new(
-            "tollgate_ratelimit_counter_evictions_total",
+            "tollgate_ratelimit_evictions_total",
             "Counters dropped to admit a new partition while at max_counters_per_rule",
         )?;
         let untracked = IntCounter::new(

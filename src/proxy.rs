@@ -319,12 +319,6 @@ impl ProxyHttp for Gateway {
         let snap = self.shared.load_full();
         let cfg = &snap.config;
         let req = session.req_header();
-        if let Some((status, detail)) = client_limits::refuse(req, &cfg.server) {
-            ctx.snapshot = Some(snap);
-            session.set_keepalive(None);
-            Box::pin(problem::respond(session, status, detail)).await?;
-            return Ok(true);
-        }
         let path = normalize_path(req.uri.path());
         let host = req
             .headers
@@ -333,7 +327,18 @@ impl ProxyHttp for Gateway {
             .or_else(|| req.uri.host());
 
         let segments = Segments::new(&path);
-        let Some((route_idx, route)) = find_route(&cfg.routes, &req.method, host, &segments) else {
+        let found = find_route(&cfg.routes, &req.method, host, &segments);
+        // a refused request is counted and logged under the route it matched, if any
+        if let Some((status, detail)) = client_limits::refuse(req, &cfg.server) {
+            ctx.route = found.map(|(i, _)| i);
+            drop(segments);
+            drop(path);
+            ctx.snapshot = Some(snap);
+            session.set_keepalive(None);
+            Box::pin(problem::respond(session, status, detail)).await?;
+            return Ok(true);
+        }
+        let Some((route_idx, route)) = found else {
             ctx.snapshot = Some(snap);
             Box::pin(problem::respond(
                 session,
@@ -645,7 +650,8 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    /// A body that grows past `server.max_body_bytes` ends the request with 413.
+    /// A body that grows past `server.max_body_bytes` ends the request with 413. The bytes of a
+    /// tunnel after its `101` (WebSocket messages) are not a request body and are not counted.
     ///
     /// An empty last piece of a body (an HTTP/2 client ending it with an empty DATA frame
     /// carrying END_STREAM, as `curl -T -` does) is turned into "no data": Pingora 0.9 would
@@ -655,7 +661,7 @@ impl ProxyHttp for Gateway {
     /// upstream by PR #936, not released in 0.9).
     async fn request_body_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         body: &mut Option<bytes::Bytes>,
         end_of_stream: bool,
         ctx: &mut RequestCtx,
@@ -667,7 +673,7 @@ impl ProxyHttp for Gateway {
             .snapshot
             .as_ref()
             .and_then(|s| s.config.server.max_body_bytes);
-        if let (Some(max), Some(chunk)) = (max, body.as_ref()) {
+        if let (Some(max), Some(chunk), false) = (max, body.as_ref(), session.was_upgraded()) {
             ctx.body_bytes += chunk.len() as u64;
             if ctx.body_bytes > max {
                 return Error::e_explain(

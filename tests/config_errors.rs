@@ -209,6 +209,24 @@ fn period_or_threshold_zero_or_negative() {
         33,
         &["threshold", "positive integer"],
     );
+    // q= in RateLimit-Policy is a Structured Field integer: at most 15 digits
+    assert_error(
+        &with(
+            "{ period: 1, threshold: 10 }",
+            "{ period: 1, threshold: 10000000000000000 }",
+        ),
+        23,
+        33,
+        &["threshold 10000000000000000 is too large", "15 digits"],
+    );
+    let max = with(
+        "{ period: 1, threshold: 10 }",
+        "{ period: 1, threshold: 999999999999999 }",
+    );
+    let dir = TempDir::new();
+    let path = dir.write("gateway.yaml", &max);
+    let (code, _, err) = run_tollgate(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "15 digits are fine: {err}");
 }
 
 #[test]

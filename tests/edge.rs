@@ -145,6 +145,46 @@ fn start_tls(template: &str, certs: &[(&str, &str)]) -> Gateway {
     Gateway::start_with_files(template, &files)
 }
 
+/// A TLS listener offers Mozilla intermediate's key exchange groups only (X25519, P-256,
+/// P-384; OpenSSL 3 alone would add X448 and P-521), and starting one logs no failed handshake
+/// (the readiness probe's connection completes its own).
+#[test]
+fn tls_offers_intermediate_groups_and_starts_without_a_handshake_error() {
+    let up = Upstream::start("app");
+    let tls_port = free_port();
+    let gw = start_tls(
+        &tls_config(up.addr, tls_port, "", ""),
+        &[("gw", "localhost")],
+    );
+    let tls_addr: SocketAddr = format!("127.0.0.1:{tls_port}").parse().unwrap();
+    let with_group = |group: &str| {
+        let mut b = SslConnector::builder(SslMethod::tls()).unwrap();
+        b.set_verify(SslVerifyMode::NONE);
+        b.set_groups_list(group).unwrap();
+        let tcp = TcpStream::connect(tls_addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        b.build()
+            .configure()
+            .unwrap()
+            .verify_hostname(false)
+            .connect("localhost", tcp)
+            .is_ok()
+    };
+    for ok in ["X25519", "P-256", "P-384"] {
+        assert!(with_group(ok), "{ok} is offered");
+    }
+    // by now the probe's connection (accepted before these three) has been handled
+    let log = gw.log();
+    assert!(log.contains("ready: listening"), "{log}");
+    assert!(
+        !log.contains("handshake error"),
+        "the readiness probe's connection failed a handshake: {log}"
+    );
+    for refused in ["X448", "P-521"] {
+        assert!(!with_group(refused), "{refused} is not offered");
+    }
+}
+
 #[test]
 fn tls_picks_the_certificate_by_sni_and_serves_http2() {
     let up = Upstream::start("app");
@@ -538,6 +578,47 @@ fn websocket_is_tunnelled_and_counted_once() {
         2.0,
         "{m}"
     );
+}
+
+/// `max_body_bytes` is for request bodies: the messages of a tunnel after its `101` are not
+/// counted, however many bytes they carry (it wrote a 413 into the stream and closed it).
+#[test]
+fn a_websocket_tunnel_carries_more_than_max_body_bytes() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    let ws = WsEcho::start();
+    let gw = Gateway::start(&one_route_config(ws.addr, 1, "  max_body_bytes: 1000"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let url = format!("ws://{}/ws/big", gw.addr);
+        let (mut s, resp) = tokio_tungstenite::connect_async(url)
+            .await
+            .unwrap_or_else(|e| panic!("handshake: {e}\n{}", gw.log()));
+        assert_eq!(resp.status(), 101);
+        let _tenant_line = s.next().await.unwrap().unwrap();
+        // 20 messages of 600 bytes (12 KB), then one of 64 KiB, against a 1000-byte limit
+        for i in 0..20 {
+            let text = format!("{i:03}{}", "m".repeat(597));
+            s.send(Message::text(text.clone())).await.unwrap();
+            let back = s.next().await.unwrap().unwrap();
+            assert_eq!(back, Message::text(format!("echo: {text}")), "message {i}");
+        }
+        let big = vec![7u8; 65536];
+        s.send(Message::binary(big.clone())).await.unwrap();
+        assert_eq!(s.next().await.unwrap().unwrap(), Message::binary(big));
+        s.close(None).await.unwrap();
+    });
+    // request bodies are still limited on the same listener
+    let body = "b".repeat(2000);
+    let raw = format!(
+        "POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    assert_eq!(request_raw(gw.addr, raw.as_bytes()).unwrap().status, 413);
 }
 
 #[test]

@@ -290,8 +290,10 @@ pub fn status(
     })
 }
 
-/// `GET /api/tenants/<tenant>` (the id percent-decoded).
-pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Value {
+/// `GET /api/tenants/<tenant>` (the id percent-decoded); `None` for a tenant this instance
+/// knows nothing of: no API key or plan names it, no rule tracks a counter of it and it has no
+/// request in flight (the admin listener answers 404).
+pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Option<Value> {
     let snap = shared.load();
     let cfg = &snap.config;
     let plan = cfg
@@ -309,8 +311,21 @@ pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Val
         .filter(|c| c.rule.per == crate::config::model::PartitionBy::Tenant)
         .map(|c| json!({ "rule": c.rule.id, "max": c.max, "now": c.table.count(&key[..n]) }))
         .collect();
+    let keyed = cfg.tenant.sources.iter().any(|s| match s {
+        crate::config::model::TenantSource::ApiKey { keys, .. } => {
+            keys.values().any(|t| t.as_bytes() == tenant)
+        }
+        _ => false,
+    });
+    let known = plan.is_some()
+        || keyed
+        || rules.iter().any(|r| r.tracked)
+        || in_flight.iter().any(|f| f["now"].as_u64().unwrap_or(0) > 0);
+    if !known {
+        return None;
+    }
     let last = fleet.last_round();
-    json!({
+    Some(json!({
         "tenant": String::from_utf8_lossy(tenant),
         "plan": plan,
         "rules": rules,
@@ -320,7 +335,7 @@ pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Val
             "last_round_end_ms": last.map(|(end, _)| end),
             "live_instances": fleet.instances(),
         },
-    })
+    }))
 }
 
 /// `GET /api/top?rule=<id>&by=denied|usage&n=20`: the partitions of one rule with the most

@@ -164,8 +164,10 @@ impl ServeHttp for Admin {
                 let raw = &p["/api/tenants/".len()..];
                 match api::percent_decode(raw) {
                     Some(id) if !id.is_empty() => {
-                        let body = api::tenant(&self.shared, &self.fleet, &id);
-                        reply(StatusCode::OK, "application/json", body.to_string().into_bytes())
+                        match api::tenant(&self.shared, &self.fleet, &id) {
+                            Some(body) => reply(StatusCode::OK, "application/json", body.to_string().into_bytes()),
+                            None => problem(StatusCode::NOT_FOUND, "no such tenant here: no API key or plan names it and no rule has counted it"),
+                        }
                     }
                     _ => problem(StatusCode::BAD_REQUEST, "expected /api/tenants/<tenant id, percent-encoded>"),
                 }
@@ -208,6 +210,9 @@ impl ServeHttp for Admin {
 /// failure logged and `on_failure` in force); at most `FIRST_ROUND_WAIT` is spent on that.
 pub struct ReadinessProbe {
     pub listen: Vec<SocketAddr>,
+    /// Per listener: whether it speaks TLS (the probe then completes a handshake, so the
+    /// listener does not log a failed one for the probe's connection).
+    pub listen_tls: Vec<bool>,
     pub ready: Arc<AtomicBool>,
     pub fleet: Arc<FleetState>,
 }
@@ -227,15 +232,41 @@ fn dialable(addr: SocketAddr) -> SocketAddr {
     }
 }
 
+/// Complete a TLS handshake on the probe's connection and close it cleanly: a connection
+/// dropped before its handshake is logged by the listener as a failed handshake, an error at
+/// every start. Nothing is verified: the probe only needs the listener to be up.
+async fn tls_goodbye(tcp: tokio::net::TcpStream) {
+    use pingora::tls::ssl::{SslConnector, SslMethod, SslVerifyMode};
+    use tokio::io::AsyncWriteExt;
+    let Ok(mut builder) = SslConnector::builder(SslMethod::tls_client()) else {
+        return;
+    };
+    builder.set_verify(SslVerifyMode::NONE);
+    let Ok(ssl) = builder.build().configure().and_then(|c| {
+        c.verify_hostname(false)
+            .use_server_name_indication(false)
+            .into_ssl("localhost")
+    }) else {
+        return;
+    };
+    let Ok(mut stream) = pingora::tls::tokio_ssl::SslStream::new(ssl, tcp) else {
+        return;
+    };
+    let handshake = std::pin::Pin::new(&mut stream).connect();
+    if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(2), handshake).await {
+        let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+    }
+}
+
 #[async_trait]
 impl BackgroundService for ReadinessProbe {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        for addr in &self.listen {
+        for (i, addr) in self.listen.iter().enumerate() {
             loop {
-                if tokio::net::TcpStream::connect(dialable(*addr))
-                    .await
-                    .is_ok()
-                {
+                if let Ok(tcp) = tokio::net::TcpStream::connect(dialable(*addr)).await {
+                    if self.listen_tls.get(i).copied().unwrap_or(false) {
+                        tls_goodbye(tcp).await;
+                    }
                     break;
                 }
                 tokio::select! {

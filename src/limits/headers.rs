@@ -109,6 +109,13 @@ pub fn apply(
     };
     let remaining = if denied { 0 } else { top.verdict.remaining };
     let reset = ceil_secs(top.verdict.reset_ms).max(1);
+    // `t=` is when quota comes back: after a denial, when the violated tier admits again
+    // (a sliding window's or a bucket's wait is not its window's end), as `Retry-After` says
+    let back = if denied {
+        ceil_secs(top.verdict.retry_after_ms).max(1)
+    } else {
+        reset
+    };
     if !settings.x_ratelimit && !settings.ietf {
         return Ok(());
     }
@@ -125,7 +132,7 @@ pub fn apply(
         rl.push_str(";r=");
         rl.push_str(digits.format(remaining));
         rl.push_str(";t=");
-        rl.push_str(digits.format(reset));
+        rl.push_str(digits.format(back));
     }
     with_header_map(resp, |headers| {
         headers.reserve(5);
@@ -271,7 +278,7 @@ mod tests {
         );
         assert_eq!(&*t[0].name, "\"get-product/10s\"");
         assert_eq!(&*t[0].policy, "\"get-product/10s\";q=50;w=10");
-        assert_eq!(&*t[1].policy, "\"get-product/500ms\";q=5;w=0.500");
+        assert_eq!(&*t[1].policy, "\"get-product/500ms\";q=5;w=1");
         assert_eq!(&*t[2].name, "\"get-product/1m\"");
         assert_eq!(t[2].limit, "100");
         assert_eq!(number(7), "7");

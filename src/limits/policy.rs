@@ -18,13 +18,10 @@ pub struct TierText {
     pub limit: HeaderValue,
 }
 
-/// Period in seconds for `w=`: an integer, or a decimal for sub-second periods.
+/// Period in seconds for `w=`: the draft makes `w` a Structured Field Integer, so a
+/// sub-second period is written as 1 (and any other rounded up to a whole second).
 fn write_window_secs(out: &mut String, ms: u64) {
-    let _ = if ms.is_multiple_of(1000) {
-        write!(out, "{}", ms / 1000)
-    } else {
-        write!(out, "{}.{:03}", ms / 1000, ms % 1000)
-    };
+    let _ = write!(out, "{}", ms.div_ceil(1000).max(1));
 }
 
 /// The texts of a tier list of rule `id`.

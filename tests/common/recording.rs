@@ -156,7 +156,7 @@ fn parse(buf: &[u8]) -> Parse {
         if !is_request_line(&buf[..nl]) {
             return Parse::Bad;
         }
-    } else if buf.len() > 8192 || buf.iter().any(|&b| b == b'\n') {
+    } else if buf.len() > 8192 || buf.contains(&b'\n') {
         return Parse::Bad;
     } else {
         return Parse::Need;

@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// The largest threshold: a Structured Field integer has at most 15 digits (RFC 9651), and
+/// `q=` of `RateLimit-Policy` is one.
+pub const MAX_THRESHOLD: i64 = 999_999_999_999_999;
+
 pub(super) fn check_tiers(c: &mut Checker, base: &str, tiers: &[TierFile]) -> Vec<Tier> {
     if tiers.is_empty() {
         c.err(
@@ -33,6 +37,16 @@ pub(super) fn check_tiers(c: &mut Checker, base: &str, tiers: &[TierFile]) -> Ve
                 &format!("{p}.threshold"),
                 format!(
                     "threshold must be a positive integer, got {}",
+                    t.threshold.0
+                ),
+            );
+        }
+        if t.threshold.0 > MAX_THRESHOLD {
+            c.err(
+                &format!("{p}.threshold"),
+                format!(
+                    "threshold {} is too large: the RateLimit headers carry it as a Structured \
+                     Field integer, at most {MAX_THRESHOLD} (15 digits)",
                     t.threshold.0
                 ),
             );
