@@ -7,7 +7,7 @@ BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.
 TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk curl:curl chromium:chromium
 BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client
 
-.PHONY: all deps deps-test deps-bench build release run test lint fmt bench check-configs clean demo-cert fuzz
+.PHONY: all deps deps-test deps-bench build release run test conformance lint fmt bench check-configs clean demo-cert fuzz
 
 all: build
 
@@ -49,6 +49,14 @@ test: deps-test demo-cert lint
 	$(CARGO) test --lib --bins --tests 2>&1 | tee target/test.log
 	$(CARGO) test --release --test fleet_sim --test fleet_load --test cluster 2>&1 | tee -a target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
+
+## Outside test suites against a real gateway (CI runs it after `make test`): sslyze with
+## Mozilla's intermediate profile, promtool on /metrics, h2load over h2 and h2c with request
+## bodies, a WebSocket echo past max_body_bytes (the `websockets` package), every RateLimit
+## value through http_sfv, and the raw-socket smuggling table. Installs h2load and promtool
+## from Debian and the Python packages into target/conformance-venv.
+conformance: deps
+	scripts/conformance
 
 ## Criterion benchmark of the decision; the cost per request against a bare Pingora
 ## passthrough (callgrind instructions, wrk throughput, latency, nginx + limit_req); the whole
