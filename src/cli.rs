@@ -180,6 +180,7 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
     let gateway = Gateway {
         shared: shared.clone(),
         metrics: metrics.clone(),
+        draining: draining.clone(),
     };
     let mut app = HttpProxy::new(gateway, server.configuration.clone());
     app.handle_init_modules();

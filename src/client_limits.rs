@@ -57,7 +57,15 @@ where
         self.proxy.server_options()
     }
 
+    /// Called once the listeners stop accepting (SIGTERM, or SIGQUIT in an upgrade). Pingora's
+    /// own cleanup drops every kept-alive connection waiting for its next request at once; a
+    /// client that had just sent one then loses it (wrk counted read errors). So the drop
+    /// waits `DRAIN_WINDOW` (at most half the grace period): meanwhile each request still
+    /// arriving on a kept-alive connection is served and answered with `Connection: close`
+    /// (`Gateway::draining`), and its client reconnects to whoever listens now.
     async fn http_cleanup(&self) {
+        let grace = self.shared.load().config.server.grace_period;
+        tokio::time::sleep(DRAIN_WINDOW.min(grace / 2)).await;
         self.proxy.http_cleanup().await
     }
 
@@ -72,6 +80,10 @@ where
             .await
     }
 }
+
+/// How long kept-alive connections are still served, each answer closing its connection,
+/// after the listeners stop accepting.
+pub const DRAIN_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub const BODY_TOO_LARGE: &str = "the request body is larger than this gateway accepts";
 

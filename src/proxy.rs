@@ -70,6 +70,10 @@ pub struct RequestCtx {
 pub struct Gateway {
     pub shared: SharedSnapshot,
     pub metrics: Arc<Metrics>,
+    /// Set by SIGTERM and SIGQUIT: every answer from then on closes its connection, so a
+    /// kept-alive client reconnects (to the new process, in an upgrade) instead of sending its
+    /// next request to a process that is going away.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The status logged and counted for a request that got no answer at all (the client went
@@ -316,6 +320,9 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         header_deadline::header_read();
+        if self.draining.load(std::sync::atomic::Ordering::Relaxed) {
+            session.set_keepalive(None);
+        }
         let snap = self.shared.load_full();
         let cfg = &snap.config;
         let req = session.req_header();

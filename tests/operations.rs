@@ -363,6 +363,141 @@ fn graceful_upgrade_hands_over_listeners_without_refusing_a_connection() {
     assert_eq!(failed, 0, "{failed} requests failed or were refused");
 }
 
+/// Clients that keep their connections alive, as browsers, SDKs and wrk do: each sends a
+/// request, reads its whole answer, and sends the next on the same connection; it opens a new
+/// connection only when the server said `Connection: close` or closed the connection before
+/// the request was sent (as HTTP clients check before reusing one). A request sent and never
+/// answered is a failure. Returns (answered 200, failed).
+fn kept_alive_traffic(
+    addr: std::net::SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(usize, usize)> {
+    use std::io::{Read, Write};
+    std::thread::spawn(move || {
+        let (mut ok, mut failed) = (0, 0);
+        let mut conn: Option<std::net::TcpStream> = None;
+        while !stop.load(Ordering::Relaxed) {
+            let mut s = match conn.take() {
+                Some(s) => s,
+                None => match std::net::TcpStream::connect(addr) {
+                    Ok(s) => s,
+                    Err(_) => {
+                        failed += 1;
+                        continue;
+                    }
+                },
+            };
+            // closed by the server while idle? (a FIN waiting to be read): reconnect
+            s.set_nonblocking(true).unwrap();
+            let mut probe = [0u8; 1];
+            let closed = matches!(s.peek(&mut probe), Ok(0));
+            s.set_nonblocking(false).unwrap();
+            if closed {
+                continue;
+            }
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            if s.write_all(b"GET /x HTTP/1.1\r\nhost: t\r\n\r\n").is_err() {
+                failed += 1;
+                continue;
+            }
+            let mut buf = Vec::new();
+            let mut tmp = [0u8; 4096];
+            let complete = loop {
+                if let Some(head) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let text = String::from_utf8_lossy(&buf[..head]).to_ascii_lowercase();
+                    let len: usize = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if buf.len() >= head + 4 + len {
+                        break Some((
+                            text.starts_with("http/1.1 200"),
+                            text.contains("connection: close"),
+                        ));
+                    }
+                }
+                match s.read(&mut tmp) {
+                    Ok(0) | Err(_) => break None,
+                    Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                }
+            };
+            match complete {
+                Some((true, close)) => {
+                    ok += 1;
+                    if !close {
+                        conn = Some(s);
+                    }
+                }
+                _ => failed += 1,
+            }
+        }
+        (ok, failed)
+    })
+}
+
+/// A graceful upgrade under clients that keep their connections alive (8 threads of the
+/// above, and wrk with 32 connections): no request is lost. The old process answers what
+/// arrives on its kept-alive connections with `Connection: close` until it closes the idle
+/// ones, so every client moves to the new process between two requests.
+#[test]
+fn graceful_upgrade_loses_no_request_of_kept_alive_clients() {
+    let up = Upstream::start("a");
+    let gw = Gateway::start(&config(&up, "", 3));
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..8)
+        .map(|_| kept_alive_traffic(gw.addr, stop.clone()))
+        .collect();
+    let wrk = std::process::Command::new("wrk")
+        .args(["-t1", "-c32", "-d5s", "--latency"])
+        .arg(format!("http://{}/x", gw.addr))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("wrk (Debian package wrk; make test installs it)");
+    // traffic on the old process first
+    assert!(eventually(Duration::from_secs(5), || metric_sum(
+        &gw.metrics(),
+        "tollgate_requests_total"
+    ) > 500.0));
+    let log = std::fs::File::create(gw.dir.0.join("new.log")).unwrap();
+    let mut new = std::process::Command::new(common::tollgate_bin())
+        .args(["-u", "-c", &gw.config.display().to_string()])
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // the new process is waiting on the upgrade socket once it exists
+    let sock = gw.dir.0.join("upgrade.sock");
+    assert!(eventually(Duration::from_secs(10), || sock.exists()));
+    signal(&gw, libc::SIGQUIT);
+    let mut old = gw;
+    assert!(
+        eventually(Duration::from_secs(10), || old
+            .child
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "the old process exited"
+    );
+    let out = wrk.wait_with_output().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, 0);
+    for c in clients {
+        let (o, f) = c.join().unwrap();
+        ok += o;
+        failed += f;
+    }
+    let wrk_out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = new.kill();
+    let _ = new.wait();
+    assert!(ok > 100, "kept-alive clients were served: {ok}");
+    assert_eq!(failed, 0, "kept-alive requests lost");
+    assert!(
+        !wrk_out.contains("Socket errors") && !wrk_out.contains("Non-2xx"),
+        "wrk lost requests: {wrk_out}"
+    );
+    assert!(wrk_out.contains("requests in"), "{wrk_out}");
+}
+
 #[test]
 fn access_log_has_one_line_per_request() {
     let up = Upstream::start("a");
