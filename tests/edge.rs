@@ -714,6 +714,21 @@ fn client_input_limits_answer_431_and_413() {
     assert!(r.body.contains("\"status\":413"), "{}", r.body);
     assert_eq!(post(&"b".repeat(500), true).status, 200);
     assert_eq!(post(&"b".repeat(3000), true).status, 413, "while streaming");
+    // counted under the route they matched (a 413 by Content-Length was route="none")
+    assert_eq!(
+        metric_sum(
+            &gw.metrics(),
+            "tollgate_requests_total{route=\"all\",status=\"413\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric_sum(
+            &gw.metrics(),
+            "tollgate_requests_total{route=\"all\",status=\"431\"}"
+        ),
+        1.0
+    );
     drop(gw);
 
     let gw = Gateway::start(&one_route_config(
