@@ -255,20 +255,58 @@ fn pipelined_requests_are_each_answered() {
     );
 }
 
-/// The chunk-size leniencies of httparse 1.10 (Pingora's chunk parser) that the README names:
-/// an empty chunk-size line is read as the last chunk, and a bare LF inside a chunk extension
-/// is accepted. The gateway cannot see raw chunks to refuse them; this test fails the day
-/// httparse becomes strict, and the README's list is then to be shortened.
+/// Pingora reads chunk-size lines with httparse; the stock 1.10 took an empty line as the
+/// last chunk and accepted a bare LF inside an extension. The workspace patches it
+/// (`vendor/httparse`, `[patch.crates-io]`); this fails the day the patch no longer applies.
 #[test]
-fn httparse_chunk_size_leniencies_are_still_there() {
-    assert_eq!(
-        httparse::parse_chunk_size(b"\r\n"),
-        Ok(httparse::Status::Complete((2, 0))),
-        "an empty chunk-size line is a last chunk"
+fn httparse_is_the_patched_one() {
+    assert!(
+        httparse::parse_chunk_size(b"\r\n").is_err(),
+        "an empty chunk-size line is refused"
+    );
+    assert!(
+        httparse::parse_chunk_size(b"5;a\nb\r\n").is_err(),
+        "a bare LF inside an extension is refused"
     );
     assert_eq!(
-        httparse::parse_chunk_size(b"5;a\nb\r\n"),
-        Ok(httparse::Status::Complete((7, 5))),
-        "a bare LF inside an extension is accepted"
+        httparse::parse_chunk_size(b"5;a=b\r\n"),
+        Ok(httparse::Status::Complete((7, 5)))
+    );
+    assert_eq!(
+        httparse::parse_chunk_size(b"0\r\n"),
+        Ok(httparse::Status::Complete((3, 0)))
+    );
+}
+
+/// Malformed chunk framing ends the request: the upstream never receives a request hidden
+/// after it, nothing hidden is answered, and the connection is closed.
+#[test]
+fn malformed_chunks_end_the_request_and_hide_nothing() {
+    let up = RecordingUpstream::start();
+    let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + TENANTS));
+    let hidden = "GET /hidden HTTP/1.1\r\nHost: x\r\n\r\n";
+    for (name, body) in [
+        (
+            "empty chunk-size line",
+            format!("5\r\nhello\r\n\r\n\r\n{hidden}"),
+        ),
+        (
+            "bare LF in an extension",
+            format!("5;a\nb\r\nhello\r\n0\r\n\r\n{hidden}"),
+        ),
+    ] {
+        let raw =
+            format!("POST /chunks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{body}");
+        let answers = exchange(&gw, raw.as_bytes());
+        assert!(answers.len() <= 1, "{name}: {answers:?}");
+        assert!(
+            answers.iter().all(|(s, _)| *s == 400),
+            "{name}: refused, if answered at all: {answers:?}"
+        );
+    }
+    assert!(
+        !up.request_lines().iter().any(|l| l.contains("/hidden")),
+        "{:?}",
+        up.request_lines()
     );
 }
