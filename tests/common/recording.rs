@@ -45,24 +45,21 @@ impl RecordingUpstream {
 
     /// Every whole request received, in order of arrival.
     pub fn requests(&self) -> Vec<Vec<u8>> {
-        let rec = self.record.lock().unwrap();
-        rec.seen
-            .iter()
-            .filter_map(|s| match s {
-                Seen::Request(b) => Some(b.clone()),
-                Seen::Garbage(_) => None,
-            })
-            .collect()
+        self.seen(true)
     }
 
     /// Bytes that were not a request where one had to start.
     pub fn garbage(&self) -> Vec<Vec<u8>> {
+        self.seen(false)
+    }
+
+    fn seen(&self, requests: bool) -> Vec<Vec<u8>> {
         let rec = self.record.lock().unwrap();
         rec.seen
             .iter()
-            .filter_map(|s| match s {
-                Seen::Garbage(b) => Some(b.clone()),
-                Seen::Request(_) => None,
+            .filter_map(|s| match (s, requests) {
+                (Seen::Request(b), true) | (Seen::Garbage(b), false) => Some(b.clone()),
+                _ => None,
             })
             .collect()
     }
