@@ -16,7 +16,6 @@ raw-socket smuggling table is `tests/smuggling.rs` (run by `make conformance` af
 """
 
 import asyncio
-import json
 import os
 import re
 import shutil

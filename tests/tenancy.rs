@@ -3,7 +3,9 @@
 //! (reloaded on SIGHUP), and the warnings of `-t`.
 
 mod common;
-use common::{avoid_window_edge, one_route_config, run_tollgate, Gateway, TempDir, Upstream};
+use common::{
+    avoid_window_edge, one_route_config, request, run_tollgate, Gateway, TempDir, Upstream,
+};
 
 /// One upstream, four routes: `/v1/**` requires a tenant, `/public/**` takes `anonymous`,
 /// `/login` looks for none, the rest follow `tenant.required`.
@@ -224,4 +226,20 @@ fn check_warns_of_claimable_sources_and_plan_members_no_key_maps_to() {
         err.contains("plans.premium[1]: tenant \"globexx\" is not the tenant of any API key"),
         "{err}"
     );
+}
+
+/// `/api/tenants/<id>` knows a tenant that an API key or a plan names before it sends
+/// anything, and answers 404 for an id nothing names or has counted.
+#[test]
+fn the_tenant_lookup_knows_tenants_by_key_and_plan_before_any_request() {
+    let up = Upstream::start("u");
+    let gw = with_files(&up, "premium: [planned]\n", "\"k-keyed\": keyed\n");
+    let status = |id: &str| {
+        request(gw.admin, "GET", &format!("/api/tenants/{id}"), &[])
+            .expect("admin answers")
+            .status
+    };
+    assert_eq!(status("keyed"), 200, "an API key names it");
+    assert_eq!(status("planned"), 200, "a plan names it");
+    assert_eq!(status("nobody"), 404);
 }

@@ -303,13 +303,18 @@ pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Opt
     let rules = snap.limiter.inspect_tenant(tenant, &cfg.plans);
     // requests of this tenant in flight, for each per-tenant concurrency limit
     let mut key = [0u8; crate::limits::partition::KEY_BUF];
+    let mut busy = false;
     let n = crate::limits::partition::PartitionValue::Bytes(tenant).store_key(&mut key);
     let in_flight: Vec<Value> = snap
         .limiter
         .concurrency
         .iter()
         .filter(|c| c.rule.per == crate::config::model::PartitionBy::Tenant)
-        .map(|c| json!({ "rule": c.rule.id, "max": c.max, "now": c.table.count(&key[..n]) }))
+        .map(|c| {
+            let now = c.table.count(&key[..n]);
+            busy |= now > 0;
+            json!({ "rule": c.rule.id, "max": c.max, "now": now })
+        })
         .collect();
     let keyed = cfg.tenant.sources.iter().any(|s| match s {
         crate::config::model::TenantSource::ApiKey { keys, .. } => {
@@ -317,10 +322,7 @@ pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Opt
         }
         _ => false,
     });
-    let known = plan.is_some()
-        || keyed
-        || rules.iter().any(|r| r.tracked)
-        || in_flight.iter().any(|f| f["now"].as_u64().unwrap_or(0) > 0);
+    let known = plan.is_some() || keyed || rules.iter().any(|r| r.tracked) || busy;
     if !known {
         return None;
     }

@@ -19,7 +19,6 @@ pub enum Seen {
 #[derive(Default)]
 pub struct Record {
     pub seen: Vec<Seen>,
-    pub connections: usize,
 }
 
 pub struct RecordingUpstream {
@@ -35,7 +34,6 @@ impl RecordingUpstream {
         let r = record.clone();
         std::thread::spawn(move || {
             for s in listener.incoming().flatten() {
-                r.lock().unwrap().connections += 1;
                 let r = r.clone();
                 std::thread::spawn(move || serve(s, &r));
             }
