@@ -37,9 +37,19 @@ fn make_cert(dir: &Path, name: &str, host: &str) {
 
 /// A TLS connection that does not verify, asking for `sni`.
 fn tls_connect(addr: SocketAddr, sni: &str) -> SslStream<TcpStream> {
+    tls_handshake(addr, sni, |b| b.set_alpn_protos(b"\x08http/1.1").unwrap())
+        .expect("TLS handshake")
+}
+
+/// A TLS handshake that does not verify, asking for `sni`, the connector set up by `setup`.
+fn tls_handshake(
+    addr: SocketAddr,
+    sni: &str,
+    setup: impl FnOnce(&mut pingora::tls::ssl::SslConnectorBuilder),
+) -> Option<SslStream<TcpStream>> {
     let mut b = SslConnector::builder(SslMethod::tls()).unwrap();
     b.set_verify(SslVerifyMode::NONE);
-    b.set_alpn_protos(b"\x08http/1.1").unwrap();
+    setup(&mut b);
     let tcp = TcpStream::connect(addr).unwrap();
     tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     b.build()
@@ -47,7 +57,7 @@ fn tls_connect(addr: SocketAddr, sni: &str) -> SslStream<TcpStream> {
         .unwrap()
         .verify_hostname(false)
         .connect(sni, tcp)
-        .expect("TLS handshake")
+        .ok()
 }
 
 fn peer_cn(s: &SslStream<TcpStream>) -> String {
@@ -158,17 +168,7 @@ fn tls_offers_intermediate_groups_and_starts_without_a_handshake_error() {
     );
     let tls_addr: SocketAddr = format!("127.0.0.1:{tls_port}").parse().unwrap();
     let with_group = |group: &str| {
-        let mut b = SslConnector::builder(SslMethod::tls()).unwrap();
-        b.set_verify(SslVerifyMode::NONE);
-        b.set_groups_list(group).unwrap();
-        let tcp = TcpStream::connect(tls_addr).unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        b.build()
-            .configure()
-            .unwrap()
-            .verify_hostname(false)
-            .connect("localhost", tcp)
-            .is_ok()
+        tls_handshake(tls_addr, "localhost", |b| b.set_groups_list(group).unwrap()).is_some()
     };
     for ok in ["X25519", "P-256", "P-384"] {
         assert!(with_group(ok), "{ok} is offered");

@@ -315,6 +315,24 @@ fn sigint_exits_at_once() {
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 }
 
+/// A graceful upgrade of `gw`: start the new process with `-u`, wait until it listens on the
+/// upgrade socket, then SIGQUIT the old one; returns the new process.
+fn hand_over(gw: &Gateway) -> std::process::Child {
+    let log = std::fs::File::create(gw.dir.0.join("new.log")).unwrap();
+    let new = std::process::Command::new(common::tollgate_bin())
+        .args(["-u", "-c", &gw.config.display().to_string()])
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let sock = gw.dir.0.join("upgrade.sock");
+    assert!(
+        eventually(Duration::from_secs(10), || sock.exists()),
+        "the new process waits on the upgrade socket"
+    );
+    signal(gw, libc::SIGQUIT);
+    new
+}
+
 #[test]
 fn graceful_upgrade_hands_over_listeners_without_refusing_a_connection() {
     let up = Upstream::start("a");
@@ -331,14 +349,7 @@ fn graceful_upgrade_hands_over_listeners_without_refusing_a_connection() {
         .unwrap();
     assert_eq!(st.status.code(), Some(1));
     // the new process waits for the listeners; SIGQUIT makes the old one hand them over
-    let log = std::fs::File::create(gw.dir.0.join("new.log")).unwrap();
-    let mut new = std::process::Command::new(common::tollgate_bin())
-        .args(["-u", "-c", &gw.config.display().to_string()])
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    signal(&gw, libc::SIGQUIT);
+    let mut new = hand_over(&gw);
     // the old process exits once its grace period (2 s) is over
     assert!(
         eventually(Duration::from_secs(8), || gw
@@ -403,19 +414,9 @@ fn kept_alive_traffic(
             let mut buf = Vec::new();
             let mut tmp = [0u8; 4096];
             let complete = loop {
-                if let Some(head) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    let text = String::from_utf8_lossy(&buf[..head]).to_ascii_lowercase();
-                    let len: usize = text
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    if buf.len() >= head + 4 + len {
-                        break Some((
-                            text.starts_with("http/1.1 200"),
-                            text.contains("connection: close"),
-                        ));
-                    }
+                if let Some(len) = common::response_len(&buf).filter(|&n| buf.len() >= n) {
+                    let r = common::parse_response(&buf[..len]).ok();
+                    break r.map(|r| (r.status == 200, r.header("connection") == Some("close")));
                 }
                 match s.read(&mut tmp) {
                     Ok(0) | Err(_) => break None,
@@ -459,16 +460,7 @@ fn graceful_upgrade_loses_no_request_of_kept_alive_clients() {
         &gw.metrics(),
         "tollgate_requests_total"
     ) > 500.0));
-    let log = std::fs::File::create(gw.dir.0.join("new.log")).unwrap();
-    let mut new = std::process::Command::new(common::tollgate_bin())
-        .args(["-u", "-c", &gw.config.display().to_string()])
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    // the new process is waiting on the upgrade socket once it exists
-    let sock = gw.dir.0.join("upgrade.sock");
-    assert!(eventually(Duration::from_secs(10), || sock.exists()));
-    signal(&gw, libc::SIGQUIT);
+    let mut new = hand_over(&gw);
     let mut old = gw;
     assert!(
         eventually(Duration::from_secs(10), || old

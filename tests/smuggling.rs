@@ -102,47 +102,6 @@ fn uploads_over_http2_never_hand_another_tenant_a_stray_answer() {
     assert_eq!(up.requests().len(), 60);
 }
 
-/// Send `raw` on a fresh connection and read until it closes (or is quiet for 1 s): every
-/// answer's status and body, in order.
-fn exchange(gw: &Gateway, raw: &[u8]) -> Vec<(u16, String)> {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_secs(1)))
-        .unwrap();
-    let _ = s.write_all(raw);
-    let mut out = Vec::new();
-    let mut tmp = [0u8; 8192];
-    while let Ok(n) = s.read(&mut tmp) {
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&tmp[..n]);
-    }
-    let mut answers = Vec::new();
-    let mut rest = &out[..];
-    while !rest.is_empty() {
-        let len = response_len(rest).unwrap_or(rest.len()).min(rest.len());
-        let Ok(r) = parse_response(&rest[..len]) else {
-            break;
-        };
-        answers.push((r.status, r.body));
-        rest = &rest[len..];
-    }
-    answers
-}
-
-/// The length of the first response in `buf` (head plus Content-Length body).
-fn response_len(buf: &[u8]) -> Option<usize> {
-    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-    let len: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    Some(head_end + len)
-}
-
 /// Requests whose framing RFC 9112 makes a 400 and Pingora's parser lets through: the
 /// gateway answers them itself with problem+json, counts them under the route they matched,
 /// logs them, and the upstream receives nothing of them (in particular not the request
@@ -164,7 +123,7 @@ fn ambiguous_http1_framing_is_refused_by_the_gateway_and_never_reaches_the_upstr
         ),
     ];
     for (name, raw) in &cases {
-        let answers = exchange(&gw, raw.as_bytes());
+        let answers = exchange(gw.addr, raw.as_bytes());
         assert_eq!(
             answers.len(),
             1,
@@ -196,7 +155,7 @@ fn ambiguous_http1_framing_is_refused_by_the_gateway_and_never_reaches_the_upstr
             format!("POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n{hidden}"),
         ),
     ] {
-        let answers = exchange(&gw, raw.as_bytes());
+        let answers = exchange(gw.addr, raw.as_bytes());
         assert_eq!(answers.len(), 1, "{name}: {answers:?}");
         assert_eq!(answers[0].0, 400, "{name}");
     }
@@ -208,7 +167,7 @@ fn ambiguous_http1_framing_is_refused_by_the_gateway_and_never_reaches_the_upstr
         format!("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n{hidden}"),
         format!("POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 40\r\n\r\n0\r\n\r\n{hidden}"),
     ] {
-        let answers = exchange(&gw, raw.as_bytes());
+        let answers = exchange(gw.addr, raw.as_bytes());
         assert_eq!(answers, [(200, "POST /a HTTP/1.1".to_string())], "{raw:?}");
     }
     let requests = up.requests();
@@ -241,7 +200,7 @@ fn pipelined_requests_are_each_answered() {
     let up = RecordingUpstream::start();
     let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + TENANTS));
     let raw = "GET /first HTTP/1.1\r\nHost: x\r\n\r\nGET /second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-    let answers = exchange(&gw, raw.as_bytes());
+    let answers = exchange(gw.addr, raw.as_bytes());
     assert_eq!(
         answers,
         [
@@ -297,7 +256,7 @@ fn malformed_chunks_end_the_request_and_hide_nothing() {
     ] {
         let raw =
             format!("POST /chunks HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{body}");
-        let answers = exchange(&gw, raw.as_bytes());
+        let answers = exchange(gw.addr, raw.as_bytes());
         assert!(answers.len() <= 1, "{name}: {answers:?}");
         assert!(
             answers.iter().all(|(s, _)| *s == 400),

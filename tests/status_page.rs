@@ -11,6 +11,16 @@ use std::time::Duration;
 
 const LIMITS: &str = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\nlimits:\n  - id: per-org\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 4 }]\n";
 
+/// A gateway whose admin listener wants a token, after one request of tenant `acme`.
+fn with_admin_token(up: &Upstream) -> (Gateway, &'static str) {
+    let token = "0123456789abcdef0123";
+    let gw = Gateway::start(
+        &(one_route_config(up.addr, 1, &format!("  admin_token: \"{token}\"")) + LIMITS),
+    );
+    gw.get("/x", &[("x-org-id", "acme")]);
+    (gw, token)
+}
+
 fn api(gw: &Gateway, path: &str, headers: &[(&str, &str)]) -> Response {
     request(gw.admin, "GET", path, headers).expect("admin answers")
 }
@@ -121,11 +131,7 @@ fn status_lists_pools_rules_rates_redis_and_the_last_reload() {
 #[test]
 fn the_admin_token_guards_the_operator_endpoints_only() {
     let up = Upstream::start("u");
-    let token = "0123456789abcdef0123";
-    let gw = Gateway::start(
-        &(one_route_config(up.addr, 1, &format!("  admin_token: \"{token}\"")) + LIMITS),
-    );
-    gw.get("/x", &[("x-org-id", "acme")]);
+    let (gw, token) = with_admin_token(&up);
     for path in ["/", "/api/status", "/api/tenants/acme"] {
         let r = api(&gw, path, &[]);
         assert_eq!(r.status, 401, "{path}");
@@ -272,11 +278,7 @@ fn the_status_page_renders_in_a_browser_and_escapes_what_it_shows() {
 #[test]
 fn the_status_page_works_with_the_token_in_its_url() {
     let up = Upstream::start("u");
-    let token = "0123456789abcdef0123";
-    let gw = Gateway::start(
-        &(one_route_config(up.addr, 1, &format!("  admin_token: \"{token}\"")) + LIMITS),
-    );
-    gw.get("/x", &[("x-org-id", "acme")]);
+    let (gw, token) = with_admin_token(&up);
     let profile = TempDir::new();
     let url = format!("http://admin:{token}@{}/#tenant=acme", gw.admin);
     let dom = chromium(&profile.0, &["--dump-dom", &url]);

@@ -367,6 +367,45 @@ pub fn parse_response(buf: &[u8]) -> std::io::Result<Response> {
     })
 }
 
+/// Send `raw` on a fresh connection and read until it closes (or is quiet for 1 s): every
+/// answer's status and body, in order (answers framed by Content-Length).
+pub fn exchange(addr: SocketAddr, raw: &[u8]) -> Vec<(u16, String)> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let _ = s.write_all(raw);
+    let mut out = Vec::new();
+    let mut tmp = [0u8; 8192];
+    while let Ok(n) = s.read(&mut tmp) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&tmp[..n]);
+    }
+    let mut answers = Vec::new();
+    let mut rest = &out[..];
+    while !rest.is_empty() {
+        let len = response_len(rest).unwrap_or(rest.len()).min(rest.len());
+        let Ok(r) = parse_response(&rest[..len]) else {
+            break;
+        };
+        answers.push((r.status, r.body));
+        rest = &rest[len..];
+    }
+    answers
+}
+
+/// The length of the first response in `buf` (head plus Content-Length body).
+pub fn response_len(buf: &[u8]) -> Option<usize> {
+    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    Some(head_end + len)
+}
+
 /// Run `tollgate` with arguments; returns (exit code, stdout, stderr).
 pub fn run_tollgate(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(tollgate_bin())
