@@ -155,18 +155,24 @@ fn start_tls(template: &str, certs: &[(&str, &str)]) -> Gateway {
     Gateway::start_with_files(template, &files)
 }
 
+/// A gateway with a plain and a TLS listener (certificate `gw` for localhost) before `up`;
+/// the TLS listener's address.
+fn one_tls_listener(up: &Upstream) -> (Gateway, SocketAddr) {
+    let tls_port = free_port();
+    let gw = start_tls(
+        &tls_config(up.addr, tls_port, "", ""),
+        &[("gw", "localhost")],
+    );
+    (gw, format!("127.0.0.1:{tls_port}").parse().unwrap())
+}
+
 /// A TLS listener offers Mozilla intermediate's key exchange groups only (X25519, P-256,
 /// P-384; OpenSSL 3 alone would add X448 and P-521), and starting one logs no failed handshake
 /// (the readiness probe's connection completes its own).
 #[test]
 fn tls_offers_intermediate_groups_and_starts_without_a_handshake_error() {
     let up = Upstream::start("app");
-    let tls_port = free_port();
-    let gw = start_tls(
-        &tls_config(up.addr, tls_port, "", ""),
-        &[("gw", "localhost")],
-    );
-    let tls_addr: SocketAddr = format!("127.0.0.1:{tls_port}").parse().unwrap();
+    let (gw, tls_addr) = one_tls_listener(&up);
     let with_group = |group: &str| {
         tls_handshake(tls_addr, "localhost", |b| b.set_groups_list(group).unwrap()).is_some()
     };
@@ -335,12 +341,7 @@ fn without_h2c_a_plain_listener_does_not_speak_http2() {
 #[test]
 fn sighup_reloads_certificates_for_new_handshakes_only() {
     let up = Upstream::start("app");
-    let tls_port = free_port();
-    let gw = start_tls(
-        &tls_config(up.addr, tls_port, "", ""),
-        &[("gw", "localhost")],
-    );
-    let tls_addr: SocketAddr = format!("127.0.0.1:{tls_port}").parse().unwrap();
+    let (gw, tls_addr) = one_tls_listener(&up);
     let mut open = tls_connect(tls_addr, "localhost");
     let before = peer_digest(&open);
     assert_eq!(get_on(&mut open, "/a", &[]).0, 200);
