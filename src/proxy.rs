@@ -83,8 +83,9 @@ const CLIENT_GONE: http::StatusCode = match http::StatusCode::from_u16(499) {
     Err(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
 };
 
-/// `action: delay`: wait while the decision says so, up to `max_delay`; then reject. Returns
-/// the last decision and whether the request waited.
+/// `action: delay`, and requests held for the fleet: wait while the decision says so, up to
+/// `max_delay` (then reject), or up to the fleet's hold limit (then decide as `on_failure`
+/// says). Returns the last decision and whether the request waited for `action: delay`.
 async fn hold(
     limiter: &crate::limits::Limiter,
     lreq: &LimitRequest<'_>,
@@ -92,26 +93,40 @@ async fn hold(
     mut d: Decision,
 ) -> (Decision, bool) {
     let mut delayed = false;
-    if let Verdict::Delay { max_delay_ms, .. } = d.verdict {
-        let deadline = Instant::now() + Duration::from_millis(max_delay_ms);
-        while let Verdict::Delay {
-            wait_ms, status, ..
-        } = d.verdict
-        {
-            let wake = Instant::now() + Duration::from_millis(wait_ms.max(1));
-            if wake > deadline {
-                d.verdict = Verdict::Reject { status };
-                break;
+    let start = Instant::now();
+    let held_until = start + Duration::from_millis(limiter.fleet.hold_ms());
+    let mut delay_until = None;
+    loop {
+        let wake = match d.verdict {
+            Verdict::Delay {
+                wait_ms,
+                max_delay_ms,
+                status,
+            } => {
+                let deadline =
+                    *delay_until.get_or_insert(start + Duration::from_millis(max_delay_ms));
+                let wake = Instant::now() + Duration::from_millis(wait_ms.max(1));
+                if wake > deadline {
+                    d.verdict = Verdict::Reject { status };
+                    break;
+                }
+                delayed = true;
+                wake
             }
-            // until room can appear: the refill time, or the end of the sync round that may
-            // grant this instance more (a held request never polls the decision)
-            tokio::select! {
-                _ = tokio::time::sleep_until(wake) => {}
-                _ = limiter.fleet.next_round() => {}
-            }
-            delayed = true;
-            d = limiter.decide(lreq, plans);
+            Verdict::Hold => held_until,
+            _ => break,
+        };
+        // until room can appear: the refill time, or the end of the sync round that may
+        // grant this instance more (a held request never polls the decision)
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = limiter.fleet.next_round() => {}
         }
+        d = match d.verdict {
+            Verdict::Hold if Instant::now() >= held_until => limiter.decide_after_hold(lreq, plans),
+            Verdict::Hold => limiter.decide_again(lreq, plans),
+            _ => limiter.decide(lreq, plans),
+        };
     }
     (d, delayed)
 }
@@ -437,7 +452,7 @@ impl ProxyHttp for Gateway {
             self.metrics
                 .decision_duration
                 .observe(t0.elapsed().as_secs_f64());
-            if let Verdict::Delay { .. } = d.verdict {
+            if let Verdict::Delay { .. } | Verdict::Hold = d.verdict {
                 // rare: boxed, so that the request's future stays small for the common case
                 let held;
                 (held, delayed) = Box::pin(hold(limiter, &lreq, &cfg.plans, d)).await;

@@ -127,6 +127,9 @@ impl Snapshot {
                 .as_ref()
                 .map_or(Default::default(), |r| r.on_failure),
         );
+        if let Some(r) = &config.redis {
+            rt.fleet.set_hold(crate::limits::fleet::hold_limit(r.timeout));
+        }
         let gates = config
             .upstreams
             .iter()

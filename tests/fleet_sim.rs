@@ -21,7 +21,7 @@ use std::sync::Arc;
 use tollgate::config::{self, model::RedisSettings};
 use tollgate::fleet_sync::backend::{ledger_model, Exchange, Heartbeat, LedgerUpdate};
 use tollgate::fleet_sync::{Accounts, Round, Schedule};
-use tollgate::limits::fleet::{FleetState, Link};
+use tollgate::limits::fleet::{hold_limit, FleetState, Link};
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
 
 /// splitmix64: small, fast, and the same on every machine.
@@ -58,6 +58,9 @@ enum Shape {
     Ramp,
     /// Even over some instances, the others idle.
     SomeIdle,
+    /// Spikes of 0.2 x threshold arriving in the same ms on one instance, five to a window
+    /// (or to the run, for long windows): the fleet passes 0.9 x threshold at the fifth.
+    Spikes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +73,8 @@ enum Faults {
     /// The tenant's Redis Cluster node does not answer for a while; the rest of Redis (the
     /// heartbeat's node) does.
     ShardDown,
+    /// Redis stalls (answers nothing) for less than the timeout, a few times.
+    Stall,
 }
 
 #[derive(Debug, Clone)]
@@ -83,6 +88,8 @@ struct Scenario {
     period_ms: u64,
     interval_ms: u64,
     timeout_ms: u64,
+    /// Round trip to Redis (jittered by up to a half).
+    rtt_ms: u64,
     /// Requests per second offered to the whole fleet.
     rate: f64,
     shape: Shape,
@@ -119,13 +126,18 @@ impl Scenario {
             Shape::Bursts,
             Shape::Ramp,
             Shape::SomeIdle,
+            Shape::Spikes,
+            Shape::Spikes,
         ]);
         let faults = match r.below(10) {
             0 => Faults::SlowAndLost,
             1 => Faults::Restart,
             2 => Faults::ShardDown,
+            3 => Faults::Stall,
             _ => Faults::None,
         };
+        // Redis next door, or up to 5 ms away each way
+        let rtt_ms = r.pick(&[1, 2, 3, 5, 10]);
         // up to two whole windows of the short periods, a few seconds of the long ones
         let span_ms = if period_ms <= 10_000 {
             2 * period_ms
@@ -146,6 +158,7 @@ impl Scenario {
             period_ms,
             interval_ms,
             timeout_ms: 100,
+            rtt_ms,
             rate,
             shape,
             warm: r.below(2) == 0,
@@ -185,6 +198,8 @@ impl Scenario {
                 .iter()
                 .find(|(a, b, who)| *who == i && (*a..*b).contains(&t))
                 .map_or(0.0, |_| per_ms * 3.0),
+            // the spikes come on their own
+            Shape::Spikes => 0.0,
         }
     }
 }
@@ -199,6 +214,8 @@ struct SimRedis {
     restarted: bool,
     /// The tenant's node does not answer in [from, until).
     shard_down: (u64, u64),
+    /// Redis runs nothing in these spans [from, until) (a stall): what arrives waits.
+    stalls: Vec<(u64, u64)>,
     /// Rounds that reach Redis after their sender gave up on them: (when, updates, heartbeat).
     late: Vec<(u64, Vec<LedgerUpdate>, Heartbeat)>,
 }
@@ -229,6 +246,7 @@ impl SimRedis {
 
 struct InFlight {
     round: Round,
+    periodic: bool,
     /// When Redis runs it, when the reply is back, and when the instance gives up.
     apply_at: u64,
     reply_at: u64,
@@ -238,6 +256,8 @@ struct InFlight {
 }
 
 struct Instance {
+    /// Requests held for the fleet (`Verdict::Hold`): when each arrived.
+    held: std::collections::VecDeque<u64>,
     limiter: Limiter,
     accounts: Accounts,
     fleet: Arc<FleetState>,
@@ -296,6 +316,18 @@ struct Outcome {
     bucket_admitted_late: u64,
     redis: HashMap<String, i64>,
     restarted: bool,
+    /// Refusals while the fleet had admitted at most 0.9 x threshold (the request included;
+    /// sliding windows: the weighted count; token buckets: while the fleet's bucket kept 0.1 x
+    /// threshold), made with Redis answering: (ms into the run, instance, the fleet's count).
+    false_refusals: Vec<(u64, usize, f64)>,
+    /// The same, made under `on_failure` (a round failed or a request waited past its hold).
+    failure_refusals: u64,
+    refusals: u64,
+    /// Updates sent to Redis (one script call each), and requests admitted.
+    updates: u64,
+    total_admitted: u64,
+    /// The longest a request was held (ms).
+    longest_hold: u64,
 }
 
 fn simulate(s: &Scenario) -> Outcome {
@@ -315,6 +347,7 @@ fn simulate(s: &Scenario) -> Outcome {
             registry.set_syncing(true);
             let fleet = Arc::new(FleetState::default());
             fleet.configure(true, settings.on_failure);
+            fleet.set_hold(hold_limit(settings.timeout));
             let limiter = Limiter::build(
                 &cfg.rules,
                 &cfg.plans,
@@ -325,6 +358,7 @@ fn simulate(s: &Scenario) -> Outcome {
                 fleet.clone(),
             );
             Instance {
+                held: Default::default(),
                 limiter,
                 accounts: Accounts::new(registry, fleet.clone(), clock.clone(), format!("i{i}")),
                 fleet,
@@ -348,12 +382,30 @@ fn simulate(s: &Scenario) -> Outcome {
         let from = t0 + 200 + rng.below(s.span_ms);
         redis.shard_down = (from, from + 300 + rng.below(1500));
     }
+    if s.faults == Faults::Stall {
+        for _ in 0..3 {
+            let from = t0 + 200 + rng.below(s.span_ms);
+            let len = s.timeout_ms * (3 + rng.below(5)) / 10;
+            redis.stalls.push((from, from + len));
+        }
+    }
     let mut bursts = Vec::new();
     let mut t = 0;
     while t < s.span_ms {
         let len = 100 + rng.below(400);
         bursts.push((t, t + len, rng.below(s.instances as u64) as usize));
         t += len + rng.below(600);
+    }
+    // spikes: (ms into the run, instance, requests)
+    let mut spikes: Vec<(u64, usize, u64)> = Vec::new();
+    if s.shape == Shape::Spikes {
+        let gap = (s.period_ms.min(s.span_ms) / 5).max(1);
+        let size = (s.threshold / 5).max(1);
+        let mut t = 300 + rng.below(gap);
+        while t < s.span_ms {
+            spikes.push((t, rng.below(s.instances as u64) as usize, size));
+            t += gap;
+        }
     }
     let mut out = Outcome::default();
     let headers = HeaderMap::new();
@@ -371,29 +423,52 @@ fn simulate(s: &Scenario) -> Outcome {
     let trace = std::env::var("FLEET_SIM_TRACE").is_ok();
     let mut admitted_log: Vec<(u64, u64)> = Vec::new(); // (ms, window) of admissions, sliding
     let flush_ms = 3 * s.interval_ms.max(1000) + 2 * s.timeout_ms;
+    let hold_ms = hold_limit(settings.timeout);
+    // the fleet's one true bucket (token buckets): full at the start
+    let t = s.threshold as f64;
+    let mut level = t;
     for step in 0..s.span_ms + flush_ms {
         let now = t0 + step;
         clock.set_ms(now);
+        if s.bucket {
+            level = (level + t / s.period_ms as f64).min(t);
+        }
         if restart_at == Some(step) {
             redis = SimRedis {
                 down_until: now + 300 + rng.below(1500),
                 restarted: true,
                 beats: HashMap::new(),
+                stalls: std::mem::take(&mut redis.stalls),
                 ..SimRedis::default()
             };
         }
+        let stalled_until = redis
+            .stalls
+            .iter()
+            .find(|(a, b)| (*a..*b).contains(&now))
+            .map(|&(_, b)| b);
         let late = std::mem::take(&mut redis.late);
         for (at, updates, hb) in late {
-            if at <= now {
+            if at <= now && stalled_until.is_none() {
                 redis.run(&updates, &hb, now);
             } else {
                 redis.late.push((at, updates, hb));
             }
         }
+        let window = now / s.period_ms * s.period_ms;
         for (i, inst) in instances.iter_mut().enumerate() {
             // 1. the round in flight
+            let mut round_ended = false;
             if let Some(f) = &mut inst.flight {
-                if f.result.is_none() && now >= f.apply_at {
+                if let Some(until) = stalled_until {
+                    // nothing runs while Redis stalls: what arrives is run when it ends
+                    if f.result.is_none() && f.apply_at <= now {
+                        let back = f.reply_at - f.apply_at;
+                        f.apply_at = until;
+                        f.reply_at = until + back;
+                    }
+                }
+                if f.result.is_none() && now >= f.apply_at && stalled_until.is_none() {
                     f.result = Some(redis.run(&f.round.updates, &f.round.heartbeat, now));
                 }
                 let back = f.result.as_ref().is_some_and(|r| r.is_some()) && !f.lost;
@@ -413,8 +488,22 @@ fn simulate(s: &Scenario) -> Outcome {
                         let (u, h) = (f.round.updates.clone(), f.round.heartbeat.clone());
                         redis.late.push((f.apply_at, u, h));
                     }
+                    let periodic = f.periodic;
+                    if trace {
+                        for (k, u) in f.round.updates.iter().enumerate() {
+                            let a = outcome
+                                .as_ref()
+                                .ok()
+                                .and_then(|ex| ex.answers.get(k).copied().flatten());
+                            eprintln!(
+                                "{step} i{i} round used {} want {} need {} -> {a:?}",
+                                u.used, u.want, u.need
+                            );
+                        }
+                    }
                     let done = inst.accounts.finish(f.round, &outcome);
-                    inst.schedule.finished(done.ok, s.interval_ms, done.holding);
+                    inst.schedule.finished(done.ok, s.interval_ms, periodic);
+                    round_ended = true;
                 }
             }
             // 2. start a round when due
@@ -422,12 +511,14 @@ fn simulate(s: &Scenario) -> Outcome {
                 let asked = inst.fleet.round_requested();
                 let healthy = inst.fleet.is_connected();
                 if step >= inst.schedule.due_ms(asked, healthy) {
-                    inst.schedule.started(step);
+                    let periodic = inst.schedule.started(step);
                     inst.rounds += 1;
-                    let round = inst.accounts.begin(&settings);
-                    let latency = 1 + rng.below(3);
+                    let round = inst.accounts.begin(&settings, periodic);
+                    out.updates += round.updates.len() as u64;
+                    let latency = s.rtt_ms + rng.below(s.rtt_ms / 2 + 1);
                     let mut f = InFlight {
                         round,
+                        periodic,
                         apply_at: now + latency / 2,
                         reply_at: now + latency,
                         timeout_at: now + s.timeout_ms,
@@ -447,49 +538,110 @@ fn simulate(s: &Scenario) -> Outcome {
                     inst.flight = Some(f);
                 }
             }
-            // 3. the requests of this ms (once the instance is ready: its first round ended)
-            if step >= s.span_ms || inst.fleet.link() == Link::Unknown {
+            // 3. the requests of this ms (once the instance is ready: its first round ended):
+            // the held ones again when a round ended or their wait is over, then the new ones
+            if inst.fleet.link() == Link::Unknown {
                 continue;
             }
-            inst.acc += s.rate_of(i, step, &bursts) * (0.5 + rng.unit());
-            let n = inst.acc.floor();
-            inst.acc -= n;
-            let window = now / s.period_ms * s.period_ms;
-            for _ in 0..n as u64 {
-                *out.offered.entry(window).or_default() += 1;
-                let d = inst.limiter.decide(&req, &cfg.plans);
-                if trace && d.verdict != Verdict::Allow {
-                    let lease = d.tiers.iter().any(|t| t.verdict.retry_after_ms == 50);
-                    eprintln!("{step} i{i} denied lease={lease}");
+            let mut arrivals: Vec<Option<u64>> = Vec::new();
+            let held = std::mem::take(&mut inst.held);
+            for since in held {
+                if round_ended || step >= since + hold_ms {
+                    arrivals.push(Some(since));
+                } else {
+                    inst.held.push_back(since);
                 }
-                if trace && d.verdict == Verdict::Allow {
+            }
+            if step < s.span_ms {
+                inst.acc += s.rate_of(i, step, &bursts) * (0.5 + rng.unit());
+                let mut n = inst.acc.floor() as u64;
+                inst.acc -= n as f64;
+                n += spikes
+                    .iter()
+                    .filter(|&&(at, who, _)| at == step && who == i)
+                    .map(|&(_, _, k)| k)
+                    .sum::<u64>();
+                for _ in 0..n {
+                    *out.offered.entry(window).or_default() += 1;
+                    arrivals.push(None);
+                }
+            }
+            for since in arrivals {
+                let waited_out = since.is_some_and(|at| step >= at + hold_ms);
+                let d = if waited_out {
+                    inst.limiter.decide_after_hold(&req, &cfg.plans)
+                } else if since.is_some() {
+                    inst.limiter.decide_again(&req, &cfg.plans)
+                } else {
+                    inst.limiter.decide(&req, &cfg.plans)
+                };
+                if d.verdict == Verdict::Hold {
+                    inst.held.push_back(since.unwrap_or(step));
+                    continue;
+                }
+                out.longest_hold = out
+                    .longest_hold
+                    .max(since.map_or(0, |at| step.saturating_sub(at)));
+                if d.verdict != Verdict::Allow {
+                    out.refusals += 1;
+                    // the fleet's count with this request, as the contract measures it
+                    let cur = *out.admitted.get(&window).unwrap_or(&0) as f64;
+                    // under 100, one request per instance either way (as for the upper bound)
+                    let small = if s.threshold < 100 {
+                        s.instances as f64
+                    } else {
+                        0.0
+                    };
+                    let (count, under) = if s.bucket {
+                        (t - level, level - 1.0 >= 0.1 * t + small)
+                    } else if s.sliding {
+                        let prev = *out
+                            .admitted
+                            .get(&(window.wrapping_sub(s.period_ms)))
+                            .unwrap_or(&0) as f64;
+                        let w = (s.period_ms - (now - window)) as f64 / s.period_ms as f64;
+                        let e = prev * w + cur + 1.0;
+                        (e, e <= 0.9 * t - small)
+                    } else {
+                        (cur + 1.0, cur + 1.0 <= 0.9 * t - small)
+                    };
+                    if under {
+                        if waited_out || !inst.fleet.is_connected() {
+                            out.failure_refusals += 1;
+                        } else {
+                            out.false_refusals.push((step, i, count));
+                        }
+                    }
+                    if trace {
+                        eprintln!("{step} i{i} refused (fleet {count:.1})");
+                    }
+                    continue;
+                }
+                out.total_admitted += 1;
+                *out.admitted.entry(window).or_default() += 1;
+                if s.bucket {
+                    level -= 1.0;
+                    out.bucket_admitted += 1;
+                    if step >= s.period_ms {
+                        out.bucket_admitted_late += 1;
+                    }
+                    let allows = t + t * step as f64 / s.period_ms as f64;
+                    out.bucket_excess = out.bucket_excess.max(out.bucket_admitted as f64 - allows);
+                }
+                if s.sliding {
+                    admitted_log.push((now, window));
+                }
+                if trace {
                     let mut st = None;
                     inst.limiter.rules[0]
                         .counters
                         .for_each(|_, c| st = Some(c.tiers[0]));
                     eprintln!("{step} i{i} {st:?}");
                 }
-                if d.verdict == Verdict::Allow {
-                    *out.admitted.entry(window).or_default() += 1;
-                    if s.bucket {
-                        out.bucket_admitted += 1;
-                        if step >= s.period_ms {
-                            out.bucket_admitted_late += 1;
-                        }
-                        let t = s.threshold as f64;
-                        let allows = t + t * step as f64 / s.period_ms as f64;
-                        out.bucket_excess =
-                            out.bucket_excess.max(out.bucket_admitted as f64 - allows);
-                    }
-                    if s.sliding {
-                        admitted_log.push((now, window));
-                    }
-                }
             }
         }
         // sliding windows: the fleet's estimate at each admission of this ms
         if s.sliding && admitted_log.last().is_some_and(|&(ms, _)| ms == now) {
-            let window = now / s.period_ms * s.period_ms;
             let prev = *out
                 .admitted
                 .get(&(window.wrapping_sub(s.period_ms)))
@@ -601,6 +753,15 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
             ));
         }
     }
+    // no refusal under 0.9 x threshold while Redis answers (stalls shorter than the timeout
+    // included); a shard down makes its counters fall back to on_failure alone
+    if s.faults != Faults::ShardDown && !o.false_refusals.is_empty() {
+        let (step, i, count) = o.false_refusals[0];
+        why.push(format!(
+            "{} refusal(s) under 0.9 x {t}, the first at {step} ms on i{i} with the fleet at {count:.1}",
+            o.false_refusals.len()
+        ));
+    }
     if o.max_rounds_per_s > 1000.0 / s.interval_ms as f64 + 20.0 {
         why.push(format!("{:.1} rounds per second", o.max_rounds_per_s));
     }
@@ -637,15 +798,25 @@ fn seeds() -> Vec<u64> {
 fn the_fleet_holds_its_limits_over_many_seeds() {
     let mut failures = Vec::new();
     let mut by_shape: BTreeMap<String, (f64, f64, u32)> = BTreeMap::new();
+    // per shape: refusals under 0.9 x threshold with Redis answering, the same under
+    // on_failure, all refusals, updates sent, requests admitted, the longest hold
+    let mut work: BTreeMap<String, [u64; 6]> = BTreeMap::new();
     for seed in seeds() {
         let s = Scenario::draw(seed);
         let o = simulate(&s);
+        let w = work.entry(format!("{:?}", s.shape)).or_default();
+        w[0] += o.false_refusals.len() as u64;
+        w[1] += o.failure_refusals;
+        w[2] += o.refusals;
+        w[3] += o.updates;
+        w[4] += o.total_admitted;
+        w[5] = w[5].max(o.longest_hold);
         // the spread over whole windows of fixed-window seeds offered 1.5x (reported)
         let first = o.offered.keys().next().copied();
         let last = o.offered.keys().last().copied().unwrap_or(0);
         for (&w, &admitted) in &o.admitted {
             let whole = Some(w) != first && w + s.period_ms <= last;
-            let offered = o.offered[&w];
+            let offered = o.offered.get(&w).copied().unwrap_or(0);
             if whole
                 && offered as f64 >= 1.5 * s.threshold as f64
                 && s.threshold >= 100
@@ -667,6 +838,12 @@ fn the_fleet_holds_its_limits_over_many_seeds() {
             eprintln!("seed {seed} failed: {s:?}\n  {}", why.join("\n  "));
             failures.push(seed);
         }
+    }
+    for (shape, [under, under_failure, refused, updates, admitted, hold]) in &work {
+        eprintln!(
+            "{shape:>9}: {under} refusal(s) under 0.9x with Redis answering, {under_failure} under on_failure, {refused} in all; {:.4} Redis updates per admitted request; longest hold {hold} ms",
+            *updates as f64 / (*admitted).max(1) as f64
+        );
     }
     for (shape, (lo, hi, n)) in &by_shape {
         eprintln!(

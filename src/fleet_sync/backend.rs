@@ -43,6 +43,10 @@ pub struct LedgerUpdate {
     /// Token buckets: the lease carried over from the previous window's record (which gives
     /// it back in the same round, just before): the member's ceiling if it has none yet.
     pub adopt: u64,
+    /// Of `want - used`, the requests waiting now: granted first, from all that is free.
+    pub need: u64,
+    /// The spare budget: what all members together may hold unused beyond their needs.
+    pub spare: u64,
 }
 
 /// This instance's heartbeat.
@@ -95,11 +99,12 @@ pub trait SyncBackend: Send + Sync {
 
 /// Report a cumulative count (only its growth reaches the key: re-sending changes nothing),
 /// then lease: keep what this member holds up to what it wants, and add from what is free,
-/// `cap - total - what the other members hold unused`. While other members hold live leases,
-/// no member holds more than its fair part of what is free, in proportion to what each asked
-/// for beyond its count (`d:`), which is answered too so that a member holding more asks for
-/// less next time. A member that wants nothing more gives
-/// its lease back at once. Sliding windows: the cap is lowered by the previous window's
+/// `cap - total - what the other members hold unused`: first the requests waiting at the
+/// member (`need`), then its forecast, out of the spare budget only: what all members hold
+/// unused stays within `spare`, and while other members hold live leases, no member holds
+/// more than its fair part of it, in proportion to what each asked for beyond its count
+/// (`d:`), which is answered too so that a member holding more asks for less next time. A
+/// member that wants nothing more gives its lease back at once. Sliding windows: the cap is lowered by the previous window's
 /// weight at the lease's horizon, counting that window's leases as used (its count may not
 /// all have arrived); the member enforces the cap of each moment itself, from `prev` and
 /// `held` (answered).
@@ -156,7 +161,8 @@ local function fair_part(avail)
   if active == 0 then return avail end
   return math.max(1, math.ceil(avail * math.max(desire, 1) / (math.max(desire, 1) + wanted)))
 end
-local avail, fair, room
+local need, spare = tonumber(ARGV[12]), tonumber(ARGV[13])
+local avail, free
 local tb = tonumber(ARGV[10])
 local tat
 if tb > 0 then
@@ -166,15 +172,15 @@ if tb > 0 then
   tat = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), nowus)
   tat = math.max(tat + (keep - (t[me] or 0)) * tb, nowus)
   avail = math.floor((nowus + p * 1000 - tat) / tb)
-  fair = fair_part(avail)
-  room = math.min(avail, fair)
+  free = avail
 else
   avail = cap - total - held
-  fair = fair_part(avail)
-  room = math.min(avail, fair) - (keep - mine)
+  free = avail - (keep - mine)
 end
-local extra = 0
-if want > keep and room > 0 then extra = math.min(want - keep, room) end
+local fair = fair_part(math.min(avail, spare))
+local n = math.max(math.min(mine + need - keep, free), 0)
+local f = math.min(want - keep - n, free - n, fair - (keep - mine), spare - held - (keep - mine))
+local extra = n + math.max(f, 0)
 local ceiling = keep + extra
 local until_ms = ARGV[6]
 if want <= mine then until_ms = now end
@@ -257,9 +263,10 @@ pub fn ledger_model(
             avail
         }
     };
+    let (need, spare) = (as_i(up.need), as_i(up.spare));
     let tb = as_i(up.bucket_us);
     let mut tat = 0;
-    let (avail, fair, room) = if tb > 0 {
+    let (avail, free) = if tb > 0 {
         let now_us = now * 1000;
         let took = get(h, "t", &up.member).unwrap_or(0);
         tat = strings
@@ -269,18 +276,18 @@ pub fn ledger_model(
             .max(now_us);
         tat = (tat + (keep - took) * tb).max(now_us);
         let avail = (now_us + as_i(up.period_ms) * 1000 - tat).div_euclid(tb);
-        let fair = fair_part(avail);
-        (avail, fair, avail.min(fair))
+        (avail, avail)
     } else {
         let avail = cap - total - held;
-        let fair = fair_part(avail);
-        (avail, fair, avail.min(fair) - (keep - mine))
+        (avail, avail - (keep - mine))
     };
-    let extra = if want > keep && room > 0 {
-        (want - keep).min(room)
-    } else {
-        0
-    };
+    let fair = fair_part(avail.min(spare));
+    let n = (mine + need - keep).min(free).max(0);
+    let f = (want - keep - n)
+        .min(free - n)
+        .min(fair - (keep - mine))
+        .min(spare - held - (keep - mine));
+    let extra = n + f.max(0);
     let ceiling = keep + extra;
     let until = if want <= mine {
         now
@@ -332,7 +339,9 @@ pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
         .arg(u.weight_ms)
         .arg(u.period_ms)
         .arg(u.bucket_us)
-        .arg(u.adopt);
+        .arg(u.adopt)
+        .arg(u.need)
+        .arg(u.spare);
     c
 }
 

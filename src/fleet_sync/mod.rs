@@ -70,8 +70,6 @@ pub struct Finished {
     pub changed_from: Option<Link>,
     /// Requests counted here that Redis has not confirmed yet.
     pub unsent: u64,
-    /// Some counter holds a lease it has not used.
-    pub holding: bool,
 }
 
 /// The instance's side of the fleet accounting, without I/O.
@@ -103,8 +101,9 @@ impl Accounts {
         self.clock.now_ns() / NANOS_PER_MS
     }
 
-    /// Drain every counter's asks (and the orphans) into a round.
-    pub fn begin(&self, settings: &RedisSettings) -> Round {
+    /// Drain every counter's asks (and the orphans) into a round. `periodic`: the round of
+    /// every `sync_interval`, which reports all counts (early rounds carry only what asks).
+    pub fn begin(&self, settings: &RedisSettings, periodic: bool) -> Round {
         let now_ms = self.now_ms();
         let last = self.last_round_ms.swap(now_ms, Ordering::Relaxed);
         let since_ms = if last == 0 {
@@ -113,7 +112,6 @@ impl Accounts {
             now_ms.saturating_sub(last)
         };
         let horizon_ms = horizon_ms(settings);
-        let instances = self.fleet.instances().max(1);
         self.fleet.take_round_request();
         let mut round = Round {
             updates: Vec::new(),
@@ -134,12 +132,13 @@ impl Accounts {
                     let Some(tier) = lists.get(usize::from(c.list)).and_then(|l| l.get(ti)) else {
                         continue;
                     };
-                    let (p, threshold) = (period_ms(tier), tier.threshold);
+                    let p = period_ms(tier);
                     let sizing = ledger::Sizing {
+                        now_ms,
                         since_ms,
                         horizon_ms,
                         left_ms: (st.window_start_ms + p).saturating_sub(now_ms),
-                        first_ask: threshold.div_ceil(instances),
+                        periodic,
                     };
                     let asks = ledger::drain(st, sizing);
                     for ask in asks.into_iter().flatten() {
@@ -168,6 +167,7 @@ impl Accounts {
                     gen: orphan.gen,
                     used: orphan.used,
                     want: orphan.used,
+                    need: 0,
                     previous: true,
                     adopt: 0,
                 };
@@ -248,6 +248,8 @@ impl Accounts {
             weight_ms,
             period_ms: p,
             adopt: ask.adopt,
+            need: ask.need,
+            spare: ledger::spare(threshold),
             bucket_us: if bucket {
                 (p * 1000 / threshold.max(1)).max(1)
             } else {
@@ -312,26 +314,23 @@ impl Accounts {
             self.fleet.set_instances(instances);
         }
         let changed_from = self.fleet.set_connected(ok);
-        let (unsent, holding) = self.outstanding();
         Finished {
             ok,
             changed_from,
-            unsent,
-            holding,
+            unsent: self.outstanding(),
         }
     }
 
-    /// Requests counted here that Redis has not confirmed, and whether some lease is unused.
-    pub fn outstanding(&self) -> (u64, bool) {
-        let (mut n, mut holding) = (0, false);
+    /// Requests counted here that Redis has not confirmed.
+    pub fn outstanding(&self) -> u64 {
+        let mut n = 0;
         for rc in self.registry.live() {
             rc.for_each(|_, c| {
                 // every tier of a counter counts the same requests: the most any tier waits for
                 n += c.tiers.iter().map(|t| t.ledger.unsent()).max().unwrap_or(0);
-                holding |= c.tiers.iter().any(|t| t.ledger.ceiling > t.ledger.used);
             });
         }
-        (n, holding)
+        n
     }
 }
 
@@ -347,9 +346,14 @@ pub struct SyncService {
 }
 
 impl SyncService {
-    /// One round; returns whether Redis answered, and whether some lease is left unused.
-    pub async fn round(&self, settings: &RedisSettings, backend: &dyn SyncBackend) -> (bool, bool) {
-        let round = self.accounts.begin(settings);
+    /// One round; returns whether Redis answered.
+    pub async fn round(
+        &self,
+        settings: &RedisSettings,
+        backend: &dyn SyncBackend,
+        periodic: bool,
+    ) -> bool {
+        let round = self.accounts.begin(settings, periodic);
         let started = Instant::now();
         let outcome = tokio::time::timeout(
             backend.deadline(settings.timeout),
@@ -410,7 +414,7 @@ impl SyncService {
                 }
             }
         }
-        (done.ok, done.holding)
+        done.ok
     }
 }
 
@@ -424,13 +428,7 @@ pub struct Schedule {
     pub last_ms: Option<u64>,
     last_early_ms: Option<u64>,
     backoff_ms: u64,
-    /// The last round left leases unused: look again soon (as an early round), so that what
-    /// an instance holds but no longer needs goes back within `HOLD_RECHECK_MS`.
-    recheck: bool,
 }
-
-/// How soon an instance holding unused leases rounds again.
-pub const HOLD_RECHECK_MS: u64 = 200;
 
 impl Schedule {
     /// The first round is due at once.
@@ -440,7 +438,6 @@ impl Schedule {
             last_ms: None,
             last_early_ms: None,
             backoff_ms: 1000,
-            recheck: false,
         }
     }
 
@@ -452,34 +449,33 @@ impl Schedule {
     /// When the next round is due: `asked`, a counter asked for one; `healthy`, Redis answered
     /// the last round.
     pub fn due_ms(&self, asked: bool, healthy: bool) -> u64 {
-        if !healthy {
-            return self.next_ms;
+        if asked && healthy {
+            self.next_ms.min(self.early_ms())
+        } else {
+            self.next_ms
         }
-        let mut due = self.next_ms;
-        if asked {
-            due = due.min(self.early_ms());
-        }
-        if self.recheck {
-            let again = self.last_ms.map_or(0, |l| l + HOLD_RECHECK_MS);
-            due = due.min(again.max(self.early_ms()));
-        }
-        due
     }
 
-    pub fn started(&mut self, now_ms: u64) {
-        if now_ms < self.next_ms {
+    /// A round starts: returns whether it is the periodic one (an early round carries only the
+    /// counters that ask).
+    pub fn started(&mut self, now_ms: u64) -> bool {
+        let periodic = now_ms >= self.next_ms;
+        if !periodic {
             self.last_early_ms = Some(now_ms);
         }
         self.last_ms = Some(now_ms);
+        periodic
     }
 
-    /// `holding`: some counter holds a lease it has not used.
-    pub fn finished(&mut self, ok: bool, interval_ms: u64, holding: bool) {
-        self.recheck = ok && holding;
+    /// A round ended. After a periodic round the next is due `interval_ms` after its start;
+    /// an early round leaves the periodic one where it was.
+    pub fn finished(&mut self, ok: bool, interval_ms: u64, periodic: bool) {
         let last = self.last_ms.unwrap_or(0);
         if ok {
             self.backoff_ms = interval_ms;
-            self.next_ms = last + interval_ms;
+            if periodic || self.next_ms <= last {
+                self.next_ms = last + interval_ms;
+            }
         } else {
             self.next_ms = last + self.backoff_ms;
             self.backoff_ms =
@@ -525,9 +521,9 @@ impl BackgroundService for SyncService {
                     if let Some((s, b)) = &current {
                         let grace = self.shared.load().config.server.grace_period;
                         let last = at(ms()) + grace.saturating_sub(LAST_ROUND_MARGIN);
-                        let _ = self.round(s, b.as_ref()).await;
+                        let _ = self.round(s, b.as_ref(), true).await;
                         tokio::time::sleep_until(last).await;
-                        let _ = self.round(s, b.as_ref()).await;
+                        let _ = self.round(s, b.as_ref(), true).await;
                     }
                     return;
                 }
@@ -537,15 +533,15 @@ impl BackgroundService for SyncService {
                     tokio::time::sleep_until(at(schedule.due_ms(true, healthy))).await;
                 }
             }
-            schedule.started(ms());
+            let periodic = schedule.started(ms());
             let Some((settings, backend)) = &current else {
-                schedule.finished(true, interval, false);
+                schedule.finished(true, interval, true);
                 continue;
             };
             let began = std::time::Instant::now();
-            let (ok, holding) = self.round(settings, backend.as_ref()).await;
+            let ok = self.round(settings, backend.as_ref(), periodic).await;
             fleet.round_ended(began.elapsed());
-            schedule.finished(ok, interval, holding);
+            schedule.finished(ok, interval, periodic);
         }
     }
 }
@@ -558,30 +554,29 @@ mod tests {
     fn rounds_come_every_interval_sooner_when_asked_and_back_off_on_failure() {
         let mut s = Schedule::new(0);
         assert_eq!(s.due_ms(false, false), 0, "the first round at once");
-        s.started(0);
-        s.finished(true, 1000, false);
+        assert!(s.started(0), "periodic");
+        s.finished(true, 1000, true);
         assert_eq!(s.due_ms(false, true), 1000);
         assert_eq!(s.due_ms(true, true), 0, "asked: at once");
         assert_eq!(s.due_ms(true, false), 1000, "not while Redis fails");
-        s.started(10);
+        assert!(!s.started(10), "an early round");
         s.finished(true, 1000, false);
+        assert_eq!(s.due_ms(false, true), 1000, "the periodic round stays");
         assert_eq!(
             s.due_ms(true, true),
             60,
             "the next early round after the gap"
         );
-        s.finished(true, 1000, true);
-        assert_eq!(s.due_ms(false, true), 210, "unused leases: look again soon");
-        s.started(60);
-        s.finished(false, 1000, true);
-        assert_eq!(s.due_ms(true, false), 1060);
-        s.started(1060);
+        assert!(!s.started(60));
         s.finished(false, 1000, false);
+        assert_eq!(s.due_ms(true, false), 1060, "backing off");
+        assert!(s.started(1060));
+        s.finished(false, 1000, true);
         assert_eq!(s.next_ms, 3060, "doubled");
         for _ in 0..5 {
             let t = s.next_ms;
             s.started(t);
-            s.finished(false, 1000, false);
+            s.finished(false, 1000, true);
         }
         let t = s.last_ms.unwrap();
         assert_eq!(s.next_ms - t, 5000, "at most MAX_BACKOFF");

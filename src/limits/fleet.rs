@@ -47,6 +47,15 @@ pub struct FleetState {
     /// When the last round ended (ms since the epoch, 0: none yet), and how long it took (us).
     last_round_end_ms: AtomicU64,
     last_round_us: AtomicU64,
+    /// How long a request may wait for the fleet (`Verdict::Hold`), in ms.
+    hold_ms: AtomicU64,
+}
+
+/// How long a request whose lease is used may wait for an answer: a round in flight may have
+/// to end first (at most `timeout`), then the round that asks for it starts within an early
+/// round's gap and ends within `timeout`.
+pub fn hold_limit(timeout: std::time::Duration) -> u64 {
+    2 * timeout.as_millis() as u64 + 2 * MIN_ROUND_GAP_MS
 }
 
 impl Default for FleetState {
@@ -61,6 +70,7 @@ impl Default for FleetState {
             rounds: Notify::new(),
             last_round_end_ms: AtomicU64::new(0),
             last_round_us: AtomicU64::new(0),
+            hold_ms: AtomicU64::new(hold_limit(crate::config::defaults::DEFAULT_REDIS_TIMEOUT)),
         }
     }
 }
@@ -87,6 +97,15 @@ impl FleetState {
     pub fn configure(&self, on: bool, on_failure: OnFailure) {
         self.on_failure.store(code(on_failure), Ordering::Relaxed);
         self.configured.store(on, Ordering::Relaxed);
+    }
+
+    /// How long a held request may wait (see `hold_limit`).
+    pub fn set_hold(&self, ms: u64) {
+        self.hold_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub fn hold_ms(&self) -> u64 {
+        self.hold_ms.load(Ordering::Relaxed)
     }
 
     pub fn is_configured(&self) -> bool {
@@ -182,6 +201,20 @@ impl FleetState {
             OnFailure::Local => FleetMode::Alone,
             OnFailure::Allow => FleetMode::AllowAll,
             OnFailure::Deny => FleetMode::DenyAll,
+        }
+    }
+
+    /// The mode for a request held as long as it may without an answer: Redis is as good as
+    /// down for it, so `on_failure` applies.
+    pub fn mode_without_answer(&self) -> FleetMode {
+        match self.mode() {
+            FleetMode::Leased { instances } => match self.on_failure() {
+                OnFailure::LocalShare => FleetMode::Shared { instances },
+                OnFailure::Local => FleetMode::Alone,
+                OnFailure::Allow => FleetMode::AllowAll,
+                OnFailure::Deny => FleetMode::DenyAll,
+            },
+            other => other,
         }
     }
 

@@ -3,32 +3,44 @@
 //! the limiter asks for the admission ceiling and commits; the sync service drains asks,
 //! and applies Redis's answers. Nothing here talks to Redis.
 //!
-//! The mechanism (README "Fleet"): quota leases.
+//! The mechanism (README "Fleet"): quota leases, a small spare budget, and holding.
 //! - Every instance reports, per window, its *cumulative* admitted count (`used`) under a name
 //!   of its own (`member`: instance id and window incarnation). Redis adds only the growth to
 //!   the window's key, so a round that timed out but was applied is never counted twice, and
 //!   a re-sent round changes nothing.
 //! - In the same script an instance asks for a *ceiling*: how far its `used` may grow in the
 //!   window. Redis grants it out of `threshold - fleet total - what the other instances hold
-//!   unused`, so the leases of all instances never add up to more than the threshold. A lease
-//!   lasts until the window ends or its holder gives it back.
-//! - An instance admits only up to its ceiling, plus one request on *credit* while it holds no
-//!   lease and the window had room nobody held at the last answer, so that a request never
-//!   waits for Redis and a quiet tenant is never refused. A credit is allowed again only after
-//!   Redis has answered: each instance is at most one request over what Redis granted.
-//! - It asks for a round when half of its lease is used, sizes the next ask to its demand since
-//!   the last round, and gives back what it did not need, so unused leases stay small. While
-//!   several instances hold leases, Redis tells each its fair part, and none asks for more.
+//!   unused`, so the leases of all instances never add up to more than the threshold.
+//! - An ask has two parts: `need`, the requests waiting here right now, which Redis grants
+//!   first from all that is free; and a forecast of the demand until the next round, which
+//!   Redis grants only out of the *spare budget* (`SPARE_PERCENT` of the threshold, shared by
+//!   all instances in proportion to what they ask). So the quota other instances hold unused
+//!   is never more than the spare budget, and a burst on one instance finds all the rest free.
+//! - A request that finds this instance's lease used is *held* (never refused for that): it
+//!   waits for the next round's answer, which carries it as `need`. An instance also admits one
+//!   request on *credit* while it holds no lease and the window had room nobody held at the
+//!   last answer, and a few on a fresh window before Redis has answered (`cold_credit`): each
+//!   instance is at most that far over what Redis granted.
+//! - A round carries only the records that have something to say: requests waiting, a lease
+//!   half used, counts not yet reported (periodic rounds), or an unused lease to give back.
+//!   Forecasts look one sync interval ahead, so a busy counter asks about once an interval.
 
 use super::algorithm::TierState;
-use super::fleet::MIN_ROUND_GAP_MS;
 use crate::config::model::{Algorithm, Tier};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 static NEXT_GEN: AtomicU32 = AtomicU32::new(1);
 
-/// How far ahead an ask looks while others want the same quota: two early rounds.
-pub const CONTENDED_HORIZON_MS: u64 = 2 * MIN_ROUND_GAP_MS;
+/// The spare budget: the most that all instances together may hold leased and unused beyond
+/// the requests waiting for it, in percent of the threshold (at least one request). A burst
+/// on one instance finds at least `100 - SPARE_PERCENT`% of the threshold, less what the fleet
+/// has admitted, free for it.
+pub const SPARE_PERCENT: u64 = 5;
+
+/// The spare budget of a threshold (see `SPARE_PERCENT`).
+pub fn spare(threshold: u64) -> u64 {
+    (threshold / 100 * SPARE_PERCENT + threshold % 100 * SPARE_PERCENT / 100).max(1)
+}
 
 /// A fresh incarnation number for a window record (unique within the process).
 pub fn next_gen() -> u32 {
@@ -54,6 +66,15 @@ pub struct Ledger {
     pub base: u64,
     /// Requests that wanted this tier (admitted or not) since the last drain.
     pub demand: u64,
+    /// Requests held since the last drain because the lease was used (they wait for the next
+    /// round's answer): the first part of the next ask.
+    pub need: u64,
+    /// This record wants to be in the next round, early or not (a request waits, a credit was
+    /// taken, half of the lease is used).
+    pub asking: bool,
+    /// When this record was last drained (ms; 0: never): demand over the time since is the
+    /// rate that sizes the next ask.
+    pub drained_ms: u64,
     /// The most Redis would let this instance hold unused, at the last answer (0: no answer
     /// yet in this window).
     pub fair: u64,
@@ -69,8 +90,13 @@ pub struct Ledger {
     /// Token buckets: the lease carried over from the previous window's record, which Redis
     /// moves to this record at its first answer (0 once moved).
     pub adopt: u64,
-    /// At the last answer Redis would have given less than was asked: others want it too, so
-    /// asks look only a few round gaps ahead (a lease held is a lease the others lack).
+    /// How many answers in a row granted less than the requests that waited here (0: the
+    /// last did). After one, the requests wait once more (the others report what they
+    /// admitted of what they hold, and the next answer is the fleet's truth); after two, the
+    /// fleet is full as far as Redis knows, and requests past the lease are refused.
+    pub short: u8,
+    /// At the last answer other instances held leases too: an unused lease goes back at the
+    /// next periodic round.
     pub contended: bool,
     /// Its Redis Cluster node did not answer the last round while others did: the counter
     /// falls back to `on_failure` alone until its node answers (kept across windows).
@@ -169,8 +195,10 @@ pub const COLD_FLEET: u64 = 10;
 pub enum Ceiling {
     /// Within what this instance may admit.
     Open,
-    /// The lease (and credit) is used up: wait for the next round.
+    /// The lease (and credit) is used up: wait for the next round, which asks for more.
     LeaseUsed,
+    /// The last answer could not grant the requests that waited: the fleet has no room now.
+    FleetFull,
     /// Redis is down: this instance's share of what was left is used up.
     ShareUsed,
 }
@@ -208,7 +236,11 @@ pub fn ceiling(
         };
         let on_credit = l.used >= l.ceiling;
         if on_credit && !credit {
-            return Ceiling::LeaseUsed;
+            return if l.short >= 2 {
+                Ceiling::FleetFull
+            } else {
+                Ceiling::LeaseUsed
+            };
         }
         if let Some(now_ms) = sliding {
             // A lease reaches to the cap one round gap ahead: use only what the cap of this
@@ -227,7 +259,8 @@ pub fn ceiling(
             ));
             let margin = if on_credit { others } else { 0 };
             if l.used + l.others + margin >= cap {
-                return Ceiling::LeaseUsed;
+                // the weighted count of this moment is full: no round changes that, time does
+                return Ceiling::FleetFull;
             }
         }
     } else if let (Some(n), false) = (shared, bucket) {
@@ -241,9 +274,11 @@ pub fn ceiling(
     Ceiling::Open
 }
 
-/// When `ceiling` said Open: how many requests, this one included, this instance may still
-/// admit before it must hear from the fleet: the rest of its lease (a request on credit is
-/// the last), or its share of what was left while Redis is down. `None`: no fleet limit here.
+/// When `ceiling` said Open: how many requests, this one included, the fleet has left as this
+/// instance knows it: the threshold less the fleet's count and what the other instances hold
+/// (windows), or the bucket's tokens nobody holds and this instance's lease (token buckets);
+/// while Redis is down, this instance's share of what was left. `None`: no fleet limit here,
+/// or no answer yet in this window (the local count is all there is).
 pub fn room(
     state: &TierState,
     tier: &Tier,
@@ -252,16 +287,20 @@ pub fn room(
     shared: Option<u64>,
 ) -> Option<u64> {
     let l = &state.ledger;
-    if let Some(n) = leased {
-        let granted = if l.fair == 0 {
-            // no answer yet in this window: the cold credit
-            cold_credit(tier.threshold, n)
+    let bucket = algorithm == Algorithm::TokenBucket;
+    if leased.is_some() {
+        if l.fair == 0 {
+            return None;
+        }
+        return Some(if bucket {
+            l.room.saturating_add(l.ceiling.saturating_sub(l.used)).max(1)
         } else {
-            l.ceiling
-        };
-        return Some(granted.saturating_sub(l.used).max(1));
+            // what the others held unused at the last answer
+            let held = (l.others + l.used).saturating_sub(state.current);
+            tier.threshold.saturating_sub(state.current + held).max(1)
+        });
     }
-    match (shared, algorithm == Algorithm::TokenBucket) {
+    match (shared, bucket) {
         (Some(n), false) => {
             share(state, tier, n).map(|(counted, cap)| cap.saturating_sub(counted).max(1))
         }
@@ -294,9 +333,29 @@ pub fn commit(state: &mut TierState) -> bool {
     l.used += 1;
     if l.used > l.ceiling {
         l.on_credit = true;
+        l.asking = true;
         return true;
     }
-    2 * (l.used - l.lease_from) >= l.ceiling.saturating_sub(l.lease_from)
+    let half = 2 * (l.used - l.lease_from) >= l.ceiling.saturating_sub(l.lease_from);
+    l.asking |= half;
+    half
+}
+
+/// Note that a request was refused because the fleet was full at the last answer: the next
+/// round asks again (room may have come back: leases given back, a bucket's refill).
+pub fn note_full(state: &mut TierState) {
+    state.ledger.asking = true;
+}
+
+/// Note that a request was held because the lease is used: the next round asks for it.
+/// `first`: the request was not held before; one that was is asked for again only when the
+/// last answer could not grant what waited.
+pub fn note_hold(state: &mut TierState, first: bool) {
+    let l = &mut state.ledger;
+    if first || l.short > 0 {
+        l.need += 1;
+    }
+    l.asking = true;
 }
 
 /// Note that a request wanted this tier (admitted or not): the size of the next ask.
@@ -313,6 +372,8 @@ pub struct Ask {
     pub used: u64,
     /// The ceiling asked for (`used` or less: nothing more wanted; the lease is given back).
     pub want: u64,
+    /// Of `want - used`, the requests waiting here now: granted first, from all that is free.
+    pub need: u64,
     /// The record is the previous window's.
     pub previous: bool,
     /// Token buckets: the lease this record took over from the previous one (see `Ledger`).
@@ -339,61 +400,70 @@ pub struct Answer {
 /// How a round sizes its asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sizing {
-    /// Time since the last round: demand over it is the rate.
+    /// Now (ms since the epoch).
+    pub now_ms: u64,
+    /// Time since the last round: demand over it is the rate, for a record not drained before.
     pub since_ms: u64,
-    /// How far ahead an ask looks (shortened while contended, and to the window's end).
+    /// How far ahead a forecast looks (shortened while contended, and to the window's end).
     pub horizon_ms: u64,
     /// Time left in the window.
     pub left_ms: u64,
-    /// The least the first ask of a window wants: an even part of the threshold among the
-    /// instances, so that a burst on a fresh window is not held to one request per round.
-    pub first_ask: u64,
+    /// A periodic round (every `sync_interval`): it reports every count not yet reported and
+    /// gives back leases nobody used since the last one. Early rounds carry only the records
+    /// that ask.
+    pub periodic: bool,
 }
 
-/// The asks of one tier for this round (current window, previous window). The ask's size
-/// follows the demand since the last round, over the horizon and a half; without demand the
-/// lease is given back. A lease larger than what is asked is lowered here at once, before
-/// Redis hears of it, so that this instance never admits what Redis has stopped reserving for
-/// it.
+/// The asks of one tier for this round (previous window, current window). An ask wants the
+/// requests waiting (`need`) and a forecast: the demand since the record was last drained,
+/// over the horizon and a half; without demand the lease is given back. A lease larger than
+/// what is asked is lowered here at once, before Redis hears of it, so that this instance
+/// never admits what Redis has stopped reserving for it.
 pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
-    let horizon_ms = if state.ledger.contended {
-        sizing.horizon_ms.min(CONTENDED_HORIZON_MS)
-    } else {
-        sizing.horizon_ms
-    }
-    .min(sizing.left_ms.max(1));
-    let since_ms = sizing.since_ms;
+    let horizon_ms = sizing.horizon_ms.min(sizing.left_ms.max(1));
     let l = &mut state.ledger;
+    let since_ms = if l.drained_ms == 0 {
+        // never drained: its demand came within about one horizon
+        horizon_ms.max(sizing.since_ms)
+    } else {
+        sizing.now_ms.saturating_sub(l.drained_ms)
+    };
     let prev = (l.prev_used > l.prev_sent || l.prev_held).then_some(Ask {
         window_start_ms: l.prev_start_ms,
         gen: l.prev_gen,
         used: l.prev_used,
         want: l.prev_used,
+        need: 0,
         previous: true,
         adopt: 0,
     });
     let holds = l.ceiling > l.used;
-    if l.gen == 0 || (l.used == l.sent && l.demand == 0 && !holds) {
+    let unsent = l.used > l.sent;
+    // a round carries a record that asks; a periodic one also what is unreported, and a lease
+    // nobody used since the last periodic round while others want quota too (given back; a
+    // lease nobody else wants lapses with its window)
+    let give_back = holds && l.demand == 0 && l.contended;
+    let include = l.asking || l.need > 0 || (sizing.periodic && (unsent || give_back));
+    if l.gen == 0 || !include {
         return [prev, None];
     }
-    let extra = if l.demand == 0 {
+    let forecast = if l.demand == 0 {
         0
     } else {
-        // demand per ms over the lease's time and a half, at least one request
+        // demand per ms over the horizon and a half, at least one request
         let d =
             u128::from(l.demand) * u128::from(horizon_ms) * 3 / (2 * u128::from(since_ms.max(1)));
-        let d = u64::try_from(d).unwrap_or(u64::MAX).max(1);
-        if l.fair == 0 {
-            d.max(sizing.first_ask)
-        } else {
-            d
-        }
+        u64::try_from(d).unwrap_or(u64::MAX).max(1)
     };
-    let want = l.used.saturating_add(extra);
+    let need = l.need;
+    let want = l.used.saturating_add(need).saturating_add(forecast);
     if want < l.ceiling {
         l.ceiling = want.max(l.used);
     }
     l.demand = 0;
+    l.need = 0;
+    l.asking = false;
+    l.drained_ms = sizing.now_ms;
     // the previous record first: what it gives back is there for this one
     [
         prev,
@@ -402,6 +472,7 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
             gen: l.gen,
             used: l.used,
             want,
+            need,
             previous: false,
             adopt: l.adopt,
         }),
@@ -420,8 +491,13 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         l.lease_from = ask.used;
         l.on_credit = false;
         l.adopt = 0;
-        // others want it too: Redis would give (or let keep) less than was asked or held
-        l.contended = answer.fair < ask.want.max(answer.ceiling).saturating_sub(ask.used);
+        l.short = if answer.ceiling < ask.used + ask.need {
+            l.short.saturating_add(1)
+        } else {
+            0
+        };
+        // others hold leases too: what this one does not use goes back
+        l.contended = answer.held > 0;
         l.fair = answer.fair.max(1);
         l.room = answer.room;
         l.others = (answer.total + answer.held).saturating_sub(ask.used);
@@ -488,6 +564,7 @@ mod tests {
             gen: s.ledger.gen,
             used: 2,
             want: 32,
+            need: 0,
             previous: false,
             adopt: 0,
         };
@@ -537,43 +614,63 @@ mod tests {
     }
 
     #[test]
-    fn drain_sizes_the_ask_to_demand_and_gives_back_what_is_not_wanted() {
+    fn drain_asks_for_what_waits_and_the_demand_and_only_what_has_something_to_say() {
         let mut s = state();
         s.ledger.used = 100;
+        s.ledger.sent = 90;
         s.ledger.ceiling = 500;
+        s.ledger.fair = 100; // not the first ask of the window
         s.ledger.demand = 10; // 10 in the last 100 ms: 0.1/ms x 250 ms x 1.5 = 37
-        let sizing = Sizing {
+        s.ledger.drained_ms = 900;
+        let early = Sizing {
+            now_ms: 1000,
             since_ms: 100,
             horizon_ms: 250,
             left_ms: 5000,
-            first_ask: 1,
+            periodic: false,
         };
-        s.ledger.fair = 100; // not the first ask of the window
-        let [prev, cur] = drain(&mut s, sizing);
-        let cur = cur.unwrap();
+        assert_eq!(
+            drain(&mut s, early),
+            [None, None],
+            "an early round: nothing asks here"
+        );
+        let periodic = Sizing {
+            periodic: true,
+            ..early
+        };
+        let [prev, cur] = drain(&mut s, periodic);
+        let cur = cur.expect("unsent counts are reported");
         assert_eq!(prev, None);
-        assert_eq!((cur.used, cur.want), (100, 137));
+        assert_eq!((cur.used, cur.want, cur.need), (100, 137, 0));
         assert_eq!(s.ledger.ceiling, 137, "lowered before Redis hears of it");
-        assert_eq!(s.ledger.demand, 0);
-        // idle and nothing held: nothing to send
-        // no demand since: the lease goes back
-        let [_, Some(back)] = drain(&mut s, sizing) else {
+        assert_eq!((s.ledger.demand, s.ledger.drained_ms), (0, 1000));
+        // held requests ask in any round, first
+        note_hold(&mut s, true);
+        note_hold(&mut s, true);
+        let later = Sizing {
+            now_ms: 1100,
+            ..early
+        };
+        let [_, Some(held)] = drain(&mut s, later) else {
+            panic!("an ask")
+        };
+        assert_eq!((held.used, held.need, held.want), (100, 2, 102));
+        // a lease nobody used goes back at a periodic round, once others hold leases too
+        s.ledger.sent = 100;
+        s.ledger.ceiling = 130;
+        let quiet = Sizing {
+            now_ms: 1200,
+            ..periodic
+        };
+        assert_eq!(drain(&mut s, quiet), [None, None], "nobody else wants it");
+        s.ledger.contended = true;
+        let [_, Some(back)] = drain(&mut s, quiet) else {
             panic!("an ask")
         };
         assert_eq!((back.used, back.want), (100, 100));
         assert_eq!(s.ledger.ceiling, 100);
         // idle, sent and nothing held: nothing to send
-        s.ledger.sent = 100;
-        assert_eq!(drain(&mut s, sizing), [None, None]);
-        // the first ask of a window wants at least an even part of the threshold
-        let mut fresh = state();
-        fresh.ledger.used = 1;
-        fresh.ledger.demand = 1;
-        let first = Sizing {
-            first_ask: 40,
-            ..sizing
-        };
-        assert_eq!(drain(&mut fresh, first)[1].map(|a| a.want), Some(41));
+        assert_eq!(drain(&mut s, quiet), [None, None]);
     }
 
     #[test]
@@ -583,10 +680,11 @@ mod tests {
         s.current = 7;
         s.ledger.demand = 1;
         let sizing = Sizing {
+            now_ms: 1000,
             since_ms: 1000,
             horizon_ms: 250,
             left_ms: 5000,
-            first_ask: 1,
+            periodic: true,
         };
         let [_, Some(ask)] = drain(&mut s, sizing) else {
             panic!("an ask")

@@ -8,7 +8,7 @@
 
 use super::algorithm::{self, TierState, TierVerdict};
 use super::clock::{Clock, NANOS_PER_MS};
-use super::fleet::{FleetMode, FleetState, MIN_ROUND_GAP_MS};
+use super::fleet::{FleetMode, FleetState};
 use super::in_flight;
 use super::ledger::{self, Ceiling};
 use super::partition::{PartitionValue, KEY_BUF};
@@ -263,6 +263,10 @@ pub enum Verdict {
     Throttle {
         bytes_per_sec: u64,
     },
+    /// Under every limit, but this instance's lease of the fleet's quota is used: wait for the
+    /// next sync round's answer (which asks for this request), then decide again
+    /// (`Limiter::decide_after_hold` once the wait is over).
+    Hold,
 }
 
 impl Verdict {
@@ -280,6 +284,8 @@ pub struct Decision {
     pub tiers: SmallVec<[TierReport; 6]>,
     /// (rule index, violated) for every applying rule.
     pub applied: SmallVec<[(u16, bool); 4]>,
+    /// Some enforcing tier waits for the fleet (its lease is used).
+    pub held: bool,
 }
 
 impl Decision {
@@ -306,6 +312,7 @@ impl Decision {
             verdict: Verdict::Allow,
             tiers: SmallVec::new(),
             applied: SmallVec::new(),
+            held: false,
         }
     }
 
@@ -529,8 +536,32 @@ impl Limiter {
     }
 
     /// Decide, and commit if the request is allowed: find the applying rules, lock their
-    /// counters, check every tier, choose the verdict, commit.
+    /// counters, check every tier, choose the verdict, commit. `Verdict::Hold`: wait for the
+    /// next sync round, then decide again (`decide_after_hold` once the wait is over).
     pub fn decide(&self, req: &LimitRequest, plans: &Plans) -> Decision {
+        self.decide_in(req, plans, self.fleet.mode(), true)
+    }
+
+    /// Decide again for a request that was held, after a round ended: it may be held again,
+    /// but the next round already asks for it.
+    pub fn decide_again(&self, req: &LimitRequest, plans: &Plans) -> Decision {
+        self.decide_in(req, plans, self.fleet.mode(), false)
+    }
+
+    /// Decide for a request that was held as long as it may (`FleetState::hold_ms`) without an
+    /// answer for it: as if Redis were down (`on_failure`), never held again.
+    pub fn decide_after_hold(&self, req: &LimitRequest, plans: &Plans) -> Decision {
+        self.decide_in(req, plans, self.fleet.mode_without_answer(), false)
+    }
+
+    /// `first`: the request has not been held yet (a hold counts it in the next ask).
+    fn decide_in(
+        &self,
+        req: &LimitRequest,
+        plans: &Plans,
+        mode: FleetMode,
+        first: bool,
+    ) -> Decision {
         let mut decision = Decision::none();
         if self.rules.is_empty() {
             return decision;
@@ -551,16 +582,18 @@ impl Limiter {
             })
             .collect();
         let now = self.clock.now_ns();
-        let mode = self.fleet.mode();
         let mut slots: SmallVec<[Slot; 4]> = SmallVec::new();
         let mut wake = false;
         for (a, guard) in applying.iter().zip(guards.iter_mut()) {
             let key = &arena[a.key_start..a.key_end];
-            let (slot, w) = self.check(a, guard, key, now, mode, &mut decision);
+            let (slot, w) = self.check(a, guard, key, now, mode, first, &mut decision);
             wake |= w;
             slots.push(slot);
         }
         decision.verdict = self.verdict(&decision, mode);
+        if decision.held && decision.verdict.admits() {
+            decision.verdict = Verdict::Hold;
+        }
         if decision.verdict.admits() {
             wake |= self.commit(&applying, &mut slots, &decision, now, mode);
         }
@@ -621,6 +654,7 @@ impl Limiter {
         key: &[u8],
         now: u64,
         mode: FleetMode,
+        first: bool,
         decision: &mut Decision,
     ) -> (Slot<'g>, bool) {
         let cr = &self.rules[a.rule as usize];
@@ -673,23 +707,38 @@ impl Limiter {
             };
             match fleet {
                 Ceiling::Open => {
-                    // what this instance may still admit without asking the fleet
+                    // what the fleet has left, as this instance knows it
                     if let Some(room) = ledger::room(state, tier, algo, leased, shared) {
                         verdict.remaining = verdict.remaining.min(room.saturating_sub(1));
                     }
                 }
+                // a shadow rule never holds a request: it runs on credit
+                Ceiling::LeaseUsed if shadow => {}
                 Ceiling::LeaseUsed => {
-                    // room may come with the next round, which is asked for now (when the
-                    // fleet has admitted the whole threshold, the last answer has raised this
-                    // counter to the fleet's total: `evaluate` denied above, until the window
-                    // ends)
+                    // under the limit, but this instance's lease is used: the request waits for
+                    // the next round, which asks for it (it is never refused for this)
+                    ledger::note_hold(state, first);
+                    decision.held = true;
+                    verdict.remaining = 0;
+                    wake = true;
+                }
+                Ceiling::FleetFull => {
+                    // the last round could not grant what waited here: the others hold or
+                    // admitted the rest of the window (a bucket: its tokens). The next round
+                    // asks again, so that room that comes back is seen.
+                    ledger::note_full(state);
+                    wake = true;
+                    let retry_after_ms = if algo == Algorithm::TokenBucket {
+                        (tier.period.as_millis() as u64 / tier.threshold.max(1)).max(1)
+                    } else {
+                        verdict.reset_ms
+                    };
                     verdict = TierVerdict {
                         allowed: false,
                         remaining: 0,
-                        retry_after_ms: MIN_ROUND_GAP_MS,
+                        retry_after_ms,
                         ..verdict
                     };
-                    wake = true;
                 }
                 Ceiling::ShareUsed => {
                     // no room before the window ends (or Redis is back)
