@@ -47,6 +47,9 @@ pub struct LedgerUpdate {
     pub need: u64,
     /// The spare budget: what all members together may hold unused beyond their needs.
     pub spare: u64,
+    /// Token buckets: of `used`, what Redis confirmed before: what it has charged already if
+    /// it has lost its record of the member (a restart), so that it is not charged twice.
+    pub confirmed: u64,
 }
 
 /// This instance's heartbeat.
@@ -170,7 +173,7 @@ if tb > 0 then
   -- credit) goes back to (or comes from) the bucket
   local nowus = now * 1000
   tat = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), nowus)
-  tat = math.max(tat + (keep - (t[me] or 0)) * tb, nowus)
+  tat = math.max(tat + (keep - (t[me] or tonumber(ARGV[14]))) * tb, nowus)
   avail = math.floor((nowus + p * 1000 - tat) / tb)
   free = avail
 else
@@ -268,7 +271,7 @@ pub fn ledger_model(
     let mut tat = 0;
     let (avail, free) = if tb > 0 {
         let now_us = now * 1000;
-        let took = get(h, "t", &up.member).unwrap_or(0);
+        let took = get(h, "t", &up.member).unwrap_or(as_i(up.confirmed));
         tat = strings
             .get(&up.prev_ledger_key)
             .copied()
@@ -341,7 +344,8 @@ pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
         .arg(u.bucket_us)
         .arg(u.adopt)
         .arg(u.need)
-        .arg(u.spare);
+        .arg(u.spare)
+        .arg(u.confirmed);
     c
 }
 

@@ -168,6 +168,7 @@ impl Accounts {
                     used: orphan.used,
                     want: orphan.used,
                     need: 0,
+                    confirmed: 0,
                     previous: true,
                     adopt: 0,
                 };
@@ -250,6 +251,7 @@ impl Accounts {
             adopt: ask.adopt,
             need: ask.need,
             spare: ledger::spare(threshold),
+            confirmed: ask.confirmed,
             bucket_us: if bucket {
                 (p * 1000 / threshold.max(1)).max(1)
             } else {

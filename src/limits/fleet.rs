@@ -204,10 +204,12 @@ impl FleetState {
         }
     }
 
-    /// The mode for a request held as long as it may without an answer: Redis is as good as
-    /// down for it, so `on_failure` applies.
+    /// The mode for a request held as long as it may: when the last round did not answer
+    /// (or has not ended: the first), `on_failure` applies; when it did, the leased mode (the
+    /// limiter then refuses what no lease covers).
     pub fn mode_without_answer(&self) -> FleetMode {
         match self.mode() {
+            FleetMode::Leased { .. } if self.link() == Link::Up => self.mode(),
             FleetMode::Leased { instances } => match self.on_failure() {
                 OnFailure::LocalShare => FleetMode::Shared { instances },
                 OnFailure::Local => FleetMode::Alone,

@@ -35,7 +35,7 @@ static NEXT_GEN: AtomicU32 = AtomicU32::new(1);
 /// the requests waiting for it, in percent of the threshold (at least one request). A burst
 /// on one instance finds at least `100 - SPARE_PERCENT`% of the threshold, less what the fleet
 /// has admitted, free for it.
-pub const SPARE_PERCENT: u64 = 5;
+pub const SPARE_PERCENT: u64 = 4;
 
 /// The spare budget of a threshold (see `SPARE_PERCENT`).
 pub fn spare(threshold: u64) -> u64 {
@@ -374,6 +374,9 @@ pub struct Ask {
     pub want: u64,
     /// Of `want - used`, the requests waiting here now: granted first, from all that is free.
     pub need: u64,
+    /// Of `used`, what Redis confirmed before (token buckets: what it has charged already, if
+    /// it lost its record of this member, say by a restart).
+    pub confirmed: u64,
     /// The record is the previous window's.
     pub previous: bool,
     /// Token buckets: the lease this record took over from the previous one (see `Ledger`).
@@ -434,6 +437,7 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
         used: l.prev_used,
         want: l.prev_used,
         need: 0,
+        confirmed: l.prev_sent,
         previous: true,
         adopt: 0,
     });
@@ -473,6 +477,7 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
             used: l.used,
             want,
             need,
+            confirmed: l.sent,
             previous: false,
             adopt: l.adopt,
         }),
@@ -565,6 +570,7 @@ mod tests {
             used: 2,
             want: 32,
             need: 0,
+            confirmed: 0,
             previous: false,
             adopt: 0,
         };

@@ -327,6 +327,17 @@ impl Decision {
     }
 }
 
+/// How long a request has waited for the fleet (`Verdict::Hold`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Patience {
+    /// Not held yet: a hold counts it in the next ask.
+    First,
+    /// Held, and decided again after a round.
+    Again,
+    /// Held as long as it may: it is not held again.
+    Over,
+}
+
 /// An applying rule during one decision.
 struct Applying {
     rule: u16,
@@ -539,28 +550,28 @@ impl Limiter {
     /// counters, check every tier, choose the verdict, commit. `Verdict::Hold`: wait for the
     /// next sync round, then decide again (`decide_after_hold` once the wait is over).
     pub fn decide(&self, req: &LimitRequest, plans: &Plans) -> Decision {
-        self.decide_in(req, plans, self.fleet.mode(), true)
+        self.decide_in(req, plans, self.fleet.mode(), Patience::First)
     }
 
     /// Decide again for a request that was held, after a round ended: it may be held again,
     /// but the next round already asks for it.
     pub fn decide_again(&self, req: &LimitRequest, plans: &Plans) -> Decision {
-        self.decide_in(req, plans, self.fleet.mode(), false)
+        self.decide_in(req, plans, self.fleet.mode(), Patience::Again)
     }
 
-    /// Decide for a request that was held as long as it may (`FleetState::hold_ms`) without an
-    /// answer for it: as if Redis were down (`on_failure`), never held again.
+    /// Decide for a request that was held as long as it may (`FleetState::hold_ms`): never
+    /// held again. If Redis did not answer meanwhile, `on_failure` decides; if it answered
+    /// without granting it, the fleet is full (the request is refused).
     pub fn decide_after_hold(&self, req: &LimitRequest, plans: &Plans) -> Decision {
-        self.decide_in(req, plans, self.fleet.mode_without_answer(), false)
+        self.decide_in(req, plans, self.fleet.mode_without_answer(), Patience::Over)
     }
 
-    /// `first`: the request has not been held yet (a hold counts it in the next ask).
     fn decide_in(
         &self,
         req: &LimitRequest,
         plans: &Plans,
         mode: FleetMode,
-        first: bool,
+        patience: Patience,
     ) -> Decision {
         let mut decision = Decision::none();
         if self.rules.is_empty() {
@@ -586,7 +597,7 @@ impl Limiter {
         let mut wake = false;
         for (a, guard) in applying.iter().zip(guards.iter_mut()) {
             let key = &arena[a.key_start..a.key_end];
-            let (slot, w) = self.check(a, guard, key, now, mode, first, &mut decision);
+            let (slot, w) = self.check(a, guard, key, now, mode, patience, &mut decision);
             wake |= w;
             slots.push(slot);
         }
@@ -654,7 +665,7 @@ impl Limiter {
         key: &[u8],
         now: u64,
         mode: FleetMode,
-        first: bool,
+        patience: Patience,
         decision: &mut Decision,
     ) -> (Slot<'g>, bool) {
         let cr = &self.rules[a.rule as usize];
@@ -700,10 +711,13 @@ impl Limiter {
             } else {
                 (leased, shared)
             };
-            let fleet = if verdict.allowed {
-                ledger::ceiling(state, tier, algo, now_ms, leased, shared)
-            } else {
-                Ceiling::Open
+            let fleet = match verdict.allowed {
+                false => Ceiling::Open,
+                true => match ledger::ceiling(state, tier, algo, now_ms, leased, shared) {
+                    // held as long as it may while Redis answered: no grant came for it
+                    Ceiling::LeaseUsed if patience == Patience::Over => Ceiling::FleetFull,
+                    c => c,
+                },
             };
             match fleet {
                 Ceiling::Open => {
@@ -717,7 +731,7 @@ impl Limiter {
                 Ceiling::LeaseUsed => {
                     // under the limit, but this instance's lease is used: the request waits for
                     // the next round, which asks for it (it is never refused for this)
-                    ledger::note_hold(state, first);
+                    ledger::note_hold(state, patience == Patience::First);
                     decision.held = true;
                     verdict.remaining = 0;
                     wake = true;
