@@ -32,6 +32,8 @@ pub struct Metrics {
     pub redis_sync_duration: Histogram,
     /// `tollgate_redis_pending_deltas`
     pub redis_pending: IntGauge,
+    /// `tollgate_fleet_held_total`
+    pub fleet_held: IntCounter,
     /// `tollgate_redis_live_instances`
     pub redis_instances: IntGauge,
     /// `tollgate_redis_node_rounds_total{node,result}`: rounds per Redis Cluster node.
@@ -128,6 +130,10 @@ impl Metrics {
             "tollgate_redis_pending_deltas",
             "Tier counters holding counts that Redis has not confirmed yet (after the last round; one per tier of each counter, not a number of requests)",
         )?;
+        let fleet_held = IntCounter::new(
+            "tollgate_fleet_held_total",
+            "Requests under their limits that waited for a sync round because this instance's lease of the fleet's quota was used (admitted or refused after)",
+        )?;
         let redis_instances = IntGauge::new(
             "tollgate_redis_live_instances",
             "Gateway instances sharing the limits, as last seen in Redis",
@@ -191,6 +197,7 @@ impl Metrics {
         registry.register(Box::new(redis_sync.clone()))?;
         registry.register(Box::new(redis_sync_duration.clone()))?;
         registry.register(Box::new(redis_pending.clone()))?;
+        registry.register(Box::new(fleet_held.clone()))?;
         registry.register(Box::new(redis_instances.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(request_duration.clone()))?;
@@ -213,6 +220,7 @@ impl Metrics {
             redis_sync,
             redis_sync_duration,
             redis_pending,
+            fleet_held,
             redis_instances,
             redis_connected,
             upstream_healthy,

@@ -452,6 +452,9 @@ impl ProxyHttp for Gateway {
             self.metrics
                 .decision_duration
                 .observe(t0.elapsed().as_secs_f64());
+            if d.verdict == Verdict::Hold {
+                self.metrics.fleet_held.inc();
+            }
             if let Verdict::Delay { .. } | Verdict::Hold = d.verdict {
                 // rare: boxed, so that the request's future stays small for the common case
                 let held;

@@ -76,6 +76,9 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
             } else {
                 0
             },
+            need: if rng.below(3) == 0 { rng.below(40) } else { 0 },
+            spare: 1 + rng.below(60),
+            confirmed: rng.below(sent + 1),
         };
         let up = if sliding {
             up
@@ -130,6 +133,10 @@ fn a_re_sent_report_changes_nothing_and_leases_never_exceed_the_cap() {
         period_ms: 1000,
         bucket_us: 0,
         adopt: 0,
+        need: 0,
+        // no spare limit here (see the next test)
+        spare: 60,
+        confirmed: 0,
     };
     let first = eval(&mut conn, &base);
     assert_eq!(
@@ -185,6 +192,9 @@ fn a_token_bucket_lease_takes_tokens_and_gives_back_what_is_unused() {
         period_ms: 10_000,
         bucket_us: 100_000,
         adopt: 0,
+        need: 0,
+        spare: 100,
+        confirmed: 0,
     };
     let a = eval(&mut conn, &ask("a.1", 0, 60, 1000));
     assert_eq!(a.ceiling, 60, "60 of the 100 tokens");
@@ -207,4 +217,42 @@ fn a_token_bucket_lease_takes_tokens_and_gives_back_what_is_unused() {
         redis.int(&["PTTL", "t:{p}:b:bucket"]) > 0,
         "the bucket has a TTL"
     );
+}
+
+#[test]
+fn waiting_requests_are_granted_first_and_forecasts_only_from_the_spare_budget() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    // a threshold of 1000, a spare budget of 40
+    let ask = |member: &str, used: u64, need: u64, forecast: u64| LedgerUpdate {
+        key: "t:{p}:s:0:1000".into(),
+        ledger_key: "t:{p}:s:0:1000:fleet".into(),
+        prev_ledger_key: "t:{p}:s:0:1000:fleet".into(),
+        member: member.into(),
+        used,
+        want: used + need + forecast,
+        cap: 1000,
+        now_ms: 10,
+        lease_until_ms: 1000,
+        expire_at_ms: 9_999_999_999_999,
+        weight_ms: 0,
+        period_ms: 1000,
+        bucket_us: 0,
+        adopt: 0,
+        need,
+        spare: 40,
+        confirmed: 0,
+    };
+    // a steady instance asks for 500 ahead: it gets the spare budget, no more
+    let a = eval(&mut conn, &ask("a.1", 100, 0, 500));
+    assert_eq!(a.ceiling, 140);
+    // a burst of 200 waits on another: all of it, from what is free
+    let b = eval(&mut conn, &ask("b.1", 0, 200, 300));
+    assert_eq!(b.ceiling, 200, "the need, but no forecast: a holds the spare");
+    assert_eq!(b.held, 40);
+    // the rest of the threshold stays free for the next burst: 1000 - 300 admitted or needed
+    // - 40 held
+    let c = eval(&mut conn, &ask("c.1", 0, 700, 0));
+    assert_eq!(c.ceiling, 660, "all that is free, and no more");
 }

@@ -104,7 +104,7 @@ impl Fleet {
     }
 
     fn begin(&self, cfg: &Config) -> Round {
-        self.accounts.begin(cfg.redis.as_ref().expect("redis"))
+        self.accounts.begin(cfg.redis.as_ref().expect("redis"), true)
     }
 
     /// Redis answers the round.
