@@ -5,7 +5,9 @@
 mod common;
 use common::RedisServer;
 use std::collections::HashMap;
-use tollgate::fleet_sync::backend::{answer, ledger_cmd, ledger_model, LedgerUpdate};
+use tollgate::fleet_sync::backend::{
+    answer, ledger_cmd, ledger_model, load_scripts_blocking, LedgerUpdate,
+};
 use tollgate::limits::ledger::Answer;
 
 /// A time in the future (keys expire at absolute times derived from it).
@@ -23,7 +25,8 @@ impl Rng {
 }
 
 fn eval(conn: &mut redis::Connection, u: &LedgerUpdate) -> Answer {
-    let v: redis::Value = ledger_cmd(u).query(conn).expect("EVAL");
+    load_scripts_blocking(conn).expect("SCRIPT LOAD");
+    let v: redis::Value = ledger_cmd(u).query(conn).expect("EVALSHA");
     answer(&v).unwrap_or_else(|| panic!("unexpected answer {v:?}"))
 }
 

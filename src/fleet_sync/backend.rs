@@ -1,5 +1,6 @@
 //! Where counts go: one pipelined round trip per round. Each window record is one atomic Lua
-//! script (`LEDGER_SCRIPT`: report the cumulative count, take a lease, set absolute expiry
+//! script, called by its hash (EVALSHA; loaded once per server, again after a NOSCRIPT answer)
+//! (`LEDGER_SCRIPT`: report the cumulative count, take a lease, set absolute expiry
 //! times every instance computes alike, so no key is ever left without a TTL); the round ends
 //! with the heartbeat that counts live instances. `ledger_model` is the same script in Rust,
 //! for the simulation; a test holds the two to the same answers on a real redis-server.
@@ -9,7 +10,42 @@ use crate::limits::ledger::Answer;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::Duration;
+
+static LEDGER: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LEDGER_SCRIPT));
+static HEARTBEAT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(HEARTBEAT_SCRIPT));
+
+/// Load the scripts into a server (rounds call them by hash).
+pub async fn load_scripts(conn: &mut impl redis::aio::ConnectionLike) -> redis::RedisResult<()> {
+    LEDGER.load_async(conn).await?;
+    HEARTBEAT.load_async(conn).await?;
+    Ok(())
+}
+
+/// The same, on a blocking connection (tests).
+pub fn load_scripts_blocking(conn: &mut dyn redis::ConnectionLike) -> redis::RedisResult<()> {
+    LEDGER.load(conn)?;
+    HEARTBEAT.load(conn)?;
+    Ok(())
+}
+
+/// Run a round's pipeline; if the server does not know the scripts (first use, a restart, a
+/// failover, `SCRIPT FLUSH`), load them and run it once more. A script that was not known
+/// ran nothing, so running the pipeline again counts nothing twice.
+async fn query_round<C: redis::aio::ConnectionLike>(
+    p: &redis::Pipeline,
+    conn: &mut C,
+) -> redis::RedisResult<Vec<redis::Value>> {
+    match p.query_async::<Vec<redis::Value>>(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            load_scripts(conn).await?;
+            p.query_async(conn).await
+        }
+        r => r,
+    }
+}
 
 /// What one window record of one counter sends in a round (see `LEDGER_SCRIPT`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -324,10 +360,11 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4]) return redis.call('ZCARD', KEYS[1])";
 /// How long the heartbeat set outlives its last writer.
 pub const HEARTBEAT_TTL_MS: u64 = 60_000;
 
-/// The script call for one update (pipelined in rounds; alone in tests).
+/// The script call for one update, by the script's hash (pipelined in rounds; alone in tests,
+/// after `load_scripts_blocking`).
 pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
-    let mut c = redis::cmd("EVAL");
-    c.arg(LEDGER_SCRIPT)
+    let mut c = redis::cmd("EVALSHA");
+    c.arg(LEDGER.get_hash())
         .arg(3)
         .arg(&u.key)
         .arg(&u.ledger_key)
@@ -354,8 +391,8 @@ fn add_update(p: &mut redis::Pipeline, u: &LedgerUpdate) {
 }
 
 fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
-    p.cmd("EVAL")
-        .arg(HEARTBEAT_SCRIPT)
+    p.cmd("EVALSHA")
+        .arg(HEARTBEAT.get_hash())
         .arg(1)
         .arg(&hb.key)
         .arg(hb.now_ms)
@@ -436,8 +473,7 @@ impl SingleRedis {
 impl SyncBackend for SingleRedis {
     async fn exchange(&self, updates: &[LedgerUpdate], hb: &Heartbeat) -> Result<Exchange, String> {
         let mut conn = self.conn.clone();
-        let values: Vec<redis::Value> = pipeline(updates, hb)
-            .query_async(&mut conn)
+        let values = query_round(&pipeline(updates, hb), &mut conn)
             .await
             .map_err(|e| e.to_string())?;
         split_reply(values, updates.len())
@@ -700,7 +736,7 @@ impl SyncBackend for ClusterRedis {
             let timeout = self.timeout;
             let mut conn = conn;
             let task = tokio::spawn(async move {
-                tokio::time::timeout(timeout, p.query_async::<Vec<redis::Value>>(&mut conn))
+                tokio::time::timeout(timeout, query_round(&p, &mut conn))
                     .await
                     .map_err(|_| format!("no answer within {timeout:?}"))
                     .and_then(|r| r.map_err(|e| e.to_string()))
