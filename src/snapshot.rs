@@ -128,7 +128,8 @@ impl Snapshot {
                 .map_or(Default::default(), |r| r.on_failure),
         );
         if let Some(r) = &config.redis {
-            rt.fleet.set_hold(crate::limits::fleet::hold_limit(r.timeout));
+            rt.fleet
+                .set_hold(crate::limits::fleet::hold_limit(r.timeout));
         }
         let gates = config
             .upstreams

@@ -762,3 +762,125 @@ fn a_threshold_change_keeps_the_fleet_counting_on_the_same_redis_key() {
         .int(&["GET", &key])
         == admitted + more));
 }
+
+/// Three gateways on one Redis, `{ period: 10, threshold: 300 }` with `algorithm`: 240
+/// requests (0.8 of the limit) in 4 bursts of 60 concurrent requests, 1.5 s apart, each burst
+/// on one instance. Returns the statuses.
+fn bursts_at_0_8(algorithm: &str) -> Vec<u16> {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}", redis.url()),
+        "[{ period: 10, threshold: 300 }]",
+        "",
+    )
+    .replace(
+        "    tiers: [{ period: 10, threshold: 300 }]\n",
+        &format!("    tiers: [{{ period: 10, threshold: 300 }}]\n    algorithm: {algorithm}\n"),
+    );
+    assert!(
+        cfg.contains("algorithm: "),
+        "the config names the algorithm"
+    );
+    let gws: Vec<Gateway> = (0..3).map(|_| Gateway::start(&cfg)).collect();
+    gws.iter().for_each(wait_connected);
+    assert!(eventually(Duration::from_secs(5), || gws.iter().all(
+        |g| metric_sum(&g.metrics(), "tollgate_redis_live_instances") == 3.0
+    )));
+    avoid_window_edge(10_000, 7_500);
+    let mut statuses = Vec::new();
+    for burst in 0..4 {
+        let addr = gws[burst % 3].addr;
+        let clients: Vec<_> = (0..60)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    common::request(addr, "GET", "/x", &[("x-org-id", "acme")])
+                        .map_or(0, |r| r.status)
+                })
+            })
+            .collect();
+        statuses.extend(clients.into_iter().map(|c| c.join().unwrap_or(0)));
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    statuses
+}
+
+#[test]
+fn bursts_at_0_8_of_the_limit_on_three_gateways_are_never_refused() {
+    for algorithm in ["fixed_window", "token_bucket"] {
+        let statuses = bursts_at_0_8(algorithm);
+        let refused = statuses.iter().filter(|&&s| s != 200).count();
+        assert_eq!(refused, 0, "{algorithm}: {refused} of 240 not admitted");
+    }
+}
+
+/// A tenant at a tiny share of its limit on two gateways, while `outage` happens to Redis:
+/// every request is answered 200 (no 429, no 5xx), before, during and after.
+fn far_under_the_limit_through(
+    outage: impl FnOnce(&mut RedisServer),
+    back: impl FnOnce(&mut RedisServer),
+) {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}\n  timeout: 100ms", redis.url()),
+        "[{ period: 1h, threshold: 1000000 }]",
+        "",
+    );
+    let (a, b) = pair(&cfg);
+    let statuses = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // 4 clients, each alternating between the instances as fast as answers come
+    let clients: Vec<_> = (0..4)
+        .map(|k| {
+            let (addrs, statuses, stop) = ([a.addr, b.addr], statuses.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = k;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let s = common::request(addrs[i % 2], "GET", "/x", &[("x-org-id", "t")])
+                        .map_or(0, |r| r.status);
+                    statuses.lock().unwrap().push(s);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let served = |n: usize| {
+        let before = statuses.lock().unwrap().len();
+        assert!(eventually(Duration::from_secs(10), || statuses
+            .lock()
+            .unwrap()
+            .len()
+            >= before + n));
+    };
+    served(200);
+    outage(&mut redis);
+    assert!(wait_redis_state(&a, "disconnected") || wait_redis_state(&b, "disconnected"));
+    served(300);
+    back(&mut redis);
+    wait_connected(&a);
+    wait_connected(&b);
+    served(200);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    clients.into_iter().for_each(|c| c.join().unwrap());
+    let statuses = statuses.lock().unwrap();
+    let bad: Vec<u16> = statuses.iter().copied().filter(|&s| s != 200).collect();
+    assert!(
+        bad.is_empty(),
+        "{} of {} not 200: {bad:?}",
+        bad.len(),
+        statuses.len()
+    );
+}
+
+#[test]
+fn a_tenant_far_under_its_limit_sees_only_200_while_redis_is_stopped_and_resumed() {
+    far_under_the_limit_through(|r| r.signal("STOP"), |r| r.signal("CONT"));
+}
+
+#[test]
+fn a_tenant_far_under_its_limit_sees_only_200_while_redis_is_killed_and_restarted() {
+    far_under_the_limit_through(|r| r.kill(), |r| r.restart());
+}

@@ -636,24 +636,20 @@ fn simulate(s: &Scenario) -> Outcome {
         // the refusals of this ms against the fleet's count, as the contract measures it (the
         // request included; under 100, one request per instance either way, as for the upper
         // bound)
-        pending.extend(
-            refused_now
-                .into_iter()
-                .map(|(i, failure)| {
-                    // token buckets: the level; sliding windows: the previous window's weight
-                    let then = if s.sliding {
-                        let prev = *out
-                            .admitted
-                            .get(&(window.wrapping_sub(s.period_ms)))
-                            .unwrap_or(&0) as f64;
-                        prev * (s.period_ms - (now - window)) as f64 / s.period_ms as f64
-                    } else {
-                        level
-                    };
-                    let taken = out.bucket_admitted;
-                    (step + judge_ms, step, i, failure, window, then, taken)
-                }),
-        );
+        pending.extend(refused_now.into_iter().map(|(i, failure)| {
+            // token buckets: the level; sliding windows: the previous window's weight
+            let then = if s.sliding {
+                let prev = *out
+                    .admitted
+                    .get(&(window.wrapping_sub(s.period_ms)))
+                    .unwrap_or(&0) as f64;
+                prev * (s.period_ms - (now - window)) as f64 / s.period_ms as f64
+            } else {
+                level
+            };
+            let taken = out.bucket_admitted;
+            (step + judge_ms, step, i, failure, window, then, taken)
+        }));
         let last_ms_of = |w: u64| w + s.period_ms - 1;
         let due: Vec<_> = pending
             .iter()

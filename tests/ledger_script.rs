@@ -252,7 +252,10 @@ fn waiting_requests_are_granted_first_and_forecasts_only_from_the_spare_budget()
     assert_eq!(a.ceiling, 140);
     // a burst of 200 waits on another: all of it, from what is free
     let b = eval(&mut conn, &ask("b.1", 0, 200, 300));
-    assert_eq!(b.ceiling, 200, "the need, but no forecast: a holds the spare");
+    assert_eq!(
+        b.ceiling, 200,
+        "the need, but no forecast: a holds the spare"
+    );
     assert_eq!(b.held, 40);
     // the rest of the threshold stays free for the next burst: 1000 - 300 admitted or needed
     // - 40 held

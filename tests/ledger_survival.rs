@@ -104,7 +104,8 @@ impl Fleet {
     }
 
     fn begin(&self, cfg: &Config) -> Round {
-        self.accounts.begin(cfg.redis.as_ref().expect("redis"), true)
+        self.accounts
+            .begin(cfg.redis.as_ref().expect("redis"), true)
     }
 
     /// Redis answers the round.

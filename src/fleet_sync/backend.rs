@@ -14,8 +14,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 static LEDGER: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LEDGER_SCRIPT));
-static HEARTBEAT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(HEARTBEAT_SCRIPT));
+static HEARTBEAT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(HEARTBEAT_SCRIPT));
 
 /// Load the scripts into a server (rounds call them by hash).
 pub async fn load_scripts(conn: &mut impl redis::aio::ConnectionLike) -> redis::RedisResult<()> {

@@ -293,7 +293,9 @@ pub fn room(
             return None;
         }
         return Some(if bucket {
-            l.room.saturating_add(l.ceiling.saturating_sub(l.used)).max(1)
+            l.room
+                .saturating_add(l.ceiling.saturating_sub(l.used))
+                .max(1)
         } else {
             // what the others held unused at the last answer
             let held = (l.others + l.used).saturating_sub(state.current);

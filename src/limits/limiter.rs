@@ -658,6 +658,7 @@ impl Limiter {
 
     /// Check every tier of one applying rule (its shard locked); report each tier in
     /// `decision`. Returns the slot to commit to, and whether a fleet round is wanted now.
+    #[allow(clippy::too_many_arguments)]
     fn check<'g>(
         &self,
         a: &Applying,
