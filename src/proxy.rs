@@ -84,8 +84,9 @@ const CLIENT_GONE: http::StatusCode = match http::StatusCode::from_u16(499) {
 };
 
 /// `action: delay`, and requests held for the fleet: wait while the decision says so, up to
-/// `max_delay` (then reject), or up to the fleet's hold limit (then decide as `on_failure`
-/// says). Returns the last decision and whether the request waited for `action: delay`.
+/// `max_delay` (then reject), or up to the fleet's hold limit (then `decide_after_hold`: refused
+/// if Redis answered meanwhile, `on_failure` if it did not). Returns the last decision and
+/// whether the request waited for `action: delay`.
 async fn hold(
     limiter: &crate::limits::Limiter,
     lreq: &LimitRequest<'_>,

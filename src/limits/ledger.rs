@@ -197,7 +197,8 @@ pub enum Ceiling {
     Open,
     /// The lease (and credit) is used up: wait for the next round, which asks for more.
     LeaseUsed,
-    /// The last answer could not grant the requests that waited: the fleet has no room now.
+    /// The fleet has no room now: two answers in a row could not grant the requests that
+    /// waited, or (sliding windows) the weighted count of this moment is full.
     FleetFull,
     /// Redis is down: this instance's share of what was left is used up.
     ShareUsed,
@@ -409,7 +410,7 @@ pub struct Sizing {
     pub now_ms: u64,
     /// Time since the last round: demand over it is the rate, for a record not drained before.
     pub since_ms: u64,
-    /// How far ahead a forecast looks (shortened while contended, and to the window's end).
+    /// How far ahead a forecast looks (cut at the window's end).
     pub horizon_ms: u64,
     /// Time left in the window.
     pub left_ms: u64,
@@ -421,7 +422,8 @@ pub struct Sizing {
 
 /// The asks of one tier for this round (previous window, current window). An ask wants the
 /// requests waiting (`need`) and a forecast: the demand since the record was last drained,
-/// over the horizon and a half; without demand the lease is given back. A lease larger than
+/// over the horizon and a half; without demand, and while others hold leases, the lease is
+/// given back at a periodic round. A lease larger than
 /// what is asked is lowered here at once, before Redis hears of it, so that this instance
 /// never admits what Redis has stopped reserving for it.
 pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
