@@ -84,9 +84,10 @@ const CLIENT_GONE: http::StatusCode = match http::StatusCode::from_u16(499) {
 };
 
 /// `action: delay`, and requests held for the fleet: wait while the decision says so, up to
-/// `max_delay` (then reject), or up to the fleet's hold limit (then `decide_after_hold`: refused
-/// if Redis answered meanwhile, `on_failure` if it did not). Returns the last decision and
-/// whether the request waited for `action: delay`.
+/// `max_delay` (then reject); a held request waits while rounds keep ending (each round that
+/// ends gives it the fleet's hold limit again, up to four in all), then `decide_after_hold`:
+/// refused if Redis answered meanwhile, `on_failure` if it did not. Returns the last decision
+/// and whether the request waited for `action: delay`.
 async fn hold(
     limiter: &crate::limits::Limiter,
     lreq: &LimitRequest<'_>,
@@ -95,7 +96,8 @@ async fn hold(
 ) -> (Decision, bool) {
     let mut delayed = false;
     let start = Instant::now();
-    let held_until = start + Duration::from_millis(limiter.fleet.hold_ms());
+    let patience = Duration::from_millis(limiter.fleet.hold_ms());
+    let mut held_until = start + patience;
     let mut delay_until = None;
     loop {
         let wake = match d.verdict {
@@ -121,7 +123,10 @@ async fn hold(
         // grant this instance more (a held request never polls the decision)
         tokio::select! {
             _ = tokio::time::sleep_until(wake) => {}
-            _ = limiter.fleet.next_round() => {}
+            _ = limiter.fleet.next_round() => {
+                // Redis is answering (slowly, on a busy machine): wait on
+                held_until = (Instant::now() + patience).min(start + 4 * patience);
+            }
         }
         d = match d.verdict {
             Verdict::Hold if Instant::now() >= held_until => limiter.decide_after_hold(lreq, plans),

@@ -257,8 +257,9 @@ struct InFlight {
 }
 
 struct Instance {
-    /// Requests held for the fleet (`Verdict::Hold`): when each arrived.
-    held: std::collections::VecDeque<u64>,
+    /// Requests held for the fleet (`Verdict::Hold`): when each arrived, and until when it
+    /// waits.
+    held: std::collections::VecDeque<(u64, u64)>,
     limiter: Limiter,
     accounts: Accounts,
     fleet: Arc<FleetState>,
@@ -557,13 +558,17 @@ fn simulate(s: &Scenario) -> Outcome {
             if inst.fleet.link() == Link::Unknown {
                 continue;
             }
-            let mut arrivals: Vec<Option<u64>> = Vec::new();
+            // (a held request waits while rounds end: each gives it the hold limit again, up to
+            // four in all, as in the gateway)
+            let mut arrivals: Vec<(Option<u64>, u64)> = Vec::new();
             let held = std::mem::take(&mut inst.held);
-            for since in held {
-                if round_ended || step >= since + hold_ms {
-                    arrivals.push(Some(since));
+            for (since, until) in held {
+                if round_ended {
+                    arrivals.push((Some(since), (step + hold_ms).min(since + 4 * hold_ms)));
+                } else if step >= until {
+                    arrivals.push((Some(since), until));
                 } else {
-                    inst.held.push_back(since);
+                    inst.held.push_back((since, until));
                 }
             }
             if step < s.span_ms {
@@ -577,11 +582,11 @@ fn simulate(s: &Scenario) -> Outcome {
                     .sum::<u64>();
                 for _ in 0..n {
                     *out.offered.entry(window).or_default() += 1;
-                    arrivals.push(None);
+                    arrivals.push((None, step + hold_ms));
                 }
             }
-            for since in arrivals {
-                let waited_out = since.is_some_and(|at| step >= at + hold_ms);
+            for (since, until) in arrivals {
+                let waited_out = since.is_some() && step >= until;
                 let d = if waited_out {
                     inst.limiter.decide_after_hold(&req, &cfg.plans)
                 } else if since.is_some() {
@@ -590,7 +595,7 @@ fn simulate(s: &Scenario) -> Outcome {
                     inst.limiter.decide(&req, &cfg.plans)
                 };
                 if d.verdict == Verdict::Hold {
-                    inst.held.push_back(since.unwrap_or(step));
+                    inst.held.push_back((since.unwrap_or(step), until));
                     continue;
                 }
                 out.longest_hold = out
