@@ -116,19 +116,17 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
     assert_eq!(checked, 3000);
 }
 
-#[test]
-fn a_re_sent_report_changes_nothing_and_leases_never_exceed_the_cap() {
-    let redis = RedisServer::start();
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut conn = client.get_connection().expect("connection");
-    let base = LedgerUpdate {
-        key: "t:{p}:r:0:1000".into(),
-        ledger_key: "t:{p}:r:0:1000:fleet".into(),
-        prev_ledger_key: "t:{p}:r:0:1000:fleet".into(),
-        member: "a.1".into(),
-        used: 5,
-        want: 100,
-        cap: 60,
+/// A fixed window's update of `member` on key `key` (period 1000 ms, now 10 ms in, the lease
+/// to the window's end), with no spare limit: tests change what they are about.
+fn window_update(key: &str, member: &str, used: u64, want: u64, cap: u64) -> LedgerUpdate {
+    LedgerUpdate {
+        key: key.into(),
+        ledger_key: format!("{key}:fleet"),
+        prev_ledger_key: format!("{key}:fleet"),
+        member: member.into(),
+        used,
+        want,
+        cap,
         now_ms: 10,
         lease_until_ms: 1000,
         expire_at_ms: 9_999_999_999_999,
@@ -137,10 +135,18 @@ fn a_re_sent_report_changes_nothing_and_leases_never_exceed_the_cap() {
         bucket_us: 0,
         adopt: 0,
         need: 0,
-        // no spare limit here (see the next test)
-        spare: 60,
+        spare: cap,
         confirmed: 0,
-    };
+    }
+}
+
+#[test]
+fn a_re_sent_report_changes_nothing_and_leases_never_exceed_the_cap() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    // no spare limit here (see the test of the spare budget)
+    let base = window_update("t:{p}:r:0:1000", "a.1", 5, 100, 60);
     let first = eval(&mut conn, &base);
     assert_eq!(
         (first.total, first.ceiling),
@@ -181,23 +187,12 @@ fn a_token_bucket_lease_takes_tokens_and_gives_back_what_is_unused() {
     let mut conn = client.get_connection().expect("connection");
     // 100 tokens per 10 s: one every 100 ms
     let ask = |member: &str, used: u64, want: u64, at_ms: u64| LedgerUpdate {
-        key: "t:{p}:b:0:10000".into(),
-        ledger_key: "t:{p}:b:0:10000:fleet".into(),
         prev_ledger_key: "t:{p}:b:bucket".into(),
-        member: member.into(),
-        used,
-        want,
-        cap: 100,
         now_ms: NOW + at_ms,
         lease_until_ms: NOW + 20_000,
-        expire_at_ms: 9_999_999_999_999,
-        weight_ms: 0,
         period_ms: 10_000,
         bucket_us: 100_000,
-        adopt: 0,
-        need: 0,
-        spare: 100,
-        confirmed: 0,
+        ..window_update("t:{p}:b:0:10000", member, used, want, 100)
     };
     let a = eval(&mut conn, &ask("a.1", 0, 60, 1000));
     assert_eq!(a.ceiling, 60, "60 of the 100 tokens");
@@ -229,23 +224,9 @@ fn waiting_requests_are_granted_first_and_forecasts_only_from_the_spare_budget()
     let mut conn = client.get_connection().expect("connection");
     // a threshold of 1000, a spare budget of 40
     let ask = |member: &str, used: u64, need: u64, forecast: u64| LedgerUpdate {
-        key: "t:{p}:s:0:1000".into(),
-        ledger_key: "t:{p}:s:0:1000:fleet".into(),
-        prev_ledger_key: "t:{p}:s:0:1000:fleet".into(),
-        member: member.into(),
-        used,
-        want: used + need + forecast,
-        cap: 1000,
-        now_ms: 10,
-        lease_until_ms: 1000,
-        expire_at_ms: 9_999_999_999_999,
-        weight_ms: 0,
-        period_ms: 1000,
-        bucket_us: 0,
-        adopt: 0,
         need,
         spare: 40,
-        confirmed: 0,
+        ..window_update("t:{p}:s:0:1000", member, used, used + need + forecast, 1000)
     };
     // a steady instance asks for 500 ahead: it gets the spare budget, no more
     let a = eval(&mut conn, &ask("a.1", 100, 0, 500));
