@@ -332,6 +332,24 @@ struct Outcome {
     longest_hold: u64,
 }
 
+/// The part of the previous window's fleet count that still weighs at `now` (sliding windows).
+fn previous_weight(out: &Outcome, s: &Scenario, window: u64, now: u64) -> f64 {
+    let prev = *out
+        .admitted
+        .get(&window.wrapping_sub(s.period_ms))
+        .unwrap_or(&0) as f64;
+    prev * (s.period_ms - (now - window)) as f64 / s.period_ms as f64
+}
+
+/// The first tier of the tenant's counter on an instance (for the trace).
+fn first_state(limiter: &Limiter) -> Option<tollgate::limits::algorithm::TierState> {
+    let mut st = None;
+    limiter.rules[0]
+        .counters
+        .for_each(|_, c| st = Some(c.tiers[0]));
+    st
+}
+
 fn simulate(s: &Scenario) -> Outcome {
     let cfg = config::load_str(Path::new("sim.yaml"), &config_text(s)).expect("valid config");
     let settings: RedisSettings = cfg.redis.clone().expect("redis section");
@@ -603,14 +621,11 @@ fn simulate(s: &Scenario) -> Outcome {
                     .max(since.map_or(0, |at| step.saturating_sub(at)));
                 if d.verdict != Verdict::Allow {
                     out.refusals += 1;
-                    // judged at the end of this ms, with what the fleet admitted in it
+                    // judged a round trip later (see `judge_ms`)
                     let failure = waited_out || !inst.fleet.is_connected();
                     refused_now.push((i, failure));
                     if trace {
-                        let mut st = None;
-                        inst.limiter.rules[0]
-                            .counters
-                            .for_each(|_, c| st = Some(c.tiers[0]));
+                        let st = first_state(&inst.limiter);
                         eprintln!("{step} i{i} refused: retry {} {st:?}", d.retry_after_ms());
                     }
                     continue;
@@ -630,11 +645,7 @@ fn simulate(s: &Scenario) -> Outcome {
                     admitted_log.push((now, window));
                 }
                 if trace {
-                    let mut st = None;
-                    inst.limiter.rules[0]
-                        .counters
-                        .for_each(|_, c| st = Some(c.tiers[0]));
-                    eprintln!("{step} i{i} {st:?}");
+                    eprintln!("{step} i{i} {:?}", first_state(&inst.limiter));
                 }
             }
         }
@@ -644,11 +655,7 @@ fn simulate(s: &Scenario) -> Outcome {
         pending.extend(refused_now.into_iter().map(|(i, failure)| {
             // token buckets: the level; sliding windows: the previous window's weight
             let then = if s.sliding {
-                let prev = *out
-                    .admitted
-                    .get(&(window.wrapping_sub(s.period_ms)))
-                    .unwrap_or(&0) as f64;
-                prev * (s.period_ms - (now - window)) as f64 / s.period_ms as f64
+                previous_weight(&out, s, window, now)
             } else {
                 level
             };
@@ -691,18 +698,14 @@ fn simulate(s: &Scenario) -> Outcome {
         }
         // sliding windows: the fleet's estimate at each admission of this ms
         if s.sliding && admitted_log.last().is_some_and(|&(ms, _)| ms == now) {
-            let prev = *out
-                .admitted
-                .get(&(window.wrapping_sub(s.period_ms)))
-                .unwrap_or(&0) as f64;
+            let weighted = previous_weight(&out, s, window, now);
             let cur = *out.admitted.get(&window).unwrap_or(&0) as f64;
-            let w = (s.period_ms - (now - window)) as f64 / s.period_ms as f64;
             let e = out.estimate.entry(window).or_default();
-            *e = e.max(prev * w + cur);
+            *e = e.max(weighted + cur);
             if trace {
                 eprintln!(
-                    "{step} estimate {:.1} prev {prev} cur {cur}",
-                    prev * w + cur
+                    "{step} estimate {:.1} (previous {weighted:.1}, cur {cur})",
+                    weighted + cur
                 );
             }
         }
