@@ -115,6 +115,17 @@ fn three_instances_enforce_one_shared_limit_within_5_percent() {
     assert_eq!(redis.int(&["GET", &keys[0]]), admitted as i64);
     let ttl = redis.int(&["PTTL", &keys[0]]);
     assert!(ttl > 0 && ttl <= 30_000 + 60_000, "pttl {ttl}");
+    // the scripts are called by their hash, never sent whole
+    let stats = match redis.cmd(&["INFO", "commandstats"]) {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("INFO commandstats: {other:?}"),
+    };
+    assert!(stats.contains("cmdstat_evalsha:"), "{stats}");
+    assert!(
+        !stats.contains("cmdstat_eval:"),
+        "a script sent whole: {stats}"
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Counts not yet confirmed by Redis survive what can happen to their counter before the next
 //! round: a window that rolls twice during an outage, a tenant moving to another plan, a
-//! counter evicted while its round is in flight, a reload that changes a rule's identity. The
+//! counter evicted while its round is in flight, a reload that changes a rule's identity. And a
+//! request past this instance's lease is held for the next round, not refused. The
 //! real limiter and round code (`Accounts`) under a fake clock; Redis is the Rust twin of the
 //! ledger script (`ledger_model`, held to the Lua script on a real redis-server by
 //! `tests/ledger_script.rs`).
@@ -80,6 +81,10 @@ impl Fleet {
     }
 
     fn hit(&self, limiter: &Limiter, cfg: &Config, tenant: &str) -> bool {
+        self.verdict(limiter, cfg, tenant) == Verdict::Allow
+    }
+
+    fn verdict(&self, limiter: &Limiter, cfg: &Config, tenant: &str) -> Verdict {
         let headers = HeaderMap::new();
         let segments = tollgate::matching::Segments::new("/x");
         let req = LimitRequest {
@@ -90,7 +95,7 @@ impl Fleet {
             client_ip: "10.0.0.1".parse().expect("ip"),
             headers: &headers,
         };
-        limiter.decide(&req, &cfg.plans).verdict == Verdict::Allow
+        limiter.decide(&req, &cfg.plans).verdict
     }
 
     /// Admit `n` requests of `tenant`, with a round whenever the instance needs a lease.
@@ -247,4 +252,38 @@ fn a_reload_that_changes_a_rule_sends_the_old_rules_counts_first() {
     // once sent, the retired rule is forgotten
     f.round(&after);
     assert_eq!(f.registry.live().len(), 1);
+}
+
+#[test]
+fn a_request_past_the_lease_is_held_and_a_shadow_rule_never_holds() {
+    for (action, past_lease) in [("reject", Verdict::Hold), ("shadow", Verdict::Allow)] {
+        let mut f = Fleet::new();
+        let rule = format!(
+            "  - {{ id: r, pathPattern: /**, action: {action}, tiers: [{{ period: 1h, threshold: 1000 }}] }}"
+        );
+        let cfg = config(&rule, "", 1000);
+        let limiter = f.limiter(&cfg);
+        f.round(&cfg); // connected
+                       // far under the limit, no round: the lease (or the cold credit) runs out
+        let mut verdicts = Vec::new();
+        for _ in 0..500 {
+            let v = f.verdict(&limiter, &cfg, "acme");
+            verdicts.push(v);
+            if v != Verdict::Allow {
+                break;
+            }
+        }
+        assert_eq!(verdicts.last(), Some(&past_lease), "{action}: {verdicts:?}");
+        if past_lease == Verdict::Hold {
+            // the next round asks for the request that waits, and it goes through
+            let round = f.begin(&cfg);
+            assert!(
+                round.updates.iter().any(|u| u.need >= 1),
+                "{:?}",
+                round.updates
+            );
+            f.answer(round);
+            assert!(f.hit(&limiter, &cfg, "acme"));
+        }
+    }
 }
