@@ -196,6 +196,11 @@ impl FleetState {
             Link::Down => {}
         }
         // Redis did not answer the last round (or the first): on_failure applies
+        self.failure_mode(instances)
+    }
+
+    /// What `on_failure` makes of the shared limits.
+    fn failure_mode(&self, instances: u64) -> FleetMode {
         match self.on_failure() {
             OnFailure::LocalShare => FleetMode::Shared { instances },
             OnFailure::Local => FleetMode::Alone,
@@ -210,12 +215,7 @@ impl FleetState {
     pub fn mode_without_answer(&self) -> FleetMode {
         match self.mode() {
             FleetMode::Leased { .. } if self.link() == Link::Up => self.mode(),
-            FleetMode::Leased { instances } => match self.on_failure() {
-                OnFailure::LocalShare => FleetMode::Shared { instances },
-                OnFailure::Local => FleetMode::Alone,
-                OnFailure::Allow => FleetMode::AllowAll,
-                OnFailure::Deny => FleetMode::DenyAll,
-            },
+            FleetMode::Leased { instances } => self.failure_mode(instances),
             other => other,
         }
     }
