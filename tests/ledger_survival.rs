@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use tollgate::config::{self, Config};
-use tollgate::fleet_sync::backend::{ledger_model, Exchange};
+use tollgate::fleet_sync::backend::{ledger_model, Exchange, LedgerUpdate};
 use tollgate::fleet_sync::{Accounts, Round};
 use tollgate::limits::fleet::FleetState;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
@@ -85,6 +85,10 @@ impl Fleet {
     }
 
     fn verdict(&self, limiter: &Limiter, cfg: &Config, tenant: &str) -> Verdict {
+        self.decide(limiter, cfg, tenant).verdict
+    }
+
+    fn decide(&self, limiter: &Limiter, cfg: &Config, tenant: &str) -> tollgate::limits::Decision {
         let headers = HeaderMap::new();
         let segments = tollgate::matching::Segments::new("/x");
         let req = LimitRequest {
@@ -95,7 +99,7 @@ impl Fleet {
             client_ip: "10.0.0.1".parse().expect("ip"),
             headers: &headers,
         };
-        limiter.decide(&req, &cfg.plans).verdict
+        limiter.decide(&req, &cfg.plans)
     }
 
     /// Admit `n` requests of `tenant`, with a round whenever the instance needs a lease.
@@ -286,4 +290,62 @@ fn a_request_past_the_lease_is_held_and_a_shadow_rule_never_holds() {
             assert!(f.hit(&limiter, &cfg, "acme"));
         }
     }
+}
+
+#[test]
+fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_ends() {
+    let mut f = Fleet::new();
+    let cfg = config(
+        "  - { id: r, pathPattern: /**, tiers: [{ period: 1h, threshold: 100 }] }",
+        "",
+        1000,
+    );
+    let limiter = f.limiter(&cfg);
+    f.round(&cfg); // connected
+                   // another instance holds the whole hour's quota for requests waiting on it
+    let (start, end) = (
+        T0 / 3_600_000 * 3_600_000,
+        T0 / 3_600_000 * 3_600_000 + 3_600_000,
+    );
+    let key = format!("s:{{acme}}:r:{start}:{end}");
+    ledger_model(
+        &mut f.strings,
+        &mut f.hashes,
+        &LedgerUpdate {
+            ledger_key: format!("{key}:fleet"),
+            prev_ledger_key: format!("{key}:fleet"),
+            key,
+            member: "other.1".into(),
+            used: 0,
+            want: 100,
+            cap: 100,
+            now_ms: T0,
+            lease_until_ms: end,
+            expire_at_ms: end + 60_000,
+            weight_ms: 0,
+            period_ms: 3_600_000,
+            bucket_us: 0,
+            adopt: 0,
+            need: 100,
+            spare: 4,
+            confirmed: 0,
+        },
+    );
+    // the cold credit, then held; one answer without room: held once more (asked again)
+    assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Allow);
+    assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Hold);
+    f.round(&cfg);
+    assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Hold);
+    f.round(&cfg);
+    // a second answer without room: refused, and told to come back when the window ends
+    let d = f.decide(&limiter, &cfg, "acme");
+    assert!(
+        matches!(d.verdict, Verdict::Reject { status: 429 }),
+        "{d:?}"
+    );
+    let retry = d.retry_after_ms();
+    assert!(
+        retry > 3_500_000 && retry <= 3_600_000,
+        "retry after {retry} ms"
+    );
 }
