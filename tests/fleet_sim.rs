@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use tollgate::config::{self, model::RedisSettings};
-use tollgate::fleet_sync::backend::{ledger_model, Exchange, Heartbeat, LedgerUpdate};
+use tollgate::fleet_sync::backend::{update_model, Exchange, Heartbeat, RoundError, Update};
 use tollgate::fleet_sync::{Accounts, Round, Schedule};
 use tollgate::limits::fleet::{hold_limit, FleetState, Link, MIN_ROUND_GAP_MS};
 use tollgate::limits::ledger::SPARE_PERCENT;
@@ -218,28 +218,30 @@ struct SimRedis {
     /// Redis runs nothing in these spans [from, until) (a stall): what arrives waits.
     stalls: Vec<(u64, u64)>,
     /// Rounds that reach Redis after their sender gave up on them: (when, updates, heartbeat).
-    late: Vec<(u64, Vec<LedgerUpdate>, Heartbeat)>,
+    late: Vec<(u64, Vec<Update>, Option<Heartbeat>)>,
 }
 
 impl SimRedis {
-    fn run(&mut self, updates: &[LedgerUpdate], hb: &Heartbeat, now: u64) -> Option<Exchange> {
+    /// Run a round; `None` while Redis is down (the connection is refused: nothing applied).
+    fn run(&mut self, updates: &[Update], hb: Option<&Heartbeat>, now: u64) -> Option<Exchange> {
         if now < self.down_until {
             return None;
         }
         let shard_down = (self.shard_down.0..self.shard_down.1).contains(&now);
         let answers = updates
             .iter()
-            .map(|u| (!shard_down).then(|| ledger_model(&mut self.strings, &mut self.hashes, u)))
+            .map(|u| (!shard_down).then(|| update_model(&mut self.strings, &mut self.hashes, u)))
             .collect();
-        self.beats.insert(hb.instance.clone(), hb.now_ms);
-        let live = self
-            .beats
-            .values()
-            .filter(|&&t| t + hb.liveness_ms > hb.now_ms)
-            .count() as u64;
+        let instances = hb.map(|hb| {
+            self.beats.insert(hb.instance.clone(), hb.now_ms);
+            self.beats
+                .values()
+                .filter(|&&t| t + hb.liveness_ms > hb.now_ms)
+                .count() as u64
+        });
         Some(Exchange {
             answers,
-            instances: Some(live),
+            instances,
             ..Exchange::default()
         })
     }
@@ -477,7 +479,7 @@ fn simulate(s: &Scenario) -> Outcome {
         let late = std::mem::take(&mut redis.late);
         for (at, updates, hb) in late {
             if at <= now && stalled_until.is_none() {
-                redis.run(&updates, &hb, now);
+                redis.run(&updates, hb.as_ref(), now);
             } else {
                 redis.late.push((at, updates, hb));
             }
@@ -502,13 +504,22 @@ fn simulate(s: &Scenario) -> Outcome {
                     }
                 }
                 if f.result.is_none() && now >= f.apply_at && stalled_until.is_none() {
-                    f.result = Some(redis.run(&f.round.updates, &f.round.heartbeat, now));
+                    f.result = Some(redis.run(&f.round.updates, f.round.heartbeat.as_ref(), now));
                 }
                 let back = f.result.as_ref().is_some_and(|r| r.is_some()) && !f.lost;
+                // Redis down: the connection is refused at once, nothing was applied
+                let refused = f.result.as_ref().is_some_and(|r| r.is_none());
+                // Redis ran it (or refused it): it is not on its way any more
+                let ran = f.result.is_some();
                 let finished = if back && now >= f.reply_at && f.reply_at <= f.timeout_at {
                     Some(Ok(f.result.take().flatten().expect("an answer")))
+                } else if refused && now >= f.reply_at {
+                    Some(Err(RoundError {
+                        message: "refused".into(),
+                        unapplied: true,
+                    }))
                 } else if now >= f.timeout_at {
-                    Some(Err("timeout".to_string()))
+                    Some(Err(RoundError::from("timeout")))
                 } else {
                     None
                 };
@@ -516,7 +527,7 @@ fn simulate(s: &Scenario) -> Outcome {
                     let Some(f) = inst.flight.take() else {
                         unreachable!()
                     };
-                    if f.result.is_none() {
+                    if !ran {
                         // given up on, but on its way: Redis runs it later
                         let (u, h) = (f.round.updates.clone(), f.round.heartbeat.clone());
                         redis.late.push((f.apply_at, u, h));
@@ -528,10 +539,16 @@ fn simulate(s: &Scenario) -> Outcome {
                                 .as_ref()
                                 .ok()
                                 .and_then(|ex| ex.answers.get(k).copied().flatten());
-                            eprintln!(
-                                "{step} i{i} round used {} want {} need {} -> {a:?}",
-                                u.used, u.want, u.need
-                            );
+                            match u {
+                                Update::Lease(u) => eprintln!(
+                                    "{step} i{i} round used {} want {} need {} -> {a:?}",
+                                    u.used, u.want, u.need
+                                ),
+                                Update::Count(c) => eprintln!(
+                                    "{step} i{i} round count {} first {} -> {a:?}",
+                                    c.delta, c.first
+                                ),
+                            }
                         }
                     }
                     let done = inst.accounts.finish(f.round, &outcome);
@@ -889,6 +906,9 @@ fn the_fleet_holds_its_limits_over_many_seeds() {
                 e.1 = e.1.max(r);
                 e.2 += 1;
             }
+        }
+        if std::env::var("FLEET_SIM_SEED").is_ok() {
+            eprintln!("{s:?}");
         }
         let why = check(&s, &o);
         if !why.is_empty() {

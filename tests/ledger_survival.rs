@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use tollgate::config::{self, Config};
-use tollgate::fleet_sync::backend::{ledger_model, Exchange, LedgerUpdate};
+use tollgate::fleet_sync::backend::{
+    ledger_model, update_model, Exchange, LedgerUpdate, RoundError, Update,
+};
 use tollgate::fleet_sync::{Accounts, Round};
 use tollgate::limits::fleet::FleetState;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
@@ -122,19 +124,23 @@ impl Fleet {
         let answers = round
             .updates
             .iter()
-            .map(|u| ledger_model(&mut self.strings, &mut self.hashes, u))
+            .map(|u| update_model(&mut self.strings, &mut self.hashes, u))
             .collect();
         let done = self
             .accounts
-            .finish(round, &Ok(Exchange::whole(answers, 1)));
+            .finish(round, &Ok(Exchange::whole(answers, Some(1))));
         assert!(done.ok);
     }
 
     /// Redis does not answer the round.
     fn fail(&self, round: Round) {
-        let done = self
-            .accounts
-            .finish(round, &Err("connection refused".into()));
+        let done = self.accounts.finish(
+            round,
+            &Err(RoundError {
+                message: "connection refused".into(),
+                unapplied: true,
+            }),
+        );
         assert!(!done.ok);
     }
 
@@ -282,7 +288,10 @@ fn a_request_past_the_lease_is_held_and_a_shadow_rule_never_holds() {
             // the next round asks for the request that waits, and it goes through
             let round = f.begin(&cfg);
             assert!(
-                round.updates.iter().any(|u| u.need >= 1),
+                round
+                    .updates
+                    .iter()
+                    .any(|u| matches!(u, Update::Lease(l) if l.need >= 1)),
                 "{:?}",
                 round.updates
             );
@@ -314,6 +323,7 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
         &LedgerUpdate {
             ledger_key: format!("{key}:fleet"),
             prev_ledger_key: format!("{key}:fleet"),
+            prev_key: key.clone(),
             key,
             member: "other.1".into(),
             used: 0,
@@ -329,6 +339,7 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
             need: 100,
             spare: 4,
             confirmed: 0,
+            direct_cap: 0,
         },
     );
     // the cold credit, then held; one answer without room: held once more (asked again)

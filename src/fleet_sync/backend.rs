@@ -30,6 +30,46 @@ pub fn load_scripts_blocking(conn: &mut dyn redis::ConnectionLike) -> redis::Red
     Ok(())
 }
 
+/// Why a round has no answer. `unapplied`: certainly nothing of it reached Redis (the
+/// connection was refused), so plain increments are sent again; otherwise (a timeout, a
+/// connection lost on the way) they may have been applied and are taken as counted, so that
+/// none is ever counted twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundError {
+    pub message: String,
+    pub unapplied: bool,
+}
+
+impl From<String> for RoundError {
+    fn from(message: String) -> Self {
+        RoundError {
+            message,
+            unapplied: false,
+        }
+    }
+}
+
+impl From<&str> for RoundError {
+    fn from(message: &str) -> Self {
+        RoundError::from(message.to_string())
+    }
+}
+
+impl From<redis::RedisError> for RoundError {
+    fn from(e: redis::RedisError) -> Self {
+        RoundError {
+            unapplied: e.is_connection_refusal(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for RoundError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 /// Run a round's pipeline; if the server does not know the scripts (first use, a restart, a
 /// failover, `SCRIPT FLUSH`), load them and run it once more. A script that was not known
 /// ran nothing, so running the pipeline again counts nothing twice.
@@ -44,6 +84,152 @@ async fn query_round<C: redis::aio::ConnectionLike>(
         }
         r => r,
     }
+}
+
+/// What one window record of one counter sends in a round: a lease ask (the script), or a
+/// plain increment (a direct record far from its limit, see `limits::ledger`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Update {
+    Lease(LedgerUpdate),
+    Count(CountUpdate),
+}
+
+impl Update {
+    /// The contract's key (which cluster slot the update goes to).
+    pub fn key(&self) -> &str {
+        match self {
+            Update::Lease(u) => &u.key,
+            Update::Count(c) => &c.key,
+        }
+    }
+}
+
+/// What Redis answered to an update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    Lease(Answer),
+    /// The fleet's total after the increment.
+    Count(u64),
+}
+
+/// A plain increment of the contract's key. `first`: the key is not known to exist, so
+/// `SET key delta NX PXAT expiry` (one command, the expiry with it); if it exists, `INCRBY`.
+/// An `INCRBY` that created the key (a restart, an expiry) sets the expiry after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountUpdate {
+    pub key: String,
+    pub delta: u64,
+    pub first: bool,
+    pub expire_at_ms: u64,
+}
+
+/// The steps of a plain increment: 0 `SET NX PXAT`, 1 `INCRBY`, 2 `PEXPIREAT`.
+pub fn count_cmd(c: &CountUpdate, stage: u8) -> redis::Cmd {
+    match stage {
+        0 => {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(&c.key)
+                .arg(c.delta)
+                .arg("NX")
+                .arg("PXAT")
+                .arg(c.expire_at_ms);
+            cmd
+        }
+        1 => {
+            let mut cmd = redis::cmd("INCRBY");
+            cmd.arg(&c.key).arg(c.delta);
+            cmd
+        }
+        _ => {
+            let mut cmd = redis::cmd("PEXPIREAT");
+            cmd.arg(&c.key).arg(c.expire_at_ms);
+            cmd
+        }
+    }
+}
+
+/// The first step of a plain increment.
+pub fn count_start(c: &CountUpdate) -> u8 {
+    if c.first {
+        0
+    } else {
+        1
+    }
+}
+
+/// After a step's reply: `Ok(Ok(total))` done, `Ok(Err((stage, total)))` the next step.
+pub type CountStep = Result<Result<u64, (u8, u64)>, String>;
+
+/// What a plain increment's step answered (`total`: what an earlier step found).
+pub fn count_reply(c: &CountUpdate, stage: u8, total: u64, v: &redis::Value) -> CountStep {
+    match (stage, v) {
+        // the key was new: it holds the increment, with its expiry
+        (0, redis::Value::Okay) | (0, redis::Value::SimpleString(_)) => Ok(Ok(c.delta)),
+        // it existed: add to it
+        (0, redis::Value::Nil) => Ok(Err((1, 0))),
+        (1, redis::Value::Int(t)) => {
+            let t = (*t).max(0) as u64;
+            // the increment created the key: it has no expiry yet
+            if t == c.delta {
+                Ok(Err((2, t)))
+            } else {
+                Ok(Ok(t))
+            }
+        }
+        (2, redis::Value::Int(_)) => Ok(Ok(total)),
+        (_, redis::Value::ServerError(e)) => Err(format!("{e:?}")),
+        _ => Err(format!("unexpected answer {v:?} to a count")),
+    }
+}
+
+/// A plain increment on a model of the keys (the simulation's Redis).
+pub fn count_model(strings: &mut HashMap<String, i64>, c: &CountUpdate) -> u64 {
+    let v = strings.entry(c.key.clone()).or_insert(0);
+    *v += i64::try_from(c.delta).unwrap_or(i64::MAX);
+    (*v).max(0) as u64
+}
+
+/// An update on a model of the keys: the script's twin, or a plain increment.
+pub fn update_model(
+    strings: &mut HashMap<String, i64>,
+    hashes: &mut HashMap<String, HashMap<String, i64>>,
+    u: &Update,
+) -> Reply {
+    match u {
+        Update::Lease(l) => Reply::Lease(ledger_model(strings, hashes, l)),
+        Update::Count(c) => Reply::Count(count_model(strings, c)),
+    }
+}
+
+/// Run the later steps of plain increments (`pending`: update index, stage, total so far) on
+/// one connection, one pipeline a step; fills `answers` where they end.
+async fn finish_counts<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    updates: &[Update],
+    mut pending: Vec<(usize, u8, u64)>,
+    answers: &mut [Option<Reply>],
+) -> Result<(), RoundError> {
+    while !pending.is_empty() {
+        let mut p = redis::pipe();
+        for &(i, stage, _) in &pending {
+            if let Some(Update::Count(c)) = updates.get(i) {
+                p.add_command(count_cmd(c, stage));
+            }
+        }
+        let values: Vec<redis::Value> = p.query_async(conn).await?;
+        let mut next = Vec::new();
+        for (&(i, stage, total), v) in pending.iter().zip(&values) {
+            let Some(Update::Count(c)) = updates.get(i) else {
+                continue;
+            };
+            match count_reply(c, stage, total, v)? {
+                Ok(t) => answers[i] = Some(Reply::Count(t)),
+                Err(step) => next.push((i, step.0, step.1)),
+            }
+        }
+        pending = next;
+    }
+    Ok(())
 }
 
 /// What one window record of one counter sends in a round (see `LEDGER_SCRIPT`).
@@ -85,6 +271,12 @@ pub struct LedgerUpdate {
     /// Token buckets: of `used`, what Redis confirmed before: what it has charged already if
     /// it has lost its record of the member (a restart), so that it is not charged twice.
     pub confirmed: u64,
+    /// Sliding windows: the previous window's contract key (its count, plain increments
+    /// included); else `key` again.
+    pub prev_key: String,
+    /// What direct records can admit in the window in all (`ledger::direct_cap`; 0: none
+    /// can): kept out of leases, less what they reported, until the total passes it.
+    pub direct_cap: u64,
 }
 
 /// This instance's heartbeat.
@@ -102,7 +294,7 @@ pub struct Heartbeat {
 pub struct Exchange {
     /// Each update's answer; `None` where its node did not answer (a cluster node down or
     /// slow: the others' answers still count).
-    pub answers: Vec<Option<Answer>>,
+    pub answers: Vec<Option<Reply>>,
     /// The live instance count (`None`: the heartbeat's node did not answer).
     pub instances: Option<u64>,
     /// Cluster: each node the round went to, and whether it answered.
@@ -113,10 +305,10 @@ pub struct Exchange {
 
 impl Exchange {
     /// Every update answered.
-    pub fn whole(answers: Vec<Answer>, instances: u64) -> Exchange {
+    pub fn whole(answers: Vec<Reply>, instances: Option<u64>) -> Exchange {
         Exchange {
             answers: answers.into_iter().map(Some).collect(),
-            instances: Some(instances),
+            instances,
             ..Exchange::default()
         }
     }
@@ -124,9 +316,13 @@ impl Exchange {
 
 #[async_trait]
 pub trait SyncBackend: Send + Sync {
-    /// Apply the updates; answer each, and count the live instances. `Err` when nothing
-    /// answered.
-    async fn exchange(&self, updates: &[LedgerUpdate], hb: &Heartbeat) -> Result<Exchange, String>;
+    /// Apply the updates; answer each, and count the live instances (periodic rounds carry
+    /// the heartbeat). `Err` when nothing answered.
+    async fn exchange(
+        &self,
+        updates: &[Update],
+        hb: Option<&Heartbeat>,
+    ) -> Result<Exchange, RoundError>;
 
     /// How long a whole round may take (a cluster waits for each node up to the timeout, and
     /// may read the slot map first).
@@ -149,6 +345,10 @@ pub trait SyncBackend: Send + Sync {
 ///
 /// Token buckets: the cap is the tokens in a bucket kept in Redis (`prev_ledger_key`); a lease
 /// takes tokens from it, and what a member gives back returns to it.
+///
+/// Direct records (far from the limit) report plain increments of the key and hold no lease;
+/// while the (weighted) count is under `direct_cap`, what they may still report (the cap less
+/// what they reported: the total less the members' counts) is kept out of leases.
 ///
 /// Answer: `{total, ceiling, fair, room, held, prev}`.
 pub const LEDGER_SCRIPT: &str = r#"
@@ -176,12 +376,21 @@ if used > mine then
   mine = used
 end
 local total = tonumber(redis.call('GET', KEYS[1]) or '0')
-local prev = 0
+local prev, prevw = 0, 0
 if w > 0 then
   local pu, pc = fields(KEYS[3])
-  for id, v in pairs(pu) do prev = prev + math.max(v, pc[id] or 0) end
-  for id, v in pairs(pc) do if not pu[id] then prev = prev + v end end
-  cap = cap - math.ceil(prev * w / p)
+  prev = tonumber(redis.call('GET', KEYS[4]) or '0')
+  for id, v in pairs(pc) do prev = prev + math.max(v - (pu[id] or 0), 0) end
+  prevw = math.ceil(prev * w / p)
+  cap = cap - prevw
+end
+-- what direct records may still report: kept out of leases while the (weighted) count is
+-- under the cap of what they can admit
+local dcap, reserve = tonumber(ARGV[15]), 0
+if dcap > 0 and total + prevw < dcap then
+  local scripted = 0
+  for id, v in pairs(u) do if id ~= me then scripted = scripted + v end end
+  reserve = math.max(dcap - (total - scripted - mine), 0)
 end
 local held, active, wanted = 0, 0, 0
 for id, ceiling in pairs(c) do
@@ -212,7 +421,7 @@ if tb > 0 then
   avail = math.floor((nowus + p * 1000 - tat) / tb)
   free = avail
 else
-  avail = cap - total - held
+  avail = cap - total - held - reserve
   free = avail - (keep - mine)
 end
 local fair = fair_part(math.min(avail, spare))
@@ -247,20 +456,20 @@ pub fn ledger_model(
     let (used, want, now) = (as_i(up.used), as_i(up.want), as_i(up.now_ms));
     let get =
         |h: &HashMap<String, i64>, kind: &str, id: &str| h.get(&format!("{kind}:{id}")).copied();
-    let mut prev = 0;
+    let (mut prev, mut prevw) = (0, 0);
     let mut cap = as_i(up.cap);
     if up.weight_ms > 0 {
+        prev = strings.get(&up.prev_key).copied().unwrap_or(0);
         if let Some(ph) = hashes.get(&up.prev_ledger_key) {
-            let ids: std::collections::HashSet<&str> =
-                ph.keys().filter_map(|k| k.get(2..)).collect();
-            for id in ids {
-                prev += get(ph, "u", id)
-                    .unwrap_or(0)
-                    .max(get(ph, "c", id).unwrap_or(0));
+            for (name, &c) in ph {
+                if let Some(id) = name.strip_prefix("c:") {
+                    prev += (c - get(ph, "u", id).unwrap_or(0)).max(0);
+                }
             }
         }
         let p = as_i(up.period_ms).max(1);
-        cap -= (prev * as_i(up.weight_ms) + p - 1).div_euclid(p);
+        prevw = (prev * as_i(up.weight_ms) + p - 1).div_euclid(p);
+        cap -= prevw;
     }
     let h = hashes.entry(up.ledger_key.clone()).or_default();
     if up.adopt > 0 && !h.contains_key(&format!("c:{}", up.member)) {
@@ -274,6 +483,17 @@ pub fn ledger_model(
         mine = used;
     }
     let total = strings.get(&up.key).copied().unwrap_or(0);
+    let dcap = as_i(up.direct_cap);
+    let reserve = if dcap > 0 && total + prevw < dcap {
+        let scripted: i64 = h
+            .iter()
+            .filter(|(name, _)| name.starts_with("u:"))
+            .map(|(_, &v)| v)
+            .sum();
+        (dcap - (total - scripted)).max(0)
+    } else {
+        0
+    };
     let (mut held, mut active, mut wanted) = (0, 0, 0);
     for (name, &ceiling) in h.iter() {
         let Some(id) = name.strip_prefix("c:") else {
@@ -316,7 +536,7 @@ pub fn ledger_model(
         let avail = (now_us + as_i(up.period_ms) * 1000 - tat).div_euclid(tb);
         (avail, avail)
     } else {
-        let avail = cap - total - held;
+        let avail = cap - total - held - reserve;
         (avail, avail - (keep - mine))
     };
     let fair = fair_part(avail.min(spare));
@@ -364,10 +584,11 @@ pub const HEARTBEAT_TTL_MS: u64 = 60_000;
 pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
     let mut c = redis::cmd("EVALSHA");
     c.arg(LEDGER.get_hash())
-        .arg(3)
+        .arg(4)
         .arg(&u.key)
         .arg(&u.ledger_key)
         .arg(&u.prev_ledger_key)
+        .arg(&u.prev_key)
         .arg(&u.member)
         .arg(u.used)
         .arg(u.want)
@@ -381,12 +602,16 @@ pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
         .arg(u.adopt)
         .arg(u.need)
         .arg(u.spare)
-        .arg(u.confirmed);
+        .arg(u.confirmed)
+        .arg(u.direct_cap);
     c
 }
 
-fn add_update(p: &mut redis::Pipeline, u: &LedgerUpdate) {
-    p.add_command(ledger_cmd(u));
+fn add_update(p: &mut redis::Pipeline, u: &Update) {
+    p.add_command(match u {
+        Update::Lease(l) => ledger_cmd(l),
+        Update::Count(c) => count_cmd(c, count_start(c)),
+    });
 }
 
 fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
@@ -400,12 +625,43 @@ fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
         .arg(HEARTBEAT_TTL_MS);
 }
 
-/// The round's pipeline for one server: every update, then the heartbeat.
-pub fn pipeline(updates: &[LedgerUpdate], hb: &Heartbeat) -> redis::Pipeline {
+/// The round's pipeline for one server: every update (a plain increment's first step), then
+/// the heartbeat (periodic rounds).
+pub fn pipeline<'a>(
+    updates: impl Iterator<Item = &'a Update>,
+    hb: Option<&Heartbeat>,
+) -> redis::Pipeline {
     let mut p = redis::pipe();
-    updates.iter().for_each(|u| add_update(&mut p, u));
-    add_heartbeat(&mut p, hb);
+    updates.for_each(|u| add_update(&mut p, u));
+    if let Some(hb) = hb {
+        add_heartbeat(&mut p, hb);
+    }
     p
+}
+
+/// The first replies to the updates `idxs` (in pipeline order): their answers where they are
+/// done; the plain increments that take another step are returned.
+fn first_replies(
+    updates: &[Update],
+    idxs: impl Iterator<Item = usize>,
+    values: &[redis::Value],
+    answers: &mut [Option<Reply>],
+) -> Result<Vec<(usize, u8, u64)>, RoundError> {
+    let mut pending = Vec::new();
+    for (i, v) in idxs.zip(values) {
+        match updates.get(i) {
+            Some(Update::Lease(_)) => {
+                let a = answer(v).ok_or_else(|| format!("unexpected answer {v:?}"))?;
+                answers[i] = Some(Reply::Lease(a));
+            }
+            Some(Update::Count(c)) => match count_reply(c, count_start(c), 0, v)? {
+                Ok(t) => answers[i] = Some(Reply::Count(t)),
+                Err((stage, total)) => pending.push((i, stage, total)),
+            },
+            None => {}
+        }
+    }
+    Ok(pending)
 }
 
 /// One script answer: `{total, ceiling, fair, room, held, prev}`.
@@ -422,18 +678,6 @@ pub fn answer(v: &redis::Value) -> Option<Answer> {
         held: n(4)?,
         prev: n(5)?,
     })
-}
-
-fn split_reply(mut values: Vec<redis::Value>, n: usize) -> Result<Exchange, String> {
-    if values.len() != n + 1 {
-        return Err(format!("expected {} answers, got {}", n + 1, values.len()));
-    }
-    let instances = values.pop().as_ref().and_then(int).unwrap_or(1).max(1) as u64;
-    let answers = values
-        .iter()
-        .map(|v| answer(v).ok_or_else(|| format!("unexpected answer {v:?}")))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Exchange::whole(answers, instances))
 }
 
 /// The backend for the configured endpoint. Call inside the runtime: connections are made
@@ -470,12 +714,29 @@ impl SingleRedis {
 
 #[async_trait]
 impl SyncBackend for SingleRedis {
-    async fn exchange(&self, updates: &[LedgerUpdate], hb: &Heartbeat) -> Result<Exchange, String> {
+    async fn exchange(
+        &self,
+        updates: &[Update],
+        hb: Option<&Heartbeat>,
+    ) -> Result<Exchange, RoundError> {
         let mut conn = self.conn.clone();
-        let values = query_round(&pipeline(updates, hb), &mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        split_reply(values, updates.len())
+        let mut values = query_round(&pipeline(updates.iter(), hb), &mut conn).await?;
+        let n = updates.len() + usize::from(hb.is_some());
+        if values.len() != n {
+            return Err(format!("expected {n} answers, got {}", values.len()).into());
+        }
+        let instances = match hb {
+            Some(_) => values.pop().as_ref().and_then(int).map(|i| i.max(1) as u64),
+            None => None,
+        };
+        let mut answers = vec![None; updates.len()];
+        let pending = first_replies(updates, 0..updates.len(), &values, &mut answers)?;
+        finish_counts(&mut conn, updates, pending, &mut answers).await?;
+        Ok(Exchange {
+            answers,
+            instances,
+            ..Exchange::default()
+        })
     }
 }
 
@@ -696,7 +957,11 @@ impl ClusterRedis {
 
 #[async_trait]
 impl SyncBackend for ClusterRedis {
-    async fn exchange(&self, updates: &[LedgerUpdate], hb: &Heartbeat) -> Result<Exchange, String> {
+    async fn exchange(
+        &self,
+        updates: &[Update],
+        hb: Option<&Heartbeat>,
+    ) -> Result<Exchange, RoundError> {
         let mut guard = self.topology.lock().await;
         let mut refreshed = false;
         if guard.as_ref().is_none_or(|t| t.stale) {
@@ -708,11 +973,11 @@ impl SyncBackend for ClusterRedis {
             return Err("no cluster topology".into());
         };
         // group by master: one pipeline (one round trip) per node
-        let hb_node = topo.node_of(&hb.key);
+        let hb_node = hb.and_then(|hb| topo.node_of(&hb.key));
         let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); topo.nodes.len()];
         let mut unmapped = false;
         for (i, u) in updates.iter().enumerate() {
-            match topo.node_of(&u.key) {
+            match topo.node_of(u.key()) {
                 Some(n) => per_node[n].push(i),
                 None => unmapped = true,
             }
@@ -727,18 +992,30 @@ impl SyncBackend for ClusterRedis {
                 nodes_seen.push((n, addr.clone(), None));
                 continue;
             };
-            let mut p = redis::pipe();
-            idxs.iter().for_each(|&i| add_update(&mut p, &updates[i]));
-            if Some(n) == hb_node {
-                add_heartbeat(&mut p, hb);
-            }
+            let p = pipeline(
+                idxs.iter().filter_map(|&i| updates.get(i)),
+                hb.filter(|_| Some(n) == hb_node),
+            );
             let timeout = self.timeout;
             let mut conn = conn;
+            // this node's updates, for the later steps of its plain increments
+            let mine: Vec<Update> = idxs
+                .iter()
+                .filter_map(|&i| updates.get(i).cloned())
+                .collect();
             let task = tokio::spawn(async move {
-                tokio::time::timeout(timeout, query_round(&p, &mut conn))
+                let run = async {
+                    let values = query_round(&p, &mut conn).await?;
+                    let mut answers = vec![None; mine.len()];
+                    let pending = first_replies(&mine, 0..mine.len(), &values, &mut answers)?;
+                    finish_counts(&mut conn, &mine, pending, &mut answers).await?;
+                    let instances = values.get(mine.len()).and_then(int);
+                    Ok::<_, RoundError>((answers, instances))
+                };
+                tokio::time::timeout(timeout, run)
                     .await
-                    .map_err(|_| format!("no answer within {timeout:?}"))
-                    .and_then(|r| r.map_err(|e| e.to_string()))
+                    .map_err(|_| RoundError::from(format!("no answer within {timeout:?}")))
+                    .and_then(|r| r)
             });
             nodes_seen.push((n, addr.clone(), Some(task)));
         }
@@ -751,16 +1028,19 @@ impl SyncBackend for ClusterRedis {
         let mut last_error = None;
         for (n, addr, task) in nodes_seen {
             let result = match task {
-                None => Err("not connected".to_string()),
-                Some(t) => t.await.map_err(|e| e.to_string()).and_then(|r| r),
+                None => Err(RoundError::from("not connected")),
+                Some(t) => t
+                    .await
+                    .map_err(|e| RoundError::from(e.to_string()))
+                    .and_then(|r| r),
             };
             match result {
-                Ok(values) => {
+                Ok((answers, instances)) => {
                     for (k, &i) in per_node[n].iter().enumerate() {
-                        out.answers[i] = values.get(k).and_then(answer);
+                        out.answers[i] = answers.get(k).copied().flatten();
                     }
                     if Some(n) == hb_node {
-                        out.instances = values.last().and_then(int).map(|i| i.max(1) as u64);
+                        out.instances = instances.map(|i| i.max(1) as u64);
                     }
                     out.nodes.push((addr, true));
                 }
@@ -776,7 +1056,9 @@ impl SyncBackend for ClusterRedis {
             topo.stale = true;
         }
         if out.nodes.iter().all(|(_, ok)| !ok) {
-            return Err(last_error.unwrap_or_else(|| "no node answered".into()));
+            return Err(last_error
+                .unwrap_or_else(|| "no node answered".into())
+                .into());
         }
         Ok(out)
     }
@@ -806,25 +1088,86 @@ mod tests {
     }
 
     #[test]
-    fn replies_split_into_answers_and_instances() {
-        use redis::Value::{Array, Int};
+    fn replies_become_answers_and_plain_increments_take_their_steps() {
+        use redis::Value::{Array, Int, Nil, Okay};
         let a = |t, c| Array(vec![Int(t), Int(c), Int(4), Int(2), Int(1), Int(0)]);
-        let ex = split_reply(vec![a(5, 9), a(7, 7), Int(3)], 2).unwrap();
-        assert_eq!(ex.instances, Some(3));
+        let lease = |key: &str| {
+            Update::Lease(LedgerUpdate {
+                key: key.into(),
+                ledger_key: String::new(),
+                prev_ledger_key: String::new(),
+                prev_key: String::new(),
+                member: String::new(),
+                used: 0,
+                want: 0,
+                cap: 0,
+                now_ms: 0,
+                lease_until_ms: 0,
+                expire_at_ms: 0,
+                weight_ms: 0,
+                period_ms: 0,
+                bucket_us: 0,
+                adopt: 0,
+                need: 0,
+                spare: 0,
+                confirmed: 0,
+                direct_cap: 0,
+            })
+        };
+        let count = |first| {
+            Update::Count(CountUpdate {
+                key: "k".into(),
+                delta: 3,
+                first,
+                expire_at_ms: 99,
+            })
+        };
+        let updates = [
+            lease("a"),
+            count(true),
+            count(true),
+            count(false),
+            count(false),
+        ];
+        let mut answers = vec![None; updates.len()];
+        let replies = [a(5, 9), Okay, Nil, Int(10), Int(3)];
+        let pending = first_replies(&updates, 0..5, &replies, &mut answers).unwrap();
         assert_eq!(
-            ex.answers[0].unwrap(),
-            Answer {
+            answers[0],
+            Some(Reply::Lease(Answer {
                 total: 5,
                 ceiling: 9,
                 fair: 4,
                 room: 2,
                 held: 1,
                 prev: 0
-            }
+            }))
         );
-        assert!(split_reply(vec![a(5, 5)], 2).is_err());
+        assert_eq!(
+            answers[1],
+            Some(Reply::Count(3)),
+            "a new key holds the increment"
+        );
+        assert_eq!(answers[3], Some(Reply::Count(10)));
+        // the key existed: INCRBY; an INCRBY that created the key: its expiry follows
+        assert_eq!(pending, vec![(2, 1, 0), (4, 2, 3)]);
+        let Update::Count(c) = &updates[2] else {
+            unreachable!()
+        };
+        assert_eq!(count_reply(c, 1, 0, &Int(7)), Ok(Ok(7)));
+        assert_eq!(count_reply(c, 2, 3, &Int(1)), Ok(Ok(3)));
+        let cmd = |stage| {
+            String::from_utf8_lossy(&count_cmd(c, stage).get_packed_command()).replace("\r\n", " ")
+        };
         assert!(
-            split_reply(vec![Int(5), Int(3)], 1).is_err(),
+            cmd(0).contains("SET $1 k $1 3 $2 NX $4 PXAT $2 99"),
+            "{}",
+            cmd(0)
+        );
+        assert!(cmd(1).contains("INCRBY $1 k $1 3"));
+        assert!(cmd(2).contains("PEXPIREAT $1 k $2 99"));
+        assert!(
+            first_replies(&updates, 0..1, &[Int(5)], &mut answers).is_err(),
             "not a script answer"
         );
     }

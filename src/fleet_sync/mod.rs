@@ -11,13 +11,15 @@ pub mod backend;
 use crate::config::model::{Algorithm, RedisSettings};
 use crate::limits::clock::{Clock, NANOS_PER_MS};
 pub use crate::limits::fleet::{FleetMode, FleetState, Link, MIN_ROUND_GAP_MS};
-use crate::limits::ledger::{self, Answer, Ask};
+use crate::limits::ledger::{self, Ask};
 use crate::limits::partition::{redis_key, redis_partition};
 use crate::limits::store::{CounterRegistry, OrphanCount, RuleCounters};
 use crate::metrics::Metrics;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
-use backend::{Exchange, Heartbeat, LedgerUpdate, SyncBackend};
+use backend::{
+    CountUpdate, Exchange, Heartbeat, LedgerUpdate, Reply, RoundError, SyncBackend, Update,
+};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,8 +58,9 @@ struct Source {
 
 /// One round: what is sent, and where the answers go.
 pub struct Round {
-    pub updates: Vec<LedgerUpdate>,
-    pub heartbeat: Heartbeat,
+    pub updates: Vec<Update>,
+    /// Periodic rounds count the live instances; early rounds carry only what asks.
+    pub heartbeat: Option<Heartbeat>,
     sources: Vec<Source>,
     sent_ms: u64,
 }
@@ -115,12 +118,12 @@ impl Accounts {
         self.fleet.take_round_request();
         let mut round = Round {
             updates: Vec::new(),
-            heartbeat: Heartbeat {
+            heartbeat: periodic.then(|| Heartbeat {
                 key: format!("{}:instances", settings.key_prefix),
                 instance: self.instance.clone(),
                 now_ms,
                 liveness_ms: (3 * settings.sync_interval.as_millis() as u64).max(3000),
-            },
+            }),
             sources: Vec::new(),
             sent_ms: now_ms,
         };
@@ -168,9 +171,12 @@ impl Accounts {
                     used: orphan.used,
                     want: orphan.used,
                     need: 0,
-                    confirmed: 0,
+                    confirmed: orphan.sent,
                     previous: true,
                     adopt: 0,
+                    direct: orphan.direct,
+                    count: !orphan.leased,
+                    first: false,
                 };
                 self.push(
                     &mut round,
@@ -206,11 +212,32 @@ impl Accounts {
         let start = ask.window_start_ms;
         let sliding = counters.algorithm() == Algorithm::SlidingWindow;
         let contract_key = redis_key(&settings.key_prefix, &partition, id, start, start + p);
+        let keep = if sliding { p } else { 0 };
+        let expire_at_ms = start + p + keep + KEY_GRACE_MS;
+        let source = Source {
+            counters: Arc::clone(counters),
+            key: key.into(),
+            list,
+            tier,
+            ask,
+            period_ms: p,
+            orphan,
+        };
+        if ask.count {
+            round.updates.push(Update::Count(CountUpdate {
+                key: contract_key,
+                delta: ask.used.saturating_sub(ask.confirmed),
+                first: ask.first,
+                expire_at_ms,
+            }));
+            round.sources.push(source);
+            return;
+        }
         let ledger_key = format!("{contract_key}:fleet");
         let bucket = counters.algorithm() == Algorithm::TokenBucket;
-        let (prev_ledger_key, weight_ms) = if bucket {
+        let (prev_ledger_key, prev_key, weight_ms) = if bucket {
             let b = format!("{}:{{{partition}}}:{id}:bucket", settings.key_prefix);
-            (b, 0)
+            (b, contract_key.clone(), 0)
         } else if sliding && !ask.previous {
             // the weight one round gap ahead: a lease reaches a little past the cap of now (the
             // member keeps the cap of each moment itself, see `ledger::ceiling`)
@@ -224,69 +251,74 @@ impl Accounts {
                 start.saturating_sub(p),
                 start,
             );
-            (format!("{prev}:fleet"), (p - elapsed).max(1))
+            (format!("{prev}:fleet"), prev, (p - elapsed).max(1))
         } else {
-            (ledger_key.clone(), 0)
+            (ledger_key.clone(), contract_key.clone(), 0)
         };
-        let keep = if sliding { p } else { 0 };
         let threshold = counters
             .tiers()
             .get(usize::from(list))
             .and_then(|l| l.get(tier))
             .map_or(0, |t| t.threshold);
-        round.updates.push(LedgerUpdate {
+        // the script hears of what did not go as plain increments
+        let direct = ask.direct.min(ask.used);
+        round.updates.push(Update::Lease(LedgerUpdate {
             ledger_key,
             key: contract_key,
             prev_ledger_key,
+            prev_key,
             member: format!("{}.{}", self.instance, ask.gen),
-            used: ask.used,
-            want: ask.want,
+            used: ask.used - direct,
+            want: ask.want.saturating_sub(direct),
             cap: threshold,
             now_ms: round.sent_ms,
             // a bucket's record gives its lease back in the next window: it holds until then
             lease_until_ms: start + if bucket { 2 * p } else { p },
-            expire_at_ms: start + p + keep + KEY_GRACE_MS,
+            expire_at_ms,
             weight_ms,
             period_ms: p,
             adopt: ask.adopt,
             need: ask.need,
             spare: ledger::spare(threshold),
-            confirmed: ask.confirmed,
+            confirmed: ask.confirmed.saturating_sub(direct),
             bucket_us: if bucket {
                 (p * 1000 / threshold.max(1)).max(1)
             } else {
                 0
             },
-        });
-        round.sources.push(Source {
-            counters: Arc::clone(counters),
-            key: key.into(),
-            list,
-            tier,
-            ask,
-            period_ms: p,
-            orphan,
-        });
+            direct_cap: ledger::direct_cap(threshold, counters.algorithm(), self.fleet.instances()),
+        }));
+        round.sources.push(source);
     }
 
     /// Apply Redis's answers (or, when it did not answer, keep what was drained for the next
     /// round: the counts themselves never left their counters, and re-sending them is
     /// harmless because they are cumulative).
-    pub fn finish(&self, round: Round, outcome: &Result<Exchange, String>) -> Finished {
+    pub fn finish(&self, round: Round, outcome: &Result<Exchange, RoundError>) -> Finished {
         let ok = outcome.is_ok();
         let now_ms = self.now_ms();
+        // a round that may have been applied although no answer came (a timeout): its plain
+        // increments are taken as counted (never twice; they may be lost)
+        let maybe_applied = outcome.as_ref().err().is_some_and(|e| !e.unapplied);
         for (i, src) in round.sources.iter().enumerate() {
-            let answer: Option<Answer> = outcome
+            let answer: Option<Reply> = outcome
                 .as_ref()
                 .ok()
                 .and_then(|ex| ex.answers.get(i).copied().flatten());
+            let counted = src.ask.count && answer.is_none() && maybe_applied;
             let found = !src.orphan
                 && src.counters.update(&src.key, |c| {
                     if c.list != src.list {
                         return;
                     }
                     match (c.tiers.get_mut(src.tier), answer) {
-                        (Some(st), Some(a)) => ledger::apply(st, &src.ask, a, src.period_ms),
+                        (Some(st), Some(Reply::Lease(a))) => {
+                            ledger::apply(st, &src.ask, a, src.period_ms)
+                        }
+                        (Some(st), Some(Reply::Count(total))) => {
+                            ledger::apply_count(st, &src.ask, total, src.period_ms)
+                        }
+                        (Some(st), None) if counted => ledger::assume_counted(st, &src.ask),
                         // the rest of Redis answered, not this counter's node: it falls back
                         // to on_failure alone, until its node answers
                         (Some(st), None) if ok && !src.ask.previous => {
@@ -295,7 +327,7 @@ impl Accounts {
                         _ => {}
                     }
                 });
-            if (src.orphan || !found) && answer.is_none() {
+            if (src.orphan || !found) && answer.is_none() && !counted {
                 // its counter is gone (evicted, moved to another plan) or it was an orphan:
                 // keep it aside until Redis confirms it, while its key can still matter
                 if src.ask.window_start_ms + 2 * src.period_ms + KEY_GRACE_MS > now_ms {
@@ -307,6 +339,9 @@ impl Accounts {
                             window_start_ms: src.ask.window_start_ms,
                             gen: src.ask.gen,
                             used: src.ask.used,
+                            sent: src.ask.confirmed,
+                            direct: src.ask.direct,
+                            leased: !src.ask.count,
                         },
                     );
                 }
@@ -359,10 +394,10 @@ impl SyncService {
         let started = Instant::now();
         let outcome = tokio::time::timeout(
             backend.deadline(settings.timeout),
-            backend.exchange(&round.updates, &round.heartbeat),
+            backend.exchange(&round.updates, round.heartbeat.as_ref()),
         )
         .await
-        .map_err(|_| format!("no answer within {:?}", settings.timeout))
+        .map_err(|_| RoundError::from(format!("no answer within {:?}", settings.timeout)))
         .and_then(|r| r);
         self.metrics
             .redis_sync_duration

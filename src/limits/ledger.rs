@@ -24,6 +24,15 @@
 //! - A round carries only the records that have something to say: requests waiting, a lease
 //!   half used, counts not yet reported (periodic rounds), or an unused lease to give back.
 //!   Forecasts look one sync interval ahead, so a busy counter asks about once an interval.
+//! - Far from the limit, no lease at all (*direct* records, thresholds of 1000 and more, not
+//!   token buckets): while the fleet's count as last known stays under `DIRECT_ZONE_PERCENT`
+//!   of the threshold, an instance admits on its own and reports what it admitted as a plain
+//!   increment (`SET NX PXAT` for a new key, else `INCRBY`: no script), with at most
+//!   `direct_allowance` (a thousandth of the threshold) admitted and not yet reported. A record
+//!   that leaves that zone, or has more waiting, asks for leases for the rest of its window.
+//!   The script keeps `direct_cap` (what direct records can have admitted in all) out of its
+//!   leases until the fleet's count passes it. So busy tenants far from their limits cost one
+//!   `INCRBY` an interval, and sparse ones less than one per request.
 
 use super::algorithm::TierState;
 use crate::config::model::{Algorithm, Tier};
@@ -36,6 +45,29 @@ static NEXT_GEN: AtomicU32 = AtomicU32::new(1);
 /// on one instance finds at least `100 - SPARE_PERCENT`% of the threshold, less what the fleet
 /// has admitted, free for it.
 pub const SPARE_PERCENT: u64 = 4;
+
+/// Direct records admit while the fleet's count, as last known, stays under this percent of
+/// the threshold (less what every instance may admit unreported).
+pub const DIRECT_ZONE_PERCENT: u64 = 25;
+
+/// What an instance may admit directly and not yet reported: a thousandth of the threshold
+/// (0: no direct admission; thresholds under 1000 always lease).
+pub fn direct_allowance(threshold: u64) -> u64 {
+    threshold / 1000
+}
+
+/// The most all direct records of a window can admit: the zone, and what each instance (at
+/// least `COLD_FLEET` counted) may hold unreported. 0 where no record is direct.
+pub fn direct_cap(threshold: u64, algorithm: Algorithm, instances: u64) -> u64 {
+    if algorithm == Algorithm::TokenBucket || direct_allowance(threshold) == 0 {
+        return 0;
+    }
+    direct_zone(threshold) + instances.max(COLD_FLEET) * direct_allowance(threshold)
+}
+
+fn direct_zone(threshold: u64) -> u64 {
+    threshold / 100 * DIRECT_ZONE_PERCENT + threshold % 100 * DIRECT_ZONE_PERCENT / 100
+}
 
 /// The spare budget of a threshold (see `SPARE_PERCENT`).
 pub fn spare(threshold: u64) -> u64 {
@@ -101,11 +133,19 @@ pub struct Ledger {
     /// Its Redis Cluster node did not answer the last round while others did: the counter
     /// falls back to `on_failure` alone until its node answers (kept across windows).
     pub unreachable: bool,
+    /// The record asks for leases (it left the direct zone, or never could be direct).
+    pub leased: bool,
+    /// Of `used`, what was reported as plain increments (the script hears of the rest).
+    pub direct: u64,
+    /// A plain increment was confirmed: the key exists and has its expiry.
+    pub keyed: bool,
     /// The previous window's record, until Redis has confirmed all of it.
     pub prev_start_ms: u64,
     pub prev_gen: u32,
     pub prev_used: u64,
     pub prev_sent: u64,
+    pub prev_direct: u64,
+    pub prev_leased: bool,
 }
 
 /// Counts of a window record that could not stay in its counter (the counter was evicted,
@@ -115,6 +155,11 @@ pub struct Orphan {
     pub window_start_ms: u64,
     pub gen: u32,
     pub used: u64,
+    /// What Redis confirmed, and of it what went as plain increments.
+    pub sent: u64,
+    pub direct: u64,
+    /// The record leased (its counts go through the script), or was direct.
+    pub leased: bool,
 }
 
 impl Ledger {
@@ -129,11 +174,7 @@ impl Ledger {
     /// `bucket`: a token bucket, whose state outlives windows (what Redis last said of it
     /// still holds, so the new window takes no cold credit).
     pub fn roll(&mut self, old_start_ms: u64, bucket: bool) -> Option<Orphan> {
-        let orphan = (self.prev_used > self.prev_sent).then_some(Orphan {
-            window_start_ms: self.prev_start_ms,
-            gen: self.prev_gen,
-            used: self.prev_used,
-        });
+        let orphan = (self.prev_used > self.prev_sent).then_some(self.prev_orphan());
         // a bucket's tokens outlive the window: what is left of the lease goes on (Redis moves
         // it at the next round, the old record giving it back and the new one adopting it)
         let carried = if bucket {
@@ -147,10 +188,16 @@ impl Ledger {
             prev_gen: self.gen,
             prev_used: self.used,
             prev_sent: self.sent,
-            prev_held: self.ceiling > self.used,
+            prev_held: self.leased && self.ceiling > self.used,
+            prev_direct: self.direct,
+            prev_leased: self.leased,
             // what the fleet can have admitted in the window that ends: what the others had
             // admitted or held at the last answer, and all this instance admitted
-            prev_bound: self.others.saturating_add(self.used),
+            prev_bound: self.others.saturating_add(self.used).max(
+                self.base
+                    .saturating_add(self.used.saturating_sub(self.sent)),
+            ),
+            leased: bucket,
             fair: if bucket { self.fair } else { 0 },
             room: if bucket { self.room } else { 0 },
             contended: bucket && self.contended,
@@ -166,17 +213,27 @@ impl Ledger {
     /// replaced), leaving nothing unsent behind.
     pub fn orphans(&self, window_start_ms: u64) -> [Option<Orphan>; 2] {
         [
-            (self.prev_used > self.prev_sent).then_some(Orphan {
-                window_start_ms: self.prev_start_ms,
-                gen: self.prev_gen,
-                used: self.prev_used,
-            }),
+            (self.prev_used > self.prev_sent).then_some(self.prev_orphan()),
             (self.used > self.sent).then_some(Orphan {
                 window_start_ms,
                 gen: self.gen,
                 used: self.used,
+                sent: self.sent,
+                direct: self.direct,
+                leased: self.leased,
             }),
         ]
+    }
+
+    fn prev_orphan(&self) -> Orphan {
+        Orphan {
+            window_start_ms: self.prev_start_ms,
+            gen: self.prev_gen,
+            used: self.prev_used,
+            sent: self.prev_sent,
+            direct: self.prev_direct,
+            leased: self.prev_leased,
+        }
     }
 }
 
@@ -211,6 +268,46 @@ pub fn previous_weight(count: u64, window_start_ms: u64, period_ms: u64, now_ms:
     u64::try_from((u128::from(count) * w).div_ceil(p)).unwrap_or(u64::MAX)
 }
 
+/// Whether a record can be direct at all (see the module's header).
+fn direct_capable(tier: &Tier, algorithm: Algorithm) -> bool {
+    algorithm != Algorithm::TokenBucket && direct_allowance(tier.threshold) > 0
+}
+
+/// May one more request be admitted directly (no lease; `instances` sharing)? Returns the
+/// allowance it runs under: the record is direct, fewer than the allowance are unreported,
+/// and the fleet's count as last known (a sliding window's weighted count), this request and
+/// what every instance may hold unreported stay within the zone.
+pub fn direct(
+    state: &TierState,
+    tier: &Tier,
+    algorithm: Algorithm,
+    now_ms: u64,
+    instances: u64,
+) -> Option<u64> {
+    let l = &state.ledger;
+    if l.leased || !direct_capable(tier, algorithm) {
+        return None;
+    }
+    let allowance = direct_allowance(tier.threshold);
+    let prev = if algorithm == Algorithm::SlidingWindow {
+        previous_weight(
+            state.previous,
+            state.window_start_ms,
+            tier.period.as_millis() as u64,
+            now_ms,
+        )
+    } else {
+        0
+    };
+    let known = state
+        .current
+        .saturating_add(prev)
+        .saturating_add(1)
+        .saturating_add(instances.max(COLD_FLEET) * allowance);
+    let unreported = l.used.saturating_sub(l.sent);
+    (unreported < allowance && known <= direct_zone(tier.threshold)).then_some(allowance)
+}
+
 /// Does one more request fit what this instance may admit for the fleet?
 /// `leased`: Some(instances) when Redis answers; `shared`: Some(instances) when Redis is down
 /// under `on_failure: local_share`; neither: no fleet limit applies here.
@@ -226,6 +323,14 @@ pub fn ceiling(
     let bucket = algorithm == Algorithm::TokenBucket;
     let sliding = (algorithm == Algorithm::SlidingWindow).then_some(now_ms);
     if let Some(n) = leased {
+        if !l.leased && direct_capable(tier, algorithm) {
+            // a direct record: within the zone it admits; past it (or with its allowance
+            // unreported) the request waits for the lease the next round asks for
+            return match direct(state, tier, algorithm, now_ms, n) {
+                Some(_) => Ceiling::Open,
+                None => Ceiling::LeaseUsed,
+            };
+        }
         let credit = if l.fair == 0 {
             // no answer yet in this window: a few, so that a burst on a fresh window does not
             // wait for the first round
@@ -290,6 +395,12 @@ pub fn room(
     let l = &state.ledger;
     let bucket = algorithm == Algorithm::TokenBucket;
     if leased.is_some() {
+        if !l.leased && direct_capable(tier, algorithm) {
+            // direct: the fleet's count as last reported (none yet: the local count alone)
+            return l
+                .keyed
+                .then(|| tier.threshold.saturating_sub(state.current).max(1));
+        }
         if l.fair == 0 {
             return None;
         }
@@ -329,11 +440,19 @@ fn share(state: &TierState, tier: &Tier, n: u64) -> Option<(u64, u64)> {
     Some((state.current, l.base + share))
 }
 
-/// Count one admitted request. Returns whether a round should come now: the request ran on
-/// credit, or half of the lease is used.
-pub fn commit(state: &mut TierState) -> bool {
+/// Count one admitted request (`direct`: admitted directly, under this allowance). Returns
+/// whether a round should come now: the request ran on credit, half of the lease is used, or
+/// (direct) half of the allowance is unreported.
+pub fn commit(state: &mut TierState, direct: Option<u64>) -> bool {
     let l = &mut state.ledger;
     l.used += 1;
+    if let (Some(allowance), false) = (direct, l.leased) {
+        let report = 2 * l.used.saturating_sub(l.sent) >= allowance;
+        l.asking |= report;
+        return report;
+    }
+    // admitted under a lease, on credit, or without Redis: the record leases from now on
+    l.leased = true;
     if l.used > l.ceiling {
         l.on_credit = true;
         l.asking = true;
@@ -344,17 +463,25 @@ pub fn commit(state: &mut TierState) -> bool {
     half
 }
 
-/// Note that a request was refused because the fleet was full at the last answer: the next
-/// round asks again (room may have come back: leases given back, a bucket's refill).
-pub fn note_full(state: &mut TierState) {
-    state.ledger.asking = true;
+/// Note that a request was refused as the fleet is full. Returns whether a round should come
+/// now: room comes back with time in a sliding window (its previous window weighs less) and
+/// a token bucket (it refills), and a sliding window's count of this moment may be full only
+/// as of the last answer (what the others held then may have been given back or used since).
+/// A fixed window that two answers found full asks again at the periodic round (`drain`):
+/// room comes back there only as leases are given back, or when the window ends.
+pub fn note_full(state: &mut TierState, algorithm: Algorithm) -> bool {
+    let l = &mut state.ledger;
+    let ask = l.short < 2 || algorithm != Algorithm::FixedWindow;
+    l.asking |= ask;
+    ask
 }
 
-/// Note that a request was held because the lease is used: the next round asks for it.
-/// `first`: the request was not held before; one that was is asked for again only when the
-/// last answer could not grant what waited.
+/// Note that a request was held because the lease is used: the next round asks for it (a
+/// direct record asks for leases from now on). `first`: the request was not held before;
+/// one that was is asked for again only when the last answer could not grant what waited.
 pub fn note_hold(state: &mut TierState, first: bool) {
     let l = &mut state.ledger;
+    l.leased = true;
     if first || l.short > 0 {
         l.need += 1;
     }
@@ -384,6 +511,12 @@ pub struct Ask {
     pub previous: bool,
     /// Token buckets: the lease this record took over from the previous one (see `Ledger`).
     pub adopt: u64,
+    /// Of `used`, what went as plain increments (the script hears of `used - direct`).
+    pub direct: u64,
+    /// A direct record: `used - confirmed` goes as a plain increment (`first`: the key is not
+    /// known to exist yet), with no lease asked.
+    pub count: bool,
+    pub first: bool,
 }
 
 /// What Redis answered for one ask.
@@ -444,14 +577,43 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
         confirmed: l.prev_sent,
         previous: true,
         adopt: 0,
+        direct: l.prev_direct,
+        count: !l.prev_leased,
+        first: false,
     });
     let holds = l.ceiling > l.used;
     let unsent = l.used > l.sent;
+    if !l.leased {
+        // direct: what was admitted, when half the allowance waits, or at a periodic round
+        if l.gen == 0 || !unsent || !(l.asking || sizing.periodic) {
+            return [prev, None];
+        }
+        l.asking = false;
+        l.demand = 0;
+        l.drained_ms = sizing.now_ms;
+        let ask = Ask {
+            window_start_ms: state.window_start_ms,
+            gen: l.gen,
+            used: l.used,
+            want: l.used,
+            need: 0,
+            confirmed: l.sent,
+            previous: false,
+            adopt: 0,
+            direct: l.direct,
+            count: true,
+            first: !l.keyed,
+        };
+        return [prev, Some(ask)];
+    }
     // a round carries a record that asks; a periodic one also what is unreported, and a lease
     // nobody used since the last periodic round while others want quota too (given back; a
     // lease nobody else wants lapses with its window)
     let give_back = holds && l.demand == 0 && l.contended;
-    let include = l.asking || l.need > 0 || (sizing.periodic && (unsent || give_back));
+    // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
+    // comes back only as leases are given back there, or as time passes)
+    let full = l.short >= 2 && l.demand > 0;
+    let include = l.asking || l.need > 0 || (sizing.periodic && (unsent || give_back || full));
     if l.gen == 0 || !include {
         return [prev, None];
     }
@@ -484,8 +646,50 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
             confirmed: l.sent,
             previous: false,
             adopt: l.adopt,
+            direct: l.direct,
+            count: false,
+            first: false,
         }),
     ]
+}
+
+/// Apply the fleet's total Redis answered to a plain increment (`ask.count`). A total below
+/// what this record alone reported means Redis lost the key (a restart): what it had
+/// confirmed before is sent again.
+pub fn apply_count(state: &mut TierState, ask: &Ask, total: u64, period_ms: u64) {
+    let l = &mut state.ledger;
+    let confirmed = if total < ask.used {
+        ask.used - ask.confirmed
+    } else {
+        ask.used
+    };
+    if !ask.previous && l.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
+        l.sent = confirmed;
+        l.direct = confirmed;
+        l.keyed = true;
+        l.unreachable = false;
+        l.base = total;
+        state.current = total + l.used.saturating_sub(l.sent);
+    } else if l.prev_gen == ask.gen && l.prev_start_ms == ask.window_start_ms {
+        l.prev_sent = confirmed;
+        l.prev_direct = confirmed;
+        if l.prev_start_ms + period_ms == state.window_start_ms {
+            state.previous = total + l.prev_used.saturating_sub(l.prev_sent);
+        }
+    }
+}
+
+/// A plain increment's round failed in a way that may have applied it (a timeout): take it
+/// as applied, so that it is never counted twice.
+pub fn assume_counted(state: &mut TierState, ask: &Ask) {
+    let l = &mut state.ledger;
+    if !ask.previous && l.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
+        l.sent = l.sent.max(ask.used);
+        l.direct = l.direct.max(ask.used);
+    } else if l.prev_gen == ask.gen && l.prev_start_ms == ask.window_start_ms {
+        l.prev_sent = l.prev_sent.max(ask.used);
+        l.prev_direct = l.prev_direct.max(ask.used);
+    }
 }
 
 /// Apply Redis's answer to an ask. Records that have moved on (another window, another
@@ -496,11 +700,13 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         l.sent = l.sent.max(ask.used);
         l.unreachable = false;
         l.base = answer.total;
-        l.ceiling = answer.ceiling;
+        // the script granted the ceiling of what it hears of (the plain increments apart)
+        let ceiling = answer.ceiling.saturating_add(ask.direct);
+        l.ceiling = ceiling;
         l.lease_from = ask.used;
         l.on_credit = false;
         l.adopt = 0;
-        l.short = if answer.ceiling < ask.used + ask.need {
+        l.short = if ceiling < ask.used + ask.need {
             l.short.saturating_add(1)
         } else {
             0
@@ -535,13 +741,119 @@ mod tests {
         }
     }
 
+    /// A record that leases (see `direct_records_...` for one that does not).
     fn state() -> TierState {
         let mut s = TierState {
             window_start_ms: 10_000,
             ..TierState::default()
         };
         s.ledger.gen = next_gen();
+        s.ledger.leased = true;
         s
+    }
+
+    #[test]
+    fn direct_records_admit_far_from_the_limit_and_report_plain_increments() {
+        let t = tier(100_000);
+        let fixed = Algorithm::FixedWindow;
+        assert_eq!(direct_allowance(100_000), 100);
+        assert_eq!(direct_cap(100_000, fixed, 3), 25_000 + 10 * 100);
+        assert_eq!(
+            direct_cap(999, fixed, 3),
+            0,
+            "small thresholds always lease"
+        );
+        assert_eq!(direct_cap(100_000, Algorithm::TokenBucket, 3), 0);
+        let mut s = state();
+        s.ledger.leased = false;
+        let n = Some(3);
+        for i in 1..100 {
+            assert_eq!(ceiling(&s, &t, fixed, 0, n, None), Ceiling::Open);
+            let d = direct(&s, &t, fixed, 0, 3);
+            assert_eq!(d, Some(100));
+            // half of the allowance unreported: a round is wanted
+            assert_eq!(commit(&mut s, d), i >= 50, "request {i}");
+            s.current += 1;
+        }
+        assert_eq!(room(&s, &t, fixed, n, None), None, "no total known yet");
+        let sizing = Sizing {
+            now_ms: 1000,
+            since_ms: 1000,
+            horizon_ms: 1200,
+            left_ms: 5000,
+            periodic: false,
+        };
+        let [None, Some(ask)] = drain(&mut s, sizing) else {
+            panic!("a report")
+        };
+        assert!(ask.count && ask.first);
+        assert_eq!((ask.used, ask.confirmed), (99, 0));
+        // the fleet had 5000; this record admitted 2 more meanwhile
+        s.ledger.used += 2;
+        s.current += 2;
+        apply_count(&mut s, &ask, 5000, 10_000);
+        let l = &s.ledger;
+        assert_eq!((l.sent, l.direct, l.keyed, l.base), (99, 99, true, 5000));
+        assert_eq!(s.current, 5002);
+        assert_eq!(room(&s, &t, fixed, n, None), Some(94_998));
+        // near the zone's edge (what all instances may hold unreported counted): it leases
+        s.current = 25_000 - 10 * 100 - 1;
+        assert!(direct(&s, &t, fixed, 0, 3).is_some());
+        s.current += 1;
+        assert_eq!(direct(&s, &t, fixed, 0, 3), None);
+        assert_eq!(ceiling(&s, &t, fixed, 0, n, None), Ceiling::LeaseUsed);
+        note_hold(&mut s, true);
+        assert!(s.ledger.leased);
+        let [None, Some(ask)] = drain(&mut s, sizing) else {
+            panic!("an ask")
+        };
+        assert!(!ask.count, "a lease ask, the plain increments apart");
+        assert_eq!((ask.used, ask.direct, ask.need), (101, 99, 1));
+        let answer = Answer {
+            total: 24_000,
+            ceiling: 40,
+            fair: 100,
+            room: 1000,
+            held: 0,
+            prev: 0,
+        };
+        apply(&mut s, &ask, answer, 10_000);
+        assert_eq!(
+            s.ledger.ceiling, 139,
+            "granted in the script's terms, and the 99"
+        );
+        assert_eq!(s.ledger.short, 0);
+        // Redis lost the key (a restart): what it had confirmed goes again
+        let mut r = state();
+        r.ledger.leased = false;
+        r.ledger.used = 30;
+        r.ledger.sent = 20;
+        r.ledger.direct = 20;
+        r.ledger.keyed = true;
+        let [None, Some(ask)] = drain(
+            &mut r,
+            Sizing {
+                periodic: true,
+                ..sizing
+            },
+        ) else {
+            panic!("a report")
+        };
+        assert!(!ask.first);
+        apply_count(&mut r, &ask, 10, 10_000);
+        assert_eq!((r.ledger.sent, r.ledger.unsent()), (10, 20));
+        // a timed-out report is taken as counted: never twice
+        let [None, Some(ask)] = drain(
+            &mut r,
+            Sizing {
+                periodic: true,
+                ..sizing
+            },
+        ) else {
+            panic!("a report")
+        };
+        assume_counted(&mut r, &ask);
+        assert_eq!(r.ledger.unsent(), 0);
     }
 
     #[test]
@@ -561,7 +873,7 @@ mod tests {
                 ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
                 Ceiling::Open
             );
-            assert!(commit(&mut s), "running on credit asks for a round");
+            assert!(commit(&mut s, None), "running on credit asks for a round");
             s.current += 1;
         }
         assert_eq!(
@@ -577,6 +889,9 @@ mod tests {
             confirmed: 0,
             previous: false,
             adopt: 0,
+            direct: 0,
+            count: false,
+            first: false,
         };
         let answer = Answer {
             total: 2,
@@ -592,18 +907,18 @@ mod tests {
                 ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
                 Ceiling::Open
             );
-            assert!(!commit(&mut s));
+            assert!(!commit(&mut s, None));
         }
-        assert!(commit(&mut s), "half of the lease used");
+        assert!(commit(&mut s, None), "half of the lease used");
         while s.ledger.used < 32 {
-            commit(&mut s);
+            commit(&mut s, None);
         }
         assert_eq!(
             ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
             Ceiling::Open,
             "one on credit: the window had room"
         );
-        assert!(commit(&mut s));
+        assert!(commit(&mut s, None));
         assert_eq!(
             ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
             Ceiling::LeaseUsed,

@@ -739,10 +739,9 @@ impl Limiter {
                 }
                 Ceiling::FleetFull => {
                     // the last round could not grant what waited here: the others hold or
-                    // admitted the rest of the window (a bucket: its tokens). The next round
-                    // asks again, so that room that comes back is seen.
-                    ledger::note_full(state);
-                    wake = true;
+                    // admitted the rest of the window (a bucket: its tokens). A round asks
+                    // again (see `note_full`), so that room that comes back is seen.
+                    wake |= ledger::note_full(state, algo);
                     let retry_after_ms = if algo == Algorithm::TokenBucket {
                         (tier.period.as_millis() as u64 / tier.threshold.max(1)).max(1)
                     } else {
@@ -862,7 +861,11 @@ impl Limiter {
         now: u64,
         mode: FleetMode,
     ) -> bool {
-        let leased = matches!(mode, FleetMode::Leased { .. });
+        let leased = match mode {
+            FleetMode::Leased { instances } => Some(instances),
+            _ => None,
+        };
+        let now_ms = now / NANOS_PER_MS;
         let mut wake = false;
         for ((a, slot), &(_, violated)) in
             applying.iter().zip(slots.iter_mut()).zip(&decision.applied)
@@ -876,8 +879,12 @@ impl Limiter {
             let cr = &self.rules[a.rule as usize];
             let algo = cr.counters.algorithm();
             for (state, tier) in c.tiers.iter_mut().zip(cr.tiers(a.list)) {
+                // as `check` found it (the state has not changed since)
+                let direct = leased
+                    .filter(|_| !state.ledger.unreachable)
+                    .and_then(|n| ledger::direct(state, tier, algo, now_ms, n));
                 algorithm::commit(state, tier, algo, now);
-                wake |= ledger::commit(state) && leased;
+                wake |= ledger::commit(state, direct) && leased.is_some();
             }
         }
         wake
