@@ -719,6 +719,9 @@ impl SyncBackend for SingleRedis {
         updates: &[Update],
         hb: Option<&Heartbeat>,
     ) -> Result<Exchange, RoundError> {
+        if updates.is_empty() && hb.is_none() {
+            return Ok(Exchange::default());
+        }
         let mut conn = self.conn.clone();
         let mut values = query_round(&pipeline(updates.iter(), hb), &mut conn).await?;
         let n = updates.len() + usize::from(hb.is_some());
@@ -962,6 +965,9 @@ impl SyncBackend for ClusterRedis {
         updates: &[Update],
         hb: Option<&Heartbeat>,
     ) -> Result<Exchange, RoundError> {
+        if updates.is_empty() && hb.is_none() {
+            return Ok(Exchange::default());
+        }
         let mut guard = self.topology.lock().await;
         let mut refreshed = false;
         if guard.as_ref().is_none_or(|t| t.stale) {

@@ -82,6 +82,8 @@ pub struct Accounts {
     pub clock: Arc<dyn Clock>,
     pub instance: String,
     last_round_ms: AtomicU64,
+    /// When the first round began (0: none yet).
+    first_round_ms: AtomicU64,
 }
 
 impl Accounts {
@@ -97,6 +99,7 @@ impl Accounts {
             clock,
             instance,
             last_round_ms: AtomicU64::new(0),
+            first_round_ms: AtomicU64::new(0),
         }
     }
 
@@ -116,13 +119,24 @@ impl Accounts {
         };
         let horizon_ms = horizon_ms(settings);
         self.fleet.take_round_request();
+        let liveness_ms = (3 * settings.sync_interval.as_millis() as u64).max(3000);
+        let first = match self.first_round_ms.load(Ordering::Relaxed) {
+            0 => {
+                self.first_round_ms.store(now_ms, Ordering::Relaxed);
+                now_ms
+            }
+            t => t,
+        };
+        // periodic rounds count the live instances; every round does while this instance is
+        // new (until the others' heartbeats are all in, what it sees is not the fleet yet)
+        let heartbeat = periodic || now_ms < first + liveness_ms;
         let mut round = Round {
             updates: Vec::new(),
-            heartbeat: periodic.then(|| Heartbeat {
+            heartbeat: heartbeat.then(|| Heartbeat {
                 key: format!("{}:instances", settings.key_prefix),
                 instance: self.instance.clone(),
                 now_ms,
-                liveness_ms: (3 * settings.sync_interval.as_millis() as u64).max(3000),
+                liveness_ms,
             }),
             sources: Vec::new(),
             sent_ms: now_ms,

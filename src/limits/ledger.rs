@@ -269,7 +269,7 @@ pub fn previous_weight(count: u64, window_start_ms: u64, period_ms: u64, now_ms:
 }
 
 /// Whether a record can be direct at all (see the module's header).
-fn direct_capable(tier: &Tier, algorithm: Algorithm) -> bool {
+pub fn direct_capable(tier: &Tier, algorithm: Algorithm) -> bool {
     algorithm != Algorithm::TokenBucket && direct_allowance(tier.threshold) > 0
 }
 
@@ -440,18 +440,34 @@ fn share(state: &TierState, tier: &Tier, n: u64) -> Option<(u64, u64)> {
     Some((state.current, l.base + share))
 }
 
-/// Count one admitted request (`direct`: admitted directly, under this allowance). Returns
-/// whether a round should come now: the request ran on credit, half of the lease is used, or
-/// (direct) half of the allowance is unreported.
-pub fn commit(state: &mut TierState, direct: Option<u64>) -> bool {
+/// How a request was admitted, for the fleet's accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admitted {
+    /// Directly, under this allowance (see `direct`).
+    Direct(u64),
+    /// Under a lease, or on credit.
+    Leased,
+    /// Without Redis's answers (`on_failure`): a record that can be direct stays so (its
+    /// counts go as plain increments when Redis is back); any other leases from now on.
+    Unsynced { direct_capable: bool },
+}
+
+/// Count one admitted request. Returns whether a round should come now: the request ran on
+/// credit, half of the lease is used, or (direct) half of the allowance is unreported.
+pub fn commit(state: &mut TierState, how: Admitted) -> bool {
     let l = &mut state.ledger;
     l.used += 1;
-    if let (Some(allowance), false) = (direct, l.leased) {
-        let report = 2 * l.used.saturating_sub(l.sent) >= allowance;
-        l.asking |= report;
-        return report;
+    match how {
+        Admitted::Direct(allowance) if !l.leased => {
+            let report = 2 * l.used.saturating_sub(l.sent) >= allowance;
+            l.asking |= report;
+            return report;
+        }
+        Admitted::Unsynced {
+            direct_capable: true,
+        } if !l.leased => return false,
+        _ => {}
     }
-    // admitted under a lease, on credit, or without Redis: the record leases from now on
     l.leased = true;
     if l.used > l.ceiling {
         l.on_credit = true;
@@ -471,6 +487,8 @@ pub fn commit(state: &mut TierState, direct: Option<u64>) -> bool {
 /// room comes back there only as leases are given back, or when the window ends.
 pub fn note_full(state: &mut TierState, algorithm: Algorithm) -> bool {
     let l = &mut state.ledger;
+    // a refusal is the lease path's (a direct record holds instead): the record leases
+    l.leased = true;
     let ask = l.short < 2 || algorithm != Algorithm::FixedWindow;
     l.asking |= ask;
     ask
@@ -702,6 +720,12 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         l.base = answer.total;
         // the script granted the ceiling of what it hears of (the plain increments apart)
         let ceiling = answer.ceiling.saturating_add(ask.direct);
+        if answer.total < ask.used && l.direct > 0 {
+            // Redis lost the key (a restart): the plain increments go again, through the
+            // script (it adds only what it has not counted for this record)
+            l.direct = 0;
+            l.asking = true;
+        }
         l.ceiling = ceiling;
         l.lease_from = ask.used;
         l.on_credit = false;
@@ -772,7 +796,11 @@ mod tests {
             let d = direct(&s, &t, fixed, 0, 3);
             assert_eq!(d, Some(100));
             // half of the allowance unreported: a round is wanted
-            assert_eq!(commit(&mut s, d), i >= 50, "request {i}");
+            assert_eq!(
+                commit(&mut s, Admitted::Direct(100)),
+                i >= 50,
+                "request {i}"
+            );
             s.current += 1;
         }
         assert_eq!(room(&s, &t, fixed, n, None), None, "no total known yet");
@@ -873,7 +901,10 @@ mod tests {
                 ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
                 Ceiling::Open
             );
-            assert!(commit(&mut s, None), "running on credit asks for a round");
+            assert!(
+                commit(&mut s, Admitted::Leased),
+                "running on credit asks for a round"
+            );
             s.current += 1;
         }
         assert_eq!(
@@ -907,18 +938,18 @@ mod tests {
                 ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
                 Ceiling::Open
             );
-            assert!(!commit(&mut s, None));
+            assert!(!commit(&mut s, Admitted::Leased));
         }
-        assert!(commit(&mut s, None), "half of the lease used");
+        assert!(commit(&mut s, Admitted::Leased), "half of the lease used");
         while s.ledger.used < 32 {
-            commit(&mut s, None);
+            commit(&mut s, Admitted::Leased);
         }
         assert_eq!(
             ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
             Ceiling::Open,
             "one on credit: the window had room"
         );
-        assert!(commit(&mut s, None));
+        assert!(commit(&mut s, Admitted::Leased));
         assert_eq!(
             ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
             Ceiling::LeaseUsed,

@@ -10,7 +10,7 @@ use super::algorithm::{self, TierState, TierVerdict};
 use super::clock::{Clock, NANOS_PER_MS};
 use super::fleet::{FleetMode, FleetState};
 use super::in_flight;
-use super::ledger::{self, Ceiling};
+use super::ledger::{self, Admitted, Ceiling};
 use super::partition::{PartitionValue, KEY_BUF};
 use super::policy::{tier_texts, PolicyCache, TierText};
 use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked};
@@ -880,11 +880,15 @@ impl Limiter {
             let algo = cr.counters.algorithm();
             for (state, tier) in c.tiers.iter_mut().zip(cr.tiers(a.list)) {
                 // as `check` found it (the state has not changed since)
-                let direct = leased
-                    .filter(|_| !state.ledger.unreachable)
-                    .and_then(|n| ledger::direct(state, tier, algo, now_ms, n));
+                let how = match leased.filter(|_| !state.ledger.unreachable) {
+                    Some(n) => ledger::direct(state, tier, algo, now_ms, n)
+                        .map_or(Admitted::Leased, Admitted::Direct),
+                    None => Admitted::Unsynced {
+                        direct_capable: ledger::direct_capable(tier, algo),
+                    },
+                };
                 algorithm::commit(state, tier, algo, now);
-                wake |= ledger::commit(state, direct) && leased.is_some();
+                wake |= ledger::commit(state, how) && leased.is_some();
             }
         }
         wake
