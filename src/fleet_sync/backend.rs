@@ -112,9 +112,11 @@ pub enum Reply {
     Count(u64),
 }
 
-/// A plain increment of the contract's key. `first`: the key is not known to exist, so
-/// `SET key delta NX PXAT expiry` (one command, the expiry with it); if it exists, `INCRBY`.
-/// An `INCRBY` that created the key (a restart, an expiry) sets the expiry after it.
+/// A plain increment of the contract's key: `INCRBY`, and `PEXPIREAT` after it when the
+/// increment created the key (its total is the increment: the first report of the window, a
+/// restart, an expiry) or when `first` (the record's earlier report is not known to have set
+/// the expiry: its round failed). An `INCRBY` and a `PEXPIREAT` for the key's creator only:
+/// the others' reports cost one command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CountUpdate {
     pub key: String,
@@ -123,18 +125,9 @@ pub struct CountUpdate {
     pub expire_at_ms: u64,
 }
 
-/// The steps of a plain increment: 0 `SET NX PXAT`, 1 `INCRBY`, 2 `PEXPIREAT`.
+/// The steps of a plain increment: 1 `INCRBY`, 2 `PEXPIREAT`.
 pub fn count_cmd(c: &CountUpdate, stage: u8) -> redis::Cmd {
     match stage {
-        0 => {
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(&c.key)
-                .arg(c.delta)
-                .arg("NX")
-                .arg("PXAT")
-                .arg(c.expire_at_ms);
-            cmd
-        }
         1 => {
             let mut cmd = redis::cmd("INCRBY");
             cmd.arg(&c.key).arg(c.delta);
@@ -149,12 +142,8 @@ pub fn count_cmd(c: &CountUpdate, stage: u8) -> redis::Cmd {
 }
 
 /// The first step of a plain increment.
-pub fn count_start(c: &CountUpdate) -> u8 {
-    if c.first {
-        0
-    } else {
-        1
-    }
+pub fn count_start(_: &CountUpdate) -> u8 {
+    1
 }
 
 /// After a step's reply: `Ok(Ok(total))` done, `Ok(Err((stage, total)))` the next step.
@@ -163,14 +152,10 @@ pub type CountStep = Result<Result<u64, (u8, u64)>, String>;
 /// What a plain increment's step answered (`total`: what an earlier step found).
 pub fn count_reply(c: &CountUpdate, stage: u8, total: u64, v: &redis::Value) -> CountStep {
     match (stage, v) {
-        // the key was new: it holds the increment, with its expiry
-        (0, redis::Value::Okay) | (0, redis::Value::SimpleString(_)) => Ok(Ok(c.delta)),
-        // it existed: add to it
-        (0, redis::Value::Nil) => Ok(Err((1, 0))),
         (1, redis::Value::Int(t)) => {
             let t = (*t).max(0) as u64;
             // the increment created the key: it has no expiry yet
-            if t == c.delta {
+            if t == c.delta || c.first {
                 Ok(Err((2, t)))
             } else {
                 Ok(Ok(t))
@@ -1095,7 +1080,7 @@ mod tests {
 
     #[test]
     fn replies_become_answers_and_plain_increments_take_their_steps() {
-        use redis::Value::{Array, Int, Nil, Okay};
+        use redis::Value::{Array, Int};
         let a = |t, c| Array(vec![Int(t), Int(c), Int(4), Int(2), Int(1), Int(0)]);
         let lease = |key: &str| {
             Update::Lease(LedgerUpdate {
@@ -1128,16 +1113,10 @@ mod tests {
                 expire_at_ms: 99,
             })
         };
-        let updates = [
-            lease("a"),
-            count(true),
-            count(true),
-            count(false),
-            count(false),
-        ];
+        let updates = [lease("a"), count(true), count(false), count(false)];
         let mut answers = vec![None; updates.len()];
-        let replies = [a(5, 9), Okay, Nil, Int(10), Int(3)];
-        let pending = first_replies(&updates, 0..5, &replies, &mut answers).unwrap();
+        let replies = [a(5, 9), Int(10), Int(10), Int(3)];
+        let pending = first_replies(&updates, 0..4, &replies, &mut answers).unwrap();
         assert_eq!(
             answers[0],
             Some(Reply::Lease(Answer {
@@ -1149,28 +1128,18 @@ mod tests {
                 prev: 0
             }))
         );
-        assert_eq!(
-            answers[1],
-            Some(Reply::Count(3)),
-            "a new key holds the increment"
-        );
-        assert_eq!(answers[3], Some(Reply::Count(10)));
-        // the key existed: INCRBY; an INCRBY that created the key: its expiry follows
-        assert_eq!(pending, vec![(2, 1, 0), (4, 2, 3)]);
-        let Update::Count(c) = &updates[2] else {
+        assert_eq!(answers[2], Some(Reply::Count(10)), "one INCRBY, no more");
+        // the expiry after: an earlier report may have created the key (`first`), or this
+        // increment did (its total is the increment)
+        assert_eq!(pending, vec![(1, 2, 10), (3, 2, 3)]);
+        let Update::Count(c) = &updates[1] else {
             unreachable!()
         };
-        assert_eq!(count_reply(c, 1, 0, &Int(7)), Ok(Ok(7)));
-        assert_eq!(count_reply(c, 2, 3, &Int(1)), Ok(Ok(3)));
+        assert_eq!(count_reply(c, 2, 10, &Int(1)), Ok(Ok(10)));
         let cmd = |stage| {
             String::from_utf8_lossy(&count_cmd(c, stage).get_packed_command()).replace("\r\n", " ")
         };
-        assert!(
-            cmd(0).contains("SET $1 k $1 3 $2 NX $4 PXAT $2 99"),
-            "{}",
-            cmd(0)
-        );
-        assert!(cmd(1).contains("INCRBY $1 k $1 3"));
+        assert!(cmd(1).contains("INCRBY $1 k $1 3"), "{}", cmd(1));
         assert!(cmd(2).contains("PEXPIREAT $1 k $2 99"));
         assert!(
             first_replies(&updates, 0..1, &[Int(5)], &mut answers).is_err(),

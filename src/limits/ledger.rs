@@ -27,7 +27,7 @@
 //! - Far from the limit, no lease at all (*direct* records, thresholds of 1000 and more, not
 //!   token buckets): while the fleet's count as last known stays under `DIRECT_ZONE_PERCENT`
 //!   of the threshold, an instance admits on its own and reports what it admitted as a plain
-//!   increment (`SET NX PXAT` for a new key, else `INCRBY`: no script), with at most
+//!   increment (`INCRBY`, and `PEXPIREAT` from the key's creator: no script), with at most
 //!   `direct_allowance` (a thousandth of the threshold) admitted and not yet reported. A record
 //!   that leaves that zone, or has more waiting, asks for leases for the rest of its window.
 //!   The script keeps `direct_cap` (what direct records can have admitted in all) out of its
@@ -620,7 +620,8 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
             adopt: 0,
             direct: l.direct,
             count: true,
-            first: !l.keyed,
+            // an earlier report whose round failed may have created the key without expiry
+            first: !l.keyed && l.sent > 0,
         };
         return [prev, Some(ask)];
     }
@@ -814,7 +815,7 @@ mod tests {
         let [None, Some(ask)] = drain(&mut s, sizing) else {
             panic!("a report")
         };
-        assert!(ask.count && ask.first);
+        assert!(ask.count && !ask.first, "nothing reported before");
         assert_eq!((ask.used, ask.confirmed), (99, 0));
         // the fleet had 5000; this record admitted 2 more meanwhile
         s.ledger.used += 2;
