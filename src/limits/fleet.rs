@@ -49,6 +49,10 @@ pub struct FleetState {
     last_round_us: AtomicU64,
     /// How long a request may wait for the fleet (`Verdict::Hold`), in ms.
     hold_ms: AtomicU64,
+    /// Records far from the limit may report plain increments (one Redis server; a Redis
+    /// Cluster leases everything: a node that does not answer may still apply what it got,
+    /// which only idempotent reports survive).
+    plain: AtomicBool,
 }
 
 /// How long a request whose lease is used may wait for an answer: a round in flight may have
@@ -71,6 +75,7 @@ impl Default for FleetState {
             last_round_end_ms: AtomicU64::new(0),
             last_round_us: AtomicU64::new(0),
             hold_ms: AtomicU64::new(hold_limit(crate::config::defaults::DEFAULT_REDIS_TIMEOUT)),
+            plain: AtomicBool::new(true),
         }
     }
 }
@@ -106,6 +111,15 @@ impl FleetState {
 
     pub fn hold_ms(&self) -> u64 {
         self.hold_ms.load(Ordering::Relaxed)
+    }
+
+    /// Whether records far from the limit may report plain increments (see `plain`).
+    pub fn set_plain_increments(&self, on: bool) {
+        self.plain.store(on, Ordering::Relaxed);
+    }
+
+    pub fn plain_increments(&self) -> bool {
+        self.plain.load(Ordering::Relaxed)
     }
 
     pub fn is_configured(&self) -> bool {

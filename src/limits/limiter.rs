@@ -706,6 +706,10 @@ impl Limiter {
             }
             let mut verdict = algorithm::evaluate(state, tier, algo, now);
             ledger::note_demand(state);
+            if !self.fleet.plain_increments() {
+                // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
+                state.ledger.leased = true;
+            }
             // a counter whose cluster node is down while the rest of Redis answers
             let (leased, shared) = if leased.is_some() && state.ledger.unreachable {
                 modes(self.fleet.unreachable_mode())
