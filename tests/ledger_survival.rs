@@ -360,3 +360,42 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
         "retry after {retry} ms"
     );
 }
+
+#[test]
+fn a_round_in_parts_sends_every_count_once_and_no_part_is_larger_than_its_bound() {
+    let mut f = Fleet::new();
+    let rule = "  - { id: r, pathPattern: /**, tiers: [{ period: 10, threshold: 100000 }] }";
+    let cfg = config(rule, "", 10_000);
+    let limiter = f.limiter(&cfg);
+    f.round(&cfg); // connected
+    let w0 = T0 / 10_000 * 10_000;
+    f.clock.set_ms(w0 + 100);
+    let tenants: Vec<String> = (0..500).map(|i| format!("t{i}")).collect();
+    for (i, t) in tenants.iter().enumerate() {
+        f.admit(&limiter, &cfg, t, 1 + i % 3);
+    }
+    let settings = cfg.redis.as_ref().expect("redis");
+    let (mut from, mut parts, mut sent) = (None, 0, 0);
+    loop {
+        let part = f.accounts.begin_part(settings, true, from, 40);
+        parts += 1;
+        sent += part.updates.len();
+        // a part stops after the shard in which it reached its bound: 500 counters over 32
+        // shards hold far fewer than 40 to a shard
+        assert!(part.updates.len() < 40 + 40, "part of {}", part.updates.len());
+        assert_eq!(part.heartbeat.is_some(), parts == 1, "only the first part beats");
+        let rest = part.rest;
+        f.answer(part);
+        match rest {
+            Some(next) => from = Some(next),
+            None => break,
+        }
+    }
+    assert!(parts >= 500 / 80, "{parts} parts, {sent} updates");
+    assert_eq!(sent, 500, "every counter once");
+    for (i, t) in tenants.iter().enumerate() {
+        assert_eq!(f.held(t, "r", w0, 10_000), 1 + (i % 3) as i64, "{t}");
+    }
+    // nothing is left for a whole round
+    assert!(f.begin(&cfg).updates.is_empty());
+}

@@ -13,7 +13,7 @@ use crate::limits::clock::{Clock, NANOS_PER_MS};
 pub use crate::limits::fleet::{FleetMode, FleetState, Link, MIN_ROUND_GAP_MS};
 use crate::limits::ledger::{self, Ask};
 use crate::limits::partition::{redis_key, redis_partition};
-use crate::limits::store::{CounterRegistry, OrphanCount, RuleCounters};
+use crate::limits::store::{CounterRegistry, OrphanCount, RuleCounters, SHARDS};
 use crate::metrics::Metrics;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
@@ -63,7 +63,32 @@ pub struct Round {
     pub heartbeat: Option<Heartbeat>,
     sources: Vec<Source>,
     sent_ms: u64,
+    /// The round stopped at its size: where its next part starts draining.
+    pub rest: Option<Cursor>,
 }
+
+impl Round {
+    fn empty(heartbeat: Option<Heartbeat>, sent_ms: u64) -> Round {
+        Round {
+            updates: Vec::new(),
+            heartbeat,
+            sources: Vec::new(),
+            sent_ms,
+            rest: None,
+        }
+    }
+}
+
+/// Where a round in parts goes on: the rule (by `uid`) and its shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    uid: u64,
+    shard: usize,
+}
+
+/// The most updates one part of a round carries (its memory, and the pipeline's, is
+/// bounded by it; a round with more to send goes on in parts, one round trip each).
+pub const ROUND_PART_UPDATES: usize = 1024;
 
 /// What a finished round changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,14 +135,37 @@ impl Accounts {
     /// Drain every counter's asks (and the orphans) into a round. `periodic`: the round of
     /// every `sync_interval`, which reports all counts (early rounds carry only what asks).
     pub fn begin(&self, settings: &RedisSettings, periodic: bool) -> Round {
+        self.begin_part(settings, periodic, None, usize::MAX)
+    }
+
+    /// Drain counters from `from` on into a round, stopping after the shard in which the
+    /// round reached `max_updates` (`Round::rest` says where the next part starts). A round
+    /// in parts keeps its memory bounded by `max_updates`, whatever the number of counters
+    /// with something to send. Only the first part counts the live instances.
+    pub fn begin_part(
+        &self,
+        settings: &RedisSettings,
+        periodic: bool,
+        from: Option<Cursor>,
+        max_updates: usize,
+    ) -> Round {
         let now_ms = self.now_ms();
+        if let Some(from) = from {
+            return self.drain_into(
+                Round::empty(None, now_ms),
+                settings,
+                periodic,
+                from,
+                max_updates,
+                1000,
+            );
+        }
         let last = self.last_round_ms.swap(now_ms, Ordering::Relaxed);
         let since_ms = if last == 0 {
             1000
         } else {
             now_ms.saturating_sub(last)
         };
-        let horizon_ms = horizon_ms(settings);
         self.fleet.take_round_request();
         let liveness_ms = (3 * settings.sync_interval.as_millis() as u64).max(3000);
         let first = match self.first_round_ms.load(Ordering::Relaxed) {
@@ -130,41 +178,66 @@ impl Accounts {
         // periodic rounds count the live instances; every round does while this instance is
         // new (until the others' heartbeats are all in, what it sees is not the fleet yet)
         let heartbeat = periodic || now_ms < first + liveness_ms;
-        let mut round = Round {
-            updates: Vec::new(),
-            heartbeat: heartbeat.then(|| Heartbeat {
+        let round = Round::empty(
+            heartbeat.then(|| Heartbeat {
                 key: format!("{}:instances", settings.key_prefix),
                 instance: self.instance.clone(),
                 now_ms,
                 liveness_ms,
             }),
-            sources: Vec::new(),
-            sent_ms: now_ms,
-        };
+            now_ms,
+        );
+        let start = Cursor { uid: 0, shard: 0 };
+        self.drain_into(round, settings, periodic, start, max_updates, since_ms)
+    }
+
+    fn drain_into(
+        &self,
+        mut round: Round,
+        settings: &RedisSettings,
+        periodic: bool,
+        from: Cursor,
+        max_updates: usize,
+        since_ms: u64,
+    ) -> Round {
+        let now_ms = round.sent_ms;
+        let horizon_ms = horizon_ms(settings);
+        let max_updates = max_updates.max(1);
         for rc in self.registry.live() {
+            if rc.uid < from.uid {
+                continue;
+            }
+            let first_shard = if rc.uid == from.uid { from.shard } else { 0 };
             let counters = Arc::clone(&rc);
             let lists = rc.tiers();
-            rc.for_each(|key, c| {
-                for (ti, st) in c.tiers.iter_mut().enumerate() {
-                    let Some(tier) = lists.get(usize::from(c.list)).and_then(|l| l.get(ti)) else {
-                        continue;
-                    };
-                    let p = period_ms(tier);
-                    let sizing = ledger::Sizing {
-                        now_ms,
-                        since_ms,
-                        horizon_ms,
-                        left_ms: (st.window_start_ms + p).saturating_sub(now_ms),
-                        periodic,
-                    };
-                    let asks = ledger::drain(st, sizing);
-                    for ask in asks.into_iter().flatten() {
-                        self.push(
-                            &mut round, settings, &counters, key, c.list, ti, ask, p, false,
-                        );
-                    }
+            for shard in first_shard..SHARDS {
+                if round.updates.len() >= max_updates {
+                    round.rest = Some(Cursor { uid: rc.uid, shard });
+                    return round;
                 }
-            });
+                rc.for_each_in(shard, |key, c| {
+                    for (ti, st) in c.tiers.iter_mut().enumerate() {
+                        let Some(tier) = lists.get(usize::from(c.list)).and_then(|l| l.get(ti))
+                        else {
+                            continue;
+                        };
+                        let p = period_ms(tier);
+                        let sizing = ledger::Sizing {
+                            now_ms,
+                            since_ms,
+                            horizon_ms,
+                            left_ms: (st.window_start_ms + p).saturating_sub(now_ms),
+                            periodic,
+                        };
+                        let asks = ledger::drain(st, sizing);
+                        for ask in asks.into_iter().flatten() {
+                            self.push(
+                                &mut round, settings, &counters, key, c.list, ti, ask, p, false,
+                            );
+                        }
+                    }
+                });
+            }
             for o in rc.take_orphans() {
                 let OrphanCount {
                     key,
@@ -397,14 +470,38 @@ pub struct SyncService {
 }
 
 impl SyncService {
-    /// One round; returns whether Redis answered.
+    /// One round, in parts of at most `ROUND_PART_UPDATES` updates (one round trip each);
+    /// returns whether Redis answered all of them. A part that fails ends the round: what it
+    /// did not drain stays in the counters for the next one.
     pub async fn round(
         &self,
         settings: &RedisSettings,
         backend: &dyn SyncBackend,
         periodic: bool,
     ) -> bool {
-        let round = self.accounts.begin(settings, periodic);
+        let mut from = None;
+        loop {
+            let part = self
+                .accounts
+                .begin_part(settings, periodic, from, ROUND_PART_UPDATES);
+            let rest = part.rest;
+            if !self.exchange(settings, backend, part).await {
+                return false;
+            }
+            match rest {
+                Some(next) => from = Some(next),
+                None => return true,
+            }
+        }
+    }
+
+    /// Send one round (or part) and apply its answers; returns whether Redis answered.
+    async fn exchange(
+        &self,
+        settings: &RedisSettings,
+        backend: &dyn SyncBackend,
+        round: Round,
+    ) -> bool {
         let started = Instant::now();
         let outcome = tokio::time::timeout(
             backend.deadline(settings.timeout),

@@ -306,11 +306,16 @@ impl RuleCounters {
 
     /// Visit every counter, shard by shard (each shard locked while visited).
     pub fn for_each(&self, mut f: impl FnMut(&[u8], &mut Counter)) {
-        for shard in self.shards.iter() {
-            let mut s = shard.lock();
-            for (k, c) in s.map.iter_mut() {
-                f(k, c);
-            }
+        for shard in 0..SHARDS {
+            self.for_each_in(shard, &mut f);
+        }
+    }
+
+    /// Visit every counter of shard `shard` (`0..SHARDS`), under its lock.
+    pub fn for_each_in(&self, shard: usize, mut f: impl FnMut(&[u8], &mut Counter)) {
+        let mut s = self.lock(shard);
+        for (k, c) in s.map.iter_mut() {
+            f(k, c);
         }
     }
 
@@ -411,11 +416,13 @@ impl CounterRegistry {
     }
 
     /// The rules still in use by some snapshot, and retired ones that hold counts not yet
-    /// confirmed by Redis (forgets the others).
+    /// confirmed by Redis (forgets the others), in the order of their `uid`.
     pub fn live(&self) -> Vec<Arc<RuleCounters>> {
         let mut rules = self.rules.lock();
         rules.retain(|_, rc| Arc::strong_count(rc) > 1 || rc.holds_unsent());
-        rules.values().cloned().collect()
+        let mut live: Vec<_> = rules.values().cloned().collect();
+        live.sort_unstable_by_key(|rc| rc.uid);
+        live
     }
 }
 
