@@ -236,6 +236,7 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
             ),
             metrics: metrics.clone(),
             down_nodes: Default::default(),
+            last_error: Default::default(),
         },
     ));
     server.add_service(background_service(

@@ -617,3 +617,97 @@ fn shaping_settings_are_checked() {
         );
     }
 }
+
+/// Like `assert_error`, with `files` (name, text) written beside the config.
+fn assert_error_with(
+    text: &str,
+    files: &[(&str, &str)],
+    line: usize,
+    col: usize,
+    needles: &[&str],
+) {
+    let dir = TempDir::new();
+    for (name, body) in files {
+        dir.write(name, body);
+    }
+    let path = dir.write("gateway.yaml", text);
+    let p = path.display().to_string();
+    let (code, _out, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 1, "exit status; stderr: {err}");
+    let prefix = format!("{p}:{line}:{col}: ");
+    let found = err
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no error at {line}:{col}; stderr: {err}"));
+    for n in needles {
+        assert!(found.contains(n), "{n:?} missing in {found:?}");
+    }
+}
+
+#[test]
+fn redis_credentials_and_tls_files_are_checked_by_dash_t() {
+    let redis = |body: &str| with("plans:\n", &format!("redis:\n{body}plans:\n"));
+    // a password file that is not there
+    let text = redis("  url: \"redis://127.0.0.1:6379\"\n  password_file: nope.pass\n");
+    assert_error(
+        &text,
+        18,
+        18,
+        &["redis.password_file", "cannot read", "nope.pass"],
+    );
+    // a password in the URL and in a file
+    let text = redis("  url: \"redis://:a@127.0.0.1:6379\"\n  password_file: p\n");
+    assert_error_with(
+        &text,
+        &[("p", "b\n")],
+        18,
+        18,
+        &["password too", "one place"],
+    );
+    // an empty password file
+    let text = redis("  url: \"redis://127.0.0.1:6379\"\n  password_file: p\n");
+    assert_error_with(&text, &[("p", "\n")], 18, 18, &["password on one line"]);
+    // a user in the URL and in `username`
+    let text = redis("  url: \"redis://u:a@127.0.0.1:6379\"\n  username: v\n");
+    assert_error(&text, 18, 13, &["redis.username", "names a user too"]);
+    // TLS files for a plain URL
+    let text = redis("  url: \"redis://127.0.0.1:6379\"\n  tls: { ca: ca.pem }\n");
+    assert_error(&text, 18, 8, &["redis.tls", "rediss:// URLs only"]);
+    // a CA file that holds no PEM, a certificate without its key
+    let text = redis("  url: \"rediss://localhost:6380\"\n  tls: { ca: ca.pem, cert: c.pem }\n");
+    assert_error_with(
+        &text,
+        &[("ca.pem", "not pem"), ("c.pem", "x")],
+        18,
+        14,
+        &["redis.tls.ca", "no PEM"],
+    );
+    assert_error_with(
+        &text,
+        &[("ca.pem", "not pem"), ("c.pem", "x")],
+        18,
+        8,
+        &["redis.tls", "needs its `key`"],
+    );
+}
+
+#[test]
+fn a_rediss_url_is_accepted_with_its_tls_files() {
+    let dir = TempDir::new();
+    dir.write("p", "secret\n");
+    dir.write(
+        "ca.pem",
+        "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    );
+    let text = with(
+        "plans:\n",
+        "redis:\n  url: \"rediss://localhost:6380\"\n  username: gw\n  password_file: p\nplans:\n",
+    );
+    let path = dir.write("gateway.yaml", &text);
+    let (code, _out, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !err.contains("secret"),
+        "the password is never printed: {err}"
+    );
+}

@@ -382,8 +382,16 @@ fn a_round_in_parts_sends_every_count_once_and_no_part_is_larger_than_its_bound(
         sent += part.updates.len();
         // a part stops after the shard in which it reached its bound: 500 counters over 32
         // shards hold far fewer than 40 to a shard
-        assert!(part.updates.len() < 40 + 40, "part of {}", part.updates.len());
-        assert_eq!(part.heartbeat.is_some(), parts == 1, "only the first part beats");
+        assert!(
+            part.updates.len() < 40 + 40,
+            "part of {}",
+            part.updates.len()
+        );
+        assert_eq!(
+            part.heartbeat.is_some(),
+            parts == 1,
+            "only the first part beats"
+        );
         let rest = part.rest;
         f.answer(part);
         match rest {

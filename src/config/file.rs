@@ -717,6 +717,28 @@ pub struct RedisFile {
     pub key_prefix: Option<String>,
     #[serde(default)]
     pub on_failure: OnFailure,
+    /// The ACL user (instead of one in the URL).
+    #[serde(default)]
+    pub username: Option<String>,
+    /// A file holding the password (instead of one in the URL), read at load and each reload.
+    #[serde(default)]
+    pub password_file: Option<String>,
+    /// `rediss://` only: the CA to verify the server against, and a client certificate.
+    #[serde(default)]
+    pub tls: Option<RedisTlsFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisTlsFile {
+    /// PEM file of the CA certificates to verify the server against (default: the system's).
+    #[serde(default)]
+    pub ca: Option<String>,
+    /// PEM files of a client certificate and its key (mutual TLS), both or neither.
+    #[serde(default)]
+    pub cert: Option<String>,
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]

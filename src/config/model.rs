@@ -242,6 +242,31 @@ pub struct RedisSettings {
     pub timeout: Duration,
     pub key_prefix: String,
     pub on_failure: OnFailure,
+    /// Credentials and TLS files, as read at load (applied to every URL of the endpoint).
+    pub access: RedisAccess,
+}
+
+/// How to log in to Redis beyond what the URL says: read from files at load, so that a
+/// reload re-reads them (and reconnects when they changed).
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct RedisAccess {
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// PEM: CA certificates, and a client certificate with its key.
+    pub ca: Option<Vec<u8>>,
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for RedisAccess {
+    // never prints the password or the key
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisAccess")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "(set)"))
+            .field("ca", &self.ca.as_ref().map(|c| c.len()))
+            .field("client", &self.client.as_ref().map(|_| "(set)"))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,11 +1,12 @@
 //! Where counts go: one pipelined round trip per round. Each window record is one atomic Lua
 //! script, called by its hash (EVALSHA; loaded once per server, again after a NOSCRIPT answer)
 //! (`LEDGER_SCRIPT`: report the cumulative count, take a lease, set absolute expiry
-//! times every instance computes alike, so no key is ever left without a TTL); the round ends
-//! with the heartbeat that counts live instances. `ledger_model` is the same script in Rust,
+//! times every instance computes alike, so no key is ever left without a TTL), or a plain
+//! `INCRBY` far from the limit; periodic rounds end with the heartbeat that counts live
+//! instances (four plain commands). `ledger_model` is the same script in Rust,
 //! for the simulation; a test holds the two to the same answers on a real redis-server.
 
-use crate::config::model::{RedisEndpoint, RedisSettings};
+use crate::config::model::{RedisAccess, RedisEndpoint, RedisSettings};
 use crate::limits::ledger::Answer;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -14,19 +15,16 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 static LEDGER: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LEDGER_SCRIPT));
-static HEARTBEAT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(HEARTBEAT_SCRIPT));
 
 /// Load the scripts into a server (rounds call them by hash).
 pub async fn load_scripts(conn: &mut impl redis::aio::ConnectionLike) -> redis::RedisResult<()> {
     LEDGER.load_async(conn).await?;
-    HEARTBEAT.load_async(conn).await?;
     Ok(())
 }
 
 /// The same, on a blocking connection (tests).
 pub fn load_scripts_blocking(conn: &mut dyn redis::ConnectionLike) -> redis::RedisResult<()> {
     LEDGER.load(conn)?;
-    HEARTBEAT.load(conn)?;
     Ok(())
 }
 
@@ -557,10 +555,6 @@ pub fn ledger_model(
     }
 }
 
-pub const HEARTBEAT_SCRIPT: &str = "redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2]) \
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1] - ARGV[3]) \
-redis.call('PEXPIRE', KEYS[1], ARGV[4]) return redis.call('ZCARD', KEYS[1])";
-
 /// How long the heartbeat set outlives its last writer.
 pub const HEARTBEAT_TTL_MS: u64 = 60_000;
 
@@ -599,16 +593,21 @@ fn add_update(p: &mut redis::Pipeline, u: &Update) {
     });
 }
 
+/// The heartbeat: plain commands, not a script (a script call costs Redis some 50 us, these
+/// four about 5 us together). Not atomic, and need not be: each instance only adds itself and
+/// removes the silent ones, and the count is read last. Its answer is the last reply.
 fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
-    p.cmd("EVALSHA")
-        .arg(HEARTBEAT.get_hash())
-        .arg(1)
+    p.cmd("ZADD").arg(&hb.key).arg(hb.now_ms).arg(&hb.instance);
+    p.cmd("ZREMRANGEBYSCORE")
         .arg(&hb.key)
-        .arg(hb.now_ms)
-        .arg(&hb.instance)
-        .arg(hb.liveness_ms)
-        .arg(HEARTBEAT_TTL_MS);
+        .arg("-inf")
+        .arg(hb.now_ms.saturating_sub(hb.liveness_ms));
+    p.cmd("PEXPIRE").arg(&hb.key).arg(HEARTBEAT_TTL_MS);
+    p.cmd("ZCARD").arg(&hb.key);
 }
+
+/// How many replies the heartbeat adds to a pipeline.
+pub const HEARTBEAT_REPLIES: usize = 4;
 
 /// The round's pipeline for one server: every update (a plain increment's first step), then
 /// the heartbeat (periodic rounds).
@@ -674,6 +673,37 @@ pub fn make(settings: &RedisSettings) -> Result<Box<dyn SyncBackend>, String> {
     })
 }
 
+/// The client of one Redis URL, with the credentials and TLS files of the config
+/// (`rediss://`: the server's certificate is checked against `tls.ca`, or the system's roots,
+/// for the URL's host name, which is also the name sent in SNI).
+pub fn client(url: &str, access: &RedisAccess) -> Result<redis::Client, String> {
+    let mut info =
+        redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| e.to_string())?;
+    // no `CLIENT SETINFO` at connect: one command fewer for the ACL the README gives
+    let mut login = info.redis_settings().clone().set_skip_set_lib_name();
+    if let Some(user) = &access.username {
+        login = login.set_username(user);
+    }
+    if let Some(password) = &access.password {
+        login = login.set_password(password);
+    }
+    info = info.set_redis_settings(login);
+    if access.ca.is_none() && access.client.is_none() {
+        return redis::Client::open(info).map_err(|e| e.to_string());
+    }
+    let certs = redis::TlsCertificates {
+        client_tls: access
+            .client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: access.ca.clone(),
+    };
+    redis::Client::build_with_tls(info, certs).map_err(|e| e.to_string())
+}
+
 /// One Redis server, through a connection manager that reconnects by itself.
 pub struct SingleRedis {
     conn: ConnectionManager,
@@ -684,11 +714,14 @@ impl SingleRedis {
         let RedisEndpoint::Single(url) = &settings.endpoint else {
             return Err("not a single-server endpoint".into());
         };
-        let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+        let client = client(url, &settings.access)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(settings.timeout))
             .set_response_timeout(Some(settings.timeout))
+            // one quick retry, so that a refusal (a certificate, a password) comes back
+            // within the round's timeout with its reason; rounds themselves retry later
             .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_secs(1));
         let conn = client
             .get_connection_manager_lazy(config)
@@ -709,7 +742,7 @@ impl SyncBackend for SingleRedis {
         }
         let mut conn = self.conn.clone();
         let mut values = query_round(&pipeline(updates.iter(), hb), &mut conn).await?;
-        let n = updates.len() + usize::from(hb.is_some());
+        let n = updates.len() + if hb.is_some() { HEARTBEAT_REPLIES } else { 0 };
         if values.len() != n {
             return Err(format!("expected {n} answers, got {}", values.len()).into());
         }
@@ -736,6 +769,7 @@ impl SyncBackend for SingleRedis {
 /// Keys carry the `{partition}` hash tag, so a tenant's counters share a slot.
 pub struct ClusterRedis {
     seeds: Vec<String>,
+    access: RedisAccess,
     timeout: Duration,
     topology: tokio::sync::Mutex<Option<Topology>>,
 }
@@ -763,8 +797,9 @@ impl Topology {
 async fn connect_node(
     url: &str,
     timeout: Duration,
+    access: &RedisAccess,
 ) -> Result<redis::aio::MultiplexedConnection, String> {
-    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let client = client(url, access)?;
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout));
@@ -825,15 +860,31 @@ impl ClusterRedis {
         let RedisEndpoint::Cluster(seeds) = &settings.endpoint else {
             return Err("not a cluster endpoint".into());
         };
+        // the nodes found in the slot map log in as the seeds do: a user or password given
+        // in a seed's URL applies to them all
+        let mut access = settings.access.clone();
+        if let Some(login) = seeds
+            .first()
+            .and_then(|u| redis::Client::open(u.as_str()).ok())
+            .map(|c| c.get_connection_info().redis_settings().clone())
+        {
+            if access.username.is_none() {
+                access.username = login.username().map(str::to_string);
+            }
+            if access.password.is_none() {
+                access.password = login.password().map(str::to_string);
+            }
+        }
         Ok(ClusterRedis {
             seeds: seeds.clone(),
+            access,
             timeout: settings.timeout,
             topology: tokio::sync::Mutex::new(None),
         })
     }
 
     async fn connect(&self, url: &str) -> Result<redis::aio::MultiplexedConnection, String> {
-        connect_node(url, self.timeout).await
+        connect_node(url, self.timeout, &self.access).await
     }
 
     /// Read the slot map from the first seed that answers (the masters of the last map first,
@@ -921,10 +972,10 @@ impl ClusterRedis {
                 match kept {
                     Some(c) => nodes.push((a.clone(), Some(c))),
                     None => {
-                        let (url, timeout) = (a.clone(), self.timeout);
+                        let (url, timeout, access) = (a.clone(), self.timeout, self.access.clone());
                         pending.push((
                             nodes.len(),
-                            tokio::spawn(async move { connect_node(&url, timeout).await }),
+                            tokio::spawn(async move { connect_node(&url, timeout, &access).await }),
                         ));
                         nodes.push((a.clone(), None));
                     }
@@ -1000,7 +1051,7 @@ impl SyncBackend for ClusterRedis {
                     let mut answers = vec![None; mine.len()];
                     let pending = first_replies(&mine, 0..mine.len(), &values, &mut answers)?;
                     finish_counts(&mut conn, &mine, pending, &mut answers).await?;
-                    let instances = values.get(mine.len()).and_then(int);
+                    let instances = values.get(mine.len() + HEARTBEAT_REPLIES - 1).and_then(int);
                     Ok::<_, RoundError>((answers, instances))
                 };
                 tokio::time::timeout(timeout, run)

@@ -467,6 +467,9 @@ pub struct SyncService {
     /// Cluster nodes whose last round failed (logged when they fail and when they answer
     /// again, not at every round).
     pub down_nodes: parking_lot::Mutex<Vec<String>>,
+    /// The last failure logged: while Redis stays unreachable, a new reason is logged (a
+    /// certificate refused, a password wrong), the same one not again.
+    pub last_error: parking_lot::Mutex<Option<String>>,
 }
 
 impl SyncService {
@@ -543,6 +546,7 @@ impl SyncService {
         let instances = self.accounts.fleet.instances();
         match (&outcome, done.changed_from) {
             (Ok(_), changed) => {
+                self.last_error.lock().take();
                 self.metrics.redis_sync.with_label_values(&["ok"]).inc();
                 self.metrics.redis_instances.set(instances as i64);
                 if changed.is_some() {
@@ -559,6 +563,13 @@ impl SyncService {
                         "sync failed"
                     };
                     log::warn!("redis: {when} ({e}); counting locally, on_failure applies");
+                    *self.last_error.lock() = Some(e.message.clone());
+                } else {
+                    let mut last = self.last_error.lock();
+                    if last.as_deref() != Some(e.message.as_str()) {
+                        log::warn!("redis: still unreachable ({e})");
+                        *last = Some(e.message.clone());
+                    }
                 }
             }
         }

@@ -63,8 +63,10 @@ pub(super) fn check_redis(c: &mut Checker, r: &RedisFile) -> Option<RedisSetting
             format!("invalid key prefix {key_prefix:?}: expected letters, digits, '_', '-' or '.'"),
         );
     }
+    let access = check_access(c, r, &endpoint);
     Some(RedisSettings {
         endpoint,
+        access,
         sync_interval: positive(
             c,
             "redis.sync_interval",
@@ -75,4 +77,110 @@ pub(super) fn check_redis(c: &mut Checker, r: &RedisFile) -> Option<RedisSetting
         key_prefix,
         on_failure: r.on_failure,
     })
+}
+
+/// A PEM file named in the config (relative to it), read now.
+fn read_pem(c: &mut Checker, path: &str, name: &str) -> Option<Vec<u8>> {
+    let file = resolve_relative(&c.file, name);
+    match std::fs::read(&file) {
+        Err(e) => {
+            c.err(path, format!("cannot read {}: {e}", file.display()));
+            None
+        }
+        Ok(pem) if !pem.windows(11).any(|w| w == b"-----BEGIN ") => {
+            c.err(path, format!("{} holds no PEM block", file.display()));
+            None
+        }
+        Ok(pem) => Some(pem),
+    }
+}
+
+/// `redis.username`, `redis.password_file` and `redis.tls`: read now, checked against what
+/// the URLs already say.
+fn check_access(c: &mut Checker, r: &RedisFile, endpoint: &RedisEndpoint) -> RedisAccess {
+    let urls: Vec<&String> = match endpoint {
+        RedisEndpoint::Single(u) => vec![u],
+        RedisEndpoint::Cluster(nodes) => nodes.iter().collect(),
+    };
+    let infos: Vec<_> = urls
+        .iter()
+        .filter_map(|u| ::redis::Client::open(u.as_str()).ok())
+        .map(|cl| cl.get_connection_info().redis_settings().clone())
+        .collect();
+    let mut access = RedisAccess::default();
+    let errors_before = c.errors.len();
+    if let Some(user) = &r.username {
+        if user.is_empty()
+            || user
+                .bytes()
+                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        {
+            c.err("redis.username", format!("invalid user name {user:?}"));
+        } else if infos.iter().any(|i| i.username().is_some()) {
+            c.err(
+                "redis.username",
+                "the URL names a user too: give it in one place",
+            );
+        } else {
+            access.username = Some(user.clone());
+        }
+    }
+    if let Some(name) = &r.password_file {
+        let file = resolve_relative(&c.file, name);
+        match std::fs::read_to_string(&file) {
+            Err(e) => c.err(
+                "redis.password_file",
+                format!("cannot read {}: {e}", file.display()),
+            ),
+            Ok(text) => {
+                // one line: the trailing newline an editor or `echo` adds is not part of it
+                let password = text.strip_suffix('\n').unwrap_or(&text);
+                let password = password.strip_suffix('\r').unwrap_or(password);
+                if password.is_empty() || password.contains('\n') {
+                    c.err(
+                        "redis.password_file",
+                        format!("{} must hold the password on one line", file.display()),
+                    );
+                } else if infos.iter().any(|i| i.password().is_some()) {
+                    c.err(
+                        "redis.password_file",
+                        "the URL holds a password too: give it in one place",
+                    );
+                } else {
+                    access.password = Some(password.to_string());
+                }
+            }
+        }
+    }
+    if let Some(tls) = &r.tls {
+        if let Some(u) = urls.iter().find(|u| !u.starts_with("rediss://")) {
+            c.err(
+                "redis.tls",
+                format!("applies to rediss:// URLs only, and {u:?} is not one"),
+            );
+        }
+        access.ca = tls.ca.as_ref().and_then(|f| read_pem(c, "redis.tls.ca", f));
+        match (&tls.cert, &tls.key) {
+            (Some(cert), Some(key)) => {
+                let cert = read_pem(c, "redis.tls.cert", cert);
+                let key = read_pem(c, "redis.tls.key", key);
+                if let (Some(cert), Some(key)) = (cert, key) {
+                    access.client = Some((cert, key));
+                }
+            }
+            (Some(_), None) => c.err("redis.tls", "`cert` needs its `key`"),
+            (None, Some(_)) => c.err("redis.tls", "`key` needs its `cert`"),
+            (None, None) => {}
+        }
+    }
+    if c.errors.len() == errors_before {
+        // as start-up will build the client, so that `-t` refuses what start-up would
+        for u in &urls {
+            if let Err(e) = crate::fleet_sync::backend::client(u, &access) {
+                c.err("redis", format!("{u:?}: {e}"));
+                break;
+            }
+        }
+    }
+    access
 }
