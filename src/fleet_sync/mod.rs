@@ -96,8 +96,6 @@ pub struct Finished {
     pub ok: bool,
     /// The link state before, when this round changed it.
     pub changed_from: Option<Link>,
-    /// Requests counted here that Redis has not confirmed yet.
-    pub unsent: u64,
 }
 
 /// The instance's side of the fleet accounting, without I/O.
@@ -438,11 +436,7 @@ impl Accounts {
             self.fleet.set_instances(instances);
         }
         let changed_from = self.fleet.set_connected(ok);
-        Finished {
-            ok,
-            changed_from,
-            unsent: self.outstanding(),
-        }
+        Finished { ok, changed_from }
     }
 
     /// Requests counted here that Redis has not confirmed.
@@ -488,12 +482,15 @@ impl SyncService {
                 .accounts
                 .begin_part(settings, periodic, from, ROUND_PART_UPDATES);
             let rest = part.rest;
-            if !self.exchange(settings, backend, part).await {
-                return false;
-            }
+            let ok = self.exchange(settings, backend, part).await;
             match rest {
-                Some(next) => from = Some(next),
-                None => return true,
+                Some(next) if ok => from = Some(next),
+                _ => {
+                    // once a round, not per part: it reads every counter
+                    let unsent = self.accounts.outstanding();
+                    self.metrics.redis_pending.set(unsent as i64);
+                    return ok;
+                }
             }
         }
     }
@@ -542,7 +539,6 @@ impl SyncService {
             }
         }
         let done = self.accounts.finish(round, &outcome);
-        self.metrics.redis_pending.set(done.unsent as i64);
         let instances = self.accounts.fleet.instances();
         match (&outcome, done.changed_from) {
             (Ok(_), changed) => {
