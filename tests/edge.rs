@@ -11,29 +11,8 @@ use pingora::tls::ssl::{SslConnector, SslMethod, SslStream, SslVerifyMode};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
-
-/// A self-signed EC certificate for `host` (also its subjectAltName) as `NAME.pem` and
-/// `NAME.key` in `dir`.
-fn make_cert(dir: &Path, name: &str, host: &str) {
-    let status = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-        .arg("ec_paramgen_curve:prime256v1")
-        .args(["-nodes", "-days", "2", "-subj"])
-        .arg(format!("/CN={host}"))
-        .arg("-addext")
-        .arg(format!("subjectAltName=DNS:{host}"))
-        .arg("-keyout")
-        .arg(dir.join(format!("{name}.key")))
-        .arg("-out")
-        .arg(dir.join(format!("{name}.pem")))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl (Debian package openssl) makes test certificates");
-    assert!(status.success(), "openssl req failed");
-}
 
 /// A TLS connection that does not verify, asking for `sni`.
 fn tls_connect(addr: SocketAddr, sni: &str) -> SslStream<TcpStream> {

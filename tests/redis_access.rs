@@ -6,29 +6,7 @@
 
 mod common;
 use common::*;
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
-
-/// A self-signed EC certificate for `host` (DNS name), as `NAME.pem` and `NAME.key` in `dir`.
-fn make_cert(dir: &Path, name: &str, host: &str) {
-    let status = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-        .arg("ec_paramgen_curve:prime256v1")
-        .args(["-nodes", "-days", "2", "-subj"])
-        .arg(format!("/CN={host}"))
-        .arg("-addext")
-        .arg(format!("subjectAltName=DNS:{host}"))
-        .arg("-keyout")
-        .arg(dir.join(format!("{name}.key")))
-        .arg("-out")
-        .arg(dir.join(format!("{name}.pem")))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl (Debian package openssl) makes test certificates");
-    assert!(status.success(), "openssl req failed");
-}
 
 /// The ACL the README gives for the gateway's user (key prefix `tollgate`).
 /// (redis-server takes each word of a directive as its own argument.)

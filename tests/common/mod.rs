@@ -786,3 +786,25 @@ impl Cluster {
         out
     }
 }
+
+/// A self-signed EC certificate for `host` (also its subjectAltName) as `NAME.pem` and
+/// `NAME.key` in `dir`.
+#[allow(dead_code)]
+pub fn make_cert(dir: &std::path::Path, name: &str, host: &str) {
+    let status = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .arg("ec_paramgen_curve:prime256v1")
+        .args(["-nodes", "-days", "2", "-subj"])
+        .arg(format!("/CN={host}"))
+        .arg("-addext")
+        .arg(format!("subjectAltName=DNS:{host}"))
+        .arg("-keyout")
+        .arg(dir.join(format!("{name}.key")))
+        .arg("-out")
+        .arg(dir.join(format!("{name}.pem")))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("openssl (Debian package openssl) makes test certificates");
+    assert!(status.success(), "openssl req failed");
+}
