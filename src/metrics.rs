@@ -128,7 +128,7 @@ impl Metrics {
         )?;
         let redis_pending = IntGauge::new(
             "tollgate_redis_pending_deltas",
-            "Tier counters holding counts that Redis has not confirmed yet (after the last round; one per tier of each counter, not a number of requests)",
+            "Requests counted here that Redis has not confirmed yet, after the last round (per counter, the most any of its tiers waits for)",
         )?;
         let fleet_held = IntCounter::new(
             "tollgate_fleet_held_total",

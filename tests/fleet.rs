@@ -182,6 +182,14 @@ fn redis_down_keeps_traffic_flowing_and_counts_arrive_when_it_returns() {
         metric_sum(&m, "tollgate_redis_pending_deltas") >= 7.0,
         "{m}"
     );
+    // the status page says the same, as requests
+    let status = common::request(gw.admin, "GET", "/api/status", &[])
+        .expect("status")
+        .json();
+    assert!(
+        status["redis"]["pending_requests"].as_i64() >= Some(7),
+        "{status}"
+    );
     assert!(metric_sum(&m, "tollgate_redis_sync_total{result=\"error\"}") >= 1.0);
     assert!(
         eventually(Duration::from_secs(3), || gw

@@ -273,7 +273,7 @@ pub fn status(
                 "last_round_end_ms": last.map(|(end, _)| end),
                 "last_round_duration_ms": last.map(|(_, us)| us as f64 / 1000.0),
                 "live_instances": fleet.instances(),
-                "pending_tier_counters": metrics.redis_pending.get(),
+                "pending_requests": metrics.redis_pending.get(),
             })
         }
     };
