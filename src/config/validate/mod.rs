@@ -59,6 +59,19 @@ impl Checker<'_> {
         self.push(self.loc.at(path), path, message.into());
     }
 
+    /// Read the file `name` (relative to the config) given at `path`: its location and
+    /// bytes, or an error at `path` saying why it cannot be read.
+    fn read_file(&mut self, path: &str, name: &str) -> Option<(PathBuf, Vec<u8>)> {
+        let file = resolve_relative(&self.file, name);
+        match std::fs::read(&file) {
+            Ok(bytes) => Some((file, bytes)),
+            Err(e) => {
+                self.err(path, format!("cannot read {}: {e}", file.display()));
+                None
+            }
+        }
+    }
+
     /// A warning about the value at `path`.
     fn warn(&mut self, path: &str, message: impl Into<String>) {
         let label = self.label;

@@ -81,18 +81,12 @@ pub(super) fn check_redis(c: &mut Checker, r: &RedisFile) -> Option<RedisSetting
 
 /// A PEM file named in the config (relative to it), read now.
 fn read_pem(c: &mut Checker, path: &str, name: &str) -> Option<Vec<u8>> {
-    let file = resolve_relative(&c.file, name);
-    match std::fs::read(&file) {
-        Err(e) => {
-            c.err(path, format!("cannot read {}: {e}", file.display()));
-            None
-        }
-        Ok(pem) if !pem.windows(11).any(|w| w == b"-----BEGIN ") => {
-            c.err(path, format!("{} holds no PEM block", file.display()));
-            None
-        }
-        Ok(pem) => Some(pem),
+    let (file, pem) = c.read_file(path, name)?;
+    if !pem.windows(11).any(|w| w == b"-----BEGIN ") {
+        c.err(path, format!("{} holds no PEM block", file.display()));
+        return None;
     }
+    Some(pem)
 }
 
 /// `redis.username`, `redis.password_file` and `redis.tls`: read now, checked against what
@@ -125,31 +119,22 @@ fn check_access(c: &mut Checker, r: &RedisFile, endpoint: &RedisEndpoint) -> Red
             access.username = Some(user.clone());
         }
     }
-    if let Some(name) = &r.password_file {
-        let file = resolve_relative(&c.file, name);
-        match std::fs::read_to_string(&file) {
-            Err(e) => c.err(
-                "redis.password_file",
-                format!("cannot read {}: {e}", file.display()),
-            ),
-            Ok(text) => {
-                // one line: the trailing newline an editor or `echo` adds is not part of it
-                let password = text.strip_suffix('\n').unwrap_or(&text);
-                let password = password.strip_suffix('\r').unwrap_or(password);
-                if password.is_empty() || password.contains('\n') {
-                    c.err(
-                        "redis.password_file",
-                        format!("{} must hold the password on one line", file.display()),
-                    );
-                } else if infos.iter().any(|i| i.password().is_some()) {
-                    c.err(
-                        "redis.password_file",
-                        "the URL holds a password too: give it in one place",
-                    );
-                } else {
-                    access.password = Some(password.to_string());
-                }
-            }
+    let path = "redis.password_file";
+    if let Some((file, bytes)) = r.password_file.as_ref().and_then(|n| c.read_file(path, n)) {
+        // one line: the trailing newline an editor or `echo` adds is not part of it
+        let text = String::from_utf8(bytes).unwrap_or_default();
+        let password = text.strip_suffix('\n').unwrap_or(&text);
+        let password = password.strip_suffix('\r').unwrap_or(password);
+        if password.is_empty() || password.contains('\n') {
+            let message = format!(
+                "{} must hold the password on one line (UTF-8)",
+                file.display()
+            );
+            c.err(path, message);
+        } else if infos.iter().any(|i| i.password().is_some()) {
+            c.err(path, "the URL holds a password too: give it in one place");
+        } else {
+            access.password = Some(password.to_string());
         }
     }
     if let Some(tls) = &r.tls {

@@ -33,23 +33,17 @@ pub(super) fn check_upstream_tls(c: &mut Checker, base: &str, t: &UpstreamTlsFil
         );
     }
     let ca = t.ca.as_ref().and_then(|ca| {
-        let file = resolve_relative(&c.file, ca);
         let path = format!("{base}.tls.ca");
-        match std::fs::read(&file) {
-            Err(e) => {
-                c.err(&path, format!("cannot read {}: {e}", file.display()));
+        let (file, pem) = c.read_file(&path, ca)?;
+        match crate::tls::X509::stack_from_pem(&pem) {
+            Ok(list) if !list.is_empty() => Some(Arc::new(list.into_boxed_slice())),
+            _ => {
+                c.err(
+                    &path,
+                    format!("{} holds no PEM certificate", file.display()),
+                );
                 None
             }
-            Ok(pem) => match crate::tls::X509::stack_from_pem(&pem) {
-                Ok(list) if !list.is_empty() => Some(Arc::new(list.into_boxed_slice())),
-                _ => {
-                    c.err(
-                        &path,
-                        format!("{} holds no PEM certificate", file.display()),
-                    );
-                    None
-                }
-            },
         }
     });
     if !t.verify {
