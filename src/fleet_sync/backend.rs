@@ -300,7 +300,7 @@ impl Exchange {
 #[async_trait]
 pub trait SyncBackend: Send + Sync {
     /// Apply the updates; answer each, and count the live instances (periodic rounds carry
-    /// the heartbeat). `Err` when nothing answered.
+    /// the heartbeat). `Err` when nothing answered. Never called for an empty round.
     async fn exchange(
         &self,
         updates: &[Update],
@@ -593,8 +593,8 @@ fn add_update(p: &mut redis::Pipeline, u: &Update) {
     });
 }
 
-/// The heartbeat: plain commands, not a script (a script call costs Redis some 50 us, these
-/// four about 5 us together). Not atomic, and need not be: each instance only adds itself and
+/// The heartbeat: plain commands, not a script (a script call costs Redis 50-85 us by INFO
+/// commandstats, these four 15-20 us together in `scripts/bench-redis-cost`). Not atomic, and need not be: each instance only adds itself and
 /// removes the silent ones, and the count is read last. Its answer is the last reply.
 fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
     p.cmd("ZADD").arg(&hb.key).arg(hb.now_ms).arg(&hb.instance);
@@ -737,9 +737,6 @@ impl SyncBackend for SingleRedis {
         updates: &[Update],
         hb: Option<&Heartbeat>,
     ) -> Result<Exchange, RoundError> {
-        if updates.is_empty() && hb.is_none() {
-            return Ok(Exchange::default());
-        }
         let mut conn = self.conn.clone();
         let mut values = query_round(&pipeline(updates.iter(), hb), &mut conn).await?;
         let n = updates.len() + if hb.is_some() { HEARTBEAT_REPLIES } else { 0 };
@@ -1001,9 +998,6 @@ impl SyncBackend for ClusterRedis {
         updates: &[Update],
         hb: Option<&Heartbeat>,
     ) -> Result<Exchange, RoundError> {
-        if updates.is_empty() && hb.is_none() {
-            return Ok(Exchange::default());
-        }
         let mut guard = self.topology.lock().await;
         let mut refreshed = false;
         if guard.as_ref().is_none_or(|t| t.stale) {

@@ -503,13 +503,19 @@ impl SyncService {
         round: Round,
     ) -> bool {
         let started = Instant::now();
-        let outcome = tokio::time::timeout(
-            backend.deadline(settings.timeout),
-            backend.exchange(&round.updates, round.heartbeat.as_ref()),
-        )
-        .await
-        .map_err(|_| RoundError::from(format!("no answer within {:?}", settings.timeout)))
-        .and_then(|r| r);
+        // nothing to send, nothing to ask: no I/O (an empty cluster round would find no node
+        // to answer it, and look like an outage)
+        let outcome = if round.updates.is_empty() && round.heartbeat.is_none() {
+            Ok(Exchange::default())
+        } else {
+            tokio::time::timeout(
+                backend.deadline(settings.timeout),
+                backend.exchange(&round.updates, round.heartbeat.as_ref()),
+            )
+            .await
+            .map_err(|_| RoundError::from(format!("no answer within {:?}", settings.timeout)))
+            .and_then(|r| r)
+        };
         self.metrics
             .redis_sync_duration
             .observe(started.elapsed().as_secs_f64());

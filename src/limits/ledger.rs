@@ -853,32 +853,24 @@ mod tests {
         );
         assert_eq!(s.ledger.short, 0);
         // Redis lost the key (a restart): what it had confirmed goes again
+        let periodic = Sizing {
+            periodic: true,
+            ..sizing
+        };
         let mut r = state();
         r.ledger.leased = false;
         r.ledger.used = 30;
         r.ledger.sent = 20;
         r.ledger.direct = 20;
         r.ledger.keyed = true;
-        let [None, Some(ask)] = drain(
-            &mut r,
-            Sizing {
-                periodic: true,
-                ..sizing
-            },
-        ) else {
+        let [None, Some(ask)] = drain(&mut r, periodic) else {
             panic!("a report")
         };
         assert!(!ask.first);
         apply_count(&mut r, &ask, 10, 10_000);
         assert_eq!((r.ledger.sent, r.ledger.unsent()), (10, 20));
         // a timed-out report is taken as counted: never twice
-        let [None, Some(ask)] = drain(
-            &mut r,
-            Sizing {
-                periodic: true,
-                ..sizing
-            },
-        ) else {
+        let [None, Some(ask)] = drain(&mut r, periodic) else {
             panic!("a report")
         };
         assume_counted(&mut r, &ask);
