@@ -651,7 +651,10 @@ fn quota_headers_tell_what_this_instance_knows() {
             break;
         }
     }
-    assert_eq!(admitted, 6, "{seen:?}");
+    // the README's bound for a threshold under 100: one credit per instance past it (an
+    // instance that has not heard of the other's admissions may take one on credit; seen
+    // with the whole of tests/fleet.rs running on 2 cores)
+    assert!((6..=7).contains(&admitted), "admitted {admitted}: {seen:?}");
     // the fleet has admitted the whole hour's threshold. An instance that has not heard so
     // yet may answer "retry after the next round" once (1 s); that denial asks for the round,
     // and from then on no room can appear before the hour ends, and Retry-After says so on
