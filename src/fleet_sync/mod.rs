@@ -226,6 +226,7 @@ impl Accounts {
                             horizon_ms,
                             left_ms: (st.window_start_ms + p).saturating_sub(now_ms),
                             periodic,
+                            bucket: counters.algorithm() == Algorithm::TokenBucket,
                         };
                         let asks = ledger::drain(st, sizing);
                         for ask in asks.into_iter().flatten() {

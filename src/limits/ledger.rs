@@ -569,6 +569,10 @@ pub struct Sizing {
     /// gives back leases nobody used since the last one. Early rounds carry only the records
     /// that ask.
     pub periodic: bool,
+    /// A token bucket: a lease is tokens out of the fleet's one bucket, which an unused lease
+    /// keeps out even after its window has ended (nothing lapses), so it always goes back at a
+    /// periodic round, whether or not others hold leases.
+    pub bucket: bool,
 }
 
 /// The asks of one tier for this round (previous window, current window). An ask wants the
@@ -627,8 +631,8 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
     }
     // a round carries a record that asks; a periodic one also what is unreported, and a lease
     // nobody used since the last periodic round while others want quota too (given back; a
-    // lease nobody else wants lapses with its window)
-    let give_back = holds && l.demand == 0 && l.contended;
+    // window's lease nobody else wants lapses with its window; a bucket's tokens would not)
+    let give_back = holds && l.demand == 0 && (l.contended || sizing.bucket);
     // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
     // comes back only as leases are given back there, or as time passes)
     let full = l.short >= 2 && l.demand > 0;
@@ -811,6 +815,7 @@ mod tests {
             horizon_ms: 1200,
             left_ms: 5000,
             periodic: false,
+            bucket: false,
         };
         let [None, Some(ask)] = drain(&mut s, sizing) else {
             panic!("a report")
@@ -855,6 +860,7 @@ mod tests {
         // Redis lost the key (a restart): what it had confirmed goes again
         let periodic = Sizing {
             periodic: true,
+            bucket: false,
             ..sizing
         };
         let mut r = state();
@@ -977,6 +983,7 @@ mod tests {
             horizon_ms: 250,
             left_ms: 5000,
             periodic: false,
+            bucket: false,
         };
         assert_eq!(
             drain(&mut s, early),
@@ -1012,6 +1019,16 @@ mod tests {
             ..periodic
         };
         assert_eq!(drain(&mut s, quiet), [None, None], "nobody else wants it");
+        // a bucket's tokens do not lapse with the window: they go back all the same
+        let mut b = s;
+        let bucket = Sizing {
+            bucket: true,
+            ..quiet
+        };
+        let [_, Some(back)] = drain(&mut b, bucket) else {
+            panic!("a bucket gives its unused tokens back")
+        };
+        assert_eq!((back.used, back.want, b.ledger.ceiling), (100, 100, 100));
         s.ledger.contended = true;
         let [_, Some(back)] = drain(&mut s, quiet) else {
             panic!("an ask")
@@ -1034,6 +1051,7 @@ mod tests {
             horizon_ms: 250,
             left_ms: 5000,
             periodic: true,
+            bucket: false,
         };
         let [_, Some(ask)] = drain(&mut s, sizing) else {
             panic!("an ask")
