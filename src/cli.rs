@@ -235,7 +235,7 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
                 instance_id(),
             ),
             metrics: metrics.clone(),
-            down_nodes: Default::default(),
+            slots_down: Default::default(),
             last_error: Default::default(),
         },
     ));

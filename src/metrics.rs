@@ -36,10 +36,10 @@ pub struct Metrics {
     pub fleet_held: IntCounter,
     /// `tollgate_redis_live_instances`
     pub redis_instances: IntGauge,
-    /// `tollgate_redis_node_rounds_total{node,result}`: rounds per Redis Cluster node.
-    pub redis_node_rounds: IntCounterVec,
-    /// `tollgate_redis_slot_map_refreshes_total`: Redis Cluster slot maps read.
-    pub redis_slot_map_refreshes: IntCounter,
+    /// `tollgate_redis_cluster_slots_down`: Redis Cluster slots whose node did not answer.
+    pub redis_slots_down: IntGauge,
+    /// `tollgate_redis_cluster_slot_rounds_total{result}`: slots' pipelines sent.
+    pub redis_slot_rounds: IntCounterVec,
     /// `tollgate_redis_connected`: 1 while the last round reached Redis.
     pub redis_connected: IntGauge,
     /// `tollgate_upstream_server_healthy{pool,server}`: 1 healthy, 0 down or skipped.
@@ -149,19 +149,19 @@ impl Metrics {
             ),
             &["pool", "server"],
         )?;
-        let redis_node_rounds = IntCounterVec::new(
+        let redis_slots_down = IntGauge::new(
+            "tollgate_redis_cluster_slots_down",
+            "Redis Cluster slots whose node did not answer the last round that went to them (their keys wait; on_failure applies to them)",
+        )?;
+        let redis_slot_rounds = IntCounterVec::new(
             Opts::new(
-                "tollgate_redis_node_rounds_total",
-                "Sync rounds sent to each Redis Cluster node (its pipeline), by node and result (ok, error: no answer within the timeout, refused or not connected)",
+                "tollgate_redis_cluster_slot_rounds_total",
+                "Pipelines sent to Redis Cluster slots (one per slot a round goes to), by result (ok, error: no answer within the timeout, refused, moved or not connected)",
             ),
-            &["node", "result"],
+            &["result"],
         )?;
-        let redis_slot_map_refreshes = IntCounter::new(
-            "tollgate_redis_slot_map_refreshes_total",
-            "Redis Cluster slot maps read (CLUSTER SLOTS): at start, and after a node failed or a slot moved",
-        )?;
-        registry.register(Box::new(redis_node_rounds.clone()))?;
-        registry.register(Box::new(redis_slot_map_refreshes.clone()))?;
+        registry.register(Box::new(redis_slots_down.clone()))?;
+        registry.register(Box::new(redis_slot_rounds.clone()))?;
         let queue_depth = IntGaugeVec::new(
             Opts::new(
                 "tollgate_pool_queue_depth",
@@ -227,8 +227,8 @@ impl Metrics {
             queue_depth,
             queue_waits,
             queue_refused,
-            redis_node_rounds,
-            redis_slot_map_refreshes,
+            redis_slots_down,
+            redis_slot_rounds,
         })
     }
 

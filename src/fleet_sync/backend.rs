@@ -280,10 +280,13 @@ pub struct Exchange {
     pub answers: Vec<Option<Reply>>,
     /// The live instance count (`None`: the heartbeat's node did not answer).
     pub instances: Option<u64>,
-    /// Cluster: each node the round went to, and whether it answered.
-    pub nodes: Vec<(String, bool)>,
-    /// Cluster: the slot map was read for this round (at start, or after a node failed).
-    pub refreshed: bool,
+    /// Cluster: how many slots the round went to answered, and how many did not (their keys
+    /// wait), and why.
+    pub slots_answered: usize,
+    pub slots_failed: usize,
+    pub slot_error: Option<String>,
+    /// Cluster: the slots whose last round did not answer, after this one.
+    pub slots_down: usize,
 }
 
 impl Exchange {
@@ -673,6 +676,15 @@ pub fn make(settings: &RedisSettings) -> Result<Box<dyn SyncBackend>, String> {
     })
 }
 
+/// rustls needs its cryptography chosen once per process: ring, the one this build carries.
+fn tls_crypto() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // an error: another part of the process chose first, which serves as well
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 /// The client of one Redis URL, with the credentials and TLS files of the config
 /// (`rediss://`: the server's certificate is checked against `tls.ca`, or the system's roots,
 /// for the URL's host name, which is also the name sent in SNI).
@@ -688,6 +700,7 @@ pub fn client(url: &str, access: &RedisAccess) -> Result<redis::Client, String> 
         login = login.set_password(password);
     }
     info = info.set_redis_settings(login);
+    tls_crypto();
     if access.ca.is_none() && access.client.is_none() {
         return redis::Client::open(info).map_err(|e| e.to_string());
     }
@@ -758,91 +771,22 @@ impl SyncBackend for SingleRedis {
     }
 }
 
-/// A Redis Cluster: the slot map is read from `CLUSTER SLOTS` and kept until a node fails or
-/// answers MOVED; each round sends one pipeline to each master that owns some of the keys,
-/// all at once, each bounded by the timeout. A node that does not answer holds up only its own
-/// keys: the others' answers are applied, and its counts wait for a later round (rounds are
-/// idempotent). After a failover the map read again names the promoted replica.
-/// Keys carry the `{partition}` hash tag, so a tenant's counters share a slot.
+/// A Redis Cluster, through the `redis` crate's cluster client (it reads the slot map, follows
+/// failovers and MOVED answers, and keeps one multiplexed connection per node). Keys carry the
+/// `{partition}` hash tag, so a tenant's keys share a slot; a round sends one pipeline per slot,
+/// all at once (the client multiplexes them on each node's connection), each bounded by the
+/// timeout. A node that does not answer holds up only its own slots: the others' answers are
+/// applied, and its counts wait for a later round (rounds are idempotent). The client retries
+/// nothing itself (`retries(0)`): a round is sent again whole by the next round, so that a
+/// request is never applied twice; an answer that the map is stale (MOVED) makes it read the
+/// map again before the next one.
 pub struct ClusterRedis {
-    seeds: Vec<String>,
-    access: RedisAccess,
+    client: redis::cluster::ClusterClient,
     timeout: Duration,
-    topology: tokio::sync::Mutex<Option<Topology>>,
-}
-
-struct Topology {
-    /// (first slot, last slot, index into `nodes`)
-    slots: Vec<(u16, u16, usize)>,
-    /// Each master's address, and its connection (`None`: it could not be reached).
-    nodes: Vec<(String, Option<redis::aio::MultiplexedConnection>)>,
-    /// A node failed or answered MOVED: read the map again before the next round.
-    stale: bool,
-}
-
-impl Topology {
-    fn node_of(&self, key: &str) -> Option<usize> {
-        let slot = key_slot(key.as_bytes());
-        self.slots
-            .iter()
-            .find(|(a, b, _)| (*a..=*b).contains(&slot))
-            .map(|(_, _, n)| *n)
-    }
-}
-
-/// A connection to one cluster node, set up and answering within `timeout`.
-async fn connect_node(
-    url: &str,
-    timeout: Duration,
-    access: &RedisAccess,
-) -> Result<redis::aio::MultiplexedConnection, String> {
-    let client = client(url, access)?;
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout));
-    tokio::time::timeout(
-        timeout * 2,
-        client.get_multiplexed_async_connection_with_config(&config),
-    )
-    .await
-    .map_err(|_| format!("{url}: not connected within {:?}", timeout * 2))?
-    .map_err(|e| e.to_string())
-}
-
-/// CRC16 (XMODEM), as Redis Cluster computes key slots.
-fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
-/// The cluster slot of a key: of its `{hash tag}` if it has a non-empty one.
-pub fn key_slot(key: &[u8]) -> u16 {
-    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &key[open + 1..];
-        rest.iter()
-            .position(|&b| b == b'}')
-            .filter(|&close| close > 0)
-            .map(|close| &rest[..close])
-    });
-    crc16(tagged.unwrap_or(key)) % 16384
-}
-
-fn text(v: &redis::Value) -> Option<String> {
-    match v {
-        redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-        redis::Value::SimpleString(s) => Some(s.clone()),
-        _ => None,
-    }
+    /// Made at the first round (the gateway starts with the cluster down as with it up).
+    conn: tokio::sync::Mutex<Option<redis::cluster_async::ClusterConnection>>,
+    /// The slots whose last round did not answer.
+    down: parking_lot::Mutex<std::collections::HashSet<redis::cluster_routing::Slot>>,
 }
 
 fn int(v: &redis::Value) -> Option<i64> {
@@ -857,137 +801,96 @@ impl ClusterRedis {
         let RedisEndpoint::Cluster(seeds) = &settings.endpoint else {
             return Err("not a cluster endpoint".into());
         };
-        // the nodes found in the slot map log in as the seeds do: a user or password given
-        // in a seed's URL applies to them all
-        let mut access = settings.access.clone();
-        if let Some(login) = seeds
-            .first()
-            .and_then(|u| redis::Client::open(u.as_str()).ok())
-            .map(|c| c.get_connection_info().redis_settings().clone())
-        {
-            if access.username.is_none() {
-                access.username = login.username().map(str::to_string);
-            }
-            if access.password.is_none() {
-                access.password = login.password().map(str::to_string);
-            }
+        let access = &settings.access;
+        tls_crypto();
+        let mut infos = Vec::with_capacity(seeds.len());
+        for url in seeds {
+            let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                .map_err(|e| e.to_string())?;
+            // no `CLIENT SETINFO` at connect: one command fewer for the ACL the README gives
+            let login = info.redis_settings().clone().set_skip_set_lib_name();
+            infos.push(info.set_redis_settings(login));
+        }
+        // a user or password in a seed's URL applies to every node, as the client does
+        let mut b = redis::cluster::ClusterClientBuilder::new(infos)
+            .connection_timeout(settings.timeout)
+            .response_timeout(settings.timeout)
+            .retries(0);
+        if let Some(user) = &access.username {
+            b = b.username(user);
+        }
+        if let Some(password) = &access.password {
+            b = b.password(password);
+        }
+        if access.ca.is_some() || access.client.is_some() {
+            b = b.certs(redis::TlsCertificates {
+                client_tls: access
+                    .client
+                    .as_ref()
+                    .map(|(cert, key)| redis::ClientTlsConfig {
+                        client_cert: cert.clone(),
+                        client_key: key.clone(),
+                    }),
+                root_cert: access.ca.clone(),
+            });
         }
         Ok(ClusterRedis {
-            seeds: seeds.clone(),
-            access,
+            client: b.build().map_err(|e| e.to_string())?,
             timeout: settings.timeout,
-            topology: tokio::sync::Mutex::new(None),
+            conn: tokio::sync::Mutex::new(None),
+            down: Default::default(),
         })
     }
 
-    async fn connect(&self, url: &str) -> Result<redis::aio::MultiplexedConnection, String> {
-        connect_node(url, self.timeout, &self.access).await
-    }
-
-    /// Read the slot map from the first seed that answers (the masters of the last map first,
-    /// then the configured seeds), and connect to every master, keeping the connections of
-    /// `old` to the same addresses. A master that cannot be reached gets no connection: its
-    /// slots wait, the others go on.
-    async fn discover(&self, old: Option<Topology>) -> Result<Topology, String> {
-        let mut last_error = String::from("no seed nodes");
-        let mut known: Vec<(String, Option<redis::aio::MultiplexedConnection>)> =
-            old.map(|t| t.nodes).unwrap_or_default();
-        let mut candidates: Vec<String> = known
-            .iter()
-            .filter(|(_, c)| c.is_some())
-            .map(|(a, _)| a.clone())
-            .collect();
-        candidates.extend(self.seeds.iter().cloned());
-        for seed in &candidates {
-            let reused = known
-                .iter()
-                .find(|(a, c)| a == seed && c.is_some())
-                .and_then(|(_, c)| c.clone());
-            let mut conn = match reused {
-                Some(c) => c,
-                None => match self.connect(seed).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        last_error = e;
-                        continue;
-                    }
-                },
-            };
-            let reply: redis::Value = match redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async(&mut conn)
-                .await
-            {
-                Ok(v) => v,
-                Err(e) => {
-                    last_error = e.to_string();
-                    continue;
-                }
-            };
-            let redis::Value::Array(ranges) = reply else {
-                last_error = "unexpected CLUSTER SLOTS answer".into();
-                continue;
-            };
-            let scheme = if seed.starts_with("rediss://") {
-                "rediss"
-            } else {
-                "redis"
-            };
-            let mut addrs: Vec<String> = Vec::new();
-            let mut slots = Vec::new();
-            for r in ranges {
-                let redis::Value::Array(parts) = r else {
-                    continue;
-                };
-                let (Some(a), Some(b), Some(redis::Value::Array(master))) = (
-                    parts.first().and_then(int),
-                    parts.get(1).and_then(int),
-                    parts.get(2),
-                ) else {
-                    continue;
-                };
-                let (Some(host), Some(port)) =
-                    (master.first().and_then(text), master.get(1).and_then(int))
-                else {
-                    continue;
-                };
-                let addr = format!("{scheme}://{host}:{port}");
-                let idx = addrs.iter().position(|x| *x == addr).unwrap_or_else(|| {
-                    addrs.push(addr.clone());
-                    addrs.len() - 1
-                });
-                slots.push((a as u16, b as u16, idx));
-            }
-            // connect to the masters not connected yet, all at once
-            let mut nodes = Vec::with_capacity(addrs.len());
-            let mut pending = Vec::new();
-            for a in &addrs {
-                let kept = known
-                    .iter_mut()
-                    .find(|(x, c)| x == a && c.is_some())
-                    .and_then(|(_, c)| c.take());
-                match kept {
-                    Some(c) => nodes.push((a.clone(), Some(c))),
-                    None => {
-                        let (url, timeout, access) = (a.clone(), self.timeout, self.access.clone());
-                        pending.push((
-                            nodes.len(),
-                            tokio::spawn(async move { connect_node(&url, timeout, &access).await }),
-                        ));
-                        nodes.push((a.clone(), None));
-                    }
-                }
-            }
-            for (i, task) in pending {
-                nodes[i].1 = task.await.ok().and_then(Result::ok);
-            }
-            return Ok(Topology {
-                slots,
-                nodes,
-                stale: false,
-            });
+    /// The cluster connection, made now if it is not yet (reading the slot map from a seed).
+    async fn connection(&self) -> Result<redis::cluster_async::ClusterConnection, RoundError> {
+        let mut guard = self.conn.lock().await;
+        if let Some(c) = guard.as_ref() {
+            return Ok(c.clone());
         }
-        Err(last_error)
+        let made = tokio::time::timeout(self.timeout * 2, self.client.get_async_connection())
+            .await
+            .map_err(|_| RoundError {
+                message: format!("no cluster node answered within {:?}", self.timeout * 2),
+                unapplied: true,
+            })?
+            .map_err(|e| RoundError {
+                message: e.to_string(),
+                // nothing was sent yet
+                unapplied: true,
+            })?;
+        *guard = Some(made.clone());
+        Ok(made)
+    }
+}
+
+/// One slot's pipeline on the cluster connection (loading the script on that slot's master if
+/// it does not know it): its replies, in order.
+async fn query_slot(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    p: &redis::Pipeline,
+    n: usize,
+    route: redis::cluster_routing::Route,
+) -> redis::RedisResult<Vec<redis::Value>> {
+    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+    let to = || SingleNodeRoutingInfo::SpecificNode(route);
+    // the cluster client answers a pipeline's replies as they are, errors included
+    let no_script = |values: &[redis::Value]| {
+        values.iter().any(|v| {
+            matches!(v, redis::Value::ServerError(e)
+                if e.kind() == Some(redis::ServerErrorKind::NoScript))
+        })
+    };
+    match conn.route_pipeline(p.clone(), 0, n, to()).await {
+        Ok(values) if no_script(&values) => {
+            // a script that was not known ran nothing: the pipeline goes again whole
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(LEDGER_SCRIPT);
+            conn.route_command(load, RoutingInfo::SingleNode(to()))
+                .await?;
+            conn.route_pipeline(p.clone(), 0, n, to()).await
+        }
+        r => r,
     }
 }
 
@@ -998,50 +901,39 @@ impl SyncBackend for ClusterRedis {
         updates: &[Update],
         hb: Option<&Heartbeat>,
     ) -> Result<Exchange, RoundError> {
-        let mut guard = self.topology.lock().await;
-        let mut refreshed = false;
-        if guard.as_ref().is_none_or(|t| t.stale) {
-            let old = guard.take();
-            *guard = Some(self.discover(old).await?);
-            refreshed = true;
-        }
-        let Some(topo) = guard.as_mut() else {
-            return Err("no cluster topology".into());
-        };
-        // group by master: one pipeline (one round trip) per node
-        let hb_node = hb.and_then(|hb| topo.node_of(&hb.key));
-        let mut per_node: Vec<Vec<usize>> = vec![Vec::new(); topo.nodes.len()];
-        let mut unmapped = false;
+        use redis::cluster_routing::{Route, Slot, SlotAddr};
+        let conn = self.connection().await?;
+        // group by slot: one pipeline each (a pipeline may not cross slots)
+        let mut slots: HashMap<Slot, Vec<usize>> = HashMap::new();
         for (i, u) in updates.iter().enumerate() {
-            match topo.node_of(u.key()) {
-                Some(n) => per_node[n].push(i),
-                None => unmapped = true,
-            }
+            slots.entry(Slot::for_key(u.key())).or_default().push(i);
         }
-        let mut nodes_seen = Vec::new();
-        for (n, idxs) in per_node.iter().enumerate() {
-            if idxs.is_empty() && Some(n) != hb_node {
-                continue;
-            }
-            let (addr, conn) = &topo.nodes[n];
-            let Some(conn) = conn.clone() else {
-                nodes_seen.push((n, addr.clone(), None));
-                continue;
-            };
-            let p = pipeline(
-                idxs.iter().filter_map(|&i| updates.get(i)),
-                hb.filter(|_| Some(n) == hb_node),
-            );
-            let timeout = self.timeout;
-            let mut conn = conn;
-            // this node's updates, for the later steps of its plain increments
+        let hb_slot = hb.map(|hb| Slot::for_key(&hb.key));
+        if let Some(s) = hb_slot {
+            slots.entry(s).or_default();
+        }
+        let mut tasks = Vec::with_capacity(slots.len());
+        for (slot, idxs) in slots {
+            let with_hb = hb.filter(|_| Some(slot) == hb_slot);
+            let p = pipeline(idxs.iter().filter_map(|&i| updates.get(i)), with_hb);
+            let n = idxs.len()
+                + if with_hb.is_some() {
+                    HEARTBEAT_REPLIES
+                } else {
+                    0
+                };
             let mine: Vec<Update> = idxs
                 .iter()
                 .filter_map(|&i| updates.get(i).cloned())
                 .collect();
+            let (mut conn, timeout) = (conn.clone(), self.timeout);
             let task = tokio::spawn(async move {
                 let run = async {
-                    let values = query_round(&p, &mut conn).await?;
+                    let route = Route::with_slot(slot, SlotAddr::Master);
+                    let values = query_slot(&mut conn, &p, n, route).await?;
+                    if values.len() != n {
+                        return Err(format!("expected {n} answers, got {}", values.len()).into());
+                    }
                     let mut answers = vec![None; mine.len()];
                     let pending = first_replies(&mine, 0..mine.len(), &values, &mut answers)?;
                     finish_counts(&mut conn, &mine, pending, &mut answers).await?;
@@ -1053,75 +945,66 @@ impl SyncBackend for ClusterRedis {
                     .map_err(|_| RoundError::from(format!("no answer within {timeout:?}")))
                     .and_then(|r| r)
             });
-            nodes_seen.push((n, addr.clone(), Some(task)));
+            tasks.push((slot, idxs, with_hb.is_some(), task));
         }
         let mut out = Exchange {
             answers: vec![None; updates.len()],
-            instances: None,
-            nodes: Vec::new(),
-            refreshed,
+            ..Exchange::default()
         };
         let mut last_error = None;
-        for (n, addr, task) in nodes_seen {
-            let result = match task {
-                None => Err(RoundError::from("not connected")),
-                Some(t) => t
-                    .await
-                    .map_err(|e| RoundError::from(e.to_string()))
-                    .and_then(|r| r),
-            };
+        let mut heard = Vec::with_capacity(tasks.len());
+        for (slot, idxs, with_hb, task) in tasks {
+            let result = task
+                .await
+                .map_err(|e| RoundError::from(e.to_string()))
+                .and_then(|r| r);
             match result {
                 Ok((answers, instances)) => {
-                    for (k, &i) in per_node[n].iter().enumerate() {
+                    for (k, &i) in idxs.iter().enumerate() {
                         out.answers[i] = answers.get(k).copied().flatten();
                     }
-                    if Some(n) == hb_node {
+                    if with_hb {
                         out.instances = instances.map(|i| i.max(1) as u64);
                     }
-                    out.nodes.push((addr, true));
+                    out.slots_answered += 1;
+                    heard.push((slot, true));
                 }
                 Err(e) => {
-                    // slots may have moved (MOVED) or the node is gone: read the map again
-                    topo.stale = true;
-                    last_error = Some(format!("{addr}: {e}"));
-                    out.nodes.push((addr, false));
+                    out.slots_failed += 1;
+                    heard.push((slot, false));
+                    last_error = Some(e);
                 }
             }
         }
-        if unmapped {
-            topo.stale = true;
+        let mut down = self.down.lock();
+        for (slot, ok) in heard {
+            if ok {
+                down.remove(&slot);
+            } else {
+                down.insert(slot);
+            }
         }
-        if out.nodes.iter().all(|(_, ok)| !ok) {
-            return Err(last_error
-                .unwrap_or_else(|| "no node answered".into())
-                .into());
+        out.slots_down = down.len();
+        drop(down);
+        match last_error {
+            Some(e) if out.slots_answered == 0 => Err(e),
+            Some(e) => {
+                out.slot_error = Some(e.message);
+                Ok(out)
+            }
+            None => Ok(out),
         }
-        Ok(out)
     }
 
     fn deadline(&self, timeout: Duration) -> Duration {
-        // reading the map (a seed's connect and CLUSTER SLOTS, the masters' connects), then
-        // the nodes' answers
-        timeout * 4
+        // the connection first (a seed's connect and the slot map), then the slots' answers
+        timeout * 3 + timeout / 2
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slots_follow_the_hash_tag() {
-        // reference values from the Redis Cluster specification / CLUSTER KEYSLOT
-        assert_eq!(key_slot(b"123456789"), 12739);
-        assert_eq!(key_slot(b"foo"), 12182);
-        assert_eq!(key_slot(b"tollgate:{acme}:r:0:10"), key_slot(b"acme"));
-        assert_eq!(
-            key_slot(b"a{}b"),
-            key_slot(b"a{}b"),
-            "empty tag: the whole key"
-        );
-    }
 
     #[test]
     fn replies_become_answers_and_plain_increments_take_their_steps() {

@@ -459,9 +459,9 @@ pub struct SyncService {
     pub shared: SharedSnapshot,
     pub accounts: Accounts,
     pub metrics: Arc<Metrics>,
-    /// Cluster nodes whose last round failed (logged when they fail and when they answer
+    /// Redis Cluster slots whose last round failed (logged when some fail and when all answer
     /// again, not at every round).
-    pub down_nodes: parking_lot::Mutex<Vec<String>>,
+    pub slots_down: std::sync::atomic::AtomicUsize,
     /// The last failure logged: while Redis stays unreachable, a new reason is logged (a
     /// certificate refused, a password wrong), the same one not again.
     pub last_error: parking_lot::Mutex<Option<String>>,
@@ -521,28 +521,24 @@ impl SyncService {
             .redis_sync_duration
             .observe(started.elapsed().as_secs_f64());
         if let Ok(ex) = &outcome {
-            for (node, ok) in &ex.nodes {
-                let result = if *ok { "ok" } else { "error" };
-                self.metrics
-                    .redis_node_rounds
-                    .with_label_values(&[node.as_str(), result])
-                    .inc();
-                let mut down = self.down_nodes.lock();
-                let was_down = down.iter().position(|n| n == node);
-                match (ok, was_down) {
-                    (false, None) => {
-                        log::warn!("redis: cluster node {node} did not answer; its keys wait for a later round, on_failure applies to them");
-                        down.push(node.clone());
-                    }
-                    (true, Some(i)) => {
-                        log::info!("redis: cluster node {node} answers again");
-                        down.swap_remove(i);
-                    }
+            if ex.slots_answered + ex.slots_failed > 0 {
+                let m = &self.metrics;
+                m.redis_slot_rounds
+                    .with_label_values(&["ok"])
+                    .inc_by(ex.slots_answered as u64);
+                m.redis_slot_rounds
+                    .with_label_values(&["error"])
+                    .inc_by(ex.slots_failed as u64);
+                m.redis_slots_down.set(ex.slots_down as i64);
+                let was = self.slots_down.swap(ex.slots_down, Ordering::Relaxed);
+                match (was, ex.slots_down) {
+                    (0, n) if n > 0 => log::warn!(
+                        "redis: {n} cluster slot(s) did not answer ({}); their keys wait for a later round, on_failure applies to them",
+                        ex.slot_error.as_deref().unwrap_or("no answer")
+                    ),
+                    (w, 0) if w > 0 => log::info!("redis: every cluster slot answers again"),
                     _ => {}
                 }
-            }
-            if ex.refreshed {
-                self.metrics.redis_slot_map_refreshes.inc();
             }
         }
         let done = self.accounts.finish(round, &outcome);

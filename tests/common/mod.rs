@@ -808,3 +808,63 @@ pub fn make_cert(dir: &std::path::Path, name: &str, host: &str) {
         .expect("openssl (Debian package openssl) makes test certificates");
     assert!(status.success(), "openssl req failed");
 }
+
+/// `<name>.pem` and `<name>.key` for `host`, signed by the CA `<ca>.pem` / `<ca>.key` (made
+/// with `make_cert`): a leaf (`CA:FALSE`), as rustls requires of the certificate it verifies.
+pub fn make_signed_cert(dir: &std::path::Path, ca: &str, name: &str, host: &str) {
+    let run = |args: &[&str]| {
+        let status = std::process::Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl (Debian package openssl) makes test certificates");
+        assert!(status.success(), "openssl {args:?} failed");
+    };
+    let (key, csr, pem) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.pem"),
+    );
+    let ext = format!("{name}.ext");
+    std::fs::write(
+        dir.join(&ext),
+        format!("basicConstraints=critical,CA:FALSE\nsubjectAltName=DNS:{host}\n"),
+    )
+    .expect("extension file");
+    let subj = format!("/CN={host}");
+    run(&[
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        &subj,
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+    ]);
+    let (ca_pem, ca_key) = (format!("{ca}.pem"), format!("{ca}.key"));
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca_pem,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        &ext,
+        "-out",
+        &pem,
+    ]);
+}
