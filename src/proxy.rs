@@ -85,8 +85,9 @@ const CLIENT_GONE: http::StatusCode = match http::StatusCode::from_u16(499) {
 
 /// `action: delay`, and requests held for the fleet: wait while the decision says so, up to
 /// `max_delay` (then reject); a held request waits while rounds keep ending (each round that
-/// ends gives it the fleet's hold limit again, up to four in all), then `decide_after_hold`:
-/// refused if Redis answered meanwhile, `on_failure` if it did not. Returns the last decision
+/// ends gives it the fleet's hold limit again, up to four in all), then `decide_after_hold`
+/// (`on_failure` if Redis did not answer meanwhile; refused if an answer could not grant it;
+/// else its part of what the last answer left). Returns the last decision
 /// and whether the request waited for `action: delay`.
 async fn hold(
     limiter: &crate::limits::Limiter,

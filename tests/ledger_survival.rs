@@ -91,6 +91,17 @@ impl Fleet {
     }
 
     fn decide(&self, limiter: &Limiter, cfg: &Config, tenant: &str) -> tollgate::limits::Decision {
+        self.decide_as(limiter, cfg, tenant, false)
+    }
+
+    /// `after_hold`: for a request held as long as it may (`decide_after_hold`).
+    fn decide_as(
+        &self,
+        limiter: &Limiter,
+        cfg: &Config,
+        tenant: &str,
+        after_hold: bool,
+    ) -> tollgate::limits::Decision {
         let headers = HeaderMap::new();
         let segments = tollgate::matching::Segments::new("/x");
         let req = LimitRequest {
@@ -101,7 +112,11 @@ impl Fleet {
             client_ip: "10.0.0.1".parse().expect("ip"),
             headers: &headers,
         };
-        limiter.decide(&req, &cfg.plans)
+        if after_hold {
+            limiter.decide_after_hold(&req, &cfg.plans)
+        } else {
+            limiter.decide(&req, &cfg.plans)
+        }
     }
 
     /// Admit `n` requests of `tenant`, with a round whenever the instance needs a lease.
@@ -302,6 +317,41 @@ fn a_request_past_the_lease_is_held_and_a_shadow_rule_never_holds() {
 }
 
 #[test]
+fn a_request_held_while_rounds_are_only_slow_is_decided_as_on_failure_says_not_refused() {
+    let mut f = Fleet::new();
+    let cfg = config(RULE_10S, "", 1000);
+    let limiter = f.limiter(&cfg);
+    f.round(&cfg); // connected
+    let mut v = Verdict::Allow;
+    for _ in 0..2000 {
+        v = f.verdict(&limiter, &cfg, "acme");
+        if v != Verdict::Allow {
+            break;
+        }
+    }
+    assert_eq!(v, Verdict::Hold);
+    // no answer came in time (a busy machine, a stalling Redis) and none said the fleet is
+    // full: admitted within this instance's share (on_failure: local_share), never refused
+    // for a slow round
+    for _ in 0..10 {
+        assert_eq!(
+            f.decide_as(&limiter, &cfg, "acme", true).verdict,
+            Verdict::Allow
+        );
+    }
+    // and counted: the next round reports them
+    let round = f.begin(&cfg);
+    assert!(
+        round
+            .updates
+            .iter()
+            .any(|u| matches!(u, Update::Lease(l) if l.used >= 10)),
+        "{:?}",
+        round.updates
+    );
+}
+
+#[test]
 fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_ends() {
     let mut f = Fleet::new();
     let cfg = config(
@@ -347,6 +397,11 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
     assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Hold);
     f.round(&cfg);
     assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Hold);
+    // held as long as it may after that answer: refused (an answer said the fleet is full)
+    assert!(matches!(
+        f.decide_as(&limiter, &cfg, "acme", true).verdict,
+        Verdict::Reject { status: 429 }
+    ));
     f.round(&cfg);
     // a second answer without room: refused, and told to come back when the window ends
     let d = f.decide(&limiter, &cfg, "acme");

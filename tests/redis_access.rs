@@ -256,7 +256,8 @@ fn counts_reach_a_tls_redis_cluster_as_an_acl_user_verified_against_the_ca() {
     make_signed_cert(&certs.0, "ca", "server", "localhost");
     let p = |n: &str| certs.0.join(n).display().to_string();
     let (cert, key, ca) = (p("server.pem"), p("server.key"), p("ca.pem"));
-    let tls_ports: Vec<String> = (0..3).map(|_| free_port().to_string()).collect();
+    // below the cluster buses' ports (each node's port + 10000), as the nodes' own ports are
+    let tls_ports: Vec<String> = (0..3).map(|_| free_port_with_bus().to_string()).collect();
     let nodes: Vec<RedisServer> = tls_ports
         .iter()
         .map(|tp| {

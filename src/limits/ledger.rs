@@ -440,6 +440,20 @@ fn share(state: &TierState, tier: &Tier, n: u64) -> Option<(u64, u64)> {
     Some((state.current, l.base + share))
 }
 
+/// A request held as long as it may while no answer said the fleet is full (the rounds were
+/// only slow: a busy machine, a stalling Redis): does it fit as if its counter's Redis node did
+/// not answer under `local_share` (`share`)? Its lease, plus its part of what nobody held at
+/// the last answer; with no answer yet in this window, a window's part of what was left, and
+/// nothing for a token bucket.
+pub fn fits_after_hold(state: &TierState, tier: &Tier, algorithm: Algorithm, n: u64) -> bool {
+    let l = &state.ledger;
+    if l.fair > 0 {
+        return l.used < l.ceiling.max(l.sent) + l.room / n.max(1);
+    }
+    algorithm != Algorithm::TokenBucket
+        && share(state, tier, n.max(2)).is_some_and(|(counted, cap)| counted < cap)
+}
+
 /// How a request was admitted, for the fleet's accounting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admitted {

@@ -560,8 +560,9 @@ impl Limiter {
     }
 
     /// Decide for a request that was held as long as it may (`FleetState::hold_ms`): never
-    /// held again. If Redis did not answer meanwhile, `on_failure` decides; if it answered
-    /// without granting it, the fleet is full (the request is refused).
+    /// held again. If Redis did not answer meanwhile, `on_failure` decides; if an answer could
+    /// not grant what waited, the fleet is full (refused); else the rounds were only slow, and
+    /// it takes its part of what the last answer left (`ledger::fits_after_hold`).
     pub fn decide_after_hold(&self, req: &LimitRequest, plans: &Plans) -> Decision {
         self.decide_in(req, plans, self.fleet.mode_without_answer(), Patience::Over)
     }
@@ -719,8 +720,19 @@ impl Limiter {
             let fleet = match verdict.allowed {
                 false => Ceiling::Open,
                 true => match ledger::ceiling(state, tier, algo, now_ms, leased, shared) {
-                    // held as long as it may while Redis answered: no grant came for it
-                    Ceiling::LeaseUsed if patience == Patience::Over => Ceiling::FleetFull,
+                    // held as long as it may while Redis answered: if an answer could not
+                    // grant what waited here, the fleet is full; if none said so, the rounds
+                    // were only slow (a busy machine, a stalling Redis): it takes its part of
+                    // what the last answer left (`ledger::fits_after_hold`)
+                    Ceiling::LeaseUsed if patience == Patience::Over => {
+                        let n = self.fleet.instances();
+                        if state.ledger.short == 0 && ledger::fits_after_hold(state, tier, algo, n)
+                        {
+                            Ceiling::Open
+                        } else {
+                            Ceiling::FleetFull
+                        }
+                    }
                     c => c,
                 },
             };
