@@ -906,3 +906,71 @@ fn a_tenant_far_under_its_limit_sees_only_200_while_redis_is_stopped_and_resumed
 fn a_tenant_far_under_its_limit_sees_only_200_while_redis_is_killed_and_restarted() {
     far_under_the_limit_through(|r| r.kill(), |r| r.restart());
 }
+
+/// `maxmemory-policy noeviction` (README "Running Redis"): a full Redis refuses the gateway's
+/// writes, which is Redis failing: `on_failure` applies (here `local`: every request of a
+/// tenant far under its limit is answered 200), the reason is logged, and once Redis has room
+/// again the counts made meanwhile arrive, each once (a refused write was not applied).
+#[test]
+fn a_full_redis_with_noeviction_is_redis_failing_and_its_counts_arrive_once_it_has_room() {
+    let redis =
+        RedisServer::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]);
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}\n  on_failure: local", redis.url()),
+        "[{ period: 1h, threshold: 1000 }]",
+        "",
+    );
+    let gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    avoid_window_edge(3_600_000, 60_000);
+    let tenants: Vec<String> = (0..5).map(|i| format!("t{i}")).collect();
+    let in_redis = || -> i64 {
+        tenants
+            .iter()
+            .flat_map(|t| redis.counter_keys(&format!("tg:{{{t}}}:*")))
+            .map(|k| redis.int(&["GET", &k]))
+            .sum()
+    };
+    // each tenant's first request reaches Redis: its key exists
+    for t in &tenants {
+        assert_eq!(gw.get("/x", &[("x-org-id", t)]).status, 200);
+    }
+    let mut sent = tenants.len() as i64;
+    assert!(eventually(Duration::from_secs(10), || in_redis() == sent));
+    // Redis is full: past its maxmemory (as if others' data had filled it), it refuses writes
+    redis.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+    for round in 0..2 {
+        for t in &tenants {
+            assert_eq!(
+                gw.get("/x", &[("x-org-id", t)]).status,
+                200,
+                "round {round}"
+            );
+            sent += 1;
+        }
+        if round == 0 {
+            assert!(
+                wait_redis_state(&gw, "disconnected"),
+                "a full Redis is Redis failing; log:\n{}",
+                gw.log()
+            );
+        }
+    }
+    assert!(
+        gw.log().contains("OOM"),
+        "the reason is logged:\n{}",
+        gw.log()
+    );
+    // room again: the gateway reconnects and every count made meanwhile arrives, once (a
+    // write Redis refused was not applied: it is sent again, not taken as counted)
+    redis.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+    wait_connected(&gw);
+    assert!(
+        eventually(Duration::from_secs(10), || in_redis() == sent),
+        "Redis holds {} of {sent}; log:\n{}",
+        in_redis(),
+        gw.log()
+    );
+}

@@ -68,20 +68,28 @@ impl std::fmt::Display for RoundError {
     }
 }
 
-/// Run a round's pipeline; if the server does not know the scripts (first use, a restart, a
-/// failover, `SCRIPT FLUSH`), load them and run it once more. A script that was not known
-/// ran nothing, so running the pipeline again counts nothing twice.
+/// Whether a server refused a command because it does not know the script.
+fn no_script(values: &[redis::Value]) -> bool {
+    values.iter().any(|v| {
+        matches!(v, redis::Value::ServerError(e)
+            if e.kind() == Some(redis::ServerErrorKind::NoScript))
+    })
+}
+
+/// Run a round's pipeline (its errors come back in place, as replies); if the server does not
+/// know the scripts (first use, a restart, a failover, `SCRIPT FLUSH`), load them and run it
+/// once more. A script that was not known ran nothing, so running the pipeline again counts
+/// nothing twice.
 async fn query_round<C: redis::aio::ConnectionLike>(
     p: &redis::Pipeline,
     conn: &mut C,
 ) -> redis::RedisResult<Vec<redis::Value>> {
-    match p.query_async::<Vec<redis::Value>>(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            load_scripts(conn).await?;
-            p.query_async(conn).await
-        }
-        r => r,
+    let values: Vec<redis::Value> = p.query_async(conn).await?;
+    if no_script(&values) {
+        load_scripts(conn).await?;
+        return p.query_async(conn).await;
     }
+    Ok(values)
 }
 
 /// What one window record of one counter sends in a round: a lease ask (the script), or a
@@ -751,7 +759,11 @@ impl SyncBackend for SingleRedis {
         hb: Option<&Heartbeat>,
     ) -> Result<Exchange, RoundError> {
         let mut conn = self.conn.clone();
-        let mut values = query_round(&pipeline(updates.iter(), hb), &mut conn).await?;
+        let mut p = pipeline(updates.iter(), hb);
+        // each command's error in its place: a command Redis refused (a full Redis with
+        // `noeviction`: OOM; a replica: READONLY) was not applied, the others were
+        p.ignore_errors();
+        let mut values = query_round(&p, &mut conn).await?;
         let n = updates.len() + if hb.is_some() { HEARTBEAT_REPLIES } else { 0 };
         if values.len() != n {
             return Err(format!("expected {n} answers, got {}", values.len()).into());
@@ -760,8 +772,30 @@ impl SyncBackend for SingleRedis {
             Some(_) => values.pop().as_ref().and_then(int).map(|i| i.max(1) as u64),
             None => None,
         };
+        values.truncate(updates.len());
+        let mut refused = None;
+        let mut answered = Vec::with_capacity(values.len());
+        let mut replies = Vec::with_capacity(values.len());
+        for (i, v) in values.into_iter().enumerate() {
+            match v {
+                redis::Value::ServerError(e) => refused = Some(format!("{e:?}")),
+                v => {
+                    answered.push(i);
+                    replies.push(v);
+                }
+            }
+        }
+        if let Some(message) = refused.as_ref().filter(|_| answered.is_empty()) {
+            // Redis refused every update: nothing of the round was applied
+            return Err(RoundError {
+                message: message.clone(),
+                unapplied: true,
+            });
+        }
+        // the refused updates have no answer: they go again with a later round, and their
+        // counters fall back to `on_failure` meanwhile
         let mut answers = vec![None; updates.len()];
-        let pending = first_replies(updates, 0..updates.len(), &values, &mut answers)?;
+        let pending = first_replies(updates, answered.into_iter(), &replies, &mut answers)?;
         finish_counts(&mut conn, updates, pending, &mut answers).await?;
         Ok(Exchange {
             answers,
@@ -875,12 +909,6 @@ async fn query_slot(
     use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
     let to = || SingleNodeRoutingInfo::SpecificNode(route);
     // the cluster client answers a pipeline's replies as they are, errors included
-    let no_script = |values: &[redis::Value]| {
-        values.iter().any(|v| {
-            matches!(v, redis::Value::ServerError(e)
-                if e.kind() == Some(redis::ServerErrorKind::NoScript))
-        })
-    };
     match conn.route_pipeline(p.clone(), 0, n, to()).await {
         Ok(values) if no_script(&values) => {
             // a script that was not known ran nothing: the pipeline goes again whole
