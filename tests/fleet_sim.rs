@@ -639,7 +639,11 @@ fn simulate(s: &Scenario) -> Outcome {
                 if d.verdict != Verdict::Allow {
                     out.refusals += 1;
                     // judged a round trip later (see `judge_ms`)
-                    let failure = waited_out || !inst.fleet.is_connected();
+                    // under on_failure: a hold waited out, Redis down, or (Redis Cluster) the
+                    // counter's own node silent at its last round
+                    let failure = waited_out
+                        || !inst.fleet.is_connected()
+                        || first_state(&inst.limiter).is_some_and(|st| st.ledger.unreachable);
                     refused_now.push((i, failure));
                     if trace {
                         let st = first_state(&inst.limiter);
@@ -822,13 +826,22 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
             ));
         }
     }
-    // no refusal under 0.9 x threshold while Redis answers, stalls shorter than the timeout
-    // included. Not asserted yet (reported by the test, and in the notes): replies
-    // lost or Redis restarted empty (a lease granted in a lost reply, or lost with Redis, is
-    // stranded until its holder's next round), and a shard down (its counters fall back to
-    // on_failure alone). Token buckets are held to keeping 0.1 x threshold plus the spare budget
-    // (`SPARE_PERCENT`): tokens leased and not yet used are out of the bucket in Redis.
-    let asserted = matches!(s.faults, Faults::None | Faults::Stall);
+    // no refusal under 0.9 x threshold while Redis answers: stalls shorter than the timeout,
+    // a Redis Cluster node down (its counter's refusals are under on_failure: counted apart),
+    // and a restart of Redis for windows. Not asserted (reported by the test, and in the
+    // issue's notes): replies lost or later than the timeout (a lease granted in a lost reply
+    // is stranded until its holder's next round), and token buckets after a restart (the
+    // tokens each instance admitted meanwhile are charged from Redis's last answer, but only
+    // the first instance to report finds the refill since then: one `tat` cannot place the
+    // others' behind the lease it took). Token buckets are held to keeping 0.1 x threshold
+    // plus the spare budget (`SPARE_PERCENT`): tokens leased and not yet used are out of the
+    // bucket in Redis.
+    let asserted = std::env::var("FLEET_SIM_ALL").is_ok()
+        || match s.faults {
+            Faults::None | Faults::Stall | Faults::ShardDown => true,
+            Faults::Restart => !s.bucket,
+            Faults::SlowAndLost => false,
+        };
     if asserted && !o.false_refusals.is_empty() {
         let (step, i, count) = o.false_refusals[0];
         why.push(format!(

@@ -102,6 +102,7 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
             } else {
                 0
             },
+            since_ms: 0,
         };
         let up = if sliding {
             up
@@ -109,6 +110,12 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
             LedgerUpdate {
                 prev_ledger_key: "t:{p}:r:bucket".into(),
                 now_ms: NOW + step * 3,
+                // tokens admitted since up to 2 s ago (0: now)
+                since_ms: if rng.below(2) == 0 {
+                    NOW + step * 3 - rng.below(2000).min(step * 3)
+                } else {
+                    0
+                },
                 ..up
             }
         } else {
@@ -154,6 +161,7 @@ fn window_update(key: &str, member: &str, used: u64, want: u64, cap: u64) -> Led
         confirmed: 0,
         prev_key: key.into(),
         direct_cap: 0,
+        since_ms: 0,
     }
 }
 

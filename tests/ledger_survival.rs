@@ -390,6 +390,7 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
             spare: 4,
             confirmed: 0,
             direct_cap: 0,
+            since_ms: 0,
         },
     );
     // the cold credit, then held; one answer without room: held once more (asked again)
@@ -461,4 +462,33 @@ fn a_round_in_parts_sends_every_count_once_and_no_part_is_larger_than_its_bound(
     }
     // nothing is left for a whole round
     assert!(f.begin(&cfg).updates.is_empty());
+}
+
+#[test]
+fn a_token_bucket_refills_what_was_admitted_while_redis_was_out_of_reach() {
+    let mut f = Fleet::new();
+    let cfg = config(
+        "  - { id: b, pathPattern: /**, algorithm: token_bucket, tiers: [{ period: 10, threshold: 100 }] }",
+        "",
+        1000,
+    );
+    let limiter = f.limiter(&cfg);
+    f.round(&cfg); // connected
+    f.admit(&limiter, &cfg, "acme", 50);
+    f.round(&cfg);
+    // Redis goes away for 10 s: 40 more are admitted under on_failure at its start
+    f.clock.advance_ms(500);
+    let r = f.begin(&cfg);
+    f.fail(r);
+    for i in 0..40 {
+        assert!(
+            f.hit(&limiter, &cfg, "acme"),
+            "request {i} under on_failure"
+        );
+    }
+    f.clock.advance_ms(10_000);
+    // back: one bucket refilled at 10 per second would be full again; Redis hears of the 40
+    // only now, and counts them from its last answer, so a burst of 90 fits
+    f.round(&cfg);
+    f.admit(&limiter, &cfg, "acme", 90);
 }

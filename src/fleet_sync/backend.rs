@@ -268,6 +268,10 @@ pub struct LedgerUpdate {
     /// What direct records can admit in the window in all (`ledger::direct_cap`; 0: none
     /// can): kept out of leases, less what they reported, until the total passes it.
     pub direct_cap: u64,
+    /// Token buckets: what this member admitted and Redis has not charged yet was admitted
+    /// at or after this instant (ms; 0: now). Charged from then, so that tokens admitted
+    /// while Redis was out of reach refill as they would have (see `LEDGER_SCRIPT`).
+    pub since_ms: u64,
 }
 
 /// This instance's heartbeat.
@@ -338,7 +342,12 @@ pub trait SyncBackend: Send + Sync {
 /// `held` (answered).
 ///
 /// Token buckets: the cap is the tokens in a bucket kept in Redis (`prev_ledger_key`); a lease
-/// takes tokens from it, and what a member gives back returns to it.
+/// takes tokens from it, and what a member gives back returns to it. Tokens a member admitted
+/// beyond what it was charged for (on credit, or while Redis was out of reach, or all of them
+/// if Redis lost its record: a restart) are charged from `since` (ARGV[16]), the earliest
+/// they can have been admitted, not from now: the refill since then covers them as it would
+/// have, had they been reported one by one. That errs by at most those tokens towards
+/// admitting, never towards refusing a client the bucket had room for.
 ///
 /// Direct records (far from the limit) report plain increments of the key and hold no lease;
 /// while the (weighted) count is under `direct_cap`, what they may still report (the cap less
@@ -361,8 +370,8 @@ local function fields(key)
   return u, c, e, d, t
 end
 local u, c, e, d, t = fields(KEYS[2])
-local adopt = tonumber(ARGV[11])
-if adopt > 0 and not c[me] then c[me] = adopt; e[me] = tonumber(ARGV[6]) end
+local adopt, adopted = tonumber(ARGV[11]), false
+if adopt > 0 and not c[me] then c[me] = adopt; e[me] = tonumber(ARGV[6]); adopted = true end
 local mine = u[me] or 0
 if used > mine then
   redis.call('INCRBY', KEYS[1], used - mine)
@@ -410,8 +419,13 @@ if tb > 0 then
   -- a token bucket: a lease is tokens taken from it; what a member gives back (or took on
   -- credit) goes back to (or comes from) the bucket
   local nowus = now * 1000
-  tat = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), nowus)
-  tat = math.max(tat + (keep - (t[me] or tonumber(ARGV[14]))) * tb, nowus)
+  local charge = keep - (t[me] or tonumber(ARGV[14]))
+  -- admitted tokens (an adopted lease is not) count from when they can first have come
+  local from = nowus
+  if charge > 0 and not adopted then from = math.min(tonumber(ARGV[16]) * 1000, nowus) end
+  if from <= 0 then from = nowus end
+  tat = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), from)
+  tat = math.max(tat + charge * tb, nowus)
   avail = math.floor((nowus + p * 1000 - tat) / tb)
   free = avail
 else
@@ -466,7 +480,8 @@ pub fn ledger_model(
         cap -= prevw;
     }
     let h = hashes.entry(up.ledger_key.clone()).or_default();
-    if up.adopt > 0 && !h.contains_key(&format!("c:{}", up.member)) {
+    let adopted = up.adopt > 0 && !h.contains_key(&format!("c:{}", up.member));
+    if adopted {
         h.insert(format!("c:{}", up.member), as_i(up.adopt));
         h.insert(format!("e:{}", up.member), as_i(up.lease_until_ms));
     }
@@ -520,13 +535,18 @@ pub fn ledger_model(
     let mut tat = 0;
     let (avail, free) = if tb > 0 {
         let now_us = now * 1000;
-        let took = get(h, "t", &up.member).unwrap_or(as_i(up.confirmed));
+        let charge = keep - get(h, "t", &up.member).unwrap_or(as_i(up.confirmed));
+        let from = if charge > 0 && !adopted && up.since_ms > 0 {
+            (as_i(up.since_ms) * 1000).min(now_us)
+        } else {
+            now_us
+        };
         tat = strings
             .get(&up.prev_ledger_key)
             .copied()
             .unwrap_or(0)
-            .max(now_us);
-        tat = (tat + (keep - took) * tb).max(now_us);
+            .max(from);
+        tat = (tat + charge * tb).max(now_us);
         let avail = (now_us + as_i(up.period_ms) * 1000 - tat).div_euclid(tb);
         (avail, avail)
     } else {
@@ -593,7 +613,8 @@ pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
         .arg(u.need)
         .arg(u.spare)
         .arg(u.confirmed)
-        .arg(u.direct_cap);
+        .arg(u.direct_cap)
+        .arg(u.since_ms);
     c
 }
 
@@ -1059,6 +1080,7 @@ mod tests {
                 spare: 0,
                 confirmed: 0,
                 direct_cap: 0,
+                since_ms: 0,
             })
         };
         let count = |first| {

@@ -258,6 +258,7 @@ impl Accounts {
                     want: orphan.used,
                     need: 0,
                     confirmed: orphan.sent,
+                    since_ms: 0,
                     previous: true,
                     adopt: 0,
                     direct: orphan.direct,
@@ -373,6 +374,7 @@ impl Accounts {
                 0
             },
             direct_cap: ledger::direct_cap(threshold, counters.algorithm(), self.fleet.instances()),
+            since_ms: if bucket { ask.since_ms } else { 0 },
         }));
         round.sources.push(source);
     }

@@ -139,6 +139,9 @@ pub struct Ledger {
     pub direct: u64,
     /// A plain increment was confirmed: the key exists and has its expiry.
     pub keyed: bool,
+    /// When the round that Redis last answered for this record was drained (ms; 0: none):
+    /// what it has not confirmed was admitted after that.
+    pub settled_ms: u64,
     /// The previous window's record, until Redis has confirmed all of it.
     pub prev_start_ms: u64,
     pub prev_gen: u32,
@@ -539,6 +542,9 @@ pub struct Ask {
     /// Of `used`, what Redis confirmed before (token buckets: what it has charged already, if
     /// it lost its record of this member, say by a restart).
     pub confirmed: u64,
+    /// What Redis has not confirmed was admitted at or after this (ms; 0: now). Token buckets
+    /// charge such tokens from then, so that their refill is not lost (an outage, a restart).
+    pub since_ms: u64,
     /// The record is the previous window's.
     pub previous: bool,
     /// Token buckets: the lease this record took over from the previous one (see `Ledger`).
@@ -611,6 +617,7 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
         want: l.prev_used,
         need: 0,
         confirmed: l.prev_sent,
+        since_ms: 0,
         previous: true,
         adopt: 0,
         direct: l.prev_direct,
@@ -634,6 +641,7 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
             want: l.used,
             need: 0,
             confirmed: l.sent,
+            since_ms: 0,
             previous: false,
             adopt: 0,
             direct: l.direct,
@@ -681,6 +689,12 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
             want,
             need,
             confirmed: l.sent,
+            // (never answered: its tokens count from now, as a cold fleet's credit must)
+            since_ms: if l.settled_ms == 0 {
+                0
+            } else {
+                l.settled_ms.max(state.window_start_ms)
+            },
             previous: false,
             adopt: l.adopt,
             direct: l.direct,
@@ -736,6 +750,8 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
     if !ask.previous && l.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
         l.sent = l.sent.max(ask.used);
         l.unreachable = false;
+        // one round in flight: the record was last drained into this one
+        l.settled_ms = l.drained_ms;
         l.base = answer.total;
         // the script granted the ceiling of what it hears of (the plain increments apart)
         let ceiling = answer.ceiling.saturating_add(ask.direct);
@@ -874,7 +890,6 @@ mod tests {
         // Redis lost the key (a restart): what it had confirmed goes again
         let periodic = Sizing {
             periodic: true,
-            bucket: false,
             ..sizing
         };
         let mut r = state();
@@ -931,6 +946,7 @@ mod tests {
             want: 32,
             need: 0,
             confirmed: 0,
+            since_ms: 0,
             previous: false,
             adopt: 0,
             direct: 0,
