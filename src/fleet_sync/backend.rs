@@ -346,8 +346,9 @@ pub trait SyncBackend: Send + Sync {
 /// beyond what it was charged for (on credit, or while Redis was out of reach, or all of them
 /// if Redis lost its record: a restart) are charged from `since` (ARGV[16]), the earliest
 /// they can have been admitted, not from now: the refill since then covers them as it would
-/// have, had they been reported one by one. That errs by at most those tokens towards
-/// admitting, never towards refusing a client the bucket had room for.
+/// have, had they been reported one by one. That errs towards admitting, by at most those
+/// tokens; tokens that land behind a lease granted since (another member's, after an outage)
+/// are still charged as if admitted now.
 ///
 /// Direct records (far from the limit) report plain increments of the key and hold no lease;
 /// while the (weighted) count is under `direct_cap`, what they may still report (the cap less
