@@ -1,7 +1,8 @@
 //! Counts not yet confirmed by Redis survive what can happen to their counter before the next
 //! round: a window that rolls twice during an outage, a tenant moving to another plan, a
 //! counter evicted while its round is in flight, a reload that changes a rule's identity. And a
-//! request past this instance's lease is held for the next round, not refused. The
+//! request past this instance's lease is held for the next round, not refused; a token
+//! bucket's tokens admitted during an outage are charged as of Redis's last answer. The
 //! real limiter and round code (`Accounts`) under a fake clock; Redis is the Rust twin of the
 //! ledger script (`ledger_model`, held to the Lua script on a real redis-server by
 //! `tests/ledger_script.rs`).
