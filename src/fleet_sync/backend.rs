@@ -422,9 +422,8 @@ if tb > 0 then
   local nowus = now * 1000
   local charge = keep - (t[me] or tonumber(ARGV[14]))
   -- admitted tokens (an adopted lease is not) count from when they can first have come
-  local from = nowus
-  if charge > 0 and not adopted then from = math.min(tonumber(ARGV[16]) * 1000, nowus) end
-  if from <= 0 then from = nowus end
+  local from, since = nowus, tonumber(ARGV[16])
+  if charge > 0 and not adopted and since > 0 then from = math.min(since * 1000, nowus) end
   tat = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), from)
   tat = math.max(tat + charge * tb, nowus)
   avail = math.floor((nowus + p * 1000 - tat) / tb)
