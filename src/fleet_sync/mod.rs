@@ -227,6 +227,7 @@ impl Accounts {
                             left_ms: (st.window_start_ms + p).saturating_sub(now_ms),
                             periodic,
                             bucket: counters.algorithm() == Algorithm::TokenBucket,
+                            spare: ledger::spare(tier.threshold),
                         };
                         let asks = ledger::drain(st, sizing);
                         for ask in asks.into_iter().flatten() {
@@ -581,13 +582,18 @@ impl SyncService {
 /// When rounds happen: every `sync_interval`, sooner when a counter asks (at least
 /// `MIN_ROUND_GAP_MS` after the last such early round, so at most 20 of them a second besides the
 /// periodic ones, and only while Redis answers), later while Redis fails (backing off,
-/// doubling up to `MAX_BACKOFF`). Times in ms on any monotonic clock.
+/// doubling up to `MAX_BACKOFF`). The first round that fails after one that did not is tried
+/// again at once (`MIN_ROUND_GAP_MS` after its start): a reply lost or late once should not
+/// leave on_failure in force, nor a lease granted in it stranded, for a whole interval.
+/// Times in ms on any monotonic clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Schedule {
     pub next_ms: u64,
     pub last_ms: Option<u64>,
     last_early_ms: Option<u64>,
     backoff_ms: u64,
+    /// Rounds that failed in a row.
+    failures: u32,
 }
 
 impl Schedule {
@@ -598,6 +604,7 @@ impl Schedule {
             last_ms: None,
             last_early_ms: None,
             backoff_ms: 1000,
+            failures: 0,
         }
     }
 
@@ -632,11 +639,17 @@ impl Schedule {
     pub fn finished(&mut self, ok: bool, interval_ms: u64, periodic: bool) {
         let last = self.last_ms.unwrap_or(0);
         if ok {
+            self.failures = 0;
             self.backoff_ms = interval_ms;
             if periodic || self.next_ms <= last {
                 self.next_ms = last + interval_ms;
             }
+        } else if self.failures == 0 {
+            // the first failure: again at once, as a periodic round (it reports every count)
+            self.failures = 1;
+            self.next_ms = last + MIN_ROUND_GAP_MS;
         } else {
+            self.failures += 1;
             self.next_ms = last + self.backoff_ms;
             self.backoff_ms =
                 (self.backoff_ms * 2).min((MAX_BACKOFF.as_millis() as u64).max(interval_ms));
@@ -729,10 +742,17 @@ mod tests {
         );
         assert!(!s.started(60));
         s.finished(false, 1000, false);
-        assert_eq!(s.due_ms(true, false), 1060, "backing off");
-        assert!(s.started(1060));
+        assert_eq!(
+            s.due_ms(true, false),
+            110,
+            "the first failure: again at once (a reply lost once)"
+        );
+        assert!(s.started(110), "as a periodic round");
         s.finished(false, 1000, true);
-        assert_eq!(s.next_ms, 3060, "doubled");
+        assert_eq!(s.due_ms(true, false), 1110, "then backing off");
+        assert!(s.started(1110));
+        s.finished(false, 1000, true);
+        assert_eq!(s.next_ms, 3110, "doubled");
         for _ in 0..5 {
             let t = s.next_ms;
             s.started(t);
@@ -740,5 +760,15 @@ mod tests {
         }
         let t = s.last_ms.unwrap();
         assert_eq!(s.next_ms - t, 5000, "at most MAX_BACKOFF");
+        s.started(s.next_ms);
+        s.finished(true, 1000, true);
+        let t = s.last_ms.unwrap();
+        s.started(t + 1000);
+        s.finished(false, 1000, true);
+        assert_eq!(
+            s.next_ms,
+            t + 1050,
+            "answers again: the next failure is retried at once"
+        );
     }
 }

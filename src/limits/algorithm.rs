@@ -62,13 +62,15 @@ pub fn roll(
     let start = (now_ns / NANOS_PER_MS) / p * p;
     if start > state.window_start_ms {
         // token buckets keep their state; their fleet ledger still counts per window
+        let adjacent = state.window_start_ms + p == start;
         if algorithm != Algorithm::TokenBucket {
-            let adjacent = state.window_start_ms + p == start;
             state.previous = if adjacent { state.current } else { 0 };
             state.current = 0;
         }
         let old = std::mem::replace(&mut state.window_start_ms, start);
-        return state.ledger.roll(old, algorithm == Algorithm::TokenBucket);
+        return state
+            .ledger
+            .roll(old, algorithm == Algorithm::TokenBucket, adjacent);
     }
     None
 }

@@ -176,7 +176,9 @@ impl Ledger {
     /// previous record. Returns the record that had to be dropped with counts still unsent.
     /// `bucket`: a token bucket, whose state outlives windows (what Redis last said of it
     /// still holds, so the new window takes no cold credit).
-    pub fn roll(&mut self, old_start_ms: u64, bucket: bool) -> Option<Orphan> {
+    /// `adjacent`: the old window is the one just before the new (otherwise nothing this
+    /// record knows bounds the previous window: the first answer will).
+    pub fn roll(&mut self, old_start_ms: u64, bucket: bool, adjacent: bool) -> Option<Orphan> {
         let orphan = (self.prev_used > self.prev_sent).then_some(self.prev_orphan());
         // a bucket's tokens outlive the window: what is left of the lease goes on (Redis moves
         // it at the next round, the old record giving it back and the new one adopting it)
@@ -196,10 +198,14 @@ impl Ledger {
             prev_leased: self.leased,
             // what the fleet can have admitted in the window that ends: what the others had
             // admitted or held at the last answer, and all this instance admitted
-            prev_bound: self.others.saturating_add(self.used).max(
-                self.base
-                    .saturating_add(self.used.saturating_sub(self.sent)),
-            ),
+            prev_bound: if adjacent {
+                self.others.saturating_add(self.used).max(
+                    self.base
+                        .saturating_add(self.used.saturating_sub(self.sent)),
+                )
+            } else {
+                0
+            },
             leased: bucket,
             fair: if bucket { self.fair } else { 0 },
             room: if bucket { self.room } else { 0 },
@@ -593,6 +599,10 @@ pub struct Sizing {
     /// keeps out even after its window has ended (nothing lapses), so it always goes back at a
     /// periodic round, whether or not others hold leases.
     pub bucket: bool,
+    /// The tier's spare budget (`spare`): Redis grants no forecast beyond it, so an ask wants
+    /// no more (an unused lease is then kept at most that far past what waits: what was leased
+    /// for requests that went elsewhere goes back at once).
+    pub spare: u64,
 }
 
 /// The asks of one tier for this round (previous window, current window). An ask wants the
@@ -668,7 +678,9 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
         // demand per ms over the horizon and a half, at least one request
         let d =
             u128::from(l.demand) * u128::from(horizon_ms) * 3 / (2 * u128::from(since_ms.max(1)));
-        u64::try_from(d).unwrap_or(u64::MAX).max(1)
+        u64::try_from(d)
+            .unwrap_or(u64::MAX)
+            .clamp(1, sizing.spare.max(1))
     };
     let need = l.need;
     let want = l.used.saturating_add(need).saturating_add(forecast);
@@ -776,11 +788,20 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         l.room = answer.room;
         l.others = (answer.total + answer.held).saturating_sub(ask.used);
         // Redis bounds what was reported or leased; its leases given back no longer count
-        l.prev_bound = answer.prev.max(l.prev_used);
+        // (this instance's own count of that window, where its previous record is of it: an
+        // instance idle for a window has an older one)
+        l.prev_bound = if l.prev_start_ms + period_ms == state.window_start_ms {
+            answer.prev.max(l.prev_used)
+        } else {
+            answer.prev
+        };
         state.current = answer.total + (l.used - l.sent.min(l.used));
     } else if l.prev_gen == ask.gen && l.prev_start_ms == ask.window_start_ms {
         l.prev_sent = l.prev_sent.max(ask.used);
-        l.prev_held = false;
+        // an answer to an ask of the window that has ended since it was sent may lease what
+        // can no longer be used: it goes back at the next round (a sliding window's next
+        // window counts it as used until then; a bucket's tokens would be lost)
+        l.prev_held = answer.ceiling > l.prev_used;
         if l.prev_start_ms + period_ms == state.window_start_ms {
             // the fleet's count of the previous window, for the sliding window's weight
             state.previous = answer.total + (l.prev_used - l.prev_sent.min(l.prev_used));
@@ -791,6 +812,7 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::{algorithm, clock::NANOS_PER_MS};
     use std::time::Duration;
 
     fn tier(threshold: u64) -> Tier {
@@ -840,6 +862,7 @@ mod tests {
         }
         assert_eq!(room(&s, &t, fixed, n, None), None, "no total known yet");
         let sizing = Sizing {
+            spare: u64::MAX,
             now_ms: 1000,
             since_ms: 1000,
             horizon_ms: 1200,
@@ -999,6 +1022,85 @@ mod tests {
     }
 
     #[test]
+    fn a_forecast_wants_no_more_than_the_spare_budget() {
+        // a burst's rate would forecast thousands; Redis grants a forecast only out of the
+        // spare budget, so the ask keeps no more than that past what waits
+        let mut s = state();
+        s.ledger.used = 2000;
+        s.ledger.sent = 1990; // a periodic round reports it
+        s.ledger.ceiling = 2500; // leased for 500 requests that went elsewhere
+        s.ledger.fair = 100;
+        s.ledger.demand = 2000;
+        s.ledger.drained_ms = 900;
+        let periodic = Sizing {
+            spare: spare(3000),
+            now_ms: 1000,
+            since_ms: 100,
+            horizon_ms: 250,
+            left_ms: 5000,
+            periodic: true,
+            bucket: false,
+        };
+        assert_eq!(spare(3000), 120);
+        let [_, Some(ask)] = drain(&mut s, periodic) else {
+            panic!("an ask")
+        };
+        assert_eq!((ask.used, ask.need, ask.want), (2000, 0, 2120));
+        assert_eq!(s.ledger.ceiling, 2120, "the rest goes back with this round");
+    }
+
+    #[test]
+    fn a_lease_granted_to_a_window_that_ended_on_the_way_goes_back() {
+        let t = tier(100);
+        let mut s = state();
+        s.ledger.used = 40;
+        s.ledger.ceiling = 40;
+        s.ledger.need = 20;
+        let sizing = Sizing {
+            spare: spare(100),
+            now_ms: 19_990,
+            since_ms: 100,
+            horizon_ms: 250,
+            left_ms: 10,
+            periodic: false,
+            bucket: false,
+        };
+        let [None, Some(ask)] = drain(&mut s, sizing) else {
+            panic!("an ask")
+        };
+        // the window ends before the answer: the record rolls, its lease used up
+        assert_eq!(
+            algorithm::roll(&mut s, &t, Algorithm::FixedWindow, 20_000 * NANOS_PER_MS),
+            None
+        );
+        assert!(!s.ledger.prev_held);
+        let granted = Answer {
+            total: 40,
+            ceiling: 64,
+            fair: 4,
+            room: 36,
+            held: 0,
+            prev: 0,
+        };
+        apply(&mut s, &ask, granted, 10_000);
+        assert!(
+            s.ledger.prev_held,
+            "24 leased to a window nobody can admit in"
+        );
+        let [Some(back), None] = drain(
+            &mut s,
+            Sizing {
+                now_ms: 20_050,
+                ..sizing
+            },
+        ) else {
+            panic!("the previous record gives its lease back")
+        };
+        assert!(back.previous);
+        assert_eq!((back.used, back.want), (40, 40));
+    }
+
+    #[test]
     fn drain_asks_for_what_waits_and_the_demand_and_only_what_has_something_to_say() {
         let mut s = state();
         s.ledger.used = 100;
@@ -1008,6 +1110,7 @@ mod tests {
         s.ledger.demand = 10; // 10 in the last 100 ms: 0.1/ms x 250 ms x 1.5 = 37
         s.ledger.drained_ms = 900;
         let early = Sizing {
+            spare: u64::MAX,
             now_ms: 1000,
             since_ms: 100,
             horizon_ms: 250,
@@ -1034,6 +1137,7 @@ mod tests {
         note_hold(&mut s, true);
         note_hold(&mut s, true);
         let later = Sizing {
+            spare: u64::MAX,
             now_ms: 1100,
             ..early
         };
@@ -1045,6 +1149,7 @@ mod tests {
         s.ledger.sent = 100;
         s.ledger.ceiling = 130;
         let quiet = Sizing {
+            spare: u64::MAX,
             now_ms: 1200,
             ..periodic
         };
@@ -1076,6 +1181,7 @@ mod tests {
         s.current = 7;
         s.ledger.demand = 1;
         let sizing = Sizing {
+            spare: u64::MAX,
             now_ms: 1000,
             since_ms: 1000,
             horizon_ms: 250,
@@ -1106,10 +1212,13 @@ mod tests {
     fn a_second_roll_before_an_answer_hands_over_the_oldest_record() {
         let mut s = state();
         s.ledger.used = 5;
-        assert_eq!(s.ledger.roll(10_000, false), None);
+        assert_eq!(s.ledger.roll(10_000, false, true), None);
         assert_eq!((s.ledger.prev_used, s.ledger.prev_start_ms), (5, 10_000));
         s.ledger.used = 3;
-        let orphan = s.ledger.roll(20_000, false).expect("unsent counts kept");
+        let orphan = s
+            .ledger
+            .roll(20_000, false, true)
+            .expect("unsent counts kept");
         assert_eq!((orphan.window_start_ms, orphan.used), (10_000, 5));
         assert_eq!(s.ledger.prev_used, 3);
     }
