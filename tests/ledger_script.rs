@@ -109,6 +109,8 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
         } else if bucket {
             LedgerUpdate {
                 prev_ledger_key: "t:{p}:r:bucket".into(),
+                // the previous window's ledger, whose leases still hold
+                prev_key: format!("t:{{p}}:r:{}:{window}:fleet", window.saturating_sub(1)),
                 now_ms: NOW + step * 3,
                 // tokens admitted since up to 2 s ago (0: now)
                 since_ms: if rng.below(2) == 0 {
@@ -239,6 +241,7 @@ fn a_token_bucket_lease_takes_tokens_and_gives_back_what_is_unused() {
     // 100 tokens per 10 s: one every 100 ms
     let ask = |member: &str, used: u64, want: u64, at_ms: u64| LedgerUpdate {
         prev_ledger_key: "t:{p}:b:bucket".into(),
+        prev_key: "t:{p}:b:-10000:0:fleet".into(),
         now_ms: NOW + at_ms,
         lease_until_ms: NOW + 20_000,
         period_ms: 10_000,

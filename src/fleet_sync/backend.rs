@@ -263,7 +263,8 @@ pub struct LedgerUpdate {
     /// it has lost its record of the member (a restart), so that it is not charged twice.
     pub confirmed: u64,
     /// Sliding windows: the previous window's contract key (its count, plain increments
-    /// included); else `key` again.
+    /// included); token buckets: the previous window's ledger (its records' leases); else
+    /// `key` again.
     pub prev_key: String,
     /// What direct records can admit in the window in all (`ledger::direct_cap`; 0: none
     /// can): kept out of leases, less what they reported, until the total passes it.
@@ -341,14 +342,17 @@ pub trait SyncBackend: Send + Sync {
 /// all have arrived); the member enforces the cap of each moment itself, from `prev` and
 /// `held` (answered).
 ///
-/// Token buckets: the cap is the tokens in a bucket kept in Redis (`prev_ledger_key`); a lease
-/// takes tokens from it, and what a member gives back returns to it. Tokens a member admitted
-/// beyond what it was charged for (on credit, or while Redis was out of reach, or all of them
-/// if Redis lost its record: a restart) are charged from `since` (ARGV[16]), the earliest
-/// they can have been admitted, not from now: the refill since then covers them as it would
-/// have, had they been reported one by one. That errs towards admitting, by at most those
-/// tokens; tokens that land behind a lease granted since (another member's, after an outage)
-/// are still charged as if admitted now.
+/// Token buckets: the cap is the tokens in a bucket kept in Redis (`prev_ledger_key`: the time
+/// at which it is full again of what the members admitted, in µs, which may lie in the past),
+/// less what the members hold leased and unused, in this window's ledger and in the previous
+/// window's (`prev_key`: its records hold their leases until they move here). Tokens are
+/// charged as the members report them admitted. Those a member admitted beyond what was
+/// charged (out of a lease, on credit, or while Redis was out of reach; after a restart of Redis,
+/// all but what it had confirmed) are charged from `since` (ARGV[16]), the earliest they can have
+/// been admitted, not from now: the refill since then covers them as it would have, had they
+/// been reported one by one, and since leases are not in the bucket's time, each member's go
+/// in behind the others' admitted tokens, not behind their leases. That errs towards
+/// admitting, by at most those tokens.
 ///
 /// Direct records (far from the limit) report plain increments of the key and hold no lease;
 /// while the (weighted) count is under `direct_cap`, what they may still report (the cap less
@@ -415,23 +419,27 @@ end
 local need, spare = tonumber(ARGV[12]), tonumber(ARGV[13])
 local avail, free
 local tb = tonumber(ARGV[10])
-local tat
+local tat, nowus = 0, now * 1000
 if tb > 0 then
-  -- a token bucket: a lease is tokens taken from it; what a member gives back (or took on
-  -- credit) goes back to (or comes from) the bucket
-  local nowus = now * 1000
-  local charge = keep - (t[me] or tonumber(ARGV[14]))
-  -- admitted tokens (an adopted lease is not) count from when they can first have come
+  -- a token bucket: the time it is full again of what the members admitted (in µs; it may
+  -- lie in the past), less the tokens they hold leased and unused
+  local charge = mine - (t[me] or tonumber(ARGV[14]))
+  -- admitted tokens count from when they can first have come: behind the others' tokens
+  -- admitted before, not behind leases (tokens of a lease count as admitted when used)
   local from, since = nowus, tonumber(ARGV[16])
-  if charge > 0 and not adopted and since > 0 then from = math.min(since * 1000, nowus) end
-  tat = math.max(tonumber(redis.call('GET', KEYS[3]) or '0'), from)
-  tat = math.max(tat + charge * tb, nowus)
-  avail = math.floor((nowus + p * 1000 - tat) / tb)
-  free = avail
+  if since > 0 then from = math.min(since * 1000, nowus) end
+  tat = tonumber(redis.call('GET', KEYS[3]) or '0')
+  -- leases the previous window's records hold until they move to this one (`KEYS[4]`)
+  local pu, pc, pe = fields(KEYS[4])
+  for id, ceiling in pairs(pc) do
+    if (pe[id] or 0) > now then held = held + math.max(ceiling - (pu[id] or 0), 0) end
+  end
+  if charge > 0 then tat = math.max(tat, from) + charge * tb end
+  avail = math.floor((nowus + p * 1000 - math.max(tat, nowus)) / tb) - held
 else
   avail = cap - total - held - reserve
-  free = avail - (keep - mine)
 end
+free = avail - (keep - mine)
 local fair = fair_part(math.min(avail, spare))
 local n = math.max(math.min(mine + need - keep, free), 0)
 local f = math.min(want - keep - n, free - n, fair - (keep - mine), spare - held - (keep - mine))
@@ -442,11 +450,9 @@ if want <= mine then until_ms = now end
 redis.call('HSET', KEYS[2], 'c:' .. me, ceiling, 'e:' .. me, until_ms, 'd:' .. me, desire)
 local left = avail - (ceiling - mine)
 if tb > 0 then
-  tat = tat + extra * tb
-  redis.call('HSET', KEYS[2], 't:' .. me, ceiling)
+  redis.call('HSET', KEYS[2], 't:' .. me, mine)
   redis.call('SET', KEYS[3], string.format('%.0f', tat))
-  redis.call('PEXPIREAT', KEYS[3], string.format('%.0f', math.ceil(tat / 1000) + 10000))
-  left = avail - extra
+  redis.call('PEXPIREAT', KEYS[3], string.format('%.0f', math.ceil(math.max(tat, nowus) / 1000) + p + 10000))
 end
 redis.call('PEXPIREAT', KEYS[1], ARGV[7])
 redis.call('PEXPIREAT', KEYS[2], ARGV[7])
@@ -478,6 +484,17 @@ pub fn ledger_model(
         let p = as_i(up.period_ms).max(1);
         prevw = (prev * as_i(up.weight_ms) + p - 1).div_euclid(p);
         cap -= prevw;
+    }
+    // token buckets: leases the previous window's records hold until they move here
+    let mut prev_leased = 0;
+    if let Some(ph) = hashes.get(&up.prev_key).filter(|_| up.bucket_us > 0) {
+        for (name, &c) in ph {
+            if let Some(id) = name.strip_prefix("c:") {
+                if get(ph, "e", id).unwrap_or(0) > now {
+                    prev_leased += (c - get(ph, "u", id).unwrap_or(0)).max(0);
+                }
+            }
+        }
     }
     let h = hashes.entry(up.ledger_key.clone()).or_default();
     let adopted = up.adopt > 0 && !h.contains_key(&format!("c:{}", up.member));
@@ -533,26 +550,24 @@ pub fn ledger_model(
     let (need, spare) = (as_i(up.need), as_i(up.spare));
     let tb = as_i(up.bucket_us);
     let mut tat = 0;
-    let (avail, free) = if tb > 0 {
+    let avail = if tb > 0 {
         let now_us = now * 1000;
-        let charge = keep - get(h, "t", &up.member).unwrap_or(as_i(up.confirmed));
-        let from = if charge > 0 && !adopted && up.since_ms > 0 {
+        let charge = mine - get(h, "t", &up.member).unwrap_or(as_i(up.confirmed));
+        let from = if up.since_ms > 0 {
             (as_i(up.since_ms) * 1000).min(now_us)
         } else {
             now_us
         };
-        tat = strings
-            .get(&up.prev_ledger_key)
-            .copied()
-            .unwrap_or(0)
-            .max(from);
-        tat = (tat + charge * tb).max(now_us);
-        let avail = (now_us + as_i(up.period_ms) * 1000 - tat).div_euclid(tb);
-        (avail, avail)
+        tat = strings.get(&up.prev_ledger_key).copied().unwrap_or(0);
+        held += prev_leased;
+        if charge > 0 {
+            tat = tat.max(from) + charge * tb;
+        }
+        (now_us + as_i(up.period_ms) * 1000 - tat.max(now_us)).div_euclid(tb) - held
     } else {
-        let avail = cap - total - held - reserve;
-        (avail, avail - (keep - mine))
+        cap - total - held - reserve
     };
+    let free = avail - (keep - mine);
     let fair = fair_part(avail.min(spare));
     let n = (mine + need - keep).min(free).max(0);
     let f = (want - keep - n)
@@ -569,11 +584,10 @@ pub fn ledger_model(
     h.insert(format!("c:{}", up.member), ceiling);
     h.insert(format!("e:{}", up.member), until);
     h.insert(format!("d:{}", up.member), desire);
-    let mut left = avail - (ceiling - mine);
+    let left = avail - (ceiling - mine);
     if tb > 0 {
-        h.insert(format!("t:{}", up.member), ceiling);
-        strings.insert(up.prev_ledger_key.clone(), tat + extra * tb);
-        left = avail - extra;
+        h.insert(format!("t:{}", up.member), mine);
+        strings.insert(up.prev_ledger_key.clone(), tat);
     }
     let u = |v: i64| v.max(0) as u64;
     Answer {

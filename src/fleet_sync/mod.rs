@@ -325,7 +325,15 @@ impl Accounts {
         let bucket = counters.algorithm() == Algorithm::TokenBucket;
         let (prev_ledger_key, prev_key, weight_ms) = if bucket {
             let b = format!("{}:{{{partition}}}:{id}:bucket", settings.key_prefix);
-            (b, contract_key.clone(), 0)
+            // the previous window's ledger: the leases its records hold until they move here
+            let prev = redis_key(
+                &settings.key_prefix,
+                &partition,
+                id,
+                start.saturating_sub(p),
+                start,
+            );
+            (b, format!("{prev}:fleet"), 0)
         } else if sliding && !ask.previous {
             // the weight one round gap ahead: a lease reaches a little past the cap of now (the
             // member keeps the cap of each moment itself, see `ledger::ceiling`)

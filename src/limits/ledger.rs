@@ -212,6 +212,9 @@ impl Ledger {
             contended: bucket && self.contended,
             ceiling: carried,
             adopt: carried,
+            // (a bucket's tokens admitted in the new window while Redis is out of reach count
+            // from the window's start, as the old record's would have)
+            settled_ms: if bucket { self.settled_ms } else { 0 },
             unreachable: self.unreachable,
             ..Ledger::default()
         };
@@ -627,7 +630,13 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
         want: l.prev_used,
         need: 0,
         confirmed: l.prev_sent,
-        since_ms: 0,
+        // (a bucket's: what Redis has not charged was admitted since its last answer, in the
+        // record's window; a record never answered counts from now)
+        since_ms: if l.settled_ms == 0 {
+            0
+        } else {
+            l.settled_ms.min(state.window_start_ms).max(l.prev_start_ms)
+        },
         previous: true,
         adopt: 0,
         direct: l.prev_direct,
@@ -782,6 +791,11 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         } else {
             0
         };
+        // requests held since the ask was drained (counted for the next one) are admitted out
+        // of what it granted past this instance's count and the requests it asked for: the
+        // next ask counts only those that will still wait
+        let past = ceiling.saturating_sub(l.used.max(ask.used).saturating_add(ask.need));
+        l.need = l.need.saturating_sub(past);
         // others hold leases too: what this one does not use goes back
         l.contended = answer.held > 0;
         l.fair = answer.fair.max(1);
