@@ -4,7 +4,7 @@
 //! example upstream with its `/delay/MS` and `/bytes/N` modes.
 
 mod common;
-use common::{avoid_window_edge, metric_sum, one_route_config, request, Gateway, Upstream};
+use common::{avoid_window_edge, metric_sum, one_route_config, request, Edit, Gateway, Upstream};
 use std::time::{Duration, Instant};
 
 const TENANT: &str = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n";
@@ -140,8 +140,8 @@ fn concurrency_limits_requests_in_flight_and_frees_the_slot_however_a_request_en
     let up = Upstream::start("u");
     let dead = format!("127.0.0.1:{}", common::free_port());
     let cfg = one_route_config(up.addr, 2, "")
-        .replace("    servers:", "    read_timeout: 1s\n    servers:")
-        .replace(
+        .edit("    servers:", "    read_timeout: 1s\n    servers:")
+        .edit(
             "routes:\n",
             &format!("  gone:\n    servers: [\"{dead}\"]\n    retries: 0\n  patient:\n    servers: [\"{}\"]\nroutes:\n  - id: broken\n    path: /broken/**\n    upstream: gone\n  - id: patient\n    path: /patient/**\n    upstream: patient\n", up.addr),
         );
@@ -251,7 +251,7 @@ fn staggered(gw: &Gateway, reqs: &[(&str, &str)], gap_ms: u64) -> Vec<(common::R
 fn a_full_pool_serves_the_higher_plan_first_and_refuses_past_its_queue() {
     let up = Upstream::start("u");
     let shaped = |queue: &str| {
-        one_route_config(up.addr, 2, "").replace(
+        one_route_config(up.addr, 2, "").edit(
             "    servers:",
             &format!("    max_in_flight: 1\n    queue: {queue}\n    servers:"),
         )
@@ -341,7 +341,7 @@ fn a_reload_keeps_the_queue_and_a_raised_max_in_flight_lets_it_in() {
     let shaped = |max: usize| {
         format!(
             "{}{TENANT}",
-            one_route_config(up.addr, 2, "").replace(
+            one_route_config(up.addr, 2, "").edit(
                 "    servers:",
                 &format!(
                     "    max_in_flight: {max}\n    queue: {{ max: 5, timeout: 10s }}\n    servers:"
@@ -447,7 +447,7 @@ fn check_shows_each_answer_and_limit() {
     let cfg = one_route_config("127.0.0.1:9".parse().expect("addr"), 1, "")
         .replace("{LISTEN}", "127.0.0.1:1")
         .replace("{ADMIN}", "127.0.0.1:2")
-        .replace(
+        .edit(
             "    servers:",
             "    max_in_flight: 2\n    queue: { max: 10, timeout: 2s }\n    servers:",
         )

@@ -1,7 +1,7 @@
 //! The command line (contract section 1) and every config file shipped in `conf/`.
 
 mod common;
-use common::{free_port, request, run_tollgate, TempDir, Upstream};
+use common::{free_port, request, run_tollgate, Edit, TempDir, Upstream};
 use std::path::Path;
 use std::time::Duration;
 
@@ -100,7 +100,7 @@ fn daemon_mode_detaches_and_serves() {
         dir.0.join("upgrade.sock").display(),
         up.addr
     );
-    let config = config.replace(
+    let config = config.edit(
         "  threads: 1\n",
         &format!(
             "  threads: 1\n  error_log: {}\n",

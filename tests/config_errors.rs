@@ -2,7 +2,7 @@
 //! `FILE:LINE:COLUMN: message` naming the field and what would be accepted.
 
 mod common;
-use common::{run_tollgate, TempDir};
+use common::{run_tollgate, Edit, TempDir};
 
 /// A valid config; each case below replaces one line of it.
 const BASE: &str = r#"server:
@@ -37,7 +37,7 @@ fn with(from: &str, to: &str) -> String {
         1,
         "{from:?} must occur once in BASE"
     );
-    BASE.replace(from, to)
+    BASE.edit(from, to)
 }
 
 /// Check the config fails with an error at `line:col` whose message contains every `needles`.
@@ -349,8 +349,8 @@ fn missing_file_and_several_errors_at_once() {
         err.starts_with("/nonexistent/gateway.yaml:1:1: cannot read config file"),
         "{err}"
     );
-    let text = with("    upstream: products", "    upstream: nope")
-        .replace("threshold: 10", "threshold: 0");
+    let text =
+        with("    upstream: products", "    upstream: nope").edit("threshold: 10", "threshold: 0");
     let dir = TempDir::new();
     let p = dir.write("gateway.yaml", &text).display().to_string();
     let (code, _, err) = run_tollgate(&["-t", "-c", &p]);

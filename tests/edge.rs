@@ -470,7 +470,7 @@ fn upstream_tls_verifies_the_server_against_the_ca() {
     drop(gw);
 
     // the wrong name is refused as well
-    let wrong_name = ca("ca: up.pem").replace("sni: upstream.test", "sni: other.test");
+    let wrong_name = ca("ca: up.pem").edit("sni: upstream.test", "sni: other.test");
     let gw = Gateway::start_with_files(&wrong_name, &files);
     assert_eq!(gw.get("/hello", &[]).status, 502);
     let _ = child.kill();

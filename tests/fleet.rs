@@ -3,8 +3,8 @@
 
 mod common;
 use common::{
-    avoid_window_edge, eventually, metric_sum, wait_redis_state, Cluster, Gateway, RedisServer,
-    Upstream,
+    avoid_window_edge, eventually, metric_sum, wait_redis_state, Cluster, Edit, Gateway,
+    RedisServer, Upstream,
 };
 use std::time::{Duration, Instant};
 
@@ -510,7 +510,7 @@ fn a_token_bucket_is_shared_by_the_fleet() {
         "[{ period: 1h, threshold: 12 }]",
         "",
     )
-    .replace(
+    .edit(
         "    pathPattern: /**\n",
         "    pathPattern: /**\n    algorithm: token_bucket\n",
     );
@@ -572,7 +572,7 @@ fn sigterm_sends_the_last_counts_to_redis() {
         "[{ period: 1h, threshold: 1000 }]",
         "",
     )
-    .replace("  threads: 1\n", "  threads: 1\n  grace_period: 1s\n");
+    .edit("  threads: 1\n", "  threads: 1\n  grace_period: 1s\n");
     let mut gw = Gateway::start(&cfg);
     wait_connected(&gw);
     avoid_window_edge(3_600_000, 60_000);
@@ -797,7 +797,7 @@ fn bursts_at_0_8(algorithm: &str) -> Vec<u16> {
         "[{ period: 10, threshold: 300 }]",
         "",
     )
-    .replace(
+    .edit(
         "    tiers: [{ period: 10, threshold: 300 }]\n",
         &format!("    tiers: [{{ period: 10, threshold: 300 }}]\n    algorithm: {algorithm}\n"),
     );

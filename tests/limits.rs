@@ -2,7 +2,7 @@
 //! check-then-commit, plans, actions, partitions, headers and hostile input.
 
 mod common;
-use common::{avoid_window_edge, eventually, request, Gateway, Upstream};
+use common::{avoid_window_edge, eventually, request, Edit, Gateway, Upstream};
 use std::time::Duration;
 
 /// Gateway config with the given `limits` list (YAML, indented by two spaces) and extras.
@@ -395,7 +395,7 @@ fn hostile_tenant_ids_get_correct_decisions_and_never_collide() {
 fn a_flood_of_tenant_ids_keeps_memory_capped_and_a_busy_counter() {
     let up = Upstream::start("u");
     let limits = "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 1000 }]";
-    let gw = Gateway::start(&config(&up, limits, "").replace(
+    let gw = Gateway::start(&config(&up, limits, "").edit(
         "  threads: 2\n",
         "  threads: 2\n  max_counters_per_rule: 64\n",
     ));

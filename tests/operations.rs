@@ -2,7 +2,7 @@
 //! access log. Real processes, real signals.
 
 mod common;
-use common::{avoid_window_edge, eventually, get_on, metric_sum, request, Gateway, Upstream};
+use common::{avoid_window_edge, eventually, get_on, metric_sum, request, Edit, Gateway, Upstream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -101,7 +101,7 @@ fn sighup_swaps_the_config_keeps_counts_when_only_thresholds_change_and_logs_wha
         gw.log()
     );
     // a changed period starts fresh, and the log says so
-    reload(&config(&b, "", 2).replace("period: 1h", "period: 2h"), 4.0);
+    reload(&config(&b, "", 2).edit("period: 1h", "period: 2h"), 4.0);
     let r = gw.get("/limited/1", &[]);
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-ratelimit-remaining"), Some("1"));
@@ -109,12 +109,10 @@ fn sighup_swaps_the_config_keeps_counts_when_only_thresholds_change_and_logs_wha
         "reload: rule api changed: tiers 2/1h -> 2/2h; counts reset (tier periods or plan lists changed)"
     ), "{}", gw.log());
     // so do a changed algorithm and `per`; rules added and removed and pools changed are listed
-    let next = config(&a, "", 2)
-        .replace("period: 1h", "period: 2h")
-        .replace(
-            "  - id: api\n",
-            "  - id: api\n    algorithm: sliding_window\n    per: ip\n",
-        )
+    let next = config(&a, "", 2).edit("period: 1h", "period: 2h").edit(
+        "  - id: api\n",
+        "  - id: api\n    algorithm: sliding_window\n    per: ip\n",
+    )
         + "  - id: extra\n    pathPattern: /x/**\n    tiers: [{ period: 1s, threshold: 9 }]\n";
     reload(&next, 5.0);
     assert!(
@@ -127,7 +125,7 @@ fn sighup_swaps_the_config_keeps_counts_when_only_thresholds_change_and_logs_wha
         "{}",
         gw.log()
     );
-    reload(&config(&a, "", 2).replace("period: 1h", "period: 2h"), 6.0);
+    reload(&config(&a, "", 2).edit("period: 1h", "period: 2h"), 6.0);
     assert!(eventually(Duration::from_secs(2), || gw
         .log()
         .contains("reload: rules removed: extra")));
@@ -139,7 +137,7 @@ fn an_invalid_file_keeps_the_running_config_and_is_logged_with_its_position() {
     let gw = Gateway::start(&config(&a, "", 3));
     rewrite(
         &gw,
-        &config(&b, "", 3).replace("    upstream: app", "    upstream: nope"),
+        &config(&b, "", 3).edit("    upstream: app", "    upstream: nope"),
     );
     signal(&gw, libc::SIGHUP);
     assert!(eventually(Duration::from_secs(5), || metric_sum(
@@ -154,10 +152,7 @@ fn an_invalid_file_keeps_the_running_config_and_is_logged_with_its_position() {
     );
     assert!(log.contains(&want), "log lacks {want:?}:\n{log}");
     // a listener change is applied only by a restart or upgrade, and the log says so
-    rewrite(
-        &gw,
-        &config(&a, "", 3).replace("  threads: 2", "  threads: 1"),
-    );
+    rewrite(&gw, &config(&a, "", 3).edit("  threads: 2", "  threads: 1"));
     signal(&gw, libc::SIGHUP);
     assert!(eventually(Duration::from_secs(5), || gw
         .log()
@@ -606,7 +601,7 @@ fn a_listener_that_cannot_be_bound_ends_start_up_with_exit_1() {
     let up = Upstream::start("a");
     let first = Gateway::start(&config(&up, "", 3));
     // the same data plane port, its own admin port
-    let text = std::fs::read_to_string(&first.config).unwrap().replace(
+    let text = std::fs::read_to_string(&first.config).unwrap().edit(
         &first.admin.to_string(),
         &format!("127.0.0.1:{}", common::free_port()),
     );
@@ -658,7 +653,7 @@ fn metrics_name_the_tier_that_denies_and_time_each_route() {
     let up = Upstream::start("a");
     let base = common::one_route_config(up.addr, 2, "");
     // a second route, to be removed by a reload
-    let two_routes = base.replace(
+    let two_routes = base.edit(
         "routes:\n",
         "routes:\n  - id: reports\n    path: /reports/**\n    upstream: app\n",
     );

@@ -2,7 +2,7 @@
 //! reaches the upstream, problem answers, and the admin listener.
 
 mod common;
-use common::{request, Gateway, Upstream};
+use common::{request, Edit, Gateway, Upstream};
 
 fn config(upstream: &Upstream, tenant: &str, server_extra: &str) -> String {
     format!(
@@ -90,7 +90,7 @@ fn missing_tenant_is_401_when_required_else_anonymous() {
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
     assert_eq!(r.json()["status"], 401);
 
-    let optional = TENANTS.replace("required: true", "required: false");
+    let optional = TENANTS.edit("required: true", "required: false");
     let gw2 = Gateway::start(&config(&up, &optional, ""));
     let r = gw2.get("/v1/orders/7", &[]);
     assert_eq!(r.status, 200);

@@ -339,7 +339,7 @@ fn counts_reach_a_tls_redis_cluster_as_an_acl_user_verified_against_the_ca() {
     );
     let url = format!("rediss://localhost:{}", tls_ports[0]);
     let cfg = config(up.addr, "", "tls: { ca: ca.pem }")
-        .replace("  url: \"\"\n", &format!("  cluster: [\"{url}\"]\n"));
+        .edit("  url: \"\"\n", &format!("  cluster: [\"{url}\"]\n"));
     assert!(cfg.contains("cluster: ["), "{cfg}");
     let ca_pem = std::fs::read_to_string(&ca).expect("ca");
     let gw = Gateway::start_with_files(&cfg, &[("redis.pass", "gw-secret\n"), ("ca.pem", &ca_pem)]);

@@ -330,7 +330,7 @@ fn a_short_admin_token_is_a_config_error() {
 fn the_grafana_dashboard_queries_only_metrics_that_exist() {
     let redis = RedisServer::start();
     let up = Upstream::start("u");
-    let cfg = one_route_config(up.addr, 1, "").replace(
+    let cfg = one_route_config(up.addr, 1, "").edit(
         &format!("    servers: [\"{}\"]\n", up.addr),
         &format!(
             "    servers: [\"{}\"]\n    health_check: {{ interval: 200ms }}\n    max_in_flight: 100\n    queue: {{ max: 10 }}\n",
@@ -401,7 +401,7 @@ fn the_grafana_dashboard_queries_only_metrics_that_exist() {
 fn top_names_who_is_limited_now_from_bounded_memory() {
     let up = Upstream::start("u");
     // an hourly tier behind a 1 s one: the hour's denials are listed after the second rolled
-    let limits = LIMITS.replace(
+    let limits = LIMITS.edit(
         "tiers: [{ period: 1h, threshold: 4 }]",
         "tiers: [{ period: 1s, threshold: 1000 }, { period: 1h, threshold: 4 }]",
     );

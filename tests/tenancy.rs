@@ -4,13 +4,13 @@
 
 mod common;
 use common::{
-    avoid_window_edge, one_route_config, request, run_tollgate, Gateway, TempDir, Upstream,
+    avoid_window_edge, one_route_config, request, run_tollgate, Edit, Gateway, TempDir, Upstream,
 };
 
 /// One upstream, four routes: `/v1/**` requires a tenant, `/public/**` takes `anonymous`,
 /// `/login` looks for none, the rest follow `tenant.required`.
 fn routes(up: &Upstream, server_extra: &str) -> String {
-    one_route_config(up.addr, 1, server_extra).replace(
+    one_route_config(up.addr, 1, server_extra).edit(
         "routes:\n",
         "routes:\n  - id: v1\n    path: /v1/**\n    upstream: app\n    tenant: required\n  - id: public\n    path: /public/**\n    upstream: app\n    tenant: optional\n  - id: login\n    path: /login\n    upstream: app\n    tenant: none\n",
     )
@@ -66,7 +66,7 @@ fn a_trusted_proxy_or_trusted_true_makes_the_claim_count() {
     );
     drop(gw);
     // no trusted proxy, but the operator says the header is set by something it trusts
-    let trusted = tenant.replace(
+    let trusted = tenant.edit(
         "    - header: x-org-id\n",
         "    - header: x-org-id\n      trusted: true\n",
     );
@@ -125,7 +125,7 @@ fn api_keys_stay_at_the_gateway_unless_hide_is_false() {
     assert_eq!(r.status, 200);
     assert!(r.upstream_headers("x-api-key").is_empty(), "{}", r.body);
     drop(gw);
-    let shown = tenant.replace("\"k-acme\": acme }", "\"k-acme\": acme }, hide: false");
+    let shown = tenant.edit("\"k-acme\": acme }", "\"k-acme\": acme }, hide: false");
     let gw = Gateway::start(&format!("{}{shown}", routes(&up, "")));
     let r = gw.get("/v1/x", &[("x-api-key", "k-acme")]);
     assert_eq!(r.upstream_headers("x-api-key"), vec!["k-acme".to_string()]);
@@ -213,7 +213,7 @@ fn check_warns_of_claimable_sources_and_plan_members_no_key_maps_to() {
     }
     assert!(!all.contains("\"acme\" is not the tenant"), "{all}");
     // strict: the typo is an error
-    let strict = base.replace("  required: true\n", "  required: true\n  strict: true\n");
+    let strict = base.edit("  required: true\n", "  required: true\n  strict: true\n");
     let conf = dir.write(
         "strict.yaml",
         &strict

@@ -868,3 +868,21 @@ pub fn make_signed_cert(dir: &std::path::Path, ca: &str, name: &str, host: &str)
         &pem,
     ]);
 }
+
+/// Edits of a test's config text that fail loudly when the text to replace is not there (a
+/// silent `str::replace` would run the test on an unchanged config).
+pub trait Edit {
+    /// `self` with every `from` replaced by `to`; panics if `from` does not occur.
+    fn edit(&self, from: &str, to: &str) -> String;
+}
+
+impl Edit for str {
+    #[track_caller]
+    fn edit(&self, from: &str, to: &str) -> String {
+        assert!(
+            self.contains(from),
+            "the config has no {from:?} to replace:\n{self}"
+        );
+        self.replace(from, to)
+    }
+}
