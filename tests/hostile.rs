@@ -193,12 +193,17 @@ fn hostile_requests_get_4xx_or_a_closed_connection_and_smuggle_nothing() {
     // access line naming the upstream; a request whose body was refused midway may reach the
     // upstream incomplete, and is not a request there), so nothing was smuggled past the
     // gateway's own parsing; and no request line the client hid in a body was answered
-    std::thread::sleep(Duration::from_millis(300));
+    let proxied_lines = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("tollgate::access") && l.contains(&format!("upstream={up}")))
+            .count()
+    };
+    // until the access lines of what the upstream answered are written (or 5 s)
+    eventually(Duration::from_secs(5), || {
+        proxied_lines(&gw.log()) >= seen.load(Ordering::SeqCst)
+    });
     let log = gw.log();
-    let proxied = log
-        .lines()
-        .filter(|l| l.contains("tollgate::access") && l.contains(&format!("upstream={up}")))
-        .count();
+    let proxied = proxied_lines(&log);
     let upstream_saw = seen.load(Ordering::SeqCst);
     assert!(
         upstream_saw <= proxied,

@@ -323,30 +323,26 @@ impl Accounts {
         }
         let ledger_key = format!("{contract_key}:fleet");
         let bucket = counters.algorithm() == Algorithm::TokenBucket;
-        let (prev_ledger_key, prev_key, weight_ms) = if bucket {
-            let b = format!("{}:{{{partition}}}:{id}:bucket", settings.key_prefix);
-            // the previous window's ledger: the leases its records hold until they move here
-            let prev = redis_key(
+        let prev_window = || {
+            redis_key(
                 &settings.key_prefix,
                 &partition,
                 id,
                 start.saturating_sub(p),
                 start,
-            );
-            (b, format!("{prev}:fleet"), 0)
+            )
+        };
+        let (prev_ledger_key, prev_key, weight_ms) = if bucket {
+            let b = format!("{}:{{{partition}}}:{id}:bucket", settings.key_prefix);
+            // the previous window's ledger: the leases its records hold until they move here
+            (b, format!("{}:fleet", prev_window()), 0)
         } else if sliding && !ask.previous {
             // the weight one round gap ahead: a lease reaches a little past the cap of now (the
             // member keeps the cap of each moment itself, see `ledger::ceiling`)
             let elapsed = (round.sent_ms + MIN_ROUND_GAP_MS)
                 .saturating_sub(start)
                 .min(p);
-            let prev = redis_key(
-                &settings.key_prefix,
-                &partition,
-                id,
-                start.saturating_sub(p),
-                start,
-            );
+            let prev = prev_window();
             (format!("{prev}:fleet"), prev, (p - elapsed).max(1))
         } else {
             (ledger_key.clone(), contract_key.clone(), 0)
@@ -600,8 +596,8 @@ pub struct Schedule {
     pub last_ms: Option<u64>,
     last_early_ms: Option<u64>,
     backoff_ms: u64,
-    /// Rounds that failed in a row.
-    failures: u32,
+    /// The last round failed.
+    failing: bool,
 }
 
 impl Schedule {
@@ -612,7 +608,7 @@ impl Schedule {
             last_ms: None,
             last_early_ms: None,
             backoff_ms: 1000,
-            failures: 0,
+            failing: false,
         }
     }
 
@@ -647,17 +643,16 @@ impl Schedule {
     pub fn finished(&mut self, ok: bool, interval_ms: u64, periodic: bool) {
         let last = self.last_ms.unwrap_or(0);
         if ok {
-            self.failures = 0;
+            self.failing = false;
             self.backoff_ms = interval_ms;
             if periodic || self.next_ms <= last {
                 self.next_ms = last + interval_ms;
             }
-        } else if self.failures == 0 {
+        } else if !self.failing {
             // the first failure: again at once, as a periodic round (it reports every count)
-            self.failures = 1;
+            self.failing = true;
             self.next_ms = last + MIN_ROUND_GAP_MS;
         } else {
-            self.failures += 1;
             self.next_ms = last + self.backoff_ms;
             self.backoff_ms =
                 (self.backoff_ms * 2).min((MAX_BACKOFF.as_millis() as u64).max(interval_ms));
