@@ -62,7 +62,7 @@ fn bench(c: &mut Criterion) {
         &metrics.decisions,
         100_000,
         Arc::new(SystemClock),
-        Arc::new(tollgate::fleet_sync::FleetState::default()),
+        Arc::new(tollgate::services::fleet_sync::FleetState::default()),
     );
     let tenants: Vec<Vec<u8>> = (0..25)
         .map(|i| format!("tenant-{i}").into_bytes())
@@ -158,11 +158,11 @@ fn bench(c: &mut Criterion) {
             let session = std::future::poll_fn(|_| {
                 polls += 1;
                 if polls == 2 {
-                    tollgate::header_deadline::header_read();
+                    tollgate::request::header_deadline::header_read();
                 }
                 std::task::Poll::<Option<()>>::Pending
             });
-            let mut d = std::pin::pin!(tollgate::header_deadline::HeaderDeadline::new(
+            let mut d = std::pin::pin!(tollgate::request::header_deadline::HeaderDeadline::new(
                 session,
                 std::time::Duration::from_secs(10)
             ));

@@ -1,19 +1,19 @@
 //! Command line (contract section 1) and process start-up.
 
-use crate::admin::api::{DecisionRates, OpsSampler};
-use crate::admin::install_drain_signals;
-use crate::admin::{Admin, ReadinessProbe};
-use crate::client_limits::Edge;
 use crate::config;
-use crate::fleet_sync::{Accounts, SyncService};
 use crate::limits::fleet::FleetState;
-use crate::limits::sweeper::Sweeper;
 use crate::limits::{CounterRegistry, SystemClock};
 use crate::metrics::Metrics;
-use crate::proxy::Gateway;
-use crate::reload::{install_sighup, ReloadStatus, Reloader};
+use crate::request::client_limits::Edge;
+use crate::request::proxy::Gateway;
+use crate::request::tls::SniCertificates;
+use crate::services::admin::api::{DecisionRates, OpsSampler};
+use crate::services::admin::install_drain_signals;
+use crate::services::admin::{Admin, ReadinessProbe};
+use crate::services::fleet_sync::{Accounts, SyncService};
+use crate::services::reload::{install_sighup, ReloadStatus, Reloader};
+use crate::services::sweeper::Sweeper;
 use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
-use crate::tls::SniCertificates;
 use crate::upstream::HealthChecker;
 use arc_swap::ArcSwap;
 use clap::Parser;

@@ -17,7 +17,7 @@ pub struct Snapshot {
     /// Indexed like `config.upstreams`.
     pub pools: Vec<Arc<Pool>>,
     /// Indexed like `config.upstreams`: the gate of pools with `max_in_flight`.
-    pub gates: Vec<Option<Arc<crate::shaping::Gate>>>,
+    pub gates: Vec<Option<Arc<crate::upstream::shaping::Gate>>>,
     /// The rate-limit rules, compiled; their counters live in the registry, not here.
     pub limiter: Limiter,
     /// `tollgate_requests_total` handles by route and status, resolved on first use.
@@ -87,7 +87,7 @@ impl RequestCounters {
 pub struct Runtime {
     pub registry: Arc<CounterRegistry>,
     /// Pools' priority-shaping gates, by pool name.
-    pub gates: Arc<crate::shaping::Gates>,
+    pub gates: Arc<crate::upstream::shaping::Gates>,
     pub fleet: Arc<FleetState>,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,

@@ -19,11 +19,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use tollgate::config::{self, model::RedisSettings};
-use tollgate::fleet_sync::backend::{update_model, Exchange, Heartbeat, RoundError, Update};
-use tollgate::fleet_sync::{Accounts, Round, Schedule};
 use tollgate::limits::fleet::{hold_limit, FleetState, Link, MIN_ROUND_GAP_MS};
 use tollgate::limits::ledger::SPARE_PERCENT;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
+use tollgate::services::fleet_sync::backend::{
+    update_model, Exchange, Heartbeat, RoundError, Update,
+};
+use tollgate::services::fleet_sync::{Accounts, Round, Schedule};
 
 /// splitmix64: small, fast, and the same on every machine.
 struct Rng(u64);

@@ -12,12 +12,12 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use tollgate::config::{self, Config};
-use tollgate::fleet_sync::backend::{
-    ledger_model, update_model, Exchange, LedgerUpdate, RoundError, Update,
-};
-use tollgate::fleet_sync::{Accounts, Round};
 use tollgate::limits::fleet::FleetState;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
+use tollgate::services::fleet_sync::backend::{
+    ledger_model, update_model, Exchange, LedgerUpdate, RoundError, Update,
+};
+use tollgate::services::fleet_sync::{Accounts, Round};
 
 const T0: u64 = 1_800_000_000_000;
 

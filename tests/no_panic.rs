@@ -5,10 +5,10 @@
 use proptest::prelude::*;
 use std::net::IpAddr;
 use std::path::Path;
-use tollgate::client_addr::client_ip;
 use tollgate::config;
 use tollgate::config::duration::parse_duration;
 use tollgate::matching::{normalize_path, HostMatch, PathPattern, Segments};
+use tollgate::request::client_addr::client_ip;
 
 fn cases(default: u32) -> ProptestConfig {
     let n = std::env::var("PROPTEST_CASES")

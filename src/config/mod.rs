@@ -1,13 +1,15 @@
 //! Configuration: the YAML file model (`file`), its validation (`validate`) into the running
-//! model (`model`), with every error located (`error`, `locate`).
+//! model (`model`, with the TLS `certificates` it names), with every error located (`error`,
+//! `locate`).
 
+pub mod certificates;
 pub mod defaults;
-pub mod diff;
 pub mod duration;
 pub mod error;
 pub mod file;
 pub mod locate;
 pub mod model;
+pub mod redis_client;
 pub mod summary;
 pub mod validate;
 

@@ -25,7 +25,7 @@ pub struct Config {
     pub redis: Option<RedisSettings>,
     pub headers: HeaderSettings,
     /// Certificates of the TLS listeners and of `server.certificates`, read and checked.
-    pub tls: crate::tls::Certificates,
+    pub tls: crate::config::certificates::Certificates,
     /// `FILE:LINE:COL: warning: ...`: accepted, but probably not meant.
     pub warnings: Vec<super::error::ConfigError>,
 }
@@ -80,7 +80,7 @@ pub struct Shaping {
 pub struct UpstreamTls {
     pub sni: String,
     /// CA certificates to verify against; `None`: the system's roots.
-    pub ca: Option<Arc<Box<[crate::tls::X509]>>>,
+    pub ca: Option<Arc<Box<[crate::config::certificates::X509]>>>,
     pub verify: bool,
 }
 

@@ -14,7 +14,6 @@ pub mod limiter;
 pub mod partition;
 pub mod policy;
 pub mod store;
-pub mod sweeper;
 pub mod top;
 
 pub use clock::{Clock, FakeClock, SystemClock};

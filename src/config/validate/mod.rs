@@ -9,8 +9,8 @@ use super::error::{ConfigError, ConfigErrors, Pos};
 use super::file::*;
 use super::locate::Locator;
 use super::model::*;
+use crate::config::certificates::{valid_host, CertKey, Certificates, PairError};
 use crate::matching::{HostMatch, MethodSet, PathPattern, RequestMatch};
-use crate::tls::{valid_host, CertKey, Certificates, PairError};
 
 mod limits;
 mod redis;

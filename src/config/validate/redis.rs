@@ -161,7 +161,7 @@ fn check_access(c: &mut Checker, r: &RedisFile, endpoint: &RedisEndpoint) -> Red
     if c.errors.len() == errors_before {
         // as start-up will build the client, so that `-t` refuses what start-up would
         for u in &urls {
-            if let Err(e) = crate::fleet_sync::backend::client(u, &access) {
+            if let Err(e) = crate::config::redis_client::client(u, &access) {
                 c.err("redis", format!("{u:?}: {e}"));
                 break;
             }

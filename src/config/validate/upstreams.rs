@@ -35,7 +35,7 @@ pub(super) fn check_upstream_tls(c: &mut Checker, base: &str, t: &UpstreamTlsFil
     let ca = t.ca.as_ref().and_then(|ca| {
         let path = format!("{base}.tls.ca");
         let (file, pem) = c.read_file(&path, ca)?;
-        match crate::tls::X509::stack_from_pem(&pem) {
+        match crate::config::certificates::X509::stack_from_pem(&pem) {
             Ok(list) if !list.is_empty() => Some(Arc::new(list.into_boxed_slice())),
             _ => {
                 c.err(

@@ -1,6 +1,8 @@
 //! Upstream pools: a pingora load balancer per pool (round robin, random, or consistent hash of
 //! the tenant), TCP or HTTP health checks, and the peer options (timeouts, keepalive) that
-//! every proxied request uses.
+//! every proxied request uses; a pool with `max_in_flight` has a priority queue (`shaping`).
+
+pub mod shaping;
 
 use crate::config::model::{Balance, UpstreamSpec, UpstreamTls};
 use crate::ticker::Ticker;

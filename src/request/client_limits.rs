@@ -10,7 +10,7 @@
 //!   a body that grows past the limit while streaming ends the request with 413.
 
 use crate::config::model::ServerSettings;
-use crate::header_deadline::HeaderDeadline;
+use crate::request::header_deadline::HeaderDeadline;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
 use pingora::apps::{HttpServerApp, HttpServerOptions, ReusedHttpStream};

@@ -6,7 +6,7 @@ pub mod api;
 
 use crate::limits::fleet::{FleetState, Link};
 use crate::metrics::Metrics;
-use crate::reload::ReloadStatus;
+use crate::services::reload::ReloadStatus;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
 use http::{Response, StatusCode};

@@ -1,21 +1,14 @@
-//! TLS at the edge. The certificates of the TLS listeners and of `server.certificates` are read
-//! and checked with the rest of the configuration (at start-up, on `-t` and on SIGHUP), and live
-//! in the config snapshot. Each handshake picks one by SNI from the snapshot running at that
-//! moment: the exact host first, then a wildcard (`*.example.com` for one label), then the
-//! listener's own. A reload thus changes the certificate of new handshakes only; connections
-//! already open keep theirs.
+//! The certificates of the edge's TLS listeners and of `server.certificates`, read and checked
+//! with the rest of the configuration (at start-up, on `-t` and on SIGHUP); they live in the
+//! config snapshot, and `request::tls` picks one per handshake.
 //!
 //! The backend is OpenSSL (Debian's libssl): choosing a certificate during the handshake goes
 //! through Pingora's certificate callback, which Pingora offers for OpenSSL and BoringSSL only,
 //! and BoringSSL would be built from source on every fresh machine.
 
-use crate::snapshot::SharedSnapshot;
-use async_trait::async_trait;
-use pingora::listeners::TlsAccept;
 use pingora::protocols::tls::TlsRef;
 use pingora::tls::ext;
 use pingora::tls::pkey::{PKey, Private};
-use pingora::tls::ssl::NameType;
 pub use pingora::tls::x509::X509;
 use std::collections::HashMap;
 use std::fmt;
@@ -77,7 +70,7 @@ impl CertKey {
     }
 
     /// Present this certificate in the handshake under way.
-    fn use_in(&self, ssl: &mut TlsRef) -> Result<(), pingora::tls::error::ErrorStack> {
+    pub fn use_in(&self, ssl: &mut TlsRef) -> Result<(), pingora::tls::error::ErrorStack> {
         ext::ssl_use_certificate(ssl, &self.chain[0])?;
         for c in &self.chain[1..] {
             ext::ssl_add_chain_cert(ssl, c)?;
@@ -152,31 +145,6 @@ pub fn valid_host(host: &str) -> bool {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-')
         })
-}
-
-/// The certificate callback of one TLS listener.
-pub struct SniCertificates {
-    pub shared: SharedSnapshot,
-    pub listener: SocketAddr,
-}
-
-#[async_trait]
-impl TlsAccept for SniCertificates {
-    async fn certificate_callback(&self, ssl: &mut TlsRef) {
-        let sni = ssl.servername(NameType::HOST_NAME).map(str::to_owned);
-        let snap = self.shared.load();
-        match snap.config.tls.pick(sni.as_deref(), self.listener) {
-            Some(pair) => {
-                if let Err(e) = pair.use_in(ssl) {
-                    log::warn!(
-                        "tls: cannot use {} for a handshake: {e}",
-                        pair.cert_file.display()
-                    );
-                }
-            }
-            None => log::warn!("tls: no certificate for listener {}", self.listener),
-        }
-    }
 }
 
 #[cfg(test)]

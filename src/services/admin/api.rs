@@ -7,7 +7,7 @@
 use crate::config::duration::format_duration;
 use crate::limits::fleet::{FleetState, Link};
 use crate::metrics::Metrics;
-use crate::reload::ReloadStatus;
+use crate::services::reload::ReloadStatus;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
 use parking_lot::Mutex;

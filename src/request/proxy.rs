@@ -10,17 +10,17 @@
 //! 5. `fail_to_proxy`: problem+json for upstream failures (502, 504) and bad requests.
 //! 6. `logging`: metrics.
 
-use crate::client_addr::{client_ip, X_FORWARDED_FOR};
-use crate::client_limits;
-use crate::header_deadline;
 use crate::limits::headers;
 use crate::limits::{Decision, LimitRequest, Verdict};
 use crate::matching::{normalize_path, Segments};
 use crate::metrics::Metrics;
 use crate::problem;
-use crate::routing::find_route;
+use crate::request::client_addr::{client_ip, X_FORWARDED_FOR};
+use crate::request::client_limits;
+use crate::request::header_deadline;
+use crate::request::routing::find_route;
+use crate::request::tenant::{self, RequestFacts, Resolved};
 use crate::snapshot::{SharedSnapshot, Snapshot};
-use crate::tenant::{self, RequestFacts, Resolved};
 use async_trait::async_trait;
 use http::header::{self, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -64,7 +64,7 @@ pub struct RequestCtx {
     /// Slots of `concurrency` limits, freed when the request is done (the context dropped).
     slots: smallvec::SmallVec<[crate::limits::in_flight::Slot; 1]>,
     /// The place in a shaped pool, handed to the next waiter when the request is done.
-    gate: Option<crate::shaping::GateSlot>,
+    gate: Option<crate::upstream::shaping::GateSlot>,
 }
 
 pub struct Gateway {
@@ -144,7 +144,7 @@ async fn enter_gate(
     metrics: &Metrics,
     snap: &Snapshot,
     pool: usize,
-    gate: &Arc<crate::shaping::Gate>,
+    gate: &Arc<crate::upstream::shaping::Gate>,
     ctx: &mut RequestCtx,
 ) -> Result<bool> {
     let tenant = &ctx.tenant[..];
@@ -179,8 +179,8 @@ async fn enter_gate(
         }
         Err(why) => {
             let reason = match why {
-                crate::shaping::Refused::Full => "full",
-                crate::shaping::Refused::Timeout => "timeout",
+                crate::upstream::shaping::Refused::Full => "full",
+                crate::upstream::shaping::Refused::Timeout => "timeout",
             };
             metrics
                 .queue_refused
@@ -395,7 +395,10 @@ impl ProxyHttp for Gateway {
             headers: &req.headers,
             normalized_path: &path,
             client_ip: client,
-            from_trusted_proxy: crate::client_addr::trusted(peer, &cfg.server.trusted_proxies),
+            from_trusted_proxy: crate::request::client_addr::trusted(
+                peer,
+                &cfg.server.trusted_proxies,
+            ),
         };
         let resolved = tenant::resolve(&cfg.tenant, route.tenant, &facts);
         ctx.route = Some(route_idx);
@@ -522,7 +525,7 @@ impl ProxyHttp for Gateway {
                     session,
                     503,
                     "the upstream is busy: its queue is full or the wait timed out",
-                    crate::shaping::RETRY_AFTER.as_secs(),
+                    crate::upstream::shaping::RETRY_AFTER.as_secs(),
                 ))
                 .await?;
                 return Ok(true);

@@ -2,8 +2,8 @@
 //! reset, by the counters' identity: rule id, algorithm, `per` and tier periods), and pools
 //! added, removed and changed.
 
-use super::model::{Config, Rule, Tier};
-use super::summary::{algorithm_text, per_text, tiers_text};
+use crate::config::model::{Config, Rule, Tier};
+use crate::config::summary::{algorithm_text, per_text, tiers_text};
 use crate::limits::store::RuleIdentity;
 
 /// The tier lists of a rule as the limiter keys its counters: `tiers`, then each plan's own.

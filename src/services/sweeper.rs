@@ -1,8 +1,8 @@
 //! Background service dropping counters that no window needs any more, and refreshing the
 //! tracked-counter gauge.
 
-use super::clock::{Clock, NANOS_PER_MS};
-use super::store::CounterRegistry;
+use crate::limits::clock::{Clock, NANOS_PER_MS};
+use crate::limits::store::CounterRegistry;
 use crate::ticker::Ticker;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;

@@ -3,7 +3,9 @@
 //! and SIGINT); it only raises a flag, which survives pingora's fork in daemon mode. A
 //! background service sees the flag, reads and validates the file and its includes in full, off
 //! the request path, and swaps the snapshot: requests in flight finish under the old one. A
-//! storm of signals coalesces into one reload at a time.
+//! storm of signals coalesces into one reload at a time. What changed is logged (`diff`).
+
+pub mod diff;
 
 use crate::config;
 use crate::metrics::Metrics;
@@ -148,7 +150,8 @@ impl Reloader {
         }
         self.status.record(None);
         self.metrics.reloads.with_label_values(&["ok"]).inc();
-        let changes = crate::config::diff::changes(&old.config, &self.shared.load().config);
+        let changes =
+            crate::services::reload::diff::changes(&old.config, &self.shared.load().config);
         log::info!(
             "reload: configuration {} reloaded{}",
             self.path.display(),

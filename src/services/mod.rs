@@ -1,0 +1,7 @@
+//! The background services beside the request path: the [`fleet_sync`] to Redis, the
+//! [`reload`]er, the [`admin`] listener, the counters' [`sweeper`], all on a [`ticker`].
+
+pub mod admin;
+pub mod fleet_sync;
+pub mod reload;
+pub mod sweeper;
