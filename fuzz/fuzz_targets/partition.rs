@@ -3,7 +3,8 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use tollgate::config::model::PartitionBy;
-use tollgate::limits::partition::{redis_partition, PartitionValue, KEY_BUF};
+use tollgate::limits::partition::{PartitionValue, KEY_BUF};
+use tollgate::services::fleet_sync::keys::redis_partition;
 
 fuzz_target!(|data: (&[u8], &[u8])| {
     let (a, b) = data;

@@ -11,7 +11,7 @@
 
 use super::clock::NANOS_PER_MS;
 use super::ledger::{Ledger, Orphan};
-use crate::config::model::{Algorithm, Tier};
+use crate::config::model::Algorithm;
 
 /// The state of one tier of one counter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,8 +40,16 @@ pub struct TierVerdict {
     pub retry_after_ms: u64,
 }
 
-fn period_ms(tier: &Tier) -> u64 {
-    (tier.period.as_millis() as u64).max(1)
+/// What one tier allows, in the algorithms' own terms: `threshold` requests per `period_ms`
+/// (the limiter compiles a config tier into one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Quota {
+    pub threshold: u64,
+    pub period_ms: u64,
+}
+
+fn period_ms(tier: &Quota) -> u64 {
+    tier.period_ms.max(1)
 }
 
 fn ceil_div(a: u128, b: u128) -> u128 {
@@ -54,7 +62,7 @@ fn ceil_div(a: u128, b: u128) -> u128 {
 /// confirmed (they must still be sent).
 pub fn roll(
     state: &mut TierState,
-    tier: &Tier,
+    tier: &Quota,
     algorithm: Algorithm,
     now_ns: u64,
 ) -> Option<Orphan> {
@@ -76,7 +84,7 @@ pub fn roll(
 }
 
 /// Would one more request pass, for this instance alone? Call `roll` first.
-pub fn evaluate(state: &TierState, tier: &Tier, algorithm: Algorithm, now_ns: u64) -> TierVerdict {
+pub fn evaluate(state: &TierState, tier: &Quota, algorithm: Algorithm, now_ns: u64) -> TierVerdict {
     let threshold = tier.threshold;
     let now_ms = now_ns / NANOS_PER_MS;
     match algorithm {
@@ -162,7 +170,7 @@ pub fn evaluate(state: &TierState, tier: &Tier, algorithm: Algorithm, now_ns: u6
 }
 
 /// Consume one request. Call only after `evaluate` allowed it (for every tier).
-pub fn commit(state: &mut TierState, tier: &Tier, algorithm: Algorithm, now_ns: u64) {
+pub fn commit(state: &mut TierState, tier: &Quota, algorithm: Algorithm, now_ns: u64) {
     match algorithm {
         Algorithm::FixedWindow | Algorithm::SlidingWindow => {
             state.current += 1;
@@ -177,7 +185,7 @@ pub fn commit(state: &mut TierState, tier: &Tier, algorithm: Algorithm, now_ns: 
 }
 
 /// Until when (ms since the epoch) this state still matters; after that it can be dropped.
-pub fn needed_until_ms(state: &TierState, tier: &Tier, algorithm: Algorithm) -> u64 {
+pub fn needed_until_ms(state: &TierState, tier: &Quota, algorithm: Algorithm) -> u64 {
     let p = period_ms(tier);
     match algorithm {
         Algorithm::FixedWindow => state.window_start_ms + p,
@@ -187,7 +195,7 @@ pub fn needed_until_ms(state: &TierState, tier: &Tier, algorithm: Algorithm) -> 
 }
 
 /// The weight of a state for eviction: how much would be lost by forgetting it at `now`.
-pub fn weight(state: &TierState, tier: &Tier, algorithm: Algorithm, now_ns: u64) -> u64 {
+pub fn weight(state: &TierState, tier: &Quota, algorithm: Algorithm, now_ns: u64) -> u64 {
     let mut s = *state;
     roll(&mut s, tier, algorithm, now_ns);
     match algorithm {
@@ -205,17 +213,16 @@ pub fn weight(state: &TierState, tier: &Tier, algorithm: Algorithm, now_ns: u64)
 mod tests {
     use super::*;
     use crate::limits::clock::{Clock, FakeClock};
-    use std::time::Duration;
 
-    fn tier(period_s: u64, threshold: u64) -> Tier {
-        Tier {
-            period: Duration::from_secs(period_s),
+    fn tier(period_s: u64, threshold: u64) -> Quota {
+        Quota {
+            period_ms: period_s * 1000,
             threshold,
         }
     }
 
     /// Send one request at the clock's time; return its verdict (committed if allowed).
-    fn hit(s: &mut TierState, t: &Tier, a: Algorithm, clock: &FakeClock) -> TierVerdict {
+    fn hit(s: &mut TierState, t: &Quota, a: Algorithm, clock: &FakeClock) -> TierVerdict {
         let now = clock.now_ns();
         roll(s, t, a, now);
         let v = evaluate(s, t, a, now);

@@ -34,8 +34,9 @@
 //!   leases until the fleet's count passes it. So busy tenants far from their limits cost one
 //!   `INCRBY` an interval, and sparse ones less than one per request.
 
+use super::algorithm::Quota;
 use super::algorithm::TierState;
-use crate::config::model::{Algorithm, Tier};
+use crate::config::model::Algorithm;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 static NEXT_GEN: AtomicU32 = AtomicU32::new(1);
@@ -281,7 +282,7 @@ pub fn previous_weight(count: u64, window_start_ms: u64, period_ms: u64, now_ms:
 }
 
 /// Whether a record can be direct at all (see the module's header).
-pub fn direct_capable(tier: &Tier, algorithm: Algorithm) -> bool {
+pub fn direct_capable(tier: &Quota, algorithm: Algorithm) -> bool {
     algorithm != Algorithm::TokenBucket && direct_allowance(tier.threshold) > 0
 }
 
@@ -291,7 +292,7 @@ pub fn direct_capable(tier: &Tier, algorithm: Algorithm) -> bool {
 /// what every instance may hold unreported stay within the zone.
 pub fn direct(
     state: &TierState,
-    tier: &Tier,
+    tier: &Quota,
     algorithm: Algorithm,
     now_ms: u64,
     instances: u64,
@@ -305,7 +306,7 @@ pub fn direct(
         previous_weight(
             state.previous,
             state.window_start_ms,
-            tier.period.as_millis() as u64,
+            tier.period_ms,
             now_ms,
         )
     } else {
@@ -325,7 +326,7 @@ pub fn direct(
 /// under `on_failure: local_share`; neither: no fleet limit applies here.
 pub fn ceiling(
     state: &TierState,
-    tier: &Tier,
+    tier: &Quota,
     algorithm: Algorithm,
     now_ms: u64,
     leased: Option<u64>,
@@ -366,7 +367,7 @@ pub fn ceiling(
             // have one credit of the previous window still unreported, and may take one in
             // this window: the previous count is taken that much higher, and a credit leaves
             // room for theirs.
-            let p = tier.period.as_millis() as u64;
+            let p = tier.period_ms;
             let others = n.max(2) - 1;
             let prev = l.prev_bound.saturating_add(others);
             let cap = tier.threshold.saturating_sub(previous_weight(
@@ -399,7 +400,7 @@ pub fn ceiling(
 /// or no answer yet in this window (the local count is all there is).
 pub fn room(
     state: &TierState,
-    tier: &Tier,
+    tier: &Quota,
     algorithm: Algorithm,
     leased: Option<u64>,
     shared: Option<u64>,
@@ -439,7 +440,7 @@ pub fn room(
 /// - Only this counter's cluster node is down, and it had an answer in this window: its lease
 ///   stands (the others' leases are theirs), plus its part of what nobody held at that answer.
 /// - Otherwise: what was left at the last answer, divided among the instances last seen.
-fn share(state: &TierState, tier: &Tier, n: u64) -> Option<(u64, u64)> {
+fn share(state: &TierState, tier: &Quota, n: u64) -> Option<(u64, u64)> {
     let l = &state.ledger;
     if l.unreachable && l.fair > 0 {
         return Some((l.used, l.ceiling.max(l.sent) + l.room / n.max(1)));
@@ -457,7 +458,7 @@ fn share(state: &TierState, tier: &Tier, n: u64) -> Option<(u64, u64)> {
 /// not answer under `local_share` (`share`)? Its lease, plus its part of what nobody held at
 /// the last answer; with no answer yet in this window, a window's part of what was left, and
 /// nothing for a token bucket.
-pub fn fits_after_hold(state: &TierState, tier: &Tier, algorithm: Algorithm, n: u64) -> bool {
+pub fn fits_after_hold(state: &TierState, tier: &Quota, algorithm: Algorithm, n: u64) -> bool {
     let l = &state.ledger;
     if l.fair > 0 {
         return l.used < l.ceiling.max(l.sent) + l.room / n.max(1);
@@ -827,11 +828,10 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
 mod tests {
     use super::*;
     use crate::limits::{algorithm, clock::NANOS_PER_MS};
-    use std::time::Duration;
 
-    fn tier(threshold: u64) -> Tier {
-        Tier {
-            period: Duration::from_secs(10),
+    fn tier(threshold: u64) -> Quota {
+        Quota {
+            period_ms: 10_000,
             threshold,
         }
     }

@@ -6,8 +6,9 @@
 //! their counters' `uid` (stable across reloads), so check-then-commit is exact and two requests
 //! can never deadlock, even when one runs under an older config than the other.
 
-use super::algorithm::{self, TierState, TierVerdict};
+use super::algorithm::{self, Quota, TierState, TierVerdict};
 use super::clock::{Clock, NANOS_PER_MS};
+use super::decision_metrics::RuleMetrics;
 use super::fleet::{FleetMode, FleetState};
 use super::in_flight;
 use super::ledger::{self, Admitted, Ceiling};
@@ -18,33 +19,16 @@ use super::top;
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans, Rule, Tier};
 use crate::matching::Segments;
 use http::{HeaderMap, Method};
-use prometheus::{IntCounter, IntCounterVec};
+use prometheus::IntCounterVec;
 use smallvec::SmallVec;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// Decision metrics of one rule (`tollgate_ratelimit_decisions_total{rule,decision,tier}`).
-/// Denials carry the first tier exceeded (its period: `1s`, `1h`); admitted requests
-/// `tier="all"`, refusals of `on_failure: deny` `tier="none"`.
-pub struct RuleMetrics {
-    pub allowed: IntCounter,
-    pub denied: ByTier,
-    pub shadow_denied: ByTier,
-    pub shadowbanned: ByTier,
-    pub throttled: ByTier,
-    pub delayed: IntCounter,
-    pub unavailable: IntCounter,
-    /// Shadow denials not yet logged, and when the last log line was written (ms).
-    shadow_unlogged: AtomicU64,
-    shadow_logged_ms: AtomicU64,
-}
 
 pub struct CompiledRule {
     pub rule: Arc<Rule>,
     pub counters: Arc<RuleCounters>,
     /// For each config plan (by index): the tier list of `counters` its tenants use.
-    plan_lists: Vec<u16>,
+    pub(super) plan_lists: Vec<u16>,
     pub metrics: RuleMetrics,
     /// Header texts of each tier, by tier list then tier, made once per config.
     pub texts: Vec<Vec<TierText>>,
@@ -54,12 +38,12 @@ pub struct CompiledRule {
     pub top_period_ms: u64,
     /// The tiers of each list, with this config's thresholds (the counters' identity holds
     /// only the periods).
-    tier_lists: Vec<Vec<Tier>>,
+    tier_lists: Vec<Vec<Quota>>,
 }
 
 impl CompiledRule {
     /// The tiers of list `list` (0: the rule's `tiers`, then plans' own).
-    pub fn tiers(&self, list: u16) -> &[Tier] {
+    pub fn tiers(&self, list: u16) -> &[Quota] {
         self.tier_lists
             .get(usize::from(list))
             .map_or(&[][..], |l| &l[..])
@@ -72,12 +56,21 @@ impl CompiledRule {
     }
 }
 
+impl From<&Tier> for Quota {
+    fn from(tier: &Tier) -> Quota {
+        Quota {
+            threshold: tier.threshold,
+            period_ms: tier.period.as_millis() as u64,
+        }
+    }
+}
+
 /// The rate limiter of one config snapshot. Its counters outlive it (see `CounterRegistry`).
 pub struct Limiter {
     pub rules: Vec<CompiledRule>,
     /// Rules with `concurrency`: requests in flight per partition.
     pub concurrency: Vec<in_flight::ConcurrencyRule>,
-    clock: Arc<dyn Clock>,
+    pub(super) clock: Arc<dyn Clock>,
     pub(crate) fleet: Arc<FleetState>,
     /// `RateLimit-Policy` values by the set of tiers that applied (bounded).
     pub(crate) policy_cache: PolicyCache,
@@ -92,137 +85,6 @@ pub struct LimitRequest<'a> {
     pub tenant: &'a [u8],
     pub client_ip: IpAddr,
     pub headers: &'a HeaderMap,
-}
-
-/// The `decision` label values of `tollgate_ratelimit_decisions_total`.
-pub const DECISIONS: [&str; 7] = [
-    "allowed",
-    "denied",
-    "shadow_denied",
-    "delayed",
-    "unavailable",
-    "shadowbanned",
-    "throttled",
-];
-
-/// One decision's counters of one rule, by tier list then tier (lists that share a period
-/// share its series).
-pub struct ByTier {
-    pub lists: Vec<Vec<IntCounter>>,
-    /// One handle per distinct series, for the rule's total.
-    distinct: Vec<IntCounter>,
-}
-
-impl ByTier {
-    fn new<'a>(
-        lists: impl Iterator<Item = &'a [Tier]>,
-        series: impl Fn(&str) -> IntCounter,
-    ) -> ByTier {
-        let mut labels: Vec<(String, IntCounter)> = Vec::new();
-        let lists = lists
-            .map(|tiers| {
-                tiers
-                    .iter()
-                    .map(|t| {
-                        let l = tier_label(t);
-                        if let Some((_, c)) = labels.iter().find(|(x, _)| *x == l) {
-                            return c.clone();
-                        }
-                        let c = series(&l);
-                        labels.push((l, c.clone()));
-                        c
-                    })
-                    .collect()
-            })
-            .collect();
-        ByTier {
-            lists,
-            distinct: labels.into_iter().map(|(_, c)| c).collect(),
-        }
-    }
-
-    /// All tiers together.
-    pub fn total(&self) -> u64 {
-        self.distinct.iter().map(IntCounter::get).sum()
-    }
-
-    fn inc(&self, list: usize, tier: usize) {
-        if let Some(c) = self.lists.get(list).and_then(|l| l.get(tier)) {
-            c.inc();
-        }
-    }
-}
-
-/// The `tier` label of a tier: its period (`1s`, `10s`, `1h`, `500ms`).
-pub fn tier_label(tier: &Tier) -> String {
-    let mut out = String::new();
-    crate::config::duration::write_duration_ms(&mut out, tier.period.as_millis() as u64);
-    out
-}
-
-/// The `tier` label values of one rule's decision series (for removing them on reload).
-pub fn tier_labels(rule: &Rule) -> Vec<String> {
-    let mut out = vec![
-        "all".to_string(),
-        "none".to_string(),
-        "concurrency".to_string(),
-    ];
-    for t in rule
-        .tiers
-        .iter()
-        .chain(rule.plan_tiers.iter().flatten().flatten())
-    {
-        let l = tier_label(t);
-        if !out.contains(&l) {
-            out.push(l);
-        }
-    }
-    out
-}
-
-/// One rule's counters for one tenant, as `/api/tenants/<id>` shows them.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct RuleView {
-    pub rule: String,
-    #[serde(serialize_with = "display")]
-    pub algorithm: Algorithm,
-    #[serde(serialize_with = "display")]
-    pub action: Action,
-    /// The plan whose tiers apply (none: the rule's own tiers).
-    pub plan: Option<String>,
-    /// Whether this instance holds a counter for the tenant (none yet: nothing counted here).
-    pub tracked: bool,
-    pub tiers: Vec<TierView>,
-}
-
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct TierView {
-    pub period_ms: u64,
-    pub threshold: u64,
-    /// Counted in the current window (with Redis: the fleet's total at the last answer plus
-    /// what this instance has not sent yet).
-    pub used: u64,
-    /// Requests that would still be admitted here now.
-    pub remaining: u64,
-    pub reset_ms: u64,
-    /// With Redis, once it has answered in this window.
-    pub fleet: Option<FleetView>,
-}
-
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct FleetView {
-    /// The fleet's count at the last answer.
-    pub total: u64,
-    /// Admitted by this instance in the window.
-    pub this_instance: u64,
-    /// Of those, not yet confirmed by Redis.
-    pub unsent: u64,
-    /// What this instance may still admit on its lease.
-    pub lease: u64,
-}
-
-fn display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(v)
 }
 
 /// One tier's answer, for headers and metrics.
@@ -357,9 +219,9 @@ enum Slot<'g> {
 
 /// State standing in for an untracked partition that has been seen `seen` times (this request
 /// included): as if its earlier requests all fell in the current window.
-fn stand_in(tier: &Tier, algo: Algorithm, now_ns: u64, seen: u64) -> TierState {
+fn stand_in(tier: &Quota, algo: Algorithm, now_ns: u64, seen: u64) -> TierState {
     let before = seen.saturating_sub(1);
-    let p_ms = (tier.period.as_millis() as u64).max(1);
+    let p_ms = (tier.period_ms).max(1);
     let mut s = TierState {
         window_start_ms: (now_ns / NANOS_PER_MS) / p_ms * p_ms,
         current: before,
@@ -407,21 +269,12 @@ impl Limiter {
                     .max()
                     .unwrap_or(1)
                     .max(1);
-                let m = |d: &str, t: &str| decisions.with_label_values(&[r.id.as_str(), d, t]);
-                let by_tier = |d: &str| ByTier::new(lists.iter().map(|(_, t)| &t[..]), |t| m(d, t));
-                let metrics = RuleMetrics {
-                    allowed: m("allowed", "all"),
-                    denied: by_tier("denied"),
-                    shadow_denied: by_tier("shadow_denied"),
-                    shadowbanned: by_tier("shadowbanned"),
-                    throttled: by_tier("throttled"),
-                    delayed: m("delayed", "all"),
-                    unavailable: m("unavailable", "none"),
-                    shadow_unlogged: AtomicU64::new(0),
-                    shadow_logged_ms: AtomicU64::new(0),
-                };
+                let metrics = RuleMetrics::new(decisions, &r.id, lists.iter().map(|(_, t)| &t[..]));
                 let identity = RuleIdentity::of(&r.id, r.algorithm, &r.per, &lists);
-                let tier_lists: Vec<Vec<Tier>> = lists.into_iter().map(|(_, t)| t).collect();
+                let tier_lists: Vec<Vec<Quota>> = lists
+                    .iter()
+                    .map(|(_, t)| t.iter().map(Quota::from).collect())
+                    .collect();
                 CompiledRule {
                     texts,
                     top: Default::default(),
@@ -484,66 +337,6 @@ impl Limiter {
             // a request without the header is not counted by that rule
             PartitionBy::Header(h) => PartitionValue::Bytes(req.headers.get(h)?.as_bytes()),
         })
-    }
-
-    /// What the counters say of one tenant, for the operator (`/api/tenants/<id>`): every rule
-    /// that counts per tenant, each tier's threshold, count and reset, and the fleet's view when
-    /// Redis syncs. Reads copies of the counters; creates none and changes none.
-    pub fn inspect_tenant(&self, tenant: &[u8], plans: &Plans) -> Vec<RuleView> {
-        let now = self.clock.now_ns();
-        let plan = plans.plan_of(tenant);
-        let mut key = [0u8; KEY_BUF];
-        let n = PartitionValue::Bytes(tenant).store_key(&mut key);
-        self.rules
-            .iter()
-            .filter(|cr| cr.rule.per == PartitionBy::Tenant)
-            .map(|cr| {
-                let rc = &cr.counters;
-                let list = plan
-                    .and_then(|p| cr.plan_lists.get(p).copied())
-                    .unwrap_or(0);
-                let tiers = cr.tiers(list);
-                let algo = rc.algorithm();
-                let counter = rc.get(&key[..n]).filter(|c| c.list == list);
-                let tiers = tiers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, tier)| {
-                        let mut state = counter
-                            .as_ref()
-                            .and_then(|c| c.tiers.get(i).copied())
-                            .unwrap_or_default();
-                        algorithm::roll(&mut state, tier, algo, now);
-                        let v = algorithm::evaluate(&state, tier, algo, now);
-                        let l = &state.ledger;
-                        let remaining = if v.allowed { v.remaining + 1 } else { 0 };
-                        TierView {
-                            period_ms: tier.period.as_millis() as u64,
-                            threshold: tier.threshold,
-                            used: state.current,
-                            remaining,
-                            reset_ms: v.reset_ms,
-                            fleet: (l.fair > 0).then_some(FleetView {
-                                total: l.base.max(l.sent),
-                                this_instance: l.used,
-                                unsent: l.unsent(),
-                                lease: l.ceiling.saturating_sub(l.used).min(remaining),
-                            }),
-                        }
-                    })
-                    .collect();
-                RuleView {
-                    rule: cr.rule.id.clone(),
-                    algorithm: algo,
-                    action: cr.rule.action,
-                    plan: plan
-                        .filter(|_| list != 0)
-                        .and_then(|p| plans.names.get(p).cloned()),
-                    tracked: counter.is_some(),
-                    tiers,
-                }
-            })
-            .collect()
     }
 
     /// Decide, and commit if the request is allowed: find the applying rules, lock their
@@ -759,7 +552,7 @@ impl Limiter {
                     // again (see `note_full`), so that room that comes back is seen.
                     wake |= ledger::note_full(state, algo);
                     let retry_after_ms = if algo == Algorithm::TokenBucket {
-                        (tier.period.as_millis() as u64 / tier.threshold.max(1)).max(1)
+                        (tier.period_ms / tier.threshold.max(1)).max(1)
                     } else {
                         verdict.reset_ms
                     };
@@ -789,7 +582,7 @@ impl Limiter {
                 list: a.list,
                 tier: ti as u8,
                 threshold: tier.threshold,
-                period_ms: tier.period.as_millis() as u64,
+                period_ms: tier.period_ms,
                 verdict,
                 shadow,
             });
@@ -908,65 +701,5 @@ impl Limiter {
             }
         }
         wake
-    }
-
-    /// Count the final outcome of a request in the decision metrics. `admitted`: the request
-    /// goes to the upstream (allowed, or throttled).
-    pub fn record(&self, d: &Decision, admitted: bool, was_delayed: bool) {
-        let any_violated = d.applied.iter().any(|&(_, v)| v);
-        // the first tier of `rule` that was exceeded: (list, tier)
-        let exceeded = |rule: u16| {
-            d.tiers
-                .iter()
-                .find(|t| t.rule == rule && !t.verdict.allowed)
-                .map_or((0, 0), |t| (usize::from(t.list), usize::from(t.tier)))
-        };
-        let inc = |by: &ByTier, rule: u16| {
-            let (list, tier) = exceeded(rule);
-            by.inc(list, tier);
-        };
-        for &(rule, violated) in &d.applied {
-            let Some(cr) = self.rules.get(usize::from(rule)) else {
-                continue;
-            };
-            let m = &cr.metrics;
-            match (cr.rule.action, admitted, violated) {
-                (Action::Shadow, _, true) => {
-                    inc(&m.shadow_denied, rule);
-                    self.log_shadow(cr);
-                }
-                (Action::Shadow, _, false) => m.allowed.inc(),
-                (Action::Shadowban, _, true) => inc(&m.shadowbanned, rule),
-                (Action::Throttle, _, true) => inc(&m.throttled, rule),
-                (Action::Delay, true, _) if was_delayed => m.delayed.inc(),
-                (_, true, _) => m.allowed.inc(),
-                (_, false, true) => inc(&m.denied, rule),
-                // refused although no tier was exceeded: `on_failure: deny` without Redis
-                (_, false, false) if !any_violated => m.unavailable.inc(),
-                (_, false, false) => {}
-            }
-        }
-    }
-
-    /// Log shadow denials: at most one line per rule per second, with the count since the last.
-    fn log_shadow(&self, cr: &CompiledRule) {
-        let m = &cr.metrics;
-        let pending = m.shadow_unlogged.fetch_add(1, Ordering::Relaxed) + 1;
-        let now_ms = self.clock.now_ns() / NANOS_PER_MS;
-        let last = m.shadow_logged_ms.load(Ordering::Relaxed);
-        if now_ms >= last + 1000
-            && m.shadow_logged_ms
-                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            let n = m
-                .shadow_unlogged
-                .swap(0, Ordering::Relaxed)
-                .max(pending.min(1));
-            log::info!(
-                "shadow rule {} would have denied {n} request(s) since its last report",
-                cr.rule.id
-            );
-        }
     }
 }

@@ -6,9 +6,11 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod decision_metrics;
 pub mod fleet;
 pub mod headers;
 pub mod in_flight;
+pub mod inspect;
 pub mod ledger;
 pub mod limiter;
 pub mod partition;

@@ -13,6 +13,7 @@
 //! judged on its sketch estimate instead of an exact count (conservative: the sketch only
 //! over-counts).
 
+use super::algorithm::Quota;
 use super::algorithm::{self, TierState};
 use super::ledger::Orphan;
 use crate::config::model::{Algorithm, PartitionBy, Tier};
@@ -95,7 +96,7 @@ pub struct RuleCounters {
     pub uid: u64,
     pub identity: RuleIdentity,
     /// The tiers of the newest config with this identity (its thresholds), by list.
-    tiers: ArcSwap<Vec<Vec<Tier>>>,
+    tiers: ArcSwap<Vec<Vec<Quota>>>,
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     shard_cap: AtomicUsize,
@@ -112,7 +113,7 @@ impl RuleCounters {
     fn new(
         uid: u64,
         identity: RuleIdentity,
-        tiers: Vec<Vec<Tier>>,
+        tiers: Vec<Vec<Quota>>,
         cap: usize,
         evictions: IntCounter,
         untracked: IntCounter,
@@ -181,7 +182,7 @@ impl RuleCounters {
     }
 
     /// The tiers of every list, with the thresholds of the newest config.
-    pub fn tiers(&self) -> arc_swap::Guard<Arc<Vec<Vec<Tier>>>> {
+    pub fn tiers(&self) -> arc_swap::Guard<Arc<Vec<Vec<Quota>>>> {
         self.tiers.load()
     }
 
@@ -390,7 +391,7 @@ impl CounterRegistry {
     pub fn get_or_create(
         &self,
         identity: RuleIdentity,
-        tiers: Vec<Vec<Tier>>,
+        tiers: Vec<Vec<Quota>>,
         cap: usize,
     ) -> Arc<RuleCounters> {
         let mut rules = self.rules.lock();
@@ -445,6 +446,13 @@ mod tests {
         }]]
     }
 
+    fn quotas() -> Vec<Vec<Quota>> {
+        tiers()
+            .iter()
+            .map(|l| l.iter().map(Quota::from).collect())
+            .collect()
+    }
+
     fn identity(id: &str) -> RuleIdentity {
         RuleIdentity::of(
             id,
@@ -471,9 +479,9 @@ mod tests {
     #[test]
     fn same_identity_shares_counters_other_identity_does_not() {
         let reg = registry();
-        let a = reg.get_or_create(identity("a"), tiers(), 100);
-        let a2 = reg.get_or_create(identity("a"), tiers(), 100);
-        let b = reg.get_or_create(identity("b"), tiers(), 100);
+        let a = reg.get_or_create(identity("a"), quotas(), 100);
+        let a2 = reg.get_or_create(identity("a"), quotas(), 100);
+        let b = reg.get_or_create(identity("b"), quotas(), 100);
         assert!(Arc::ptr_eq(&a, &a2));
         assert!(!Arc::ptr_eq(&a, &b));
         assert!(b.uid > a.uid);
@@ -485,7 +493,7 @@ mod tests {
     fn a_million_distinct_tenants_cannot_evict_a_busy_one_and_memory_stays_capped() {
         let reg = registry();
         let cap = 1000;
-        let rc = reg.get_or_create(identity("flood"), tiers(), cap);
+        let rc = reg.get_or_create(identity("flood"), quotas(), cap);
         let now = 5_000_000_000_000u64;
         for _ in 0..50 {
             assert!(hit(&rc, b"busy", now));
@@ -512,7 +520,7 @@ mod tests {
     #[test]
     fn sweep_drops_counters_after_their_window_and_grace() {
         let reg = registry();
-        let rc = reg.get_or_create(identity("s"), tiers(), 100);
+        let rc = reg.get_or_create(identity("s"), quotas(), 100);
         let t0 = 1_000_000u64; // ms
         hit(&rc, b"x", t0 * 1_000_000);
         assert_eq!(rc.sweep(t0 + 9_000), 1);

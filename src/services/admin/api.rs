@@ -393,7 +393,7 @@ pub fn top(shared: &SharedSnapshot, query: &str) -> Result<Value, String> {
                 (crate::config::model::PartitionBy::Tenant, Some((0, raw))) => {
                     String::from_utf8_lossy(raw).into_owned()
                 }
-                (per, _) => crate::limits::partition::redis_partition(per, &e.key),
+                (per, _) => crate::services::fleet_sync::keys::redis_partition(per, &e.key),
             };
             json!({
                 "partition": shown,

@@ -7,12 +7,12 @@
 //! clock against a simulated Redis; `SyncService` runs it against the real one.
 
 pub mod backend;
+pub mod keys;
 
 use crate::config::model::{Algorithm, RedisSettings};
 use crate::limits::clock::{Clock, NANOS_PER_MS};
 pub use crate::limits::fleet::{FleetMode, FleetState, Link, MIN_ROUND_GAP_MS};
 use crate::limits::ledger::{self, Ask};
-use crate::limits::partition::{redis_key, redis_partition};
 use crate::limits::store::{CounterRegistry, OrphanCount, RuleCounters, SHARDS};
 use crate::metrics::Metrics;
 use crate::snapshot::SharedSnapshot;
@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use backend::{
     CountUpdate, Exchange, Heartbeat, LedgerUpdate, Reply, RoundError, SyncBackend, Update,
 };
+use keys::{redis_key, redis_partition};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,8 +41,8 @@ pub fn horizon_ms(settings: &RedisSettings) -> u64 {
     (interval + 2 * timeout).max(100)
 }
 
-fn period_ms(tier: &crate::config::model::Tier) -> u64 {
-    (tier.period.as_millis() as u64).max(1)
+fn period_ms(tier: &crate::limits::algorithm::Quota) -> u64 {
+    (tier.period_ms).max(1)
 }
 
 /// Where an update came from, so that its answer goes back there.

@@ -120,8 +120,8 @@ impl Reloader {
         self.shared.store(Arc::new(snapshot));
         // the series of rules the new config no longer has go with them
         for gone in old.config.rules.iter().filter(|r| !kept.contains(&r.id)) {
-            for d in crate::limits::limiter::DECISIONS {
-                for t in crate::limits::limiter::tier_labels(gone) {
+            for d in crate::limits::decision_metrics::DECISIONS {
+                for t in crate::limits::decision_metrics::tier_labels(gone) {
                     let _ = self.metrics.decisions.remove_label_values(&[
                         gone.id.as_str(),
                         d,

@@ -1,0 +1,114 @@
+//! What the counters say of one tenant, for the operator (`/api/tenants/<id>`): read-only
+//! copies, never a counter created or changed.
+
+use super::algorithm;
+use super::limiter::Limiter;
+use super::partition::{PartitionValue, KEY_BUF};
+use crate::config::model::{Action, Algorithm, PartitionBy, Plans};
+
+/// One rule's counters for one tenant, as `/api/tenants/<id>` shows them.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RuleView {
+    pub rule: String,
+    #[serde(serialize_with = "display")]
+    pub algorithm: Algorithm,
+    #[serde(serialize_with = "display")]
+    pub action: Action,
+    /// The plan whose tiers apply (none: the rule's own tiers).
+    pub plan: Option<String>,
+    /// Whether this instance holds a counter for the tenant (none yet: nothing counted here).
+    pub tracked: bool,
+    pub tiers: Vec<TierView>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TierView {
+    pub period_ms: u64,
+    pub threshold: u64,
+    /// Counted in the current window (with Redis: the fleet's total at the last answer plus
+    /// what this instance has not sent yet).
+    pub used: u64,
+    /// Requests that would still be admitted here now.
+    pub remaining: u64,
+    pub reset_ms: u64,
+    /// With Redis, once it has answered in this window.
+    pub fleet: Option<FleetView>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FleetView {
+    /// The fleet's count at the last answer.
+    pub total: u64,
+    /// Admitted by this instance in the window.
+    pub this_instance: u64,
+    /// Of those, not yet confirmed by Redis.
+    pub unsent: u64,
+    /// What this instance may still admit on its lease.
+    pub lease: u64,
+}
+
+fn display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+impl Limiter {
+    /// What the counters say of one tenant, for the operator (`/api/tenants/<id>`): every rule
+    /// that counts per tenant, each tier's threshold, count and reset, and the fleet's view when
+    /// Redis syncs. Reads copies of the counters; creates none and changes none.
+    pub fn inspect_tenant(&self, tenant: &[u8], plans: &Plans) -> Vec<RuleView> {
+        let now = self.clock.now_ns();
+        let plan = plans.plan_of(tenant);
+        let mut key = [0u8; KEY_BUF];
+        let n = PartitionValue::Bytes(tenant).store_key(&mut key);
+        self.rules
+            .iter()
+            .filter(|cr| cr.rule.per == PartitionBy::Tenant)
+            .map(|cr| {
+                let rc = &cr.counters;
+                let list = plan
+                    .and_then(|p| cr.plan_lists.get(p).copied())
+                    .unwrap_or(0);
+                let tiers = cr.tiers(list);
+                let algo = rc.algorithm();
+                let counter = rc.get(&key[..n]).filter(|c| c.list == list);
+                let tiers = tiers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, tier)| {
+                        let mut state = counter
+                            .as_ref()
+                            .and_then(|c| c.tiers.get(i).copied())
+                            .unwrap_or_default();
+                        algorithm::roll(&mut state, tier, algo, now);
+                        let v = algorithm::evaluate(&state, tier, algo, now);
+                        let l = &state.ledger;
+                        let remaining = if v.allowed { v.remaining + 1 } else { 0 };
+                        TierView {
+                            period_ms: tier.period_ms,
+                            threshold: tier.threshold,
+                            used: state.current,
+                            remaining,
+                            reset_ms: v.reset_ms,
+                            fleet: (l.fair > 0).then_some(FleetView {
+                                total: l.base.max(l.sent),
+                                this_instance: l.used,
+                                unsent: l.unsent(),
+                                lease: l.ceiling.saturating_sub(l.used).min(remaining),
+                            }),
+                        }
+                    })
+                    .collect();
+                RuleView {
+                    rule: cr.rule.id.clone(),
+                    algorithm: algo,
+                    action: cr.rule.action,
+                    plan: plan
+                        .filter(|_| list != 0)
+                        .and_then(|p| plans.names.get(p).cloned()),
+                    tracked: counter.is_some(),
+                    tiers,
+                }
+            })
+            .collect()
+    }
+}
