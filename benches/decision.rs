@@ -122,8 +122,10 @@ fn bench(c: &mut Criterion) {
         b.iter_batched(
             upstream_response,
             |mut r| {
-                tollgate::limits::headers::apply(&mut r, &limiter, &decision, cfg.headers, false)
-                    .unwrap();
+                tollgate::request::proxy::with_header_map(&mut r, |h| {
+                    tollgate::limits::headers::apply(h, &limiter, &decision, cfg.headers, false)
+                })
+                .unwrap();
                 r
             },
             criterion::BatchSize::SmallInput,

@@ -4,7 +4,7 @@ use crate::config;
 use crate::limits::fleet::FleetState;
 use crate::limits::{CounterRegistry, SystemClock};
 use crate::metrics::Metrics;
-use crate::request::client_limits::Edge;
+use crate::request::edge::Edge;
 use crate::request::proxy::Gateway;
 use crate::request::tls::SniCertificates;
 use crate::services::admin::api::{DecisionRates, OpsSampler};

@@ -3,9 +3,6 @@
 //! address, or another tenant's data.
 
 use bytes::Bytes;
-use pingora::http::ResponseHeader;
-use pingora::proxy::Session;
-use pingora::Result;
 
 pub const CONTENT_TYPE: &str = "application/problem+json";
 
@@ -36,30 +33,6 @@ pub fn body(
     Bytes::from(s)
 }
 
-/// The response header of a problem answer.
-pub fn header(status: u16, body_len: usize) -> Result<ResponseHeader> {
-    let mut h = ResponseHeader::build(status, Some(4))?;
-    h.insert_header("content-type", CONTENT_TYPE)?;
-    h.insert_header("content-length", body_len.to_string())?;
-    h.insert_header("cache-control", "no-store")?;
-    Ok(h)
-}
-
-/// Send a plain problem (`type: about:blank`) with the standard reason phrase as title.
-pub async fn respond(session: &mut Session, status: u16, detail: &str) -> Result<()> {
-    send(session, status, detail, None).await
-}
-
-/// `respond`, with `Retry-After: <seconds>`.
-pub async fn respond_retry(
-    session: &mut Session,
-    status: u16,
-    detail: &str,
-    retry_after: u64,
-) -> Result<()> {
-    send(session, status, detail, Some(retry_after)).await
-}
-
 /// A plain problem body (`type: about:blank`), its title the status's standard reason phrase.
 pub fn plain(status: u16, detail: &str) -> Bytes {
     let title = http::StatusCode::from_u16(status)
@@ -67,17 +40,6 @@ pub fn plain(status: u16, detail: &str) -> Bytes {
         .and_then(|s| s.canonical_reason())
         .unwrap_or("Error");
     body(status, title, detail, "about:blank", &[])
-}
-
-async fn send(session: &mut Session, status: u16, detail: &str, retry: Option<u64>) -> Result<()> {
-    let b = plain(status, detail);
-    let mut h = header(status, b.len())?;
-    if let Some(secs) = retry {
-        h.insert_header("retry-after", secs.to_string())?;
-    }
-    session.write_response_header(Box::new(h), false).await?;
-    session.write_response_body(Some(b), true).await?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 //! when a request really is admitted again, for each algorithm.
 
 use http::{HeaderMap, Method};
-use pingora::http::ResponseHeader;
 use std::path::Path;
 use std::sync::Arc;
 use tollgate::config;
@@ -64,10 +63,9 @@ impl Rig {
         };
         let d = self.limiter.decide(&req, &self.cfg.plans);
         let allowed = d.verdict == Verdict::Allow;
-        let mut resp = ResponseHeader::build(if allowed { 200 } else { 429 }, None).unwrap();
-        apply(&mut resp, &self.limiter, &d, self.cfg.headers, !allowed).unwrap();
+        let mut resp = HeaderMap::new();
+        apply(&mut resp, &self.limiter, &d, self.cfg.headers, !allowed);
         let out = resp
-            .headers
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_string()))
             .collect();

@@ -2,98 +2,28 @@
 //! - `server.client_header_timeout`: an HTTP/1 request header must be complete this long after
 //!   the gateway starts waiting for it (at accept, or after the previous answer on a kept-alive
 //!   connection), or the connection is closed without an answer, as nginx does. A slow client
-//!   (slowloris) thus holds a connection for at most that long, not for pingora's 60 s per read.
-//!   [`Edge`] wraps pingora's HTTP proxy in a [`HeaderDeadline`]; the proxy's first phase marks
-//!   the header read. HTTP/2 requests reach the proxy with their headers complete.
+//!   (slowloris) thus holds a connection for at most that long, not for pingora's 60 s per read
+//!   (`request::edge` and `request::header_deadline`).
 //! - `server.max_request_header_bytes`: larger request headers get 431.
 //! - `server.max_body_bytes`: a larger `Content-Length` gets 413 before anything is proxied;
 //!   a body that grows past the limit while streaming ends the request with 413.
 
 use crate::config::model::ServerSettings;
-use crate::request::header_deadline::HeaderDeadline;
-use crate::snapshot::SharedSnapshot;
-use async_trait::async_trait;
-use pingora::apps::{HttpServerApp, HttpServerOptions, ReusedHttpStream};
-use pingora::http::RequestHeader;
-use pingora::protocols::http::ServerSession;
-use pingora::protocols::Stream;
-use pingora::proxy::{HttpProxy, ProxyHttp};
-use pingora::server::ShutdownWatch;
-use std::sync::Arc;
-
-/// Pingora's HTTP proxy, with the client header deadline around each HTTP/1 session.
-pub struct Edge<SV: ProxyHttp> {
-    pub proxy: Arc<HttpProxy<SV>>,
-    pub shared: SharedSnapshot,
-}
-
-#[async_trait]
-impl<SV> HttpServerApp for Edge<SV>
-where
-    SV: ProxyHttp + Send + Sync + 'static,
-    SV::CTX: Send + Sync,
-{
-    async fn process_new_http(
-        self: &Arc<Self>,
-        mut session: ServerSession,
-        shutdown: &ShutdownWatch,
-    ) -> Option<ReusedHttpStream> {
-        // HTTP/1.1 pipelining (RFC 9112 section 9.3.2): a request sent before the previous
-        // answer is served after it, in order. Pingora drops it and closes the connection
-        // unless asked not to; the setting is kept across the connection's later requests.
-        session.set_pipelining_enabled(true);
-        if session.is_http2() {
-            return self.proxy.process_new_http(session, shutdown).await;
-        }
-        let timeout = self.shared.load().config.server.client_header_timeout;
-        HeaderDeadline::new(self.proxy.process_new_http(session, shutdown), timeout).await
-    }
-
-    fn h2_options(&self) -> Option<pingora::protocols::http::v2::server::H2Options> {
-        self.proxy.h2_options()
-    }
-
-    fn server_options(&self) -> Option<&HttpServerOptions> {
-        self.proxy.server_options()
-    }
-
-    /// Called once the listeners stop accepting (SIGTERM, or SIGQUIT in an upgrade). Pingora's
-    /// own cleanup drops every kept-alive connection waiting for its next request at once; a
-    /// client that had just sent one then loses it (wrk counted read errors). So the drop
-    /// waits `DRAIN_WINDOW` (at most half the grace period): meanwhile each request still
-    /// arriving on a kept-alive connection is served and answered with `Connection: close`
-    /// (`Gateway::draining`), and its client reconnects to whoever listens now.
-    async fn http_cleanup(&self) {
-        let grace = self.shared.load().config.server.grace_period;
-        tokio::time::sleep(DRAIN_WINDOW.min(grace / 2)).await;
-        self.proxy.http_cleanup().await
-    }
-
-    async fn process_custom_session(
-        self: Arc<Self>,
-        stream: Stream,
-        shutdown: &ShutdownWatch,
-    ) -> Option<Stream> {
-        self.proxy
-            .clone()
-            .process_custom_session(stream, shutdown)
-            .await
-    }
-}
-
-/// How long kept-alive connections are still served, each answer closing its connection,
-/// after the listeners stop accepting.
-pub const DRAIN_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+use http::request::Parts;
 
 pub const BODY_TOO_LARGE: &str = "the request body is larger than this gateway accepts";
 
 /// The answer to a request whose framing is ambiguous, or whose header or declared body is
 /// over the limits, if it is.
-pub fn refuse(req: &RequestHeader, server: &ServerSettings) -> Option<(u16, &'static str)> {
+pub fn refuse(
+    req: &Parts,
+    raw_path: &[u8],
+    server: &ServerSettings,
+) -> Option<(u16, &'static str)> {
     if let Some(detail) = malformed(req) {
         return Some((400, detail));
     }
-    if header_bytes(req) > server.max_request_header_bytes {
+    if header_bytes(req, raw_path) > server.max_request_header_bytes {
         return Some((
             431,
             "the request header is larger than this gateway accepts",
@@ -113,7 +43,7 @@ pub fn refuse(req: &RequestHeader, server: &ServerSettings) -> Option<(u16, &'st
 /// (`Transfer-Encoding` Pingora checks itself: it drops a `Content-Length` beside it and closes
 /// the connection after the answer, as section 6.1 asks, and refuses a last coding that is not
 /// `chunked`.)
-pub fn malformed(req: &RequestHeader) -> Option<&'static str> {
+pub fn malformed(req: &Parts) -> Option<&'static str> {
     let hosts = req.headers.get_all(http::header::HOST).iter().count();
     if hosts == 0 && req.version == http::Version::HTTP_11 {
         return Some("an HTTP/1.1 request must have a Host header");
@@ -135,15 +65,15 @@ pub fn malformed(req: &RequestHeader) -> Option<&'static str> {
 }
 
 /// The size of a request header as sent: the request line and every field line.
-pub fn header_bytes(req: &RequestHeader) -> usize {
-    let line = req.method.as_str().len() + req.raw_path().len() + 14;
+pub fn header_bytes(req: &Parts, raw_path: &[u8]) -> usize {
+    let line = req.method.as_str().len() + raw_path.len() + 14;
     req.headers
         .iter()
         .fold(line, |n, (k, v)| n + k.as_str().len() + v.len() + 4)
 }
 
 /// The declared body size, when the request says it.
-pub fn content_length(req: &RequestHeader) -> Option<u64> {
+pub fn content_length(req: &Parts) -> Option<u64> {
     req.headers
         .get(http::header::CONTENT_LENGTH)?
         .to_str()
@@ -156,14 +86,18 @@ pub fn content_length(req: &RequestHeader) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pingora::http::RequestHeader;
 
     #[test]
     fn header_size_counts_every_line() {
         let mut req = RequestHeader::build("GET", b"/v1/x", None).unwrap();
-        let bare = header_bytes(&req);
+        let bare = header_bytes(&req, req.raw_path());
         assert_eq!(bare, "GET /v1/x HTTP/1.1\r\n".len() + 2);
         req.insert_header("x-org-id", "acme").unwrap();
-        assert_eq!(header_bytes(&req), bare + "x-org-id: acme\r\n".len());
+        assert_eq!(
+            header_bytes(&req, req.raw_path()),
+            bare + "x-org-id: acme\r\n".len()
+        );
         req.insert_header("content-length", " 42 ").unwrap();
         assert_eq!(content_length(&req), Some(42));
     }

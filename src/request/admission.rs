@@ -1,0 +1,321 @@
+//! The admission of one request, knowing nothing of Pingora: every rule of who is asked, which
+//! route, which tenant, which limits and which answer, in the order a request meets them:
+//!
+//! 1. what a client may send (`client_limits`: 400, 431, 413; the connection is then closed),
+//! 2. the route (404),
+//! 3. the client address (`client_addr`) and the tenant (`tenant`: 401),
+//! 4. requests in flight (`concurrency`: 429 or the rule's status, spending no rate quota),
+//! 5. the rate limits: check then commit on every tier of every applying rule; `delay` and
+//!    requests held for the fleet's answer wait ([`Admission::Hold`], then [`Held::wait`]),
+//! 6. the action: reject (429 with the quota headers), shadowban (the rule's own reply),
+//!    throttle (forwarded, its body paced), or forward.
+//!
+//! [`admit`] takes the snapshot and the request's facts; the Pingora adapter (`proxy`) only
+//! reads the facts from the session, writes the [`Answer`] and keeps [`Admitted`] for the later
+//! phases (headers, upstream, logging).
+
+use crate::limits::headers;
+use crate::limits::in_flight::Slot;
+use crate::limits::{Decision, LimitRequest, Limiter, Verdict};
+use crate::matching::{normalize_path, Segments};
+use crate::metrics::Metrics;
+use crate::request::answer::Answer;
+use crate::request::client_addr::{self, X_FORWARDED_FOR};
+use crate::request::client_limits;
+use crate::request::routing::find_route;
+use crate::request::tenant::{self, RequestFacts, Resolved};
+use crate::snapshot::Snapshot;
+use http::header;
+use smallvec::SmallVec;
+use std::net::IpAddr;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// What a request says of itself, as read from the connection.
+pub struct Incoming<'a> {
+    pub head: &'a http::request::Parts,
+    /// The request target as sent (its length counts toward `max_request_header_bytes`).
+    pub raw_path: &'a [u8],
+    /// The connection's peer.
+    pub peer: IpAddr,
+}
+
+impl Incoming<'_> {
+    /// `Host`, or the authority of an HTTP/2 request (or of an absolute-form target).
+    fn host(&self) -> Option<&str> {
+        self.head
+            .headers
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| self.head.uri.host())
+    }
+}
+
+/// What the later phases need of a request once admitted or answered: the route and tenant,
+/// the decision (for the quota headers), the slots of `concurrency` limits (freed when it is
+/// dropped), and what the access log says of it.
+#[derive(Default)]
+pub struct Admitted {
+    /// Index into `config.routes`: the route the request matched, if any (a refused request
+    /// is counted and logged under it).
+    pub route: Option<usize>,
+    /// Empty when the route does not look for tenants (per-tenant rules skip the request).
+    pub tenant: Vec<u8>,
+    pub client_ip: Option<IpAddr>,
+    /// The rate-limit decision when a tier applied (boxed: the request's context is moved
+    /// with Pingora's request future, and most of its size would be this).
+    pub decision: Option<Box<Decision>>,
+    /// The request waited for `action: delay`.
+    pub delayed: bool,
+    /// A limit refused it.
+    pub denied: bool,
+    /// `shadowbanned` or `throttled` (the actions that do not deny).
+    pub action: Option<&'static str>,
+    /// `action: throttle`: the response body's pace in bytes per second (0: not paced).
+    pub throttle_bps: u64,
+    /// The rule that denied or held the request, and a shadow rule that would have denied it
+    /// (indexes into the snapshot's limiter; with `server.access_log`).
+    pub decided_by: Option<u16>,
+    pub shadow_by: Option<u16>,
+    pub slots: SmallVec<[Slot; 1]>,
+}
+
+/// What to do with a request.
+#[derive(Debug)]
+pub enum Admission {
+    /// Answer it here; nothing reaches an upstream.
+    Answer(Answer),
+    /// Wait (`action: delay`, or held for the fleet's next answer), then [`Held::wait`].
+    Hold(Held),
+    /// Proxy it to its route's pool.
+    Forward,
+}
+
+/// A request that waits before its decision is final.
+#[derive(Debug)]
+pub struct Held {
+    decision: Box<Decision>,
+}
+
+/// Decide what happens to a request. Synchronous: a request that must wait comes back as
+/// [`Admission::Hold`].
+pub fn admit(
+    snap: &Snapshot,
+    req: &Incoming<'_>,
+    metrics: &Metrics,
+    admitted: &mut Admitted,
+) -> Admission {
+    let cfg = &snap.config;
+    let head = req.head;
+    let path = normalize_path(head.uri.path());
+    let host = req.host();
+    let segments = Segments::new(&path);
+    let found = find_route(&cfg.routes, &head.method, host, &segments);
+    admitted.route = found.map(|(i, _)| i);
+    if let Some((status, detail)) = client_limits::refuse(head, req.raw_path, &cfg.server) {
+        return Admission::Answer(Answer::problem(status, detail).closing());
+    }
+    let Some((_, route)) = found else {
+        return Admission::Answer(Answer::problem(404, "no route matches this request"));
+    };
+    let client = client_ip(req, cfg);
+    admitted.client_ip = Some(client);
+    let facts = RequestFacts {
+        headers: &head.headers,
+        normalized_path: &path,
+        client_ip: client,
+        from_trusted_proxy: client_addr::trusted(req.peer, &cfg.server.trusted_proxies),
+    };
+    admitted.tenant = match tenant::resolve(&cfg.tenant, route.tenant, &facts) {
+        Resolved::Tenant(t) => t,
+        // no tenant: per-tenant rules skip the request (an empty id is never a tenant)
+        Resolved::NotAsked => Vec::new(),
+        Resolved::UnknownKey => {
+            return Admission::Answer(Answer::problem(401, "the API key is not valid"))
+        }
+        Resolved::Missing => {
+            return Admission::Answer(Answer::problem(
+                401,
+                "this request does not identify a tenant",
+            ))
+        }
+    };
+    let limiter = &snap.limiter;
+    if limiter.is_empty() {
+        return finish(snap, admitted, Decision::none(), false);
+    }
+    let lreq = LimitRequest {
+        method: &head.method,
+        host,
+        path: &segments,
+        tenant: &admitted.tenant,
+        client_ip: client,
+        headers: &head.headers,
+    };
+    // requests in flight first: a request refused there spends no rate quota
+    if !limiter.concurrency.is_empty() {
+        match limiter.acquire(&lreq) {
+            Ok(slots) => admitted.slots = slots,
+            Err(refusal) => {
+                admitted.denied = true;
+                let detail = format!(
+                    "too many requests in flight: concurrency limit {} is {}",
+                    limiter.concurrency[refusal.rule].rule.id, refusal.max
+                );
+                return Admission::Answer(
+                    Answer::problem(refusal.status, &detail)
+                        .retry_after(1, cfg.headers.x_ratelimit),
+                );
+            }
+        }
+    }
+    let t0 = Instant::now();
+    let d = limiter.decide(&lreq, &cfg.plans);
+    metrics
+        .decision_duration
+        .observe(t0.elapsed().as_secs_f64());
+    match d.verdict {
+        Verdict::Hold => {
+            metrics.fleet_held.inc();
+            Admission::Hold(Held {
+                decision: Box::new(d),
+            })
+        }
+        Verdict::Delay { .. } => Admission::Hold(Held {
+            decision: Box::new(d),
+        }),
+        _ => finish(snap, admitted, d, false),
+    }
+}
+
+fn client_ip(req: &Incoming<'_>, cfg: &crate::config::Config) -> IpAddr {
+    client_addr::client_ip(
+        req.peer,
+        req.head
+            .headers
+            .get_all(X_FORWARDED_FOR)
+            .iter()
+            .map(|v| v.as_bytes()),
+        &cfg.server.trusted_proxies,
+    )
+}
+
+impl Held {
+    /// `action: delay`, and requests held for the fleet: wait while the decision says so, up
+    /// to `max_delay` (then reject); a held request waits while rounds keep ending (each round
+    /// that ends gives it the fleet's hold limit again, up to four in all), then
+    /// `decide_after_hold` (`on_failure` if Redis did not answer meanwhile; refused if an
+    /// answer could not grant it; else its part of what the last answer left). Waits on
+    /// timers, never blocking a worker thread.
+    pub async fn wait(
+        self,
+        snap: &Snapshot,
+        req: &Incoming<'_>,
+        admitted: &mut Admitted,
+    ) -> Admission {
+        let path = normalize_path(req.head.uri.path());
+        let segments = Segments::new(&path);
+        let lreq = LimitRequest {
+            method: &req.head.method,
+            host: req.host(),
+            path: &segments,
+            tenant: &admitted.tenant,
+            client_ip: admitted.client_ip.unwrap_or(req.peer),
+            headers: &req.head.headers,
+        };
+        let (d, delayed) = hold(&snap.limiter, &lreq, &snap.config.plans, *self.decision).await;
+        finish(snap, admitted, d, delayed)
+    }
+}
+
+/// The wait of [`Held::wait`]. Returns the last decision and whether the request waited for
+/// `action: delay`.
+async fn hold(
+    limiter: &Limiter,
+    lreq: &LimitRequest<'_>,
+    plans: &crate::config::model::Plans,
+    mut d: Decision,
+) -> (Decision, bool) {
+    let mut delayed = false;
+    let start = Instant::now();
+    let patience = Duration::from_millis(limiter.fleet.hold_ms());
+    let mut held_until = start + patience;
+    let mut delay_until = None;
+    loop {
+        let wake = match d.verdict {
+            Verdict::Delay {
+                wait_ms,
+                max_delay_ms,
+                status,
+            } => {
+                let deadline =
+                    *delay_until.get_or_insert(start + Duration::from_millis(max_delay_ms));
+                let wake = Instant::now() + Duration::from_millis(wait_ms.max(1));
+                if wake > deadline {
+                    d.verdict = Verdict::Reject { status };
+                    break;
+                }
+                delayed = true;
+                wake
+            }
+            Verdict::Hold => held_until,
+            _ => break,
+        };
+        // until room can appear: the refill time, or the end of the sync round that may
+        // grant this instance more (a held request never polls the decision)
+        tokio::select! {
+            _ = tokio::time::sleep_until(wake) => {}
+            _ = limiter.fleet.next_round() => {
+                // Redis is answering (slowly, on a busy machine): wait on
+                held_until = (Instant::now() + patience).min(start + 4 * patience);
+            }
+        }
+        d = match d.verdict {
+            Verdict::Hold if Instant::now() >= held_until => limiter.decide_after_hold(lreq, plans),
+            Verdict::Hold => limiter.decide_again(lreq, plans),
+            _ => limiter.decide(lreq, plans),
+        };
+    }
+    (d, delayed)
+}
+
+/// The final decision: counted, then the answer of its action.
+fn finish(snap: &Snapshot, admitted: &mut Admitted, d: Decision, delayed: bool) -> Admission {
+    let limiter = &snap.limiter;
+    let cfg = &snap.config;
+    admitted.delayed = delayed;
+    limiter.record(&d, d.verdict.admits(), delayed);
+    if !d.applied.is_empty() && cfg.server.access_log {
+        (admitted.decided_by, admitted.shadow_by) = d.deciding_rules(limiter);
+    }
+    match d.verdict {
+        Verdict::Reject { status } => {
+            admitted.denied = true;
+            let mut answer =
+                Answer::problem_body(status, headers::denial_body(limiter, &d, status));
+            headers::apply(&mut answer.headers, limiter, &d, cfg.headers, true);
+            let answer = answer.retry_after(headers::retry_after_secs(&d), cfg.headers.x_ratelimit);
+            return Admission::Answer(answer);
+        }
+        Verdict::Shadowban { rule } => {
+            // the rule's own answer, as if served: no upstream, no quota headers
+            admitted.action = Some("shadowbanned");
+            let reply = limiter
+                .rules
+                .get(usize::from(rule))
+                .and_then(|cr| cr.rule.shadowban.as_ref());
+            if let Some(r) = reply {
+                return Admission::Answer(Answer::reply(r.status, &r.content_type, r.body.clone()));
+            }
+        }
+        Verdict::Throttle { bytes_per_sec } => {
+            admitted.action = Some("throttled");
+            admitted.throttle_bps = bytes_per_sec;
+        }
+        _ => {}
+    }
+    if !d.tiers.is_empty() {
+        admitted.decision = Some(Box::new(d));
+    }
+    Admission::Forward
+}
