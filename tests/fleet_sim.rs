@@ -760,7 +760,8 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     let mut why = Vec::new();
     let t = s.threshold;
     let n = s.instances as u64;
-    // README "Fleet": 2%, or one request on credit per instance but the one that filled it
+    // docs/fleet.md, "The bound": 2%, or one request on credit per instance but the one
+    // that filled it
     let slack = if t < 100 {
         t / 50 + n
     } else {

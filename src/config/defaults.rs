@@ -1,5 +1,5 @@
-//! Every default and every bound of the configuration, in one place (the README's
-//! configuration reference lists the same values).
+//! Every default and every bound of the configuration, in one place (docs/configuration.md,
+//! "Configuration reference", lists the same values).
 
 use std::time::Duration;
 

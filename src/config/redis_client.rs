@@ -18,7 +18,7 @@ pub fn tls_crypto() {
 pub fn client(url: &str, access: &RedisAccess) -> Result<redis::Client, String> {
     let mut info =
         redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| e.to_string())?;
-    // no `CLIENT SETINFO` at connect: one command fewer for the ACL the README gives
+    // no `CLIENT SETINFO` at connect: one command fewer for the ACL docs/operations.md gives
     let mut login = info.redis_settings().clone().set_skip_set_lib_name();
     if let Some(user) = &access.username {
         login = login.set_username(user);

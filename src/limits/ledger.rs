@@ -3,7 +3,7 @@
 //! the limiter asks for the admission ceiling and commits; the sync service drains asks,
 //! and applies Redis's answers. Nothing here talks to Redis.
 //!
-//! The mechanism (README "Fleet"): quota leases, a small spare budget, and holding.
+//! The mechanism (docs/fleet.md): quota leases, a small spare budget, and holding.
 //! - Every instance reports, per window, its *cumulative* admitted count (`used`) under a name
 //!   of its own (`member`: instance id and window incarnation). Redis adds only the growth to
 //!   the window's key, so a round that timed out but was applied is never counted twice, and
