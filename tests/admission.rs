@@ -1,0 +1,730 @@
+//! The rules of the request path, in-process: the Pingora-free admission (`request::admission`)
+//! of a snapshot built from a config text, under a fake clock, so that every window is the
+//! test's own (docs/configuration.md "Rate limiting" and "Beyond reject": tiers, check then
+//! commit, plans, per, actions and their precedence, delay, concurrency, headers; and the
+//! answers before them: what a client may send, the route, the tenant). Each test takes
+//! milliseconds; `tests/limits.rs` and `tests/actions.rs` keep what proves the wiring through
+//! a real gateway.
+
+mod common;
+
+use bytes::Bytes;
+use common::Edit;
+use http::{HeaderMap, Method};
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+use tollgate::config;
+use tollgate::limits::{Clock, CounterRegistry, FakeClock};
+use tollgate::metrics::Metrics;
+use tollgate::request::admission::{admit, Admission, Admitted, Incoming};
+use tollgate::services::fleet_sync::FleetState;
+use tollgate::snapshot::{Runtime, Snapshot};
+
+/// A whole hour from the epoch: every window of the tests (up to an hour) starts here.
+const HOUR: u64 = 3_600_000;
+const T0: u64 = 500_000 * HOUR;
+
+/// The tenancy of `tests/limits.rs`: an API key, a trusted path and a trusted header.
+fn config_text(limits: &str, extra: &str) -> String {
+    format!(
+        r#"server:
+  listen: ["127.0.0.1:1"]
+upstreams:
+  app:
+    servers: ["127.0.0.1:2"]
+routes:
+  - id: all
+    path: /**
+    upstream: app
+tenant:
+  from:
+    - api_key: {{ header: x-api-key, keys: {{ "k-7f3a": acme }} }}
+    - path: /v1/organizations/{{tenant}}/**
+      trusted: true
+    - header: x-org-id
+      trusted: true
+  required: false
+plans:
+  premium: [globex]
+limits:
+{limits}
+{extra}
+"#
+    )
+}
+
+/// A snapshot on a fake clock, as the gateway builds it.
+struct Rig {
+    snap: Snapshot,
+    metrics: Arc<Metrics>,
+    clock: Arc<FakeClock>,
+}
+
+/// What the client would get: the answer made by the admission, or the upstream's 200 with
+/// the quota headers the response phase adds.
+struct Out {
+    status: u16,
+    headers: HeaderMap,
+    body: Bytes,
+    forwarded: bool,
+    admitted: Admitted,
+}
+
+impl Out {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).expect("a JSON body")
+    }
+}
+
+impl Rig {
+    fn new(limits: &str, extra: &str) -> Rig {
+        Rig::from_text(&config_text(limits, extra), Arc::new(FakeClock::at_ms(T0)))
+    }
+
+    fn from_text(text: &str, clock: Arc<FakeClock>) -> Rig {
+        let cfg = config::load_str(Path::new("t.yaml"), text).expect("valid config");
+        Rig::with_clock(cfg, clock.clone(), clock)
+    }
+
+    fn with_clock(cfg: config::Config, clock: Arc<dyn Clock>, fake: Arc<FakeClock>) -> Rig {
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let rt = Runtime {
+            registry: Arc::new(CounterRegistry::new(
+                metrics.evictions.clone(),
+                metrics.untracked.clone(),
+            )),
+            gates: Default::default(),
+            fleet: Arc::new(FleetState::default()),
+            metrics: metrics.clone(),
+            clock,
+        };
+        let snap = Snapshot::build(cfg, &rt).expect("snapshot");
+        Rig {
+            snap,
+            metrics,
+            clock: fake,
+        }
+    }
+
+    fn head(method: &str, path: &str, headers: &[(&str, &str)]) -> http::request::Parts {
+        let mut b = http::Request::builder()
+            .method(Method::from_bytes(method.as_bytes()).expect("method"))
+            .uri(path)
+            .header("host", "gw.test");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).expect("request").into_parts().0
+    }
+
+    fn finish(&self, admission: Admission, admitted: Admitted) -> Out {
+        match admission {
+            Admission::Answer(a) => Out {
+                status: a.status,
+                headers: a.headers,
+                body: a.body,
+                forwarded: false,
+                admitted,
+            },
+            Admission::Forward => {
+                let mut headers = HeaderMap::new();
+                if let Some(d) = &admitted.decision {
+                    tollgate::limits::headers::apply(
+                        &mut headers,
+                        &self.snap.limiter,
+                        d,
+                        self.snap.config.headers,
+                        false,
+                    );
+                }
+                Out {
+                    status: 200,
+                    headers,
+                    body: Bytes::new(),
+                    forwarded: true,
+                    admitted,
+                }
+            }
+            Admission::Hold(_) => panic!("held: use `send_and_wait`"),
+        }
+    }
+
+    /// One request from 10.0.0.1 (answered at once: no delay, no fleet).
+    fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Out {
+        let head = Rig::head(method, path, headers);
+        let req = Incoming {
+            head: &head,
+            raw_path: path.as_bytes(),
+            peer: IpAddr::from([10, 0, 0, 1]),
+        };
+        let mut admitted = Admitted::default();
+        let a = admit(&self.snap, &req, &self.metrics, &mut admitted);
+        self.finish(a, admitted)
+    }
+
+    /// One request, waiting (on tokio's clock) when the admission holds it.
+    async fn send_and_wait(&self, path: &str, headers: &[(&str, &str)]) -> Out {
+        let head = Rig::head("GET", path, headers);
+        let req = Incoming {
+            head: &head,
+            raw_path: path.as_bytes(),
+            peer: IpAddr::from([10, 0, 0, 1]),
+        };
+        let mut admitted = Admitted::default();
+        let mut a = admit(&self.snap, &req, &self.metrics, &mut admitted);
+        if let Admission::Hold(h) = a {
+            a = h.wait(&self.snap, &req, &mut admitted).await;
+        }
+        self.finish(a, admitted)
+    }
+
+    fn get(&self, path: &str, tenant: &str) -> Out {
+        self.send("GET", path, &[("x-org-id", tenant)])
+    }
+
+    fn metrics(&self) -> String {
+        String::from_utf8(self.metrics.render()).expect("text")
+    }
+
+    /// The tier `used` counts of one tenant, by rule, as `/api/tenants/<id>` shows them.
+    fn used(&self, tenant: &str, rule: &str) -> Option<u64> {
+        self.snap
+            .limiter
+            .inspect_tenant(tenant.as_bytes(), &self.snap.config.plans)
+            .into_iter()
+            .find(|r| r.rule == rule)
+            .map(|r| r.tiers[0].used)
+    }
+}
+
+const SEED: &str = r#"  - id: get-product
+    enabled: true
+    methods: [GET]
+    pathPattern: /v1/organizations/*/product/*
+    tiers:
+      - period: 10
+        threshold: 5
+  - id: put-product
+    enabled: true
+    methods: [PUT]
+    pathPattern: /v1/organizations/*/product/*
+    tiers:
+      - period: 10
+        threshold: 2"#;
+
+#[test]
+fn seed_rule_counts_down_then_429_with_retry_after() {
+    let rig = Rig::new(SEED, "");
+    // 3 s into a 10 s window
+    rig.clock.set_ms(T0 + 3_000);
+    let path = "/v1/organizations/acme/product/1";
+    let mut remaining = Vec::new();
+    for _ in 0..5 {
+        let r = rig.send("GET", path, &[]);
+        assert!(r.forwarded);
+        assert_eq!(r.header("x-ratelimit-limit"), Some("5"));
+        remaining.push(r.header("x-ratelimit-remaining").unwrap().to_string());
+        assert_eq!(r.header("x-ratelimit-reset"), Some("7"));
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some("\"get-product/10s\";q=5;w=10")
+        );
+        assert!(r
+            .header("ratelimit")
+            .unwrap()
+            .starts_with("\"get-product/10s\";r="));
+    }
+    assert_eq!(remaining, ["4", "3", "2", "1", "0"]);
+    let r = rig.send("GET", path, &[]);
+    assert_eq!(r.status, 429);
+    assert!(r.admitted.denied);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        r.header("content-length"),
+        Some(r.body.len().to_string().as_str())
+    );
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    // the window ends in 7 s
+    assert_eq!(r.header("retry-after"), Some("7"));
+    // the seed's header, beside it
+    assert_eq!(r.header("x-ratelimit-retry-after"), Some("7"));
+    let j = r.json();
+    assert_eq!(
+        j["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(j["title"], "Too Many Requests");
+    assert_eq!(j["status"], 429);
+    assert_eq!(j["detail"], "rate limit get-product exceeded: 5 per 10s");
+    assert_eq!(
+        j["violated-policies"],
+        serde_json::json!(["get-product/10s"])
+    );
+    assert_eq!(j["retry_after"], 7);
+    assert_eq!(r.header("ratelimit"), Some("\"get-product/10s\";r=0;t=7"));
+    let m = rig.metrics();
+    assert!(
+        m.contains(
+            r#"tollgate_ratelimit_decisions_total{decision="allowed",rule="get-product",tier="all"} 5"#
+        ),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"tollgate_ratelimit_decisions_total{decision="denied",rule="get-product",tier="10s"} 1"#),
+        "{m}"
+    );
+    // the next window admits again
+    rig.clock.set_ms(T0 + 10_000);
+    assert!(rig.send("GET", path, &[]).forwarded);
+}
+
+#[test]
+fn tenants_are_isolated_and_get_and_put_count_apart() {
+    let rig = Rig::new(SEED, "");
+    let acme = "/v1/organizations/acme/product/1";
+    for _ in 0..5 {
+        assert!(rig.send("GET", acme, &[]).forwarded);
+    }
+    assert_eq!(rig.send("GET", acme, &[]).status, 429);
+    // another tenant is untouched
+    let r = rig.send("GET", "/v1/organizations/initech/product/1", &[]);
+    assert!(r.forwarded);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("4"));
+    // PUT has its own rule and counter
+    let put = rig.send("PUT", acme, &[]);
+    assert!(put.forwarded);
+    assert_eq!(put.header("x-ratelimit-limit"), Some("2"));
+    assert_eq!(put.header("x-ratelimit-remaining"), Some("1"));
+}
+
+#[test]
+fn no_rate_headers_when_no_rule_applies() {
+    let rig = Rig::new(SEED, "");
+    let r = rig.send("GET", "/v1/organizations/acme/orders", &[]);
+    assert!(r.forwarded);
+    assert!(r.admitted.decision.is_none());
+    for h in ["x-ratelimit-limit", "ratelimit-policy", "ratelimit"] {
+        assert!(r.header(h).is_none(), "{h} present");
+    }
+}
+
+#[test]
+fn every_tier_must_pass_and_a_denial_consumes_nothing() {
+    let rig = Rig::new(
+        "  - id: burst\n    pathPattern: /**\n    tiers:\n      - { period: 1, threshold: 2 }\n      - { period: 1h, threshold: 3 }",
+        "",
+    );
+    let a = rig.get("/x", "t");
+    assert!(a.forwarded);
+    assert_eq!(
+        a.header("ratelimit-policy"),
+        Some("\"burst/1s\";q=2;w=1, \"burst/1h\";q=3;w=3600")
+    );
+    assert!(rig.get("/x", "t").forwarded);
+    // the 1 s tier denies; the 1 h tier (2 used of 3) must not be charged for it
+    for _ in 0..3 {
+        let d = rig.get("/x", "t");
+        assert_eq!(d.status, 429);
+        assert_eq!(
+            d.json()["violated-policies"],
+            serde_json::json!(["burst/1s"])
+        );
+    }
+    assert_eq!(rig.used("t", "burst"), Some(2));
+    // next second: the hour tier still has exactly one left
+    rig.clock.advance_ms(1_000);
+    let r = rig.get("/x", "t");
+    assert!(r.forwarded);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
+    let d = rig.get("/x", "t");
+    assert_eq!(d.status, 429);
+    assert_eq!(
+        d.json()["violated-policies"],
+        serde_json::json!(["burst/1h"])
+    );
+}
+
+#[test]
+fn plans_give_their_tenants_other_tiers() {
+    let rig = Rig::new(
+        "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 2 }]\n    plans:\n      premium: [{ period: 1h, threshold: 5 }]",
+        "",
+    );
+    let r = rig.get("/x", "globex");
+    assert_eq!(r.header("x-ratelimit-limit"), Some("5"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("4"));
+    let r = rig.get("/x", "acme");
+    assert_eq!(r.header("x-ratelimit-limit"), Some("2"));
+    assert!(rig.get("/x", "acme").forwarded);
+    assert_eq!(rig.get("/x", "acme").status, 429);
+    for _ in 0..4 {
+        assert!(rig.get("/x", "globex").forwarded);
+    }
+    assert_eq!(rig.get("/x", "globex").status, 429);
+}
+
+#[test]
+fn shadow_counts_and_reports_but_never_blocks() {
+    let text = config_text(
+        "  - id: trial\n    pathPattern: /**\n    action: shadow\n    tiers: [{ period: 1h, threshold: 2 }]",
+        "",
+    )
+    .edit(
+        "  listen: [\"127.0.0.1:1\"]\n",
+        "  listen: [\"127.0.0.1:1\"]\n  access_log: true\n",
+    );
+    let rig = Rig::from_text(&text, Arc::new(FakeClock::at_ms(T0)));
+    for i in 0..5 {
+        let r = rig.get("/x", "t");
+        assert!(r.forwarded);
+        assert!(
+            r.header("x-ratelimit-limit").is_none(),
+            "shadow rules are not shown to clients"
+        );
+        // the access log names the shadow rule that would have denied it
+        assert_eq!(r.admitted.shadow_by.is_some(), i >= 2);
+    }
+    let m = rig.metrics();
+    assert!(
+        m.contains(
+            r#"tollgate_ratelimit_decisions_total{decision="allowed",rule="trial",tier="all"} 2"#
+        ),
+        "{m}"
+    );
+    assert!(
+        m.contains(
+            r#"tollgate_ratelimit_decisions_total{decision="shadow_denied",rule="trial",tier="1h"} 3"#
+        ),
+        "{m}"
+    );
+}
+
+#[test]
+fn per_ip_and_global_partitions() {
+    let rig = Rig::new(
+        "  - id: by-ip\n    pathPattern: /ip/**\n    per: ip\n    tiers: [{ period: 1h, threshold: 2 }]\n  - id: everyone\n    pathPattern: /global/**\n    per: global\n    tiers: [{ period: 1h, threshold: 3 }]\n  - id: by-header\n    pathPattern: /hdr/**\n    per: header:x-client\n    tiers: [{ period: 1h, threshold: 1 }]",
+        "",
+    );
+    // per ip: different tenants from one address share the count
+    assert!(rig.get("/ip/a", "t1").forwarded);
+    assert!(rig.get("/ip/a", "t2").forwarded);
+    assert_eq!(rig.get("/ip/a", "t3").status, 429);
+    // global: everyone shares
+    for t in ["a", "b", "c"] {
+        assert!(rig.get("/global/x", t).forwarded);
+    }
+    assert_eq!(rig.get("/global/x", "d").status, 429);
+    // per header: by the header's value; without the header the rule does not apply
+    let h = |v: &str| rig.send("GET", "/hdr/x", &[("x-client", v)]).status;
+    assert_eq!(h("one"), 200);
+    assert_eq!(h("one"), 429);
+    assert_eq!(h("two"), 200);
+    assert!(rig.send("GET", "/hdr/x", &[]).forwarded);
+    assert!(rig.send("GET", "/hdr/x", &[]).forwarded);
+}
+
+#[test]
+fn differently_spelled_paths_cannot_dodge_a_rule() {
+    let rig = Rig::new(
+        "  - id: product\n    methods: [GET]\n    pathPattern: /v1/organizations/*/product/*\n    tiers: [{ period: 1h, threshold: 4 }]",
+        "",
+    );
+    let spellings = [
+        "/v1/organizations/acme/product/1",
+        "//v1/organizations/acme/product/1/",
+        "/v1/./organizations/acme/x/../product/1?q=2",
+        "/v1/%6Frganizations/acme/product/%31",
+    ];
+    for s in spellings {
+        assert!(rig.send("GET", s, &[]).forwarded, "{s}");
+    }
+    for s in spellings {
+        assert_eq!(rig.send("GET", s, &[]).status, 429, "{s} dodged the rule");
+    }
+}
+
+#[test]
+fn an_api_keys_tenant_wins_over_a_spoofed_header() {
+    let rig = Rig::new(
+        "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 2 }]",
+        "",
+    );
+    let key = ("x-api-key", "k-7f3a");
+    assert!(rig.send("GET", "/x", &[key]).forwarded);
+    let r = rig.send("GET", "/x", &[key]);
+    assert_eq!(r.admitted.tenant, b"acme");
+    // acme is exhausted; claiming another tenant in a header does not help
+    assert_eq!(
+        rig.send("GET", "/x", &[key, ("x-org-id", "someone-else")])
+            .status,
+        429
+    );
+    assert!(
+        rig.send("GET", "/x", &[("x-org-id", "someone-else")])
+            .forwarded
+    );
+}
+
+#[test]
+fn header_families_can_be_switched_off() {
+    let limits = "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 1 }]";
+    let rig = Rig::new(limits, "headers:\n  x_ratelimit: false\n  ietf: true");
+    let r = rig.get("/x", "t");
+    assert!(r.header("x-ratelimit-limit").is_none());
+    assert!(r.header("ratelimit").is_some());
+    let denied = rig.get("/x", "t");
+    assert_eq!(denied.status, 429);
+    assert!(denied.header("retry-after").is_some());
+    assert!(denied.header("x-ratelimit-retry-after").is_none());
+    let rig = Rig::new(limits, "headers:\n  x_ratelimit: true\n  ietf: false");
+    let r = rig.get("/x", "t");
+    assert!(r.header("x-ratelimit-limit").is_some());
+    assert!(r.header("ratelimit-policy").is_none());
+}
+
+#[test]
+fn hostile_tenant_ids_get_correct_decisions_and_never_collide() {
+    let rig = Rig::new(
+        "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 1 }]",
+        "",
+    );
+    let long = "x".repeat(10_000);
+    let long2 = format!("{}y", "x".repeat(9_999));
+    let ids = [
+        "a:b",
+        "a%3Ab",
+        "a{b}",
+        "a%7Bb%7D",
+        "%",
+        "%25",
+        "a b",
+        long.as_str(),
+        long2.as_str(),
+    ];
+    for id in ids {
+        assert!(rig.get("/x", id).forwarded, "first request of {id:.20}");
+    }
+    for id in ids {
+        assert_eq!(rig.get("/x", id).status, 429, "second request of {id:.20}");
+    }
+    // CRLF (percent-encoded) in a path tenant
+    assert!(
+        rig.send("GET", "/v1/organizations/a%0D%0Ab/x", &[])
+            .forwarded
+    );
+    assert_eq!(
+        rig.send("GET", "/v1/organizations/a%0D%0Ab/x", &[]).status,
+        429
+    );
+    assert!(
+        rig.send("GET", "/v1/organizations/a%0d%0ac/x", &[])
+            .forwarded
+    );
+}
+
+/// A clock that moves with tokio's (paused) clock, so that a held request's timers and the
+/// limiter agree on the time.
+struct TokioClock {
+    base_ms: u64,
+    start: tokio::time::Instant,
+}
+
+impl Clock for TokioClock {
+    fn now_ns(&self) -> u64 {
+        self.base_ms * 1_000_000 + self.start.elapsed().as_nanos() as u64
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn delay_holds_a_request_until_it_fits_or_rejects_past_max_delay() {
+    let text = config_text(
+        "  - id: smooth\n    pathPattern: /slow/**\n    action: delay\n    max_delay: 1500ms\n    tiers: [{ period: 1, threshold: 1 }]\n  - id: impatient\n    pathPattern: /fast/**\n    action: delay\n    max_delay: 50ms\n    status: 503\n    tiers: [{ period: 1h, threshold: 1 }]",
+        "",
+    );
+    let cfg = config::load_str(Path::new("t.yaml"), &text).expect("valid config");
+    // 100 ms into a second
+    let clock = Arc::new(TokioClock {
+        base_ms: T0 + 100,
+        start: tokio::time::Instant::now(),
+    });
+    let rig = Rig::with_clock(cfg, clock, Arc::new(FakeClock::default()));
+    let t = [("x-org-id", "t")];
+    assert!(rig.send_and_wait("/slow/x", &t).await.forwarded);
+    let started = tokio::time::Instant::now();
+    let r = rig.send_and_wait("/slow/x", &t).await;
+    assert!(r.forwarded, "held, then let through");
+    assert!(r.admitted.delayed);
+    // held until the next second, when the tier has room: 900 ms, not a poll
+    let held = started.elapsed();
+    assert!(
+        held >= std::time::Duration::from_millis(900)
+            && held < std::time::Duration::from_millis(950),
+        "{held:?}"
+    );
+    assert!(rig
+        .metrics()
+        .contains(r#"decision="delayed",rule="smooth",tier="all"} 1"#));
+    // a wait longer than max_delay is rejected with the rule's status, at once
+    assert!(rig.send_and_wait("/fast/x", &t).await.forwarded);
+    let started = tokio::time::Instant::now();
+    let r = rig.send_and_wait("/fast/x", &t).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(started.elapsed(), std::time::Duration::ZERO);
+    assert_eq!(r.json()["title"], "Service Unavailable");
+    assert!(r.header("retry-after").is_some());
+}
+
+/// Five actions over three paths, each rule 1 per hour (`tests/actions.rs` proves the same
+/// through the gateway, with the upstream's hit count).
+#[test]
+fn the_strictest_answer_wins_and_over_limit_answers_spend_nothing() {
+    let rule = |id: &str, path: &str, action: &str| {
+        let extra = match action {
+            "throttle" => "\n    throttle: { rate: 100MB/s }",
+            "shadowban" if id == "ban" => {
+                "\n    shadowban: { status: 202, body: '{\"results\":[]}' }"
+            }
+            _ => "",
+        };
+        format!("  - id: {id}\n    pathPattern: {path}\n    tiers: [{{ period: 1h, threshold: 1 }}]\n    action: {action}{extra}\n")
+    };
+    let limits = format!(
+        "{}{}{}{}{}  - id: cap\n    pathPattern: /c/**\n    tiers: [{{ period: 1h, threshold: 10 }}]\n",
+        rule("ban", "/a/**", "shadowban"),
+        rule("slow", "/a/**", "throttle"),
+        rule("hard", "/b/**", "reject"),
+        rule("ban2", "/b/**", "shadowban"),
+        rule("slow2", "/c/**", "throttle"),
+    );
+    let rig = Rig::new(&limits, "");
+    for path in ["/a/x", "/b/x", "/c/x"] {
+        assert!(rig.get(path, "t").forwarded, "first request of {path}");
+    }
+    // shadowban over throttle: the made-up answer, not the upstream's, with no quota header
+    let r = rig.get("/a/x", "t");
+    assert!(!r.forwarded);
+    assert_eq!((r.status, &r.body[..]), (202, &b"{\"results\":[]}"[..]));
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert_eq!(r.admitted.action, Some("shadowbanned"));
+    assert!(r.header("x-ratelimit-limit").is_none() && r.header("ratelimit").is_none());
+    // reject over shadowban
+    assert_eq!(rig.get("/b/x", "t").status, 429);
+    // throttled: proxied at the rule's pace, not counted in the throttle rule's window, but
+    // counted in the windows of the rules it is not over (it reached the upstream)
+    for _ in 0..3 {
+        let r = rig.get("/c/x", "t");
+        assert!(r.forwarded);
+        assert_eq!(r.admitted.action, Some("throttled"));
+        assert_eq!(r.admitted.throttle_bps, 100_000_000);
+    }
+    for rule in ["ban", "slow", "hard", "ban2", "slow2"] {
+        assert_eq!(
+            rig.used("t", rule),
+            Some(1),
+            "{rule}: only the admitted request counts"
+        );
+    }
+    assert_eq!(
+        rig.used("t", "cap"),
+        Some(4),
+        "cap counts the allowed and the 3 throttled requests"
+    );
+    let m = rig.metrics();
+    for line in [
+        r#"{decision="shadowbanned",rule="ban",tier="1h"} 1"#,
+        r#"{decision="throttled",rule="slow2",tier="1h"} 3"#,
+        r#"{decision="denied",rule="hard",tier="1h"} 1"#,
+    ] {
+        assert!(m.contains(line), "{line}: {m}");
+    }
+}
+
+#[test]
+fn concurrency_refuses_past_n_in_flight_before_any_rate_quota_is_spent() {
+    let rig = Rig::new(
+        "  - id: exports\n    pathPattern: /export/**\n    concurrency: 1\n    tiers: [{ period: 1h, threshold: 10 }]",
+        "",
+    );
+    let first = rig.get("/export/x", "t");
+    assert!(first.forwarded);
+    assert_eq!(first.admitted.slots.len(), 1);
+    // the first still in flight (its slot held): the second is refused
+    let r = rig.get("/export/x", "t");
+    assert_eq!(r.status, 429);
+    assert!(r.admitted.denied);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.header("x-ratelimit-retry-after"), Some("1"));
+    assert_eq!(
+        r.json()["detail"],
+        "too many requests in flight: concurrency limit exports is 1"
+    );
+    // another partition has its own slots
+    assert!(rig.get("/export/x", "u").forwarded);
+    // the refusal spent no rate quota
+    assert_eq!(rig.used("t", "exports"), Some(1));
+    assert!(rig
+        .metrics()
+        .contains(r#"{decision="denied",rule="exports",tier="concurrency"} 1"#));
+    // done (the context dropped): the slot is free again
+    drop(first);
+    assert!(rig.get("/export/x", "t").forwarded);
+}
+
+#[test]
+fn what_comes_before_the_limits_route_tenant_and_what_a_client_may_send() {
+    let text = config_text(
+        "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 100 }]",
+        "",
+    )
+    .edit(
+        "  listen: [\"127.0.0.1:1\"]\n",
+        "  listen: [\"127.0.0.1:1\"]\n  max_body_bytes: 10\n",
+    )
+    .edit("required: false", "required: true")
+    .edit("    path: /**\n", "    path: /v1/**\n");
+    let rig = Rig::from_text(&text, Arc::new(FakeClock::at_ms(T0)));
+    let r = rig.send("GET", "/other", &[("x-org-id", "t")]);
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["detail"], "no route matches this request");
+    assert_eq!(r.admitted.route, None);
+    let r = rig.send("GET", "/v1/x", &[]);
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.json()["detail"],
+        "this request does not identify a tenant"
+    );
+    assert_eq!(r.admitted.route, Some(0));
+    let r = rig.send("GET", "/v1/x", &[("x-api-key", "wrong"), ("x-org-id", "t")]);
+    assert_eq!(r.status, 401, "a wrong key never becomes another tenant");
+    assert_eq!(r.json()["detail"], "the API key is not valid");
+    // a declared body over max_body_bytes: 413, counted under its route, connection closed
+    let r = rig.send(
+        "POST",
+        "/v1/x",
+        &[("x-org-id", "t"), ("content-length", "11")],
+    );
+    assert_eq!((r.status, r.admitted.route), (413, Some(0)));
+    assert!(r.header("content-type") == Some("application/problem+json"));
+    let head = Rig::head("GET", "/v1/x", &[("x-org-id", "t")]);
+    let mut h11 = head;
+    h11.headers.remove("host");
+    let req = Incoming {
+        head: &h11,
+        raw_path: b"/v1/x",
+        peer: IpAddr::from([10, 0, 0, 1]),
+    };
+    let mut admitted = Admitted::default();
+    match admit(&rig.snap, &req, &rig.metrics, &mut admitted) {
+        Admission::Answer(a) => assert_eq!((a.status, a.close), (400, true)),
+        other => panic!("{other:?}"),
+    }
+    // none of these spent quota
+    assert_eq!(rig.used("t", "api"), Some(0));
+    assert!(rig.send("GET", "/v1/x", &[("x-org-id", "t")]).forwarded);
+    assert_eq!(rig.used("t", "api"), Some(1));
+}
