@@ -34,7 +34,10 @@ fn module_of(file: &Path) -> Vec<String> {
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
         .collect();
-    if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
         parts.pop();
     }
     parts
@@ -148,10 +151,7 @@ fn top_level_modules_use_only_the_layers_before_them() {
     };
     for (a, targets) in &edges {
         for b in targets {
-            assert!(
-                rank(b) < rank(a),
-                "{a} uses {b}, a later layer: {edges:#?}"
-            );
+            assert!(rank(b) < rank(a), "{a} uses {b}, a later layer: {edges:#?}");
         }
     }
     let mut files = Vec::new();
