@@ -28,6 +28,7 @@ use crate::snapshot::Snapshot;
 use http::header;
 use smallvec::SmallVec;
 use std::net::IpAddr;
+use std::ops::ControlFlow;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -120,30 +121,10 @@ pub fn admit(
     };
     let client = client_ip(req, cfg);
     admitted.client_ip = Some(client);
-    let facts = RequestFacts {
-        headers: &head.headers,
-        normalized_path: &path,
-        client_ip: client,
-        from_trusted_proxy: client_addr::trusted(req.peer, &cfg.server.trusted_proxies),
+    admitted.tenant = match tenant_of(snap, route.tenant, req, &path, client) {
+        Ok(t) => t,
+        Err(detail) => return Admission::Answer(Answer::problem(401, detail)),
     };
-    admitted.tenant = match tenant::resolve(&cfg.tenant, route.tenant, &facts) {
-        Resolved::Tenant(t) => t,
-        // no tenant: per-tenant rules skip the request (an empty id is never a tenant)
-        Resolved::NotAsked => Vec::new(),
-        Resolved::UnknownKey => {
-            return Admission::Answer(Answer::problem(401, "the API key is not valid"))
-        }
-        Resolved::Missing => {
-            return Admission::Answer(Answer::problem(
-                401,
-                "this request does not identify a tenant",
-            ))
-        }
-    };
-    let limiter = &snap.limiter;
-    if limiter.is_empty() {
-        return finish(snap, admitted, Decision::none(), false);
-    }
     let lreq = LimitRequest {
         method: &head.method,
         host,
@@ -152,39 +133,88 @@ pub fn admit(
         client_ip: client,
         headers: &head.headers,
     };
+    match limit(
+        snap,
+        &lreq,
+        metrics,
+        &mut admitted.slots,
+        &mut admitted.denied,
+    ) {
+        ControlFlow::Break(admission) => admission,
+        ControlFlow::Continue(d) => finish(snap, admitted, d, false),
+    }
+}
+
+/// The tenant (empty when the route does not look for one), or why the answer is 401.
+fn tenant_of(
+    snap: &Snapshot,
+    mode: crate::config::model::TenantMode,
+    req: &Incoming<'_>,
+    normalized_path: &str,
+    client: IpAddr,
+) -> Result<Vec<u8>, &'static str> {
+    let cfg = &snap.config;
+    let facts = RequestFacts {
+        headers: &req.head.headers,
+        normalized_path,
+        client_ip: client,
+        from_trusted_proxy: client_addr::trusted(req.peer, &cfg.server.trusted_proxies),
+    };
+    match tenant::resolve(&cfg.tenant, mode, &facts) {
+        Resolved::Tenant(t) => Ok(t),
+        // no tenant: per-tenant rules skip the request (an empty id is never a tenant)
+        Resolved::NotAsked => Ok(Vec::new()),
+        Resolved::UnknownKey => Err("the API key is not valid"),
+        Resolved::Missing => Err("this request does not identify a tenant"),
+    }
+}
+
+/// Requests in flight, then the rate limits' first decision: an answer or a hold (`Break`),
+/// or the decision to finish with (`Continue`).
+fn limit(
+    snap: &Snapshot,
+    lreq: &LimitRequest<'_>,
+    metrics: &Metrics,
+    slots: &mut SmallVec<[Slot; 1]>,
+    denied: &mut bool,
+) -> ControlFlow<Admission, Decision> {
+    let limiter = &snap.limiter;
+    if limiter.is_empty() {
+        return ControlFlow::Continue(Decision::none());
+    }
     // requests in flight first: a request refused there spends no rate quota
     if !limiter.concurrency.is_empty() {
-        match limiter.acquire(&lreq) {
-            Ok(slots) => admitted.slots = slots,
+        match limiter.acquire(lreq) {
+            Ok(s) => *slots = s,
             Err(refusal) => {
-                admitted.denied = true;
+                *denied = true;
                 let detail = format!(
                     "too many requests in flight: concurrency limit {} is {}",
                     limiter.concurrency[refusal.rule].rule.id, refusal.max
                 );
-                return Admission::Answer(
-                    Answer::problem(refusal.status, &detail)
-                        .retry_after(1, cfg.headers.x_ratelimit),
-                );
+                let x_ratelimit = snap.config.headers.x_ratelimit;
+                return ControlFlow::Break(Admission::Answer(
+                    Answer::problem(refusal.status, &detail).retry_after(1, x_ratelimit),
+                ));
             }
         }
     }
     let t0 = Instant::now();
-    let d = limiter.decide(&lreq, &cfg.plans);
+    let d = limiter.decide(lreq, &snap.config.plans);
     metrics
         .decision_duration
         .observe(t0.elapsed().as_secs_f64());
     match d.verdict {
         Verdict::Hold => {
             metrics.fleet_held.inc();
-            Admission::Hold(Held {
+            ControlFlow::Break(Admission::Hold(Held {
                 decision: Box::new(d),
-            })
+            }))
         }
-        Verdict::Delay { .. } => Admission::Hold(Held {
+        Verdict::Delay { .. } => ControlFlow::Break(Admission::Hold(Held {
             decision: Box::new(d),
-        }),
-        _ => finish(snap, admitted, d, false),
+        })),
+        _ => ControlFlow::Continue(d),
     }
 }
 
