@@ -510,69 +510,17 @@ impl Limiter {
             } else {
                 (leased, shared)
             };
-            let fleet = match verdict.allowed {
-                false => Ceiling::Open,
-                true => match ledger::ceiling(state, tier, algo, now_ms, leased, shared) {
-                    // held as long as it may while Redis answered: if an answer could not
-                    // grant what waited here, the fleet is full; if none said so, the rounds
-                    // were only slow (a busy machine, a stalling Redis): it takes its part of
-                    // what the last answer left (`ledger::fits_after_hold`)
-                    Ceiling::LeaseUsed if patience == Patience::Over => {
-                        let n = self.fleet.instances();
-                        if state.ledger.short == 0 && ledger::fits_after_hold(state, tier, algo, n)
-                        {
-                            Ceiling::Open
-                        } else {
-                            Ceiling::FleetFull
-                        }
-                    }
-                    c => c,
-                },
-            };
-            match fleet {
-                Ceiling::Open => {
-                    // what the fleet has left, as this instance knows it
-                    if let Some(room) = ledger::room(state, tier, algo, leased, shared) {
-                        verdict.remaining = verdict.remaining.min(room.saturating_sub(1));
-                    }
-                }
-                // a shadow rule never holds a request: it runs on credit
-                Ceiling::LeaseUsed if shadow => {}
-                Ceiling::LeaseUsed => {
-                    // under the limit, but this instance's lease is used: the request waits for
-                    // the next round, which asks for it (it is never refused for this)
-                    ledger::note_hold(state, patience == Patience::First);
-                    decision.held = true;
-                    verdict.remaining = 0;
-                    wake = true;
-                }
-                Ceiling::FleetFull => {
-                    // the last round could not grant what waited here: the others hold or
-                    // admitted the rest of the window (a bucket: its tokens). A round asks
-                    // again (see `note_full`), so that room that comes back is seen.
-                    wake |= ledger::note_full(state, algo);
-                    let retry_after_ms = if algo == Algorithm::TokenBucket {
-                        (tier.period_ms / tier.threshold.max(1)).max(1)
-                    } else {
-                        verdict.reset_ms
-                    };
-                    verdict = TierVerdict {
-                        allowed: false,
-                        remaining: 0,
-                        retry_after_ms,
-                        ..verdict
-                    };
-                }
-                Ceiling::ShareUsed => {
-                    // no room before the window ends (or Redis is back)
-                    verdict = TierVerdict {
-                        allowed: false,
-                        remaining: 0,
-                        retry_after_ms: verdict.reset_ms,
-                        ..verdict
-                    };
-                }
-            }
+            wake |= self.fleet_ceiling(
+                state,
+                tier,
+                algo,
+                now_ms,
+                (leased, shared),
+                patience,
+                shadow,
+                &mut verdict,
+                &mut decision.held,
+            );
             violated |= !verdict.allowed;
             let used = state.current + u64::from(verdict.allowed);
             let permille = used.saturating_mul(1000) / tier.threshold.max(1);
@@ -594,6 +542,89 @@ impl Limiter {
         }
         decision.applied.push((a.rule, violated));
         (slot, wake)
+    }
+
+    /// What the fleet says of a tier the local count admits: room left (the remaining count
+    /// as the fleet knows it), a hold for the next round (this instance's lease is used), or
+    /// a refusal (the fleet is full; this instance's share is used while Redis is away).
+    /// Returns whether a round must be asked for at once.
+    #[allow(clippy::too_many_arguments)]
+    fn fleet_ceiling(
+        &self,
+        state: &mut TierState,
+        tier: &Quota,
+        algo: Algorithm,
+        now_ms: u64,
+        (leased, shared): (Option<u64>, Option<u64>),
+        patience: Patience,
+        shadow: bool,
+        verdict: &mut TierVerdict,
+        held: &mut bool,
+    ) -> bool {
+        let mut wake = false;
+        let fleet = match verdict.allowed {
+            false => Ceiling::Open,
+            true => match ledger::ceiling(state, tier, algo, now_ms, leased, shared) {
+                // held as long as it may while Redis answered: if an answer could not
+                // grant what waited here, the fleet is full; if none said so, the rounds
+                // were only slow (a busy machine, a stalling Redis): it takes its part of
+                // what the last answer left (`ledger::fits_after_hold`)
+                Ceiling::LeaseUsed if patience == Patience::Over => {
+                    let n = self.fleet.instances();
+                    if state.ledger.short == 0 && ledger::fits_after_hold(state, tier, algo, n) {
+                        Ceiling::Open
+                    } else {
+                        Ceiling::FleetFull
+                    }
+                }
+                c => c,
+            },
+        };
+        match fleet {
+            Ceiling::Open => {
+                // what the fleet has left, as this instance knows it
+                if let Some(room) = ledger::room(state, tier, algo, leased, shared) {
+                    verdict.remaining = verdict.remaining.min(room.saturating_sub(1));
+                }
+            }
+            // a shadow rule never holds a request: it runs on credit
+            Ceiling::LeaseUsed if shadow => {}
+            Ceiling::LeaseUsed => {
+                // under the limit, but this instance's lease is used: the request waits for
+                // the next round, which asks for it (it is never refused for this)
+                ledger::note_hold(state, patience == Patience::First);
+                *held = true;
+                verdict.remaining = 0;
+                wake = true;
+            }
+            Ceiling::FleetFull => {
+                // the last round could not grant what waited here: the others hold or
+                // admitted the rest of the window (a bucket: its tokens). A round asks
+                // again (see `note_full`), so that room that comes back is seen.
+                wake |= ledger::note_full(state, algo);
+                let retry_after_ms = if algo == Algorithm::TokenBucket {
+                    (tier.period_ms / tier.threshold.max(1)).max(1)
+                } else {
+                    verdict.reset_ms
+                };
+                *verdict = TierVerdict {
+                    allowed: false,
+                    remaining: 0,
+                    retry_after_ms,
+                    ..*verdict
+                };
+            }
+            Ceiling::ShareUsed => {
+                // no room before the window ends (or Redis is back)
+                *verdict = TierVerdict {
+                    allowed: false,
+                    remaining: 0,
+                    retry_after_ms: verdict.reset_ms,
+                    ..*verdict
+                };
+            }
+        }
+        wake
     }
 
     /// The verdict from the violated rules' actions and the fleet's state.
