@@ -22,9 +22,8 @@ use tollgate::config::{self, model::RedisSettings};
 use tollgate::limits::fleet::{hold_limit, FleetState, Link, MIN_ROUND_GAP_MS};
 use tollgate::limits::ledger::SPARE_PERCENT;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
-use tollgate::services::fleet_sync::backend::{
-    update_model, Exchange, Heartbeat, RoundError, Update,
-};
+use tollgate::services::fleet_sync::backend::script::update_model;
+use tollgate::services::fleet_sync::backend::{Exchange, Heartbeat, RoundError, Update};
 use tollgate::services::fleet_sync::{Accounts, Round, Schedule};
 
 /// splitmix64: small, fast, and the same on every machine.

@@ -7,9 +7,10 @@ mod common;
 use common::RedisServer;
 use std::collections::HashMap;
 use tollgate::limits::ledger::Answer;
-use tollgate::services::fleet_sync::backend::{
-    answer, count_model, ledger_cmd, ledger_model, load_scripts_blocking, CountUpdate, LedgerUpdate,
+use tollgate::services::fleet_sync::backend::script::{
+    count_model, ledger_cmd, ledger_model, load_scripts_blocking,
 };
+use tollgate::services::fleet_sync::backend::{answer, CountUpdate, LedgerUpdate};
 
 /// A time in the future (keys expire at absolute times derived from it).
 const NOW: u64 = 2_000_000_000_000;

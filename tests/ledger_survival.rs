@@ -14,9 +14,8 @@ use std::sync::Arc;
 use tollgate::config::{self, Config};
 use tollgate::limits::fleet::FleetState;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
-use tollgate::services::fleet_sync::backend::{
-    ledger_model, update_model, Exchange, LedgerUpdate, RoundError, Update,
-};
+use tollgate::services::fleet_sync::backend::script::{ledger_model, update_model};
+use tollgate::services::fleet_sync::backend::{Exchange, LedgerUpdate, RoundError, Update};
 use tollgate::services::fleet_sync::{Accounts, Round};
 
 const T0: u64 = 1_800_000_000_000;

@@ -1,5 +1,5 @@
 //! The background services beside the request path: the [`fleet_sync`] to Redis, the
-//! [`reload`]er, the [`admin`] listener, the counters' [`sweeper`], all on a [`ticker`].
+//! [`reload`]er, the [`admin`] listener, the counters' [`sweeper`], all on a [`crate::ticker`].
 
 pub mod admin;
 pub mod fleet_sync;

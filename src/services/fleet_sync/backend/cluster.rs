@@ -1,0 +1,231 @@
+//! The backend for a Redis Cluster: a round is one pipeline per slot, sent to the slots'
+//! masters at once, and a node that does not answer holds up only its own slots.
+
+use super::script::{no_script, LEDGER_SCRIPT};
+use super::{
+    finish_counts, first_replies, int, pipeline, Exchange, Heartbeat, RoundError, SyncBackend,
+    Update, HEARTBEAT_REPLIES,
+};
+use crate::config::model::{RedisEndpoint, RedisSettings};
+use crate::config::redis_client::tls_crypto;
+use async_trait::async_trait;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// A Redis Cluster, through the `redis` crate's cluster client (it reads the slot map, follows
+/// failovers and MOVED answers, and keeps one multiplexed connection per node). Keys carry the
+/// `{partition}` hash tag, so a tenant's keys share a slot; a round sends one pipeline per slot,
+/// all at once (the client multiplexes them on each node's connection), each bounded by the
+/// timeout. A node that does not answer holds up only its own slots: the others' answers are
+/// applied, and its counts wait for a later round (rounds are idempotent). The client retries
+/// nothing itself (`retries(0)`): a round is sent again whole by the next round, so that a
+/// request is never applied twice; an answer that the map is stale (MOVED) makes it read the
+/// map again before the next one.
+pub struct ClusterRedis {
+    client: redis::cluster::ClusterClient,
+    timeout: Duration,
+    /// Made at the first round (the gateway starts with the cluster down as with it up).
+    conn: tokio::sync::Mutex<Option<redis::cluster_async::ClusterConnection>>,
+    /// The slots whose last round did not answer.
+    down: parking_lot::Mutex<std::collections::HashSet<redis::cluster_routing::Slot>>,
+}
+
+impl ClusterRedis {
+    pub fn new(settings: &RedisSettings) -> Result<Self, String> {
+        let RedisEndpoint::Cluster(seeds) = &settings.endpoint else {
+            return Err("not a cluster endpoint".into());
+        };
+        let access = &settings.access;
+        tls_crypto();
+        let mut infos = Vec::with_capacity(seeds.len());
+        for url in seeds {
+            let info = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                .map_err(|e| e.to_string())?;
+            // no `CLIENT SETINFO` at connect: one command fewer for the ACL docs/operations.md gives
+            let login = info.redis_settings().clone().set_skip_set_lib_name();
+            infos.push(info.set_redis_settings(login));
+        }
+        // a user or password in a seed's URL applies to every node, as the client does
+        let mut b = redis::cluster::ClusterClientBuilder::new(infos)
+            .connection_timeout(settings.timeout)
+            .response_timeout(settings.timeout)
+            .retries(0);
+        if let Some(user) = &access.username {
+            b = b.username(user);
+        }
+        if let Some(password) = &access.password {
+            b = b.password(password);
+        }
+        if access.ca.is_some() || access.client.is_some() {
+            b = b.certs(redis::TlsCertificates {
+                client_tls: access
+                    .client
+                    .as_ref()
+                    .map(|(cert, key)| redis::ClientTlsConfig {
+                        client_cert: cert.clone(),
+                        client_key: key.clone(),
+                    }),
+                root_cert: access.ca.clone(),
+            });
+        }
+        Ok(ClusterRedis {
+            client: b.build().map_err(|e| e.to_string())?,
+            timeout: settings.timeout,
+            conn: tokio::sync::Mutex::new(None),
+            down: Default::default(),
+        })
+    }
+
+    /// The cluster connection, made now if it is not yet (reading the slot map from a seed).
+    async fn connection(&self) -> Result<redis::cluster_async::ClusterConnection, RoundError> {
+        let mut guard = self.conn.lock().await;
+        if let Some(c) = guard.as_ref() {
+            return Ok(c.clone());
+        }
+        let made = tokio::time::timeout(self.timeout * 2, self.client.get_async_connection())
+            .await
+            .map_err(|_| RoundError {
+                message: format!("no cluster node answered within {:?}", self.timeout * 2),
+                unapplied: true,
+            })?
+            .map_err(|e| RoundError {
+                message: e.to_string(),
+                // nothing was sent yet
+                unapplied: true,
+            })?;
+        *guard = Some(made.clone());
+        Ok(made)
+    }
+}
+
+/// One slot's pipeline on the cluster connection (loading the script on that slot's master if
+/// it does not know it): its replies, in order.
+async fn query_slot(
+    conn: &mut redis::cluster_async::ClusterConnection,
+    p: &redis::Pipeline,
+    n: usize,
+    route: redis::cluster_routing::Route,
+) -> redis::RedisResult<Vec<redis::Value>> {
+    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+    let to = || SingleNodeRoutingInfo::SpecificNode(route);
+    // the cluster client answers a pipeline's replies as they are, errors included
+    match conn.route_pipeline(p.clone(), 0, n, to()).await {
+        Ok(values) if no_script(&values) => {
+            // a script that was not known ran nothing: the pipeline goes again whole
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(LEDGER_SCRIPT);
+            conn.route_command(load, RoutingInfo::SingleNode(to()))
+                .await?;
+            conn.route_pipeline(p.clone(), 0, n, to()).await
+        }
+        r => r,
+    }
+}
+
+#[async_trait]
+impl SyncBackend for ClusterRedis {
+    async fn exchange(
+        &self,
+        updates: &[Update],
+        hb: Option<&Heartbeat>,
+    ) -> Result<Exchange, RoundError> {
+        use redis::cluster_routing::{Route, Slot, SlotAddr};
+        let conn = self.connection().await?;
+        // group by slot: one pipeline each (a pipeline may not cross slots)
+        let mut slots: HashMap<Slot, Vec<usize>> = HashMap::new();
+        for (i, u) in updates.iter().enumerate() {
+            slots.entry(Slot::for_key(u.key())).or_default().push(i);
+        }
+        let hb_slot = hb.map(|hb| Slot::for_key(&hb.key));
+        if let Some(s) = hb_slot {
+            slots.entry(s).or_default();
+        }
+        let mut tasks = Vec::with_capacity(slots.len());
+        for (slot, idxs) in slots {
+            let with_hb = hb.filter(|_| Some(slot) == hb_slot);
+            let p = pipeline(idxs.iter().filter_map(|&i| updates.get(i)), with_hb);
+            let n = idxs.len()
+                + if with_hb.is_some() {
+                    HEARTBEAT_REPLIES
+                } else {
+                    0
+                };
+            let mine: Vec<Update> = idxs
+                .iter()
+                .filter_map(|&i| updates.get(i).cloned())
+                .collect();
+            let (mut conn, timeout) = (conn.clone(), self.timeout);
+            let task = tokio::spawn(async move {
+                let run = async {
+                    let route = Route::with_slot(slot, SlotAddr::Master);
+                    let values = query_slot(&mut conn, &p, n, route).await?;
+                    if values.len() != n {
+                        return Err(format!("expected {n} answers, got {}", values.len()).into());
+                    }
+                    let mut answers = vec![None; mine.len()];
+                    let pending = first_replies(&mine, 0..mine.len(), &values, &mut answers)?;
+                    finish_counts(&mut conn, &mine, pending, &mut answers).await?;
+                    let instances = values.get(mine.len() + HEARTBEAT_REPLIES - 1).and_then(int);
+                    Ok::<_, RoundError>((answers, instances))
+                };
+                tokio::time::timeout(timeout, run)
+                    .await
+                    .map_err(|_| RoundError::from(format!("no answer within {timeout:?}")))
+                    .and_then(|r| r)
+            });
+            tasks.push((slot, idxs, with_hb.is_some(), task));
+        }
+        let mut out = Exchange {
+            answers: vec![None; updates.len()],
+            ..Exchange::default()
+        };
+        let mut last_error = None;
+        let mut heard = Vec::with_capacity(tasks.len());
+        for (slot, idxs, with_hb, task) in tasks {
+            let result = task
+                .await
+                .map_err(|e| RoundError::from(e.to_string()))
+                .and_then(|r| r);
+            match result {
+                Ok((answers, instances)) => {
+                    for (k, &i) in idxs.iter().enumerate() {
+                        out.answers[i] = answers.get(k).copied().flatten();
+                    }
+                    if with_hb {
+                        out.instances = instances.map(|i| i.max(1) as u64);
+                    }
+                    out.slots_answered += 1;
+                    heard.push((slot, true));
+                }
+                Err(e) => {
+                    out.slots_failed += 1;
+                    heard.push((slot, false));
+                    last_error = Some(e);
+                }
+            }
+        }
+        let mut down = self.down.lock();
+        for (slot, ok) in heard {
+            if ok {
+                down.remove(&slot);
+            } else {
+                down.insert(slot);
+            }
+        }
+        out.slots_down = down.len();
+        drop(down);
+        match last_error {
+            Some(e) if out.slots_answered == 0 => Err(e),
+            Some(e) => {
+                out.slot_error = Some(e.message);
+                Ok(out)
+            }
+            None => Ok(out),
+        }
+    }
+
+    fn deadline(&self, timeout: Duration) -> Duration {
+        // the connection first (a seed's connect and the slot map), then the slots' answers
+        timeout * 3 + timeout / 2
+    }
+}

@@ -1,0 +1,454 @@
+//! Where counts go: one pipelined round trip per round. Each window record is one atomic Lua
+//! script, called by its hash (EVALSHA; loaded once per server, again after a NOSCRIPT answer)
+//! (`LEDGER_SCRIPT`: report the cumulative count, take a lease, set absolute expiry
+//! times every instance computes alike, so no key is ever left without a TTL), or a plain
+//! `INCRBY` far from the limit; periodic rounds end with the heartbeat that counts live
+//! instances (four plain commands). `ledger_model` is the same script in Rust,
+//! for the simulation; a test holds the two to the same answers on a real redis-server.
+//!
+//! This module holds what a round sends and gets back, the [`SyncBackend`] trait, the round's
+//! pipeline, and [`make`], which picks the backend: [`single`] (one server) or [`cluster`] (a
+//! Redis Cluster). [`script`] holds the ledger script and its Rust twin.
+
+pub mod cluster;
+pub mod script;
+pub mod single;
+
+use crate::config::model::{RedisEndpoint, RedisSettings};
+use crate::limits::ledger::Answer;
+use async_trait::async_trait;
+use cluster::ClusterRedis;
+use script::ledger_cmd;
+use single::SingleRedis;
+use std::time::Duration;
+
+/// Why a round has no answer. `unapplied`: certainly nothing of it reached Redis (the
+/// connection was refused), so plain increments are sent again; otherwise (a timeout, a
+/// connection lost on the way) they may have been applied and are taken as counted, so that
+/// none is ever counted twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundError {
+    pub message: String,
+    pub unapplied: bool,
+}
+
+impl From<String> for RoundError {
+    fn from(message: String) -> Self {
+        RoundError {
+            message,
+            unapplied: false,
+        }
+    }
+}
+
+impl From<&str> for RoundError {
+    fn from(message: &str) -> Self {
+        RoundError::from(message.to_string())
+    }
+}
+
+impl From<redis::RedisError> for RoundError {
+    fn from(e: redis::RedisError) -> Self {
+        RoundError {
+            unapplied: e.is_connection_refusal(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for RoundError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// What one window record of one counter sends in a round: a lease ask (the script), or a
+/// plain increment (a direct record far from its limit, see `limits::ledger`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Update {
+    Lease(LedgerUpdate),
+    Count(CountUpdate),
+}
+
+impl Update {
+    /// The contract's key (which cluster slot the update goes to).
+    pub fn key(&self) -> &str {
+        match self {
+            Update::Lease(u) => &u.key,
+            Update::Count(c) => &c.key,
+        }
+    }
+}
+
+/// What Redis answered to an update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    Lease(Answer),
+    /// The fleet's total after the increment.
+    Count(u64),
+}
+
+/// A plain increment of the contract's key: `INCRBY`, and `PEXPIREAT` after it when the
+/// increment created the key (its total is the increment: the first report of the window, a
+/// restart, an expiry) or when `first` (the record's earlier report is not known to have set
+/// the expiry: its round failed). An `INCRBY` and a `PEXPIREAT` for the key's creator only:
+/// the others' reports cost one command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountUpdate {
+    pub key: String,
+    pub delta: u64,
+    pub first: bool,
+    pub expire_at_ms: u64,
+}
+
+/// The steps of a plain increment: 1 `INCRBY`, 2 `PEXPIREAT`.
+pub fn count_cmd(c: &CountUpdate, stage: u8) -> redis::Cmd {
+    match stage {
+        1 => {
+            let mut cmd = redis::cmd("INCRBY");
+            cmd.arg(&c.key).arg(c.delta);
+            cmd
+        }
+        _ => {
+            let mut cmd = redis::cmd("PEXPIREAT");
+            cmd.arg(&c.key).arg(c.expire_at_ms);
+            cmd
+        }
+    }
+}
+
+/// The first step of a plain increment.
+pub fn count_start(_: &CountUpdate) -> u8 {
+    1
+}
+
+/// After a step's reply: `Ok(Ok(total))` done, `Ok(Err((stage, total)))` the next step.
+pub type CountStep = Result<Result<u64, (u8, u64)>, String>;
+
+/// What a plain increment's step answered (`total`: what an earlier step found).
+pub fn count_reply(c: &CountUpdate, stage: u8, total: u64, v: &redis::Value) -> CountStep {
+    match (stage, v) {
+        (1, redis::Value::Int(t)) => {
+            let t = (*t).max(0) as u64;
+            // the increment created the key: it has no expiry yet
+            if t == c.delta || c.first {
+                Ok(Err((2, t)))
+            } else {
+                Ok(Ok(t))
+            }
+        }
+        (2, redis::Value::Int(_)) => Ok(Ok(total)),
+        (_, redis::Value::ServerError(e)) => Err(format!("{e:?}")),
+        _ => Err(format!("unexpected answer {v:?} to a count")),
+    }
+}
+
+/// What one window record of one counter sends in a round (see `LEDGER_SCRIPT`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerUpdate {
+    /// The contract's key: the fleet's admitted count for the window.
+    pub key: String,
+    /// `<key>:fleet`, a hash: each member's cumulative count (`u:`), ceiling (`c:`) and lease
+    /// end (`e:`).
+    pub ledger_key: String,
+    /// Sliding windows: the previous window's ledger; token buckets: the bucket
+    /// (`<prefix>:{<partition>}:<rule id>:bucket`, the time it is full again, in µs); else
+    /// `ledger_key` again.
+    pub prev_ledger_key: String,
+    /// This instance and the record's incarnation.
+    pub member: String,
+    pub used: u64,
+    pub want: u64,
+    /// The threshold.
+    pub cap: u64,
+    pub now_ms: u64,
+    /// Until when the lease holds (the window's end).
+    pub lease_until_ms: u64,
+    /// Unix ms at which both keys expire.
+    pub expire_at_ms: u64,
+    /// Sliding windows: how much of the previous window still weighs (ms of `period_ms`) at
+    /// the end of the lease's horizon; 0 for fixed windows.
+    pub weight_ms: u64,
+    pub period_ms: u64,
+    /// Token buckets: µs per token (`period / threshold`); 0 for windows.
+    pub bucket_us: u64,
+    /// Token buckets: the lease carried over from the previous window's record (which gives
+    /// it back in the same round, just before): the member's ceiling if it has none yet.
+    pub adopt: u64,
+    /// Of `want - used`, the requests waiting now: granted first, from all that is free.
+    pub need: u64,
+    /// The spare budget: what all members together may hold unused beyond their needs.
+    pub spare: u64,
+    /// Token buckets: of `used`, what Redis confirmed before: what it has charged already if
+    /// it has lost its record of the member (a restart), so that it is not charged twice.
+    pub confirmed: u64,
+    /// Sliding windows: the previous window's contract key (its count, plain increments
+    /// included); token buckets: the previous window's ledger (its records' leases); else
+    /// `key` again.
+    pub prev_key: String,
+    /// What direct records can admit in the window in all (`ledger::direct_cap`; 0: none
+    /// can): kept out of leases, less what they reported, until the total passes it.
+    pub direct_cap: u64,
+    /// Token buckets: what this member admitted and Redis has not charged yet was admitted
+    /// at or after this instant (ms; 0: now). Charged from then, so that tokens admitted
+    /// while Redis was out of reach refill as they would have (see `LEDGER_SCRIPT`).
+    pub since_ms: u64,
+}
+
+/// This instance's heartbeat.
+#[derive(Debug, Clone)]
+pub struct Heartbeat {
+    pub key: String,
+    pub instance: String,
+    pub now_ms: u64,
+    /// Instances not heard from for this long are no longer counted.
+    pub liveness_ms: u64,
+}
+
+/// What a round got back.
+#[derive(Debug, Clone, Default)]
+pub struct Exchange {
+    /// Each update's answer; `None` where its node did not answer (a cluster node down or
+    /// slow: the others' answers still count).
+    pub answers: Vec<Option<Reply>>,
+    /// The live instance count (`None`: the heartbeat's node did not answer).
+    pub instances: Option<u64>,
+    /// Cluster: how many slots the round went to answered, and how many did not (their keys
+    /// wait), and why.
+    pub slots_answered: usize,
+    pub slots_failed: usize,
+    pub slot_error: Option<String>,
+    /// Cluster: the slots whose last round did not answer, after this one.
+    pub slots_down: usize,
+}
+
+impl Exchange {
+    /// Every update answered.
+    pub fn whole(answers: Vec<Reply>, instances: Option<u64>) -> Exchange {
+        Exchange {
+            answers: answers.into_iter().map(Some).collect(),
+            instances,
+            ..Exchange::default()
+        }
+    }
+}
+
+#[async_trait]
+pub trait SyncBackend: Send + Sync {
+    /// Apply the updates; answer each, and count the live instances (periodic rounds carry
+    /// the heartbeat). `Err` when nothing answered. Never called for an empty round.
+    async fn exchange(
+        &self,
+        updates: &[Update],
+        hb: Option<&Heartbeat>,
+    ) -> Result<Exchange, RoundError>;
+
+    /// How long a whole round may take (a cluster waits for each node up to the timeout, and
+    /// may read the slot map first).
+    fn deadline(&self, timeout: Duration) -> Duration {
+        timeout
+    }
+}
+
+/// How long the heartbeat set outlives its last writer.
+pub const HEARTBEAT_TTL_MS: u64 = 60_000;
+
+fn add_update(p: &mut redis::Pipeline, u: &Update) {
+    p.add_command(match u {
+        Update::Lease(l) => ledger_cmd(l),
+        Update::Count(c) => count_cmd(c, count_start(c)),
+    });
+}
+
+/// The heartbeat: plain commands, not a script (a script call costs Redis 50-85 us by INFO
+/// commandstats, these four 15-20 us together in `scripts/bench-redis-cost`). Not atomic, and need not be: each instance only adds itself and
+/// removes the silent ones, and the count is read last. Its answer is the last reply.
+fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
+    p.cmd("ZADD").arg(&hb.key).arg(hb.now_ms).arg(&hb.instance);
+    p.cmd("ZREMRANGEBYSCORE")
+        .arg(&hb.key)
+        .arg("-inf")
+        .arg(hb.now_ms.saturating_sub(hb.liveness_ms));
+    p.cmd("PEXPIRE").arg(&hb.key).arg(HEARTBEAT_TTL_MS);
+    p.cmd("ZCARD").arg(&hb.key);
+}
+
+/// How many replies the heartbeat adds to a pipeline.
+pub const HEARTBEAT_REPLIES: usize = 4;
+
+/// The round's pipeline for one server: every update (a plain increment's first step), then
+/// the heartbeat (periodic rounds).
+pub fn pipeline<'a>(
+    updates: impl Iterator<Item = &'a Update>,
+    hb: Option<&Heartbeat>,
+) -> redis::Pipeline {
+    let mut p = redis::pipe();
+    updates.for_each(|u| add_update(&mut p, u));
+    if let Some(hb) = hb {
+        add_heartbeat(&mut p, hb);
+    }
+    p
+}
+
+/// The first replies to the updates `idxs` (in pipeline order): their answers where they are
+/// done; the plain increments that take another step are returned.
+fn first_replies(
+    updates: &[Update],
+    idxs: impl Iterator<Item = usize>,
+    values: &[redis::Value],
+    answers: &mut [Option<Reply>],
+) -> Result<Vec<(usize, u8, u64)>, RoundError> {
+    let mut pending = Vec::new();
+    for (i, v) in idxs.zip(values) {
+        match updates.get(i) {
+            Some(Update::Lease(_)) => {
+                let a = answer(v).ok_or_else(|| format!("unexpected answer {v:?}"))?;
+                answers[i] = Some(Reply::Lease(a));
+            }
+            Some(Update::Count(c)) => match count_reply(c, count_start(c), 0, v)? {
+                Ok(t) => answers[i] = Some(Reply::Count(t)),
+                Err((stage, total)) => pending.push((i, stage, total)),
+            },
+            None => {}
+        }
+    }
+    Ok(pending)
+}
+
+/// Run the later steps of plain increments (`pending`: update index, stage, total so far) on
+/// one connection, one pipeline a step; fills `answers` where they end.
+async fn finish_counts<C: redis::aio::ConnectionLike>(
+    conn: &mut C,
+    updates: &[Update],
+    mut pending: Vec<(usize, u8, u64)>,
+    answers: &mut [Option<Reply>],
+) -> Result<(), RoundError> {
+    while !pending.is_empty() {
+        let mut p = redis::pipe();
+        for &(i, stage, _) in &pending {
+            if let Some(Update::Count(c)) = updates.get(i) {
+                p.add_command(count_cmd(c, stage));
+            }
+        }
+        let values: Vec<redis::Value> = p.query_async(conn).await?;
+        let mut next = Vec::new();
+        for (&(i, stage, total), v) in pending.iter().zip(&values) {
+            let Some(Update::Count(c)) = updates.get(i) else {
+                continue;
+            };
+            match count_reply(c, stage, total, v)? {
+                Ok(t) => answers[i] = Some(Reply::Count(t)),
+                Err(step) => next.push((i, step.0, step.1)),
+            }
+        }
+        pending = next;
+    }
+    Ok(())
+}
+
+/// One script answer: `{total, ceiling, fair, room, held, prev}`.
+pub fn answer(v: &redis::Value) -> Option<Answer> {
+    let redis::Value::Array(a) = v else {
+        return None;
+    };
+    let n = |i: usize| a.get(i).and_then(int).map(|x| x.max(0) as u64);
+    Some(Answer {
+        total: n(0)?,
+        ceiling: n(1)?,
+        fair: n(2)?,
+        room: n(3)?,
+        held: n(4)?,
+        prev: n(5)?,
+    })
+}
+
+fn int(v: &redis::Value) -> Option<i64> {
+    match v {
+        redis::Value::Int(i) => Some(*i),
+        _ => None,
+    }
+}
+
+/// The backend for the configured endpoint. Call inside the runtime: connections are made
+/// lazily and in the background.
+pub fn make(settings: &RedisSettings) -> Result<Box<dyn SyncBackend>, String> {
+    Ok(match &settings.endpoint {
+        RedisEndpoint::Single(_) => Box::new(SingleRedis::new(settings)?),
+        RedisEndpoint::Cluster(_) => Box::new(ClusterRedis::new(settings)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_become_answers_and_plain_increments_take_their_steps() {
+        use redis::Value::{Array, Int};
+        let a = |t, c| Array(vec![Int(t), Int(c), Int(4), Int(2), Int(1), Int(0)]);
+        let lease = |key: &str| {
+            Update::Lease(LedgerUpdate {
+                key: key.into(),
+                ledger_key: String::new(),
+                prev_ledger_key: String::new(),
+                prev_key: String::new(),
+                member: String::new(),
+                used: 0,
+                want: 0,
+                cap: 0,
+                now_ms: 0,
+                lease_until_ms: 0,
+                expire_at_ms: 0,
+                weight_ms: 0,
+                period_ms: 0,
+                bucket_us: 0,
+                adopt: 0,
+                need: 0,
+                spare: 0,
+                confirmed: 0,
+                direct_cap: 0,
+                since_ms: 0,
+            })
+        };
+        let count = |first| {
+            Update::Count(CountUpdate {
+                key: "k".into(),
+                delta: 3,
+                first,
+                expire_at_ms: 99,
+            })
+        };
+        let updates = [lease("a"), count(true), count(false), count(false)];
+        let mut answers = vec![None; updates.len()];
+        let replies = [a(5, 9), Int(10), Int(10), Int(3)];
+        let pending = first_replies(&updates, 0..4, &replies, &mut answers).unwrap();
+        assert_eq!(
+            answers[0],
+            Some(Reply::Lease(Answer {
+                total: 5,
+                ceiling: 9,
+                fair: 4,
+                room: 2,
+                held: 1,
+                prev: 0
+            }))
+        );
+        assert_eq!(answers[2], Some(Reply::Count(10)), "one INCRBY, no more");
+        // the expiry after: an earlier report may have created the key (`first`), or this
+        // increment did (its total is the increment)
+        assert_eq!(pending, vec![(1, 2, 10), (3, 2, 3)]);
+        let Update::Count(c) = &updates[1] else {
+            unreachable!()
+        };
+        assert_eq!(count_reply(c, 2, 10, &Int(1)), Ok(Ok(10)));
+        let cmd = |stage| {
+            String::from_utf8_lossy(&count_cmd(c, stage).get_packed_command()).replace("\r\n", " ")
+        };
+        assert!(cmd(1).contains("INCRBY $1 k $1 3"), "{}", cmd(1));
+        assert!(cmd(2).contains("PEXPIREAT $1 k $2 99"));
+        assert!(
+            first_replies(&updates, 0..1, &[Int(5)], &mut answers).is_err(),
+            "not a script answer"
+        );
+    }
+}

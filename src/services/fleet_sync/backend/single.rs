@@ -1,0 +1,109 @@
+//! The backend for one Redis server: a round is one pipeline on a connection manager that
+//! reconnects by itself.
+
+use super::script::{load_scripts, no_script};
+use super::{
+    finish_counts, first_replies, int, pipeline, Exchange, Heartbeat, RoundError, SyncBackend,
+    Update, HEARTBEAT_REPLIES,
+};
+use crate::config::model::{RedisEndpoint, RedisSettings};
+use crate::config::redis_client::client;
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::time::Duration;
+
+/// Run a round's pipeline (its errors come back in place, as replies); if the server does not
+/// know the scripts (first use, a restart, a failover, `SCRIPT FLUSH`), load them and run it
+/// once more. A script that was not known ran nothing, so running the pipeline again counts
+/// nothing twice.
+async fn query_round<C: redis::aio::ConnectionLike>(
+    p: &redis::Pipeline,
+    conn: &mut C,
+) -> redis::RedisResult<Vec<redis::Value>> {
+    let values: Vec<redis::Value> = p.query_async(conn).await?;
+    if no_script(&values) {
+        load_scripts(conn).await?;
+        return p.query_async(conn).await;
+    }
+    Ok(values)
+}
+
+/// One Redis server, through a connection manager that reconnects by itself.
+pub struct SingleRedis {
+    conn: ConnectionManager,
+}
+
+impl SingleRedis {
+    pub fn new(settings: &RedisSettings) -> Result<Self, String> {
+        let RedisEndpoint::Single(url) = &settings.endpoint else {
+            return Err("not a single-server endpoint".into());
+        };
+        let client = client(url, &settings.access)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(settings.timeout))
+            .set_response_timeout(Some(settings.timeout))
+            // one quick retry, so that a refusal (a certificate, a password) comes back
+            // within the round's timeout with its reason; rounds themselves retry later
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_secs(1));
+        let conn = client
+            .get_connection_manager_lazy(config)
+            .map_err(|e| e.to_string())?;
+        Ok(SingleRedis { conn })
+    }
+}
+
+#[async_trait]
+impl SyncBackend for SingleRedis {
+    async fn exchange(
+        &self,
+        updates: &[Update],
+        hb: Option<&Heartbeat>,
+    ) -> Result<Exchange, RoundError> {
+        let mut conn = self.conn.clone();
+        let mut p = pipeline(updates.iter(), hb);
+        // each command's error in its place: a command Redis refused (a full Redis with
+        // `noeviction`: OOM; a replica: READONLY) was not applied, the others were
+        p.ignore_errors();
+        let mut values = query_round(&p, &mut conn).await?;
+        let n = updates.len() + if hb.is_some() { HEARTBEAT_REPLIES } else { 0 };
+        if values.len() != n {
+            return Err(format!("expected {n} answers, got {}", values.len()).into());
+        }
+        let instances = match hb {
+            Some(_) => values.pop().as_ref().and_then(int).map(|i| i.max(1) as u64),
+            None => None,
+        };
+        values.truncate(updates.len());
+        let mut refused = None;
+        let mut answered = Vec::with_capacity(values.len());
+        let mut replies = Vec::with_capacity(values.len());
+        for (i, v) in values.into_iter().enumerate() {
+            match v {
+                redis::Value::ServerError(e) => refused = Some(format!("{e:?}")),
+                v => {
+                    answered.push(i);
+                    replies.push(v);
+                }
+            }
+        }
+        if let Some(message) = refused.as_ref().filter(|_| answered.is_empty()) {
+            // Redis refused every update: nothing of the round was applied
+            return Err(RoundError {
+                message: message.clone(),
+                unapplied: true,
+            });
+        }
+        // the refused updates have no answer: they go again with a later round, and their
+        // counters fall back to `on_failure` meanwhile
+        let mut answers = vec![None; updates.len()];
+        let pending = first_replies(updates, answered.into_iter(), &replies, &mut answers)?;
+        finish_counts(&mut conn, updates, pending, &mut answers).await?;
+        Ok(Exchange {
+            answers,
+            instances,
+            ..Exchange::default()
+        })
+    }
+}
