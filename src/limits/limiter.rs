@@ -734,3 +734,203 @@ impl Limiter {
         wake
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The limiter alone, on a fake clock: which rules apply, check then commit, plans, the
+    //! verdict of several actions. (The request path around it: `tests/admission.rs`.)
+    use super::*;
+    use crate::limits::FakeClock;
+    use crate::matching::Segments;
+    use std::path::Path;
+
+    const T0: u64 = 1_800_000_000_000;
+
+    struct Rig {
+        limiter: Limiter,
+        cfg: crate::config::Config,
+        clock: Arc<FakeClock>,
+        _metrics: crate::metrics::Metrics,
+    }
+
+    fn rig(limits: &str) -> Rig {
+        let text = format!(
+            "server: {{ listen: [\"127.0.0.1:1\"] }}\n\
+             upstreams: {{ app: {{ servers: [\"127.0.0.1:2\"] }} }}\n\
+             routes: [{{ id: all, path: /**, upstream: app }}]\n\
+             plans:\n  premium: [globex]\n\
+             limits:\n{limits}"
+        );
+        let cfg = crate::config::load_str(Path::new("t.yaml"), &text).expect("valid config");
+        let metrics = crate::metrics::Metrics::new().expect("metrics");
+        let registry = CounterRegistry::new(metrics.evictions.clone(), metrics.untracked.clone());
+        let clock = Arc::new(FakeClock::at_ms(T0));
+        let limiter = Limiter::build(
+            &cfg.rules,
+            &cfg.plans,
+            &registry,
+            &metrics.decisions,
+            1000,
+            clock.clone(),
+            Arc::new(FleetState::default()),
+        );
+        Rig {
+            limiter,
+            cfg,
+            clock,
+            _metrics: metrics,
+        }
+    }
+
+    impl Rig {
+        fn decide_with(&self, path: &str, tenant: &str, headers: &HeaderMap) -> Decision {
+            let segments = Segments::new(path);
+            let req = LimitRequest {
+                method: &Method::GET,
+                host: None,
+                path: &segments,
+                tenant: tenant.as_bytes(),
+                client_ip: "10.0.0.1".parse().expect("ip"),
+                headers,
+            };
+            self.limiter.decide(&req, &self.cfg.plans)
+        }
+
+        fn decide(&self, path: &str, tenant: &str) -> Decision {
+            self.decide_with(path, tenant, &HeaderMap::new())
+        }
+
+        fn used(&self, tenant: &str, rule: &str) -> u64 {
+            self.limiter
+                .inspect_tenant(tenant.as_bytes(), &self.cfg.plans)
+                .iter()
+                .find(|r| r.rule == rule)
+                .map_or(0, |r| r.tiers[0].used)
+        }
+    }
+
+    fn rule(id: &str, extra: &str, period: &str, threshold: u64) -> String {
+        format!(
+            "  - id: {id}\n    pathPattern: /**\n{extra}    tiers: [{{ period: {period}, threshold: {threshold} }}]\n"
+        )
+    }
+
+    #[test]
+    fn a_denial_by_one_rule_charges_no_other() {
+        let r = rig(&(rule("wide", "", "1h", 3) + &rule("narrow", "", "1h", 1)));
+        let d = r.decide("/x", "t");
+        assert_eq!(d.verdict, Verdict::Allow);
+        assert_eq!(&d.applied[..], &[(0, false), (1, false)]);
+        let d = r.decide("/x", "t");
+        assert_eq!(d.verdict, Verdict::Reject { status: 429 });
+        assert_eq!(&d.applied[..], &[(0, false), (1, true)]);
+        assert_eq!((r.used("t", "wide"), r.used("t", "narrow")), (1, 1));
+    }
+
+    #[test]
+    fn a_window_ends_on_the_clock_and_says_when() {
+        let r = rig(&rule("api", "", "1", 2));
+        r.clock.set_ms(T0 + 400);
+        for _ in 0..2 {
+            assert_eq!(r.decide("/x", "t").verdict, Verdict::Allow);
+        }
+        let d = r.decide("/x", "t");
+        assert_eq!(d.verdict, Verdict::Reject { status: 429 });
+        assert_eq!(d.retry_after_ms(), 600);
+        r.clock.set_ms(T0 + 1000);
+        assert_eq!(r.decide("/x", "t").verdict, Verdict::Allow);
+    }
+
+    #[test]
+    fn a_plan_tenant_gets_its_plans_tiers() {
+        let r = rig(
+            "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 2 }]\n    plans:\n      premium: [{ period: 1h, threshold: 5 }]\n",
+        );
+        assert_eq!(r.decide("/x", "globex").tiers[0].threshold, 5);
+        assert_eq!(r.decide("/x", "acme").tiers[0].threshold, 2);
+    }
+
+    #[test]
+    fn reject_beats_shadowban_beats_delay_beats_throttle() {
+        let delay = "    action: delay\n    max_delay: 5s\n";
+        let throttle = "    action: throttle\n    throttle: { rate: 1KiB/s }\n";
+        let shadowban = "    action: shadowban\n";
+        let over = |rules: &[(&str, &str)]| {
+            let text: String = rules
+                .iter()
+                // 2 s windows: a delay fits in `max_delay`
+                .map(|(id, extra)| rule(id, extra, "2", 1))
+                .collect();
+            let r = rig(&text);
+            assert_eq!(r.decide("/x", "t").verdict, Verdict::Allow);
+            r.decide("/x", "t").verdict
+        };
+        assert_eq!(
+            over(&[("t", throttle), ("d", delay), ("s", shadowban), ("r", "")]),
+            Verdict::Reject { status: 429 }
+        );
+        assert_eq!(
+            over(&[("t", throttle), ("d", delay), ("s", shadowban)]),
+            Verdict::Shadowban { rule: 2 }
+        );
+        assert!(matches!(
+            over(&[("t", throttle), ("d", delay)]),
+            Verdict::Delay {
+                wait_ms: 2000,
+                max_delay_ms: 5000,
+                status: 429
+            }
+        ));
+        assert_eq!(
+            over(&[("t", throttle)]),
+            Verdict::Throttle {
+                bytes_per_sec: 1024
+            }
+        );
+    }
+
+    #[test]
+    fn a_delay_waits_until_the_window_has_room_and_no_longer_than_max_delay() {
+        let r = rig(&rule(
+            "smooth",
+            "    action: delay\n    max_delay: 1500ms\n",
+            "1",
+            1,
+        ));
+        r.clock.set_ms(T0 + 250);
+        assert_eq!(r.decide("/x", "t").verdict, Verdict::Allow);
+        assert_eq!(
+            r.decide("/x", "t").verdict,
+            Verdict::Delay {
+                wait_ms: 750,
+                max_delay_ms: 1500,
+                status: 429
+            }
+        );
+    }
+
+    #[test]
+    fn a_header_rule_skips_requests_without_the_header_and_counts_by_its_value() {
+        let r = rig(&rule("by-key", "    per: header:x-client\n", "1h", 1));
+        assert!(r.decide("/x", "t").applied.is_empty());
+        let mut h = HeaderMap::new();
+        h.insert("x-client", "one".parse().expect("value"));
+        assert_eq!(r.decide_with("/x", "t", &h).verdict, Verdict::Allow);
+        assert_eq!(
+            r.decide_with("/x", "u", &h).verdict,
+            Verdict::Reject { status: 429 },
+            "the header's value is the partition, not the tenant"
+        );
+    }
+
+    #[test]
+    fn a_shadow_rule_never_decides_and_is_charged_only_what_it_would_admit() {
+        let r = rig(&rule("trial", "    action: shadow\n", "1h", 1));
+        for _ in 0..3 {
+            let d = r.decide("/x", "t");
+            assert_eq!(d.verdict, Verdict::Allow);
+            assert!(d.tiers.iter().all(|t| t.shadow));
+        }
+        assert_eq!(r.used("t", "trial"), 1);
+    }
+}
