@@ -7,7 +7,7 @@ use crate::metrics::Metrics;
 use crate::request::edge::Edge;
 use crate::request::proxy::Gateway;
 use crate::request::tls::SniCertificates;
-use crate::services::admin::api::{DecisionRates, OpsSampler};
+use crate::services::admin::api::{sample_interval, DecisionRates, OpsSampler};
 use crate::services::admin::install_drain_signals;
 use crate::services::admin::{Admin, ReadinessProbe};
 use crate::services::fleet_sync::{Accounts, SyncService};
@@ -259,6 +259,9 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
                 rates: rates.clone(),
                 metrics: metrics.clone(),
                 fleet: rt.fleet.clone(),
+                interval: sample_interval(
+                    std::env::var("TOLLGATE_SAMPLE_INTERVAL_MS").ok().as_deref(),
+                ),
             },
         ));
         let mut admin = Service::new(

@@ -10,7 +10,7 @@
 
 mod common;
 use common::{
-    avoid_window_edge, eventually, metric_sum, redis_cmd, wait_redis_state, Cluster, Gateway,
+    eventually, metric_sum, period_with_room, redis_cmd, wait_redis_state, Cluster, Gateway,
     TempDir, Upstream,
 };
 use std::process::{Command, Stdio};
@@ -25,10 +25,13 @@ static LOCK: Mutex<()> = Mutex::new(());
 const TENANTS: [&str; 5] = ["t0", "t1", "t2", "t3", "t4"];
 
 /// Two rules: `all` never denies (its counts are what Redis must hold), `tiny` (200 an hour
-/// on `/tiny/**`) is full long before a fault, so that its drift during the fault shows.
+/// on `/tiny/**`) is full long before a fault, so that its drift during the fault shows. Their
+/// "hour" is the period from 3600 s up whose window has a minute and a half left now: each
+/// case, start-up included, sees one window.
 fn config(up: &Upstream, seeds: &str) -> String {
+    let period = period_with_room(3600, 90);
     format!(
-        "{}tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n  required: true\nlimits:\n  - id: all\n    pathPattern: /**\n    tiers: [{{ period: 1h, threshold: 1000000000 }}]\n  - id: tiny\n    pathPattern: /tiny/**\n    tiers: [{{ period: 1h, threshold: 200 }}]\nredis:\n  cluster: {seeds}\n  key_prefix: cl\n  sync_interval: 200ms\n  timeout: 100ms\n",
+        "{}tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n  required: true\nlimits:\n  - id: all\n    pathPattern: /**\n    tiers: [{{ period: {period}, threshold: 1000000000 }}]\n  - id: tiny\n    pathPattern: /tiny/**\n    tiers: [{{ period: {period}, threshold: 200 }}]\nredis:\n  cluster: {seeds}\n  key_prefix: cl\n  sync_interval: 200ms\n  timeout: 100ms\n",
         common::one_route_config(up.addr, 1, "")
     )
 }
@@ -122,11 +125,22 @@ fn a_master_killed_under_load_fails_over_and_counting_resumes() {
     for gw in [&a, &b] {
         assert!(wait_redis_state(gw, "connected"), "{}", gw.log());
     }
-    avoid_window_edge(3_600_000, 60_000);
     let dir = TempDir::new();
     let victim = cluster.master_of("{t0}").expect("t0's master");
     let load = [wrk(&dir, &a, 6), wrk(&dir, &b, 6)];
-    std::thread::sleep(Duration::from_millis(1500));
+    // until the tiny limit is full before the fault: both gateways refuse its requests
+    let tiny_denied = |g: &Gateway| {
+        metric_sum(
+            &g.metrics(),
+            "tollgate_ratelimit_decisions_total{decision=\"denied\",rule=\"tiny\"",
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || tiny_denied(&a) > 0.0
+            && tiny_denied(&b) > 0.0),
+        "the tiny limit is not full: tiny holds {}",
+        in_redis(&cluster, "tiny")
+    );
     assert!(in_redis(&cluster, "tiny") > 0, "counting before the fault");
     let killed = Instant::now();
     cluster.nodes[victim].kill();
@@ -222,13 +236,12 @@ fn traffic(
     })
 }
 
-/// Three masters without replicas, one gateway connected to them, well inside an hour window.
+/// Three masters without replicas, one gateway connected to them, well inside a window.
 fn three_masters_one_gateway() -> (Cluster, Upstream, Gateway) {
     let cluster = Cluster::start(3, 0);
     let up = Upstream::start("u");
     let gw = Gateway::start(&config(&up, &cluster.seeds()));
     assert!(wait_redis_state(&gw, "connected"));
-    avoid_window_edge(3_600_000, 60_000);
     (cluster, up, gw)
 }
 
@@ -248,21 +261,49 @@ fn a_stopped_master_holds_up_only_its_own_keys() {
     let other = tenant_elsewhere(&cluster, stopped);
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic(&gw, vec!["t0".into(), other.clone()], Arc::clone(&stop));
-    std::thread::sleep(Duration::from_millis(700));
-    cluster.nodes[stopped].signal("STOP");
-    std::thread::sleep(Duration::from_millis(500));
-    // while it is stopped, the other tenant's counts keep arriving on its own master
-    let before = key_value_except(&cluster, stopped, &other);
-    std::thread::sleep(Duration::from_millis(1500));
-    let during = key_value_except(&cluster, stopped, &other);
+    // until both tenants' counts arrive, each on its own master
     assert!(
-        during > before,
-        "rounds to the other masters went on ({before} -> {during}): {}",
+        eventually(Duration::from_secs(10), || key_value(&cluster, "t0") > 0
+            && key_value(&cluster, &other) > 0),
+        "counting before the fault: {}",
         gw.log()
     );
-    std::thread::sleep(Duration::from_millis(1000));
+    let slot_errors = || {
+        metric_sum(
+            &gw.metrics(),
+            "tollgate_redis_cluster_slot_rounds_total{result=\"error\"}",
+        )
+    };
+    let errors_before = slot_errors();
+    cluster.nodes[stopped].signal("STOP");
+    let stopped_at = Instant::now();
+    // until the gateway has seen a round to the stopped master fail
+    assert!(
+        eventually(Duration::from_secs(10), || slot_errors() > errors_before),
+        "no failed round counted: {}",
+        gw.log()
+    );
+    // while it is stopped, the other tenant's counts keep arriving on its own master
+    let before = key_value_except(&cluster, stopped, &other);
+    let during = || key_value_except(&cluster, stopped, &other);
+    assert!(
+        eventually(Duration::from_secs(10), || during() > before),
+        "rounds to the other masters went on ({before} -> {}): {}",
+        during(),
+        gw.log()
+    );
+    // the scenario: the master stays stopped for 3 s, many rounds (200 ms apart) to it fail
+    // meanwhile (and are not each logged)
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(stopped_at.elapsed()));
     cluster.nodes[stopped].signal("CONT");
-    std::thread::sleep(Duration::from_millis(500));
+    // until the gateway has seen every slot answer again, under the traffic
+    assert!(
+        eventually(Duration::from_secs(10), || gw
+            .log()
+            .contains("every cluster slot answers again")),
+        "{}",
+        gw.log()
+    );
     stop.store(true, Ordering::Relaxed);
     let (ok, failed) = load.join().expect("traffic");
     assert!(failed.is_empty(), "every request answered 200: {failed:?}");
@@ -332,7 +373,15 @@ fn a_slot_moved_during_traffic_loses_no_count() {
     let dst = (0..3).find(|&i| i != src).expect("another master");
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic(&gw, vec!["t0".into()], Arc::clone(&stop));
-    std::thread::sleep(Duration::from_millis(800));
+    // until t0's counts arrive on its master, before the move
+    assert!(
+        eventually(Duration::from_secs(10), || key_value_on(
+            &cluster.nodes[src],
+            "t0"
+        ) > 0),
+        "counting before the move: {}",
+        gw.log()
+    );
     // move t0's slot, as `redis-cli --cluster reshard` does for each slot
     let (s, d) = (&cluster.nodes[src], &cluster.nodes[dst]);
     let id = |n: &common::RedisServer| match n.cmd(&["CLUSTER", "MYID"]) {
@@ -365,6 +414,7 @@ fn a_slot_moved_during_traffic_loses_no_count() {
         let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
         args.extend(keys.iter().map(String::as_str));
         redis_cmd(s.port, &args).expect("MIGRATE");
+        // pacing: the keys move a batch at a time, under the traffic (rounds go on between)
         std::thread::sleep(Duration::from_millis(100));
     }
     for n in &cluster.nodes {
@@ -373,7 +423,13 @@ fn a_slot_moved_during_traffic_loses_no_count() {
     assert!(eventually(Duration::from_secs(10), || cluster
         .master_of("{t0}")
         == Some(dst)));
-    std::thread::sleep(Duration::from_millis(1000));
+    // until the traffic's counts arrive on the new master: the gateway follows the move
+    let moved = key_value_on(d, "t0");
+    assert!(
+        eventually(Duration::from_secs(10), || key_value_on(d, "t0") > moved),
+        "no count reached the new master after the move: {}",
+        gw.log()
+    );
     stop.store(true, Ordering::Relaxed);
     let (ok, failed) = load.join().expect("traffic");
     assert!(failed.is_empty(), "every request answered 200: {failed:?}");

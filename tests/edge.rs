@@ -730,6 +730,7 @@ fn slow_clients_are_disconnected_after_client_header_timeout() {
     slow.write_all(b"GET /a HTTP/1.1\r\nHost: x\r\n").unwrap();
     let mut closed_after = None;
     for _ in 0..40 {
+        // the slow client itself: one byte every 200 ms
         std::thread::sleep(Duration::from_millis(200));
         if slow.write_all(b"x").is_err() {
             closed_after = Some(started.elapsed());
@@ -787,8 +788,15 @@ fn a_tls_pools_health_check_speaks_tls() {
     let pem = std::fs::read_to_string(dir.0.join("up.pem")).unwrap();
     let gw = Gateway::start_with_files(&cfg, &[("up.pem", &pem)]);
     // the plain server accepts TCP connections but no TLS handshake: its check fails (no
-    // retries, so a request sent to it would fail)
-    std::thread::sleep(Duration::from_millis(1200));
+    // retries, so a request sent to it would fail); until the pool says so
+    let plain_addr = plain.addr.to_string();
+    assert!(
+        eventually(Duration::from_secs(5), || server_healthy(&gw, &plain_addr)
+            == Some(false)),
+        "{}",
+        gw.log()
+    );
+    assert_eq!(server_healthy(&gw, &secure.to_string()), Some(true));
     let codes: Vec<u16> = (0..10).map(|_| gw.get("/x", &[]).status).collect();
     assert!(codes.iter().all(|c| *c == 200), "{codes:?}");
     let _ = child.kill();

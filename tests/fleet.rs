@@ -3,7 +3,7 @@
 
 mod common;
 use common::{
-    avoid_window_edge, eventually, metric_sum, wait_redis_state, Cluster, Edit, Gateway,
+    eventually, metric_sum, period_with_room, wait_redis_state, Cluster, Edit, Gateway,
     RedisServer, Upstream,
 };
 use std::time::{Duration, Instant};
@@ -54,14 +54,33 @@ fn wait_connected(gw: &Gateway) {
     );
 }
 
+/// `[{ period: P, threshold: N }]` with P about an hour (the smallest from 3600 s up) whose
+/// window has `room_s` seconds left now: a test that is done within them (start-up
+/// included) sees one window.
+fn hourly(threshold: u64, room_s: u64) -> String {
+    let p = period_with_room(3600, room_s);
+    format!("[{{ period: {p}, threshold: {threshold} }}]")
+}
+
+/// Until every gateway of `gws` has made `n` more rounds (ok or not) with Redis.
+fn rounds_pass(gws: &[&Gateway], n: f64) -> bool {
+    let rounds = |g: &Gateway| metric_sum(&g.metrics(), "tollgate_redis_sync_total");
+    let before: Vec<f64> = gws.iter().map(|g| rounds(g)).collect();
+    eventually(Duration::from_secs(10), || {
+        gws.iter().zip(&before).all(|(g, b)| rounds(g) >= b + n)
+    })
+}
+
 #[test]
 fn three_instances_enforce_one_shared_limit_within_5_percent() {
     let redis = RedisServer::start();
     let up = Upstream::start("u");
+    // a window of 30 s or a little more, with room for the start-up and the 9 s of requests
+    let period = period_with_room(30, 25);
     let cfg = config(
         &up,
         &format!("url: {}", redis.url()),
-        "[{ period: 30, threshold: 60 }]",
+        &format!("[{{ period: {period}, threshold: 60 }}]"),
         "",
     );
     let gws: Vec<Gateway> = (0..3).map(|_| Gateway::start(&cfg)).collect();
@@ -70,7 +89,6 @@ fn three_instances_enforce_one_shared_limit_within_5_percent() {
     assert!(eventually(Duration::from_secs(5), || gws.iter().all(
         |g| metric_sum(&g.metrics(), "tollgate_redis_live_instances") == 3.0
     )));
-    avoid_window_edge(30_000, 14_000);
     let started = Instant::now();
     let before: Vec<f64> = gws
         .iter()
@@ -84,6 +102,7 @@ fn three_instances_enforce_one_shared_limit_within_5_percent() {
         if r.status == 200 {
             admitted += 1;
         }
+        // pacing: the load is spread over about 9 s (many rounds), not a burst
         std::thread::sleep(Duration::from_millis(50));
     }
     let elapsed = started.elapsed().as_secs_f64();
@@ -104,17 +123,30 @@ fn three_instances_enforce_one_shared_limit_within_5_percent() {
             "{rounds} rounds in {elapsed:.1} s"
         );
     }
-    // the fleet's count is in Redis, under the contract's key, with a TTL
-    std::thread::sleep(Duration::from_millis(1500));
+    // the fleet's count is in Redis, under the contract's key, with a TTL: once it got
+    // there, it stays exact through two more rounds of every instance
+    let count = || {
+        let keys = redis.counter_keys("tg:{acme}:fleet:*");
+        (keys.len() == 1).then(|| redis.int(&["GET", &keys[0]]))
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || count() == Some(admitted as i64)),
+        "Redis holds {:?} of {admitted}",
+        count()
+    );
+    assert!(rounds_pass(&gws.iter().collect::<Vec<_>>(), 2.0));
     let keys = redis.counter_keys("tg:{acme}:fleet:*");
     assert_eq!(keys.len(), 1, "{keys:?}");
     let parts: Vec<&str> = keys[0].split(':').collect();
     let (start, end): (u64, u64) = (parts[3].parse().unwrap(), parts[4].parse().unwrap());
-    assert_eq!(end - start, 30_000);
-    assert_eq!(start % 30_000, 0, "epoch-aligned");
+    assert_eq!(end - start, period * 1000);
+    assert_eq!(start % (period * 1000), 0, "epoch-aligned");
     assert_eq!(redis.int(&["GET", &keys[0]]), admitted as i64);
     let ttl = redis.int(&["PTTL", &keys[0]]);
-    assert!(ttl > 0 && ttl <= 30_000 + 60_000, "pttl {ttl}");
+    assert!(
+        ttl > 0 && ttl <= period as i64 * 1000 + 60_000,
+        "pttl {ttl}"
+    );
     // the scripts are called by their hash, never sent whole
     let stats = match redis.cmd(&["INFO", "commandstats"]) {
         redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
@@ -135,26 +167,24 @@ fn redis_down_keeps_traffic_flowing_and_counts_arrive_when_it_returns() {
     let cfg = config(
         &up,
         &format!("url: {}\n  timeout: 200ms", redis.url()),
-        "[{ period: 1h, threshold: 1000 }]",
+        &hourly(1000, 90),
         "",
     );
-    let gw = Gateway::start(&cfg);
+    let gw = Gateway::start_with_env(&cfg, &[common::FAST_SAMPLER]);
     wait_connected(&gw);
-    avoid_window_edge(3_600_000, 60_000);
     // a fresh tenant has a cold credit of 2 (of 1000) until its first lease: a request that
     // races ahead of that round is refused (retry-after 1); this test is about Redis going
-    // away, so it waits for that round rather than for the race
+    // away, so it waits for that round rather than for the race (a refused request is sent
+    // again, until 5 are admitted)
     let mut admitted = 0;
-    for _ in 0..50 {
+    eventually(Duration::from_secs(5), || {
         match gw.get("/x", &[("x-org-id", "t1")]).status {
             200 => admitted += 1,
-            429 => std::thread::sleep(Duration::from_millis(60)),
+            429 => {}
             s => panic!("unexpected {s}"),
         }
-        if admitted == 5 {
-            break;
-        }
-    }
+        admitted == 5
+    });
     assert_eq!(admitted, 5);
     assert!(eventually(Duration::from_secs(5), || redis
         .counter_keys("tg:{t1}:*")
@@ -164,17 +194,16 @@ fn redis_down_keeps_traffic_flowing_and_counts_arrive_when_it_returns() {
     // traffic keeps flowing, no 5xx, while the counts wait; until the round that finds Redis
     // gone has timed out (200 ms here), a request past this instance's lease is refused with a
     // short Retry-After, as while a lease is renewed; then `on_failure` (local_share) admits
+    // (a refused request is sent again, until 7 are admitted)
     let mut admitted = 0;
-    for _ in 0..50 {
+    eventually(Duration::from_secs(5), || {
         match gw.get("/x", &[("x-org-id", "t1")]).status {
             200 => admitted += 1,
-            429 => std::thread::sleep(Duration::from_millis(60)),
+            429 => {}
             s => panic!("unexpected {s} while Redis is down"),
         }
-        if admitted == 7 {
-            break;
-        }
-    }
+        admitted == 7
+    });
     assert_eq!(admitted, 7, "traffic flows while Redis is down");
     assert!(wait_redis_state(&gw, "disconnected"));
     let m = gw.metrics();
@@ -232,12 +261,17 @@ fn a_redis_slower_than_the_timeout_counts_every_request_once() {
             "url: {}\n  timeout: 100ms\n  sync_interval: 200ms",
             redis.url()
         ),
-        "[{ period: 1h, threshold: 100000 }]",
+        &hourly(100_000, 90),
         "",
     );
     let gw = Gateway::start(&cfg);
     wait_connected(&gw);
-    avoid_window_edge(3_600_000, 60_000);
+    let rounds = |result: &str| {
+        metric_sum(
+            &gw.metrics(),
+            &format!("tollgate_redis_sync_total{{result=\"{result}\"}}"),
+        )
+    };
     let mut admitted: i64 = 0;
     let mut send = |n: usize| {
         for _ in 0..n {
@@ -250,10 +284,14 @@ fn a_redis_slower_than_the_timeout_counts_every_request_once() {
     for _ in 0..3 {
         redis.signal("STOP");
         send(30);
-        std::thread::sleep(Duration::from_millis(500)); // several rounds time out
+        // until several rounds have timed out
+        let errors = rounds("error");
+        assert!(eventually(Duration::from_secs(10), || rounds("error") >= errors + 2.0));
         redis.signal("CONT");
         send(10);
-        std::thread::sleep(Duration::from_millis(300));
+        // until a round has got through again
+        let ok = rounds("ok");
+        assert!(eventually(Duration::from_secs(10), || rounds("ok") > ok));
     }
     let counted = || {
         redis
@@ -266,12 +304,10 @@ fn a_redis_slower_than_the_timeout_counts_every_request_once() {
         "Redis holds {}, the gateway admitted {admitted}",
         counted()
     );
-    std::thread::sleep(Duration::from_millis(600));
+    // through two more rounds
+    assert!(rounds_pass(&[&gw], 2.0));
     assert_eq!(counted(), admitted, "and stays there");
-    assert!(
-        metric_sum(&gw.metrics(), "tollgate_redis_sync_total{result=\"error\"}") >= 3.0,
-        "rounds did time out"
-    );
+    assert!(rounds("error") >= 3.0, "rounds did time out");
 }
 
 #[test]
@@ -359,9 +395,8 @@ fn local_share_divides_the_threshold_while_redis_is_down() {
     let mut redis = RedisServer::start();
     let up = Upstream::start("u");
     let url = format!("url: {}\n  timeout: 200ms", redis.url());
-    let cfg = config(&up, &url, "[{ period: 1h, threshold: 10 }]", "");
+    let cfg = config(&up, &url, &hourly(10, 90), "");
     let (a, _b) = pair(&cfg);
-    avoid_window_edge(3_600_000, 60_000);
     take_down(&mut redis, &a);
     // threshold 10 over the 2 instances last seen: 5 here
     let admitted = (0..10)
@@ -382,11 +417,10 @@ fn a_redis_cluster_shares_counts_across_two_instances() {
     let cfg = config(
         &up,
         &format!("cluster: [{}]", seeds.join(", ")),
-        "[{ period: 1h, threshold: 10 }]",
+        &hourly(10, 90),
         "",
     );
     let (a, b) = pair(&cfg);
-    avoid_window_edge(3_600_000, 60_000);
     let tenants = ["acme", "globex", "initech", "umbrella", "hooli", "tyrell"];
     // 3x the threshold, alternating: an instance whose lease is used refuses until its next
     // round, so how soon the fleet is full depends on how fast Redis answers on a busy
@@ -398,6 +432,7 @@ fn a_redis_cluster_shares_counts_across_two_instances() {
             if gw.get("/x", &[("x-org-id", t)]).status == 200 {
                 admitted += 1;
             }
+            // pacing: the requests are spread over rounds, as clients' would be
             std::thread::sleep(Duration::from_millis(30));
         }
         assert!(
@@ -430,14 +465,8 @@ fn on_failure_local_gives_each_instance_the_full_threshold() {
     let mut redis = RedisServer::start();
     let up = Upstream::start("u");
     let url = format!("url: {}\n  timeout: 200ms", redis.url());
-    let cfg = config(
-        &up,
-        &url,
-        "[{ period: 1h, threshold: 4 }]",
-        "  on_failure: local",
-    );
+    let cfg = config(&up, &url, &hourly(4, 90), "  on_failure: local");
     let (a, _b) = pair(&cfg);
-    avoid_window_edge(3_600_000, 60_000);
     take_down(&mut redis, &a);
     let admitted = (0..8)
         .filter(|_| a.get("/x", &[("x-org-id", "t")]).status == 200)
@@ -452,12 +481,11 @@ fn a_redis_restart_that_loses_every_key_costs_at_most_one_window() {
     let cfg = config(
         &up,
         &format!("url: {}\n  timeout: 200ms", redis.url()),
-        "[{ period: 1h, threshold: 5 }]",
+        &hourly(5, 90),
         "",
     );
     let gw = Gateway::start(&cfg);
     wait_connected(&gw);
-    avoid_window_edge(3_600_000, 60_000);
     let hit = || gw.get("/x", &[("x-org-id", "t")]).status;
     assert_eq!((0..8).filter(|_| hit() == 200).count(), 5);
     assert!(eventually(Duration::from_secs(5), || redis
@@ -467,7 +495,9 @@ fn a_redis_restart_that_loses_every_key_costs_at_most_one_window() {
     redis.restart(); // empty
     wait_connected(&gw);
     // at most one more window's worth gets through, and the count starts again in Redis
-    std::thread::sleep(Duration::from_millis(1500));
+    // (once the gateway has made a round with the emptied Redis besides the one that
+    // reconnected)
+    assert!(rounds_pass(&[&gw], 1.0));
     let extra = (0..10).filter(|_| hit() == 200).count();
     assert!(
         extra <= 5,
@@ -521,6 +551,7 @@ fn a_token_bucket_is_shared_by_the_fleet() {
         if gw.get("/x", &[("x-org-id", "tb")]).status == 200 {
             admitted += 1;
         }
+        // pacing: the requests are spread over rounds, as clients' would be
         std::thread::sleep(Duration::from_millis(20));
     }
     // one bucket's worth (12) and at most one request per instance on credit; without the
@@ -569,13 +600,12 @@ fn sigterm_sends_the_last_counts_to_redis() {
     let cfg = config(
         &up,
         &format!("url: {}\n  sync_interval: 60s", redis.url()),
-        "[{ period: 1h, threshold: 1000 }]",
+        &hourly(1000, 90),
         "",
     )
     .edit("  threads: 1\n", "  threads: 1\n  grace_period: 1s\n");
     let mut gw = Gateway::start(&cfg);
     wait_connected(&gw);
-    avoid_window_edge(3_600_000, 60_000);
     let admitted = (0..12)
         .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
         .count();
@@ -610,11 +640,11 @@ fn quota_headers_tell_what_this_instance_knows() {
     let cfg = config(
         &up,
         &format!("url: {}", redis.url()),
-        "[{ period: 1h, threshold: 6 }]",
+        // room for the test, and still more than a minute left at its end
+        &hourly(6, 150),
         "",
     );
     let (a, b) = pair(&cfg);
-    avoid_window_edge(3_600_000, 60_000);
     let hit = |gw: &Gateway| {
         let r = gw.get("/x", &[("x-org-id", "t")]);
         let remaining: Option<u64> = r
@@ -645,13 +675,14 @@ fn quota_headers_tell_what_this_instance_knows() {
                 }
             }
             seen.push((first, second));
+            // pacing: the instances take turns, with rounds in between
             std::thread::sleep(Duration::from_millis(60));
         }
         if admitted >= 6 {
             break;
         }
     }
-    // the README's bound for a threshold under 100: one credit per instance past it (an
+    // docs/fleet.md "The bound", for a threshold under 100: one credit per instance past it (an
     // instance that has not heard of the other's admissions may take one on credit; seen
     // with the whole of tests/fleet.rs running on 2 cores)
     assert!((6..=7).contains(&admitted), "admitted {admitted}: {seen:?}");
@@ -662,7 +693,20 @@ fn quota_headers_tell_what_this_instance_knows() {
     for gw in [&a, &b] {
         let _ = gw.get("/x", &[("x-org-id", "t")]);
     }
-    std::thread::sleep(Duration::from_millis(300));
+    // until both have heard that the fleet admitted the threshold
+    let heard = |gw: &Gateway| {
+        common::request(gw.admin, "GET", "/api/tenants/t", &[])
+            .expect("admin answers")
+            .json()["rules"][0]["tiers"][0]["fleet"]["total"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || heard(&a) >= 6 && heard(&b) >= 6),
+        "the fleet's total as each instance knows it: {} and {}",
+        heard(&a),
+        heard(&b)
+    );
     for gw in [&a, &b] {
         let r = gw.get("/x", &[("x-org-id", "t")]);
         assert_eq!(r.status, 429);
@@ -676,14 +720,8 @@ fn quota_headers_tell_what_this_instance_knows() {
 fn a_request_past_its_lease_waits_for_the_round_that_grants_it_room() {
     let redis = RedisServer::start();
     let up = Upstream::start("u");
-    let cfg = config(
-        &up,
-        &format!("url: {}", redis.url()),
-        "[{ period: 1h, threshold: 300 }]",
-        "",
-    );
+    let cfg = config(&up, &format!("url: {}", redis.url()), &hourly(300, 90), "");
     let (a, _b) = pair(&cfg);
-    avoid_window_edge(3_600_000, 60_000);
     // a fresh window and a burst from 16 clients: the cold credit goes at once, the requests
     // beyond it wait for the round that grants more, then go through: under the limit, none
     // is refused (a burst may happen to fit the leases; up to 3 tenants are tried until one
@@ -725,16 +763,17 @@ fn a_request_past_its_lease_waits_for_the_round_that_grants_it_room() {
 fn a_threshold_change_keeps_the_fleet_counting_on_the_same_redis_key() {
     let redis = RedisServer::start();
     let up = Upstream::start("u");
+    // (one period for every config of the test, with room for all of it)
+    let period = period_with_room(3600, 90);
     let at = |threshold: u64| {
         config(
             &up,
             &format!("url: {}", redis.url()),
-            &format!("[{{ period: 1h, threshold: {threshold} }}]"),
+            &format!("[{{ period: {period}, threshold: {threshold} }}]"),
             "  sync_interval: 100ms",
         )
     };
     let (a, b) = pair(&at(10));
-    avoid_window_edge(3_600_000, 60_000);
     let acme = [("x-org-id", "acme")];
     let mut admitted = 0;
     for i in 0..6 {
@@ -742,6 +781,7 @@ fn a_threshold_change_keeps_the_fleet_counting_on_the_same_redis_key() {
         if gw.get("/x", &acme).status == 200 {
             admitted += 1;
         }
+        // pacing: the requests are spread over rounds, as clients' would be
         std::thread::sleep(Duration::from_millis(30));
     }
     let key_of = || {
@@ -772,6 +812,7 @@ fn a_threshold_change_keeps_the_fleet_counting_on_the_same_redis_key() {
         if gw.get("/x", &acme).status == 200 {
             more += 1;
         }
+        // pacing, as above
         std::thread::sleep(Duration::from_millis(30));
     }
     // 4 more, and at most one over per instance (the accuracy bound under 100)
@@ -785,21 +826,20 @@ fn a_threshold_change_keeps_the_fleet_counting_on_the_same_redis_key() {
         == admitted + more));
 }
 
-/// Three gateways on one Redis, `{ period: 10, threshold: 300 }` with `algorithm`: 240
-/// requests (0.8 of the limit) in 4 bursts of 60 concurrent requests, 1.5 s apart, each burst
-/// on one instance. Returns the statuses.
+/// Three gateways on one Redis, `{ period: P, threshold: 300 }` with `algorithm` (P from 10 s
+/// up, with room in its window for the start-up and the bursts): 240 requests (0.8 of the
+/// limit) in 4 bursts of 60 concurrent requests, 1.5 s apart, each burst on one instance.
+/// Returns the statuses.
 fn bursts_at_0_8(algorithm: &str) -> Vec<u16> {
     let redis = RedisServer::start();
     let up = Upstream::start("u");
-    let cfg = config(
-        &up,
-        &format!("url: {}", redis.url()),
-        "[{ period: 10, threshold: 300 }]",
-        "",
-    )
-    .edit(
-        "    tiers: [{ period: 10, threshold: 300 }]\n",
-        &format!("    tiers: [{{ period: 10, threshold: 300 }}]\n    algorithm: {algorithm}\n"),
+    let tiers = format!(
+        "[{{ period: {}, threshold: 300 }}]",
+        period_with_room(10, 14)
+    );
+    let cfg = config(&up, &format!("url: {}", redis.url()), &tiers, "").edit(
+        &format!("    tiers: {tiers}\n"),
+        &format!("    tiers: {tiers}\n    algorithm: {algorithm}\n"),
     );
     assert!(
         cfg.contains("algorithm: "),
@@ -810,7 +850,6 @@ fn bursts_at_0_8(algorithm: &str) -> Vec<u16> {
     assert!(eventually(Duration::from_secs(5), || gws.iter().all(
         |g| metric_sum(&g.metrics(), "tollgate_redis_live_instances") == 3.0
     )));
-    avoid_window_edge(10_000, 7_500);
     let mut statuses = Vec::new();
     for burst in 0..4 {
         let addr = gws[burst % 3].addr;
@@ -823,6 +862,7 @@ fn bursts_at_0_8(algorithm: &str) -> Vec<u16> {
             })
             .collect();
         statuses.extend(clients.into_iter().map(|c| c.join().unwrap_or(0)));
+        // pacing: the bursts are 1.5 s apart (rounds happen between them)
         std::thread::sleep(Duration::from_millis(1500));
     }
     statuses
@@ -848,7 +888,7 @@ fn far_under_the_limit_through(
     let cfg = config(
         &up,
         &format!("url: {}\n  timeout: 100ms", redis.url()),
-        "[{ period: 1h, threshold: 1000000 }]",
+        &hourly(1_000_000, 90),
         "",
     );
     let (a, b) = pair(&cfg);
@@ -907,7 +947,7 @@ fn a_tenant_far_under_its_limit_sees_only_200_while_redis_is_killed_and_restarte
     far_under_the_limit_through(|r| r.kill(), |r| r.restart());
 }
 
-/// `maxmemory-policy noeviction` (README "Running Redis"): a full Redis refuses the gateway's
+/// `maxmemory-policy noeviction` (docs/operations.md): a full Redis refuses the gateway's
 /// writes, which is Redis failing: `on_failure` applies (here `local`: every request of a
 /// tenant far under its limit is answered 200), the reason is logged, and once Redis has room
 /// again the counts made meanwhile arrive, each once (a refused write was not applied).
@@ -919,12 +959,11 @@ fn a_full_redis_with_noeviction_is_redis_failing_and_its_counts_arrive_once_it_h
     let cfg = config(
         &up,
         &format!("url: {}\n  on_failure: local", redis.url()),
-        "[{ period: 1h, threshold: 1000 }]",
+        &hourly(1000, 90),
         "",
     );
     let gw = Gateway::start(&cfg);
     wait_connected(&gw);
-    avoid_window_edge(3_600_000, 60_000);
     let tenants: Vec<String> = (0..5).map(|i| format!("t{i}")).collect();
     let in_redis = || -> i64 {
         tenants

@@ -16,13 +16,13 @@
 
 mod common;
 use common::{
-    avoid_window_edge, eventually, metric_sum, wait_redis_state, Gateway, RedisServer, TempDir,
-    Upstream,
+    eventually, metric_sum, now_ms, period_with_room, wait_redis_state, Gateway, RedisServer,
+    TempDir, Upstream,
 };
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, Once};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
@@ -33,9 +33,10 @@ const PREFIX: &str = "fl";
 const SYNC_INTERVAL_S: f64 = 1.0;
 /// Seconds of wrk load per case.
 const LOAD_S: u64 = 3;
-/// Room the current window must have left when the gateways start: their start-up, the load,
-/// and slack (the final rounds may end after the window: they are keyed by its start).
-const WINDOW_MARGIN_MS: u64 = 15_000;
+/// Room (seconds) the current window must have left when the gateways start: their start-up,
+/// the load, and slack (the final rounds may end after the window: they are keyed by its
+/// start).
+const WINDOW_ROOM_S: u64 = 15;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Shape {
@@ -74,24 +75,6 @@ fn ensure_upstream_built() {
         let status = build.status().expect("run cargo");
         assert!(status.success(), "cargo build --example upstream failed");
     });
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// A fixed-window period (seconds, 30 to 60) whose epoch-aligned window has at least
-/// `margin_ms` left now, so the run fits in one window without waiting; if none has (rare),
-/// wait for the next 30 s window.
-fn pick_period_s(margin_ms: u64) -> u64 {
-    let now = now_ms();
-    if let Some(p) = (30..=60u64).find(|p| p * 1000 - now % (p * 1000) >= margin_ms) {
-        return p;
-    }
-    avoid_window_edge(30_000, margin_ms);
-    30
 }
 
 fn config(up: &Upstream, redis: &RedisServer, period_s: u64, threshold: u64) -> String {
@@ -238,7 +221,9 @@ fn run_case(threshold: u64, shape: Shape, start: Start) {
     let up = Upstream::start("u");
     let dir = TempDir::new();
     let script = wrk_script(&dir);
-    let period_s = pick_period_s(WINDOW_MARGIN_MS);
+    // a fixed-window period from 30 s up whose window has the room: the run fits in one
+    // window without waiting
+    let period_s = period_with_room(30, WINDOW_ROOM_S);
     let cfg = config(&up, &redis, period_s, threshold);
 
     let mut gws = Vec::new();

@@ -2,7 +2,10 @@
 //! access log. Real processes, real signals.
 
 mod common;
-use common::{avoid_window_edge, eventually, get_on, metric_sum, request, Edit, Gateway, Upstream};
+use common::{
+    connections_to, eventually, get_on, metric_sum, period_label, period_with_room, request, Edit,
+    Gateway, Upstream,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -204,14 +207,24 @@ fn reloads_under_load(write: fn(&Gateway, &str), exact: bool) {
     let gw = Gateway::start(&valid[0]);
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic(&gw, stop.clone());
+    let reloads = || {
+        let m = gw.metrics();
+        metric_sum(&m, "tollgate_config_reloads_total{result=\"ok\"}")
+            + metric_sum(&m, "tollgate_config_reloads_total{result=\"error\"}")
+    };
     for i in 0..20 {
         if i % 2 == 0 {
             write(&gw, &valid[(i / 2) % 2]);
         } else {
             write(&gw, "server: [this is not valid");
         }
+        let before = reloads();
         signal(&gw, libc::SIGHUP);
-        std::thread::sleep(Duration::from_millis(150));
+        // until this SIGHUP's reload is counted (ok or error), before the next file
+        assert!(
+            eventually(Duration::from_secs(5), || reloads() > before),
+            "SIGHUP {i} made no reload"
+        );
     }
     stop.store(true, Ordering::Relaxed);
     let (ok, failed) = load.join().unwrap();
@@ -241,10 +254,22 @@ fn a_storm_of_sighups_leaves_the_last_valid_config_running() {
             rewrite(&gw, &config(&ups[1 + (i % 2)], "", 3));
         }
         signal(&gw, libc::SIGHUP);
+        // the storm: signals 18 ms apart, faster than reloads are made
         std::thread::sleep(Duration::from_millis(18));
     }
     assert!(eventually(Duration::from_secs(5), || server_of(&gw) == "u2"));
-    std::thread::sleep(Duration::from_millis(300));
+    // and it stays: once a last SIGHUP, of a file that changes nothing (it is invalid), has
+    // been handled, no reload of the storm is left to come
+    let errors = || {
+        metric_sum(
+            &gw.metrics(),
+            "tollgate_config_reloads_total{result=\"error\"}",
+        )
+    };
+    let before = errors();
+    rewrite(&gw, "routes: [oops");
+    signal(&gw, libc::SIGHUP);
+    assert!(eventually(Duration::from_secs(5), || errors() > before));
     assert_eq!(server_of(&gw), "u2");
     assert!(
         gw.child.try_wait().unwrap().is_none(),
@@ -263,7 +288,10 @@ fn sigterm_drains_in_flight_requests_then_exits() {
     let mut gw = Gateway::start(&config(&up, "", 3));
     let addr = gw.addr;
     let slow = std::thread::spawn(move || request(addr, "GET", "/delay/1000", &[]));
-    std::thread::sleep(Duration::from_millis(200));
+    // until the request is in flight: the gateway has forwarded it to the upstream
+    assert!(eventually(Duration::from_secs(5), || connections_to(
+        up.addr
+    ) > 0));
     let t = Instant::now();
     // a probe on a kept-alive connection (new connections are refused once draining starts)
     let mut probe = std::net::TcpStream::connect(gw.admin).unwrap();
@@ -273,8 +301,15 @@ fn sigterm_drains_in_flight_requests_then_exits() {
     assert_eq!(get_on(&mut probe, "/readyz", &[]).0, 200);
     signal(&gw, libc::SIGTERM);
     // from the first moment of draining, load balancers are told to go elsewhere
-    std::thread::sleep(Duration::from_millis(100));
-    let (status, body) = get_on(&mut probe, "/readyz", &[]);
+    let mut answer = (0, String::new());
+    assert!(
+        eventually(Duration::from_secs(2), || {
+            answer = get_on(&mut probe, "/readyz", &[]);
+            answer.0 == 503
+        }),
+        "{answer:?}"
+    );
+    let (status, body) = answer;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("\"draining\":true"), "{body}");
     let r = slow.join().unwrap().expect("in-flight request answered");
@@ -335,7 +370,11 @@ fn graceful_upgrade_hands_over_listeners_without_refusing_a_connection() {
     let stop = Arc::new(AtomicBool::new(false));
     // every request of the traffic counts: a refused connection is a failed request
     let load = traffic(&gw, stop.clone());
-    std::thread::sleep(Duration::from_millis(200));
+    // until the traffic is answered by the old process
+    assert!(eventually(Duration::from_secs(5), || metric_sum(
+        &gw.metrics(),
+        "tollgate_requests_total"
+    ) >= 20.0));
     // a new process with a bad config exits 1; the old one keeps serving
     let bad = gw.dir.write("bad.yaml", "server: [");
     let st = std::process::Command::new(common::tollgate_bin())
@@ -354,8 +393,17 @@ fn graceful_upgrade_hands_over_listeners_without_refusing_a_connection() {
             .is_some()),
         "the old process exited"
     );
-    // keep the traffic going past the old process's exit: the new one answers it all
-    std::thread::sleep(Duration::from_millis(700));
+    // keep the traffic going past the old process's exit: the new one answers it all (until
+    // the new process, on the same admin address, has answered 50 more)
+    let answered = || {
+        request(gw.admin, "GET", "/metrics", &[])
+            .map_or(0.0, |r| metric_sum(&r.body, "tollgate_requests_total"))
+    };
+    let at_exit = answered();
+    assert!(
+        eventually(Duration::from_secs(5), || answered() >= at_exit + 50.0),
+        "the new process answers the traffic"
+    );
     stop.store(true, Ordering::Relaxed);
     let (ok, failed) = load.join().unwrap();
     assert!(new.try_wait().unwrap().is_none(), "the new process runs");
@@ -532,11 +580,16 @@ fn access_log_has_one_line_per_request() {
     }
     // (pingora refuses some with 400 before any phase runs: those are not logged)
     assert!(statuses.iter().flatten().all(|s| *s < 500), "{statuses:?}");
-    std::thread::sleep(Duration::from_millis(300));
+    // until a request sent after them is logged (theirs, if any, were written before: each
+    // is logged before its connection closes, and the client read to the close)
+    gw.get("/limited/marker", &[]);
+    assert!(eventually(Duration::from_secs(2), || gw
+        .log()
+        .contains("path=\"/limited/marker\"")));
     let log = gw.log();
     let lines: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("tollgate::access"))
+        .filter(|l| l.contains("tollgate::access") && !l.contains("/limited/marker"))
         .collect();
     assert!(lines.len() <= before + 3, "{lines:#?}");
     assert!(
@@ -584,7 +637,10 @@ fn a_request_whose_client_left_is_counted_as_499() {
     let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
     s.write_all(b"GET /delay/1500 HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    // until the request is in flight: the gateway has forwarded it to the upstream
+    assert!(eventually(Duration::from_secs(5), || connections_to(
+        up.addr
+    ) > 0));
     drop(s);
     assert!(
         eventually(Duration::from_secs(5), || gw
@@ -657,9 +713,11 @@ fn metrics_name_the_tier_that_denies_and_time_each_route() {
         "routes:\n",
         "routes:\n  - id: reports\n    path: /reports/**\n    upstream: app\n",
     );
-    let limits = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\nlimits:\n  - id: api\n    pathPattern: /limited/**\n    tiers: [{ period: 1s, threshold: 1000 }, { period: 1h, threshold: 2 }]\n  - id: burst\n    pathPattern: /burst/**\n    tiers: [{ period: 10s, threshold: 1 }, { period: 1h, threshold: 1000 }]\n";
+    // an hourly tier and a 10-second one, each of a period from there up whose window has
+    // room for the test: the requests of each rule fall in one window of each
+    let (hour, ten) = (period_with_room(3600, 20), period_with_room(10, 5));
+    let limits = format!("tenant:\n  from:\n    - header: x-org-id\n      trusted: true\nlimits:\n  - id: api\n    pathPattern: /limited/**\n    tiers: [{{ period: 1s, threshold: 1000 }}, {{ period: {hour}, threshold: 2 }}]\n  - id: burst\n    pathPattern: /burst/**\n    tiers: [{{ period: {ten}, threshold: 1 }}, {{ period: {hour}, threshold: 1000 }}]\n");
     let gw = Gateway::start(&format!("{two_routes}{limits}"));
-    avoid_window_edge(3_600_000, 5_000);
     for _ in 0..2 {
         assert_eq!(gw.get("/limited/1", &[("x-org-id", "t")]).status, 200);
     }
@@ -669,18 +727,23 @@ fn metrics_name_the_tier_that_denies_and_time_each_route() {
     assert_eq!(gw.get("/reports/1", &[("x-org-id", "t")]).status, 200);
     let m = gw.metrics();
     // which tier denies: the hourly one of `api`, the 10-second one of `burst`
+    let (hour, ten) = (period_label(hour), period_label(ten));
     for series in [
-        r#"tollgate_ratelimit_decisions_total{decision="denied",rule="api",tier="1h"} 1"#,
-        r#"tollgate_ratelimit_decisions_total{decision="denied",rule="api",tier="1s"} 0"#,
-        r#"tollgate_ratelimit_decisions_total{decision="denied",rule="burst",tier="10s"} 1"#,
-        r#"tollgate_ratelimit_decisions_total{decision="allowed",rule="api",tier="all"} 2"#,
+        format!(
+            r#"tollgate_ratelimit_decisions_total{{decision="denied",rule="api",tier="{hour}"}} 1"#
+        ),
+        r#"tollgate_ratelimit_decisions_total{decision="denied",rule="api",tier="1s"} 0"#.into(),
+        format!(
+            r#"tollgate_ratelimit_decisions_total{{decision="denied",rule="burst",tier="{ten}"}} 1"#
+        ),
+        r#"tollgate_ratelimit_decisions_total{decision="allowed",rule="api",tier="all"} 2"#.into(),
         // a latency histogram per route: every request answered is in it
-        r#"tollgate_request_duration_seconds_count{route="all"} 5"#,
-        r#"tollgate_request_duration_seconds_count{route="reports"} 1"#,
+        r#"tollgate_request_duration_seconds_count{route="all"} 5"#.into(),
+        r#"tollgate_request_duration_seconds_count{route="reports"} 1"#.into(),
         // the limiter's own time: one observation per request decided
-        r#"tollgate_ratelimit_decision_duration_seconds_count 6"#,
+        r#"tollgate_ratelimit_decision_duration_seconds_count 6"#.into(),
     ] {
-        assert!(m.contains(series), "{series} missing in\n{m}");
+        assert!(m.contains(&series), "{series} missing in\n{m}");
     }
     // the route goes; its series go with it
     rewrite(&gw, &format!("{base}{limits}"));

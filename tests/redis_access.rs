@@ -1,5 +1,5 @@
 //! Redis as operators run it: `rediss://` with a private CA and a client certificate, an ACL
-//! user whose password comes from a file, and only the commands the README lists. A real
+//! user whose password comes from a file, and only the commands docs/operations.md lists. A real
 //! redis-server with `--tls-port` and `--tls-auth-clients yes`; the gateway's counts must reach
 //! it, and a server it cannot verify (no CA, or a name the certificate does not hold) must not
 //! get them, with the reason in the log and `on_failure` applying.
@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use std::time::Duration;
 
-/// The ACL the README gives for the gateway's user (key prefix `tollgate`).
+/// The ACL docs/operations.md "Running Redis" gives for the gateway's user (key prefix `tollgate`).
 /// (redis-server takes each word of a directive as its own argument.)
 const ACL: &[&str] = &[
     "--user",
@@ -208,7 +208,7 @@ fn a_redis_the_gateway_cannot_verify_gets_nothing_and_on_failure_applies() {
             .map(|_| gw.get("/x", &[("x-org-id", "acme")]).status)
             .collect();
         assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
-        // the reason is logged, as the README shows it
+        // the reason is logged, as docs/operations.md "Running Redis" shows it
         let log = gw.log();
         assert!(
             log.contains(&format!("invalid peer certificate: {reason}")),
@@ -246,7 +246,7 @@ fn a_wrong_password_is_refused_by_redis_and_said_in_the_log() {
 /// A Redis Cluster over TLS (`tls-cluster yes`), its nodes' certificates signed by a private
 /// CA and announcing the name their certificates hold (`cluster-announce-hostname`): the
 /// cluster client verifies every node it finds against `tls.ca`, and logs in as the ACL user
-/// with the README's commands and `+cluster|slots`. (The redis crate takes a CA for a cluster
+/// with docs/operations.md's commands and `+cluster|slots`. (The redis crate takes a CA for a cluster
 /// only with rustls, hence rustls for Redis: redis-rs/redis-rs#1534.)
 #[test]
 fn counts_reach_a_tls_redis_cluster_as_an_acl_user_verified_against_the_ca() {

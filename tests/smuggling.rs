@@ -142,7 +142,7 @@ fn ambiguous_http1_framing_is_refused_by_the_gateway_and_never_reaches_the_upstr
         up.request_lines()
     );
     // What Pingora's parser refuses itself, with its own empty 400 before the gateway sees
-    // the request (not counted, not logged: README "What Pingora answers itself"); nothing
+    // the request (not counted, not logged: docs/configuration.md "HTTP/1.1 framing"); nothing
     // reaches the upstream and the hidden request is never answered.
     for (name, raw) in [
         ("two Host", "GET /a HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n".to_string()),

@@ -25,24 +25,33 @@ fn api(gw: &Gateway, path: &str, headers: &[(&str, &str)]) -> Response {
     request(gw.admin, "GET", path, headers).expect("admin answers")
 }
 
+/// `LIMITS` with a period of about an hour whose window has `room_s` seconds left now (the
+/// test's requests all fall in it): the config and the period.
+fn limits_with_room(room_s: u64) -> (String, u64) {
+    let p = period_with_room(3600, room_s);
+    (LIMITS.edit("period: 1h", &format!("period: {p}")), p)
+}
+
 #[test]
 fn tenant_lookup_in_a_fleet_of_two_shows_the_tenant_at_its_limit() {
     let redis = RedisServer::start();
     let up = Upstream::start("u");
+    // the window has room for the start-up and the test, and still a minute at its end
+    let (limits, _) = limits_with_room(120);
     let cfg = one_route_config(up.addr, 1, "")
-        + LIMITS
+        + &limits
         + &format!("redis:\n  url: {}\n  key_prefix: tg\n", redis.url());
     let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
     for gw in [&a, &b] {
         assert!(wait_redis_state(gw, "connected"));
     }
-    avoid_window_edge(3_600_000, 60_000);
     let mut admitted = 0;
     for i in 0..12 {
         let gw = if i % 2 == 0 { &a } else { &b };
         if gw.get("/x", &[("x-org-id", "acme")]).status == 200 {
             admitted += 1;
         }
+        // pacing: requests alternate between the instances over time, as clients' would
         std::thread::sleep(Duration::from_millis(30));
     }
     assert_eq!(admitted, 4);
@@ -85,12 +94,15 @@ fn tenant_lookup_in_a_fleet_of_two_shows_the_tenant_at_its_limit() {
 #[test]
 fn status_lists_pools_rules_rates_redis_and_the_last_reload() {
     let up = Upstream::start("u");
-    let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + LIMITS));
+    // all of the test's requests in one window
+    let (limits, p) = limits_with_room(30);
+    let gw = Gateway::start_with_env(
+        &(one_route_config(up.addr, 1, "") + &limits),
+        &[FAST_SAMPLER],
+    );
     for _ in 0..6 {
         gw.get("/x", &[("x-org-id", "acme")]);
     }
-    // the rates come from one sample a second
-    std::thread::sleep(Duration::from_millis(2200));
     let s = api(&gw, "/api/status", &[]).json();
     assert_eq!(s["listeners"][0]["addr"], gw.addr.to_string());
     assert_eq!(s["pools"][0]["name"], "app");
@@ -98,19 +110,31 @@ fn status_lists_pools_rules_rates_redis_and_the_last_reload() {
     assert_eq!(s["pools"][0]["servers"][0]["healthy"], true);
     assert_eq!(s["routes"][0]["id"], "all");
     assert_eq!(s["rules"][0]["id"], "per-org");
-    assert_eq!(s["rules"][0]["tiers"][0], "4/1h");
+    assert_eq!(s["rules"][0]["tiers"][0], format!("4/{}", period_label(p)));
     assert_eq!(s["redis"]["state"], "not_configured");
     assert!(s["last_reload"].is_null());
-    // 4 allowed and 2 denied happened within the samples kept: rates above zero
-    std::thread::sleep(Duration::from_millis(1100));
+    // denials after a sample of the counters (the sampler, every 20 ms here, sets the health
+    // gauge right after each), within the samples kept: rates above zero once the next sample
+    // is taken
+    let healthy = format!(
+        "tollgate_upstream_server_healthy{{pool=\"app\",server=\"{}\"}} 1",
+        up.addr
+    );
+    assert!(eventually(Duration::from_secs(5), || gw
+        .metrics()
+        .contains(&healthy)));
     for _ in 0..4 {
         gw.get("/x", &[("x-org-id", "acme")]);
     }
-    std::thread::sleep(Duration::from_millis(2200));
-    let s = api(&gw, "/api/status", &[]).json();
+    let denied = || {
+        api(&gw, "/api/status", &[]).json()["rules"][0]["per_second"]["denied"]
+            .as_f64()
+            .unwrap()
+    };
     assert!(
-        s["rules"][0]["per_second"]["denied"].as_f64().unwrap() > 0.0,
-        "{s}"
+        eventually(Duration::from_secs(5), || denied() > 0.0),
+        "{}",
+        api(&gw, "/api/status", &[]).body
     );
 
     // a broken file on disk: the last reload says so, and the process stays ready
@@ -263,7 +287,7 @@ fn the_status_page_renders_in_a_browser_and_escapes_what_it_shows() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert!(refreshes >= 2, "refreshes: {refreshes}");
-    // screenshots for the README and for people, on a laptop's screen and on a phone's
+    // screenshots for docs/operations.md and for people, on a laptop's screen and on a phone's
     let url = format!("http://{}/#tenant=acme", gw.admin);
     let png = screenshot(&url, "1280,1000", "target/status-page.png");
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
@@ -338,10 +362,25 @@ fn the_grafana_dashboard_queries_only_metrics_that_exist() {
         ),
     ) + LIMITS
         + &format!("redis:\n  url: {}\n", redis.url());
-    let gw = Gateway::start(&cfg);
+    let gw = Gateway::start_with_env(&cfg, &[FAST_SAMPLER]);
     assert!(wait_redis_state(&gw, "connected"));
     gw.get("/x", &[("x-org-id", "acme")]);
-    std::thread::sleep(Duration::from_millis(1300));
+    // until the sampler (every 20 ms here) has set its gauges: the Redis link, the server's
+    // health and the shaped pool's queue
+    let healthy = format!(
+        "tollgate_upstream_server_healthy{{pool=\"app\",server=\"{}\"}} 1",
+        up.addr
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let m = gw.metrics();
+            m.contains("tollgate_redis_connected 1")
+                && m.contains(&healthy)
+                && m.contains("tollgate_pool_queue_depth{pool=\"app\"}")
+        }),
+        "{}",
+        gw.metrics()
+    );
     let metrics = gw.metrics();
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ops/grafana-dashboard.json");
     let dashboard: serde_json::Value =
@@ -388,25 +427,20 @@ fn the_grafana_dashboard_queries_only_metrics_that_exist() {
         );
     }
     assert!(metrics.contains("tollgate_redis_connected 1"), "{metrics}");
-    assert!(
-        metrics.contains(&format!(
-            "tollgate_upstream_server_healthy{{pool=\"app\",server=\"{}\"}} 1",
-            up.addr
-        )),
-        "{metrics}"
-    );
+    assert!(metrics.contains(&healthy), "{metrics}");
 }
 
 #[test]
 fn top_names_who_is_limited_now_from_bounded_memory() {
     let up = Upstream::start("u");
     // an hourly tier behind a 1 s one: the hour's denials are listed after the second rolled
+    // (a period of about an hour whose window has room for the test)
+    let p = period_with_room(3600, 60);
     let limits = LIMITS.edit(
         "tiers: [{ period: 1h, threshold: 4 }]",
-        "tiers: [{ period: 1s, threshold: 1000 }, { period: 1h, threshold: 4 }]",
+        &format!("tiers: [{{ period: 1s, threshold: 1000 }}, {{ period: {p}, threshold: 4 }}]"),
     );
     let gw = Gateway::start(&(one_route_config(up.addr, 1, "") + &limits));
-    avoid_window_edge(3_600_000, 60_000);
     // "heavy" is denied 6 times, "medium" twice, "light" never; many others make 1 request
     for (tenant, n) in [("heavy", 10), ("medium", 6), ("light", 3)] {
         for _ in 0..n {
@@ -416,7 +450,14 @@ fn top_names_who_is_limited_now_from_bounded_memory() {
     for i in 0..200 {
         gw.get("/x", &[("x-org-id", &format!("other-{i}"))]);
     }
-    std::thread::sleep(Duration::from_millis(1100));
+    // until the 1 s window rolled: "heavy" has used none of the new one
+    assert!(eventually(Duration::from_secs(3), || api(
+        &gw,
+        "/api/tenants/heavy",
+        &[]
+    )
+    .json()["rules"][0]["tiers"][0]["used"]
+        == 0));
     let t = api(&gw, "/api/top?rule=per-org&by=denied&n=5", &[]).json();
     let top = t["top"].as_array().unwrap();
     assert_eq!(top[0]["partition"], "heavy", "{t}");

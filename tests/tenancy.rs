@@ -1,10 +1,10 @@
-//! Tenancy an operator can trust (README "Who is the tenant?"): which sources may claim a
+//! Tenancy an operator can trust (docs/configuration.md#who-is-the-tenant): which sources may claim a
 //! tenant, per-route tenant modes, API keys kept from upstreams, plans and keys as files
 //! (reloaded on SIGHUP), and the warnings of `-t`.
 
 mod common;
 use common::{
-    avoid_window_edge, one_route_config, request, run_tollgate, Edit, Gateway, TempDir, Upstream,
+    one_route_config, period_with_room, request, run_tollgate, Edit, Gateway, TempDir, Upstream,
 };
 
 /// One upstream, four routes: `/v1/**` requires a tenant, `/public/**` takes `anonymous`,
@@ -21,12 +21,19 @@ const KEYS: &str = "    - api_key: { header: x-api-key, keys: { \"k-acme\": acme
 /// Per tenant 2 an hour on everything; per address 3 an hour on /login.
 const LIMITS: &str = "limits:\n  - id: per-tenant\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 2 }]\n  - id: login\n    pathPattern: /login\n    per: ip\n    tiers: [{ period: 1h, threshold: 3 }]\n";
 
+/// `LIMITS` with a period of about an hour whose window has room for a test's requests (and
+/// the gateway's start-up): they all fall in one window.
+fn limits_in_one_window() -> String {
+    let p = period_with_room(3600, 20);
+    LIMITS.edit("period: 1h", &format!("period: {p}"))
+}
+
 #[test]
 fn a_claimed_header_cannot_spend_a_key_holders_quota() {
     let up = Upstream::start("u");
     let tenant = format!("tenant:\n  from:\n{KEYS}    - header: x-org-id\n  required: false\n");
-    let gw = Gateway::start(&format!("{}{tenant}{LIMITS}", routes(&up, "")));
-    avoid_window_edge(3_600_000, 10_000);
+    let limits = limits_in_one_window();
+    let gw = Gateway::start(&format!("{}{tenant}{limits}", routes(&up, "")));
     // the header is a claim, and nobody is a trusted proxy: it names no tenant
     for _ in 0..5 {
         let r = gw.get("/v1/orders", &[("x-org-id", "acme")]);
@@ -83,8 +90,8 @@ fn a_trusted_proxy_or_trusted_true_makes_the_claim_count() {
 fn each_route_requires_takes_anonymous_or_skips_the_tenant() {
     let up = Upstream::start("u");
     let tenant = format!("tenant:\n  from:\n{KEYS}  required: true\n");
-    let gw = Gateway::start(&format!("{}{tenant}{LIMITS}", routes(&up, "")));
-    avoid_window_edge(3_600_000, 10_000);
+    let limits = limits_in_one_window();
+    let gw = Gateway::start(&format!("{}{tenant}{limits}", routes(&up, "")));
     // `required` (here also the global setting): 401 without a key
     assert_eq!(gw.get("/v1/x", &[]).status, 401);
     assert_eq!(gw.get("/other", &[]).status, 401);

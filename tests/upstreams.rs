@@ -1,7 +1,7 @@
 //! Upstream pools: balancing, health checks, and problem answers when upstreams fail.
 
 mod common;
-use common::{eventually, free_port, Gateway, Upstream};
+use common::{eventually, free_port, server_healthy, Gateway, Upstream};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -90,9 +90,13 @@ fn dead_server_in_health_checked_pool_gets_no_traffic() {
         "    health_check: { interval: 200ms, http: { path: /healthz } }",
     ));
     assert_eq!(hits(&gw, 10, "t").len(), 2);
+    let b_addr = b.addr.to_string();
     b.kill();
-    // after a health check, every request goes to the live server, none fails
-    std::thread::sleep(Duration::from_millis(600));
+    // after a health check (until the pool marks b unhealthy), every request goes to the live
+    // server, none fails
+    assert!(eventually(Duration::from_secs(5), || server_healthy(
+        &gw, &b_addr
+    ) == Some(false)));
     let seen = hits(&gw, 30, "t");
     assert_eq!(seen.get("a"), Some(&30), "{seen:?}");
 }
@@ -105,7 +109,12 @@ fn tcp_health_check_marks_dead_server() {
         &[a.addr.to_string(), dead.clone()],
         "    health_check: { interval: 100ms }",
     ));
-    std::thread::sleep(Duration::from_millis(400));
+    // until a health check has marked the dead server unhealthy (the pool and the log say so)
+    let line = format!("upstream pool: {dead} becomes unhealthy");
+    assert!(eventually(Duration::from_secs(5), || server_healthy(
+        &gw, &dead
+    ) == Some(false)
+        && gw.log().contains(&line)));
     let seen = hits(&gw, 20, "t");
     assert_eq!(seen.get("a"), Some(&20), "{seen:?}");
     // the log line names the pool and the server, not a debug struct
@@ -167,6 +176,7 @@ fn slow_upstream_is_504_after_read_timeout() {
         for c in listener.incoming().take(4) {
             conns.push(c);
         }
+        // the scenario: the connections stay open, unanswered, past the read timeout
         std::thread::sleep(Duration::from_secs(5));
     });
     let gw = Gateway::start(&config(&[addr], "    read_timeout: 300ms"));
@@ -177,7 +187,7 @@ fn slow_upstream_is_504_after_read_timeout() {
 
 #[test]
 fn a_dead_server_without_health_check_costs_no_request() {
-    // the README: a failed connection is retried on the next server of the pool, and the
+    // docs/configuration.md "upstreams": a failed connection is retried on the next server, and the
     // failed server is skipped for a while even without a health check
     let a = Upstream::start("a");
     let dead = format!("127.0.0.1:{}", free_port()); // nothing listens there

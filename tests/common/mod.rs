@@ -157,6 +157,16 @@ impl Gateway {
 
     /// Like `start`, writing `files` (name, text) beside the config first.
     pub fn start_with_files(config_template: &str, files: &[(&str, &str)]) -> Self {
+        Self::start_with(config_template, files, &[])
+    }
+
+    /// Like `start`, with `env` (name, value) set for the process, e.g. the sampler's
+    /// `TOLLGATE_SAMPLE_INTERVAL_MS` (see `FAST_SAMPLER`).
+    pub fn start_with_env(config_template: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_with(config_template, &[], env)
+    }
+
+    fn start_with(config_template: &str, files: &[(&str, &str)], env: &[(&str, &str)]) -> Self {
         let dir = TempDir::new();
         for (name, text) in files {
             dir.write(name, text);
@@ -173,6 +183,7 @@ impl Gateway {
             .arg("-c")
             .arg(&config)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -189,19 +200,16 @@ impl Gateway {
     }
 
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("gateway exited early ({status}); log:\n{}", self.log());
+        let (admin, log) = (self.admin, self.dir.0.join("gateway.log"));
+        let child = &mut self.child;
+        let ready = eventually(Duration::from_secs(20), || {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
+                panic!("gateway exited early ({status}); log:\n{log}");
             }
-            if let Ok(r) = request(self.admin, "GET", "/readyz", &[]) {
-                if r.status == 200 {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("gateway not ready in time; log:\n{}", self.log());
+            request(admin, "GET", "/readyz", &[]).is_ok_and(|r| r.status == 200)
+        });
+        assert!(ready, "gateway not ready in time; log:\n{}", self.log());
     }
 
     /// Write `template` as the new config (placeholders resolved as at start), send SIGHUP and
@@ -426,6 +434,7 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
         if f() {
             return true;
         }
+        // the poll interval
         std::thread::sleep(Duration::from_millis(25));
     }
     f()
@@ -576,17 +585,76 @@ pub fn metric_sum(metrics: &str, prefix: &str) -> f64 {
         .sum()
 }
 
-/// Make sure at least `margin_ms` remain in the current epoch-aligned window of `period_ms`,
-/// so that a test's requests all fall in one window. With several windows, call it for the longest first: a later, shorter wait cannot then
-/// cross the longer window's edge.
-pub fn avoid_window_edge(period_ms: u64, margin_ms: u64) {
-    let now = std::time::SystemTime::now()
+/// The operator-view sampler ticking every 20 ms instead of every second (for
+/// `Gateway::start_with_env`): a test waits for the sample it needs, not for whole seconds.
+pub const FAST_SAMPLER: (&str, &str) = ("TOLLGATE_SAMPLE_INTERVAL_MS", "20");
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let left = period_ms - now % period_ms;
-    if left < margin_ms {
-        std::thread::sleep(Duration::from_millis(left + 20));
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A fixed-window period for a test, in whole seconds, whose current window has at least
+/// `room_s` seconds left: the smallest P >= `min_period_s` with that room. Fixed windows are
+/// aligned to the epoch (start = floor(now_ms / period_ms) * period_ms), so a test that writes
+/// `period: {P}` into its config knows that everything it does within `room_s` seconds from
+/// now falls in one window, without waiting for an edge to pass. Count the gateways' start-up
+/// in `room_s` when the period is chosen before they start.
+pub fn period_with_room(min_period_s: u64, room_s: u64) -> u64 {
+    assert!(min_period_s > 0, "a period of at least 1 s");
+    let now = now_ms();
+    (min_period_s..)
+        .find(|p| p * 1000 - now % (p * 1000) >= room_s * 1000)
+        .expect("a period with room")
+}
+
+/// A period of `secs` seconds as the gateway writes it (tier labels, RateLimit-Policy names,
+/// `/api/status`): in the largest unit that divides it exactly, `1h`, `61m`, `3601s`.
+pub fn period_label(secs: u64) -> String {
+    if secs != 0 && secs.is_multiple_of(3600) {
+        format!("{}h", secs / 3600)
+    } else if secs != 0 && secs.is_multiple_of(60) {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
     }
+}
+
+/// TCP connections in state ESTABLISHED to `addr` (an IPv4 address), from any process of this
+/// machine (`/proc/net/tcp`): e.g. whether the gateway has forwarded a request to an upstream.
+pub fn connections_to(addr: SocketAddr) -> usize {
+    let SocketAddr::V4(v4) = addr else {
+        panic!("connections_to: IPv4 only, not {addr}")
+    };
+    // the kernel writes the address as the hex of its in-memory (network order) u32, read as
+    // a native (little-endian) integer, and the port in hex
+    let want = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(v4.ip().octets()),
+        v4.port()
+    );
+    std::fs::read_to_string("/proc/net/tcp")
+        .expect("/proc/net/tcp")
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(2) == Some(&want.as_str()) && f.get(3) == Some(&"01")
+        })
+        .count()
+}
+
+/// Whether `/api/status` shows the pool server `addr` healthy now (`None`: no pool lists it).
+pub fn server_healthy(gw: &Gateway, addr: &str) -> Option<bool> {
+    let status = request(gw.admin, "GET", "/api/status", &[]).ok()?.json();
+    status["pools"]
+        .as_array()?
+        .iter()
+        .flat_map(|p| p["servers"].as_array().into_iter().flatten())
+        .find(|s| s["addr"] == addr)?["healthy"]
+        .as_bool()
 }
 
 /// Wait until the gateway's `/readyz` reports `redis` as `state`.

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 /// Every rule's decision counters at one moment: allowed, denied, shadow_denied, delayed.
 type Sample = (Instant, HashMap<String, [u64; 4]>);
 
-/// Samples of every rule's decision counters, one a second for the last minute.
+/// Samples of every rule's decision counters, one a tick of the `OpsSampler` (a second) for
+/// the last minute.
 #[derive(Default)]
 pub struct DecisionRates {
     samples: Mutex<VecDeque<Sample>>,
@@ -85,21 +86,38 @@ impl DecisionRates {
     }
 }
 
-/// Every second: a sample of the decision counters (for the rates of `/api/status`), and the
-/// gauges that describe the present: each upstream server's health and each shaped pool's
-/// queue (the running config's only: a server or pool removed by a reload leaves no series),
-/// and the Redis link.
+/// Every `interval` (a second, see `sample_interval`): a sample of the decision counters (for
+/// the rates of `/api/status`), and the gauges that describe the present: each upstream
+/// server's health and each shaped pool's queue (the running config's only: a server or pool
+/// removed by a reload leaves no series), and the Redis link.
 pub struct OpsSampler {
     pub shared: SharedSnapshot,
     pub rates: Arc<DecisionRates>,
     pub metrics: Arc<Metrics>,
     pub fleet: Arc<FleetState>,
+    pub interval: Duration,
+}
+
+/// The sampler's interval when nothing else is asked for.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+/// The shortest interval `TOLLGATE_SAMPLE_INTERVAL_MS` may ask for.
+pub const MIN_SAMPLE_INTERVAL: Duration = Duration::from_millis(10);
+
+/// The `OpsSampler`'s interval, read once at start-up: `SAMPLE_INTERVAL` (1 s), unless the
+/// environment variable `TOLLGATE_SAMPLE_INTERVAL_MS` gives another in milliseconds, clamped to
+/// at least `MIN_SAMPLE_INTERVAL` (10 ms). A knob for tests, which wait for a sample rather
+/// than for whole seconds; not part of the configuration, and an unreadable value is ignored.
+pub fn sample_interval(env: Option<&str>) -> Duration {
+    env.and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(SAMPLE_INTERVAL, |ms| {
+            Duration::from_millis(ms).max(MIN_SAMPLE_INTERVAL)
+        })
 }
 
 #[async_trait]
 impl BackgroundService for OpsSampler {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut ticker = crate::ticker::Ticker::every(Duration::from_secs(1));
+        let mut ticker = crate::ticker::Ticker::every(self.interval);
         let (mut servers_seen, mut pools_seen) = (Vec::new(), Vec::new());
         while ticker.tick(&mut shutdown).await {
             self.rates.sample(&self.shared);
@@ -432,7 +450,30 @@ pub fn percent_decode(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use super::percent_decode;
+    use super::{percent_decode, sample_interval};
+    use std::time::Duration;
+
+    #[test]
+    fn the_sample_interval_is_a_second_unless_the_environment_asks_for_another() {
+        assert_eq!(sample_interval(None), Duration::from_secs(1));
+        assert_eq!(sample_interval(Some("20")), Duration::from_millis(20));
+        assert_eq!(
+            sample_interval(Some("1")),
+            Duration::from_millis(10),
+            "clamped"
+        );
+        assert_eq!(
+            sample_interval(Some("0")),
+            Duration::from_millis(10),
+            "clamped"
+        );
+        assert_eq!(
+            sample_interval(Some("fast")),
+            Duration::from_secs(1),
+            "ignored"
+        );
+        assert_eq!(sample_interval(Some("")), Duration::from_secs(1), "ignored");
+    }
 
     #[test]
     fn decodes_escapes() {
