@@ -68,16 +68,16 @@ const CLIENT_GONE: http::StatusCode = match http::StatusCode::from_u16(499) {
     Err(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
 };
 
-/// Get into a shaped pool (`max_in_flight`): the slot goes into `ctx` (freed when the request is
-/// done). Returns whether the request is refused (a full queue, or it waited too long).
+/// Get into a shaped pool (`max_in_flight`), by the plan priority of `tenant`: the place, freed
+/// when the request is done, or `None` when the request is refused (a full queue, or it waited
+/// too long).
 async fn enter_gate(
     metrics: &Metrics,
     snap: &Snapshot,
     pool: usize,
     gate: &Arc<crate::upstream::shaping::Gate>,
-    ctx: &mut RequestCtx,
-) -> bool {
-    let tenant = &ctx.admitted.tenant[..];
+    tenant: &[u8],
+) -> Option<crate::upstream::shaping::GateSlot> {
     let plans = &snap.config.plans;
     let plan = if tenant.is_empty() {
         None
@@ -95,7 +95,6 @@ async fn enter_gate(
         .map_or("", |u| u.name.as_str());
     match gate.enter(priority).await {
         Ok((slot, waited)) => {
-            ctx.gate = Some(slot);
             if waited {
                 let plan_name = plan
                     .and_then(|p| plans.names.get(p))
@@ -105,7 +104,7 @@ async fn enter_gate(
                     .with_label_values(&[name, plan_name])
                     .inc();
             }
-            false
+            Some(slot)
         }
         Err(why) => {
             let reason = match why {
@@ -116,7 +115,7 @@ async fn enter_gate(
                 .queue_refused
                 .with_label_values(&[name, reason])
                 .inc();
-            true
+            None
         }
     }
 }
@@ -319,14 +318,16 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<bool> {
-        let (Some(snap), Some(route)) = (ctx.snapshot.clone(), ctx.admitted.route) else {
+        let (Some(snap), Some(route)) = (&ctx.snapshot, ctx.admitted.route) else {
             return Ok(true);
         };
         let pool = snap.config.routes[route].upstream;
         let Some(gate) = snap.gates.get(pool).and_then(Option::as_ref) else {
             return Ok(true);
         };
-        if Box::pin(enter_gate(&self.metrics, &snap, pool, gate, ctx)).await {
+        let entered = enter_gate(&self.metrics, snap, pool, gate, &ctx.admitted.tenant);
+        ctx.gate = Box::pin(entered).await;
+        if ctx.gate.is_none() {
             let answer = Answer::problem(
                 503,
                 "the upstream is busy: its queue is full or the wait timed out",
