@@ -120,8 +120,51 @@ fn init_logging() {
 }
 
 fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
-    let metrics = rt.metrics.clone();
     let server_cfg = snapshot.config.server.clone();
+    let (opt, conf) = pingora_settings(args, &server_cfg);
+    // before anything can accept a request: SIGHUP would otherwise kill the process
+    let sighup = match install_sighup() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cannot install the SIGHUP handler: {e}");
+            return 1;
+        }
+    };
+    if let Err(e) = listeners_free(args, &server_cfg) {
+        eprintln!("{e}");
+        return 1;
+    }
+    let draining = match install_drain_signals() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cannot install the SIGTERM handler: {e}");
+            return 1;
+        }
+    };
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    server.bootstrap();
+
+    let shared: SharedSnapshot = Arc::new(ArcSwap::from_pointee(snapshot));
+    let gateway = Gateway {
+        shared: shared.clone(),
+        metrics: rt.metrics.clone(),
+        draining: draining.clone(),
+    };
+    match edge_service(args, &server, gateway, &shared, &server_cfg) {
+        Ok(proxy) => {
+            server.add_service(proxy);
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            return 1;
+        }
+    }
+    add_background_services(&mut server, args, &rt, &shared, sighup, draining);
+    server.run_forever()
+}
+
+/// Pingora's options and server settings from the command line and `server`.
+fn pingora_settings(args: &Args, server_cfg: &config::model::ServerSettings) -> (Opt, ServerConf) {
     let mut conf = ServerConf {
         threads: server_cfg.threads,
         daemon: args.daemon,
@@ -142,46 +185,35 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         test: false,
         conf: None,
     };
-    // before anything can accept a request: SIGHUP would otherwise kill the process
-    let sighup = match install_sighup() {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("cannot install the SIGHUP handler: {e}");
-            return 1;
-        }
-    };
-    // Pingora binds in its own thread and panics there on failure, leaving a process that
-    // looks alive; a listener that cannot be had ends start-up here, before anything runs
-    // (with -u the listeners come from the old process).
-    if !args.upgrade {
-        let admin = server_cfg.admin.iter();
-        for addr in server_cfg.listen.iter().chain(admin) {
-            if let Err(e) = std::net::TcpListener::bind(addr) {
-                eprintln!("{}: cannot listen on {addr}: {e}", args.conf.display());
-                return 1;
-            }
+    (opt, conf)
+}
+
+/// Pingora binds in its own thread and panics there on failure, leaving a process that looks
+/// alive; a listener that cannot be had ends start-up here, before anything runs (with -u the
+/// listeners come from the old process).
+fn listeners_free(args: &Args, server_cfg: &config::model::ServerSettings) -> Result<(), String> {
+    if args.upgrade {
+        return Ok(());
+    }
+    for addr in server_cfg.listen.iter().chain(server_cfg.admin.iter()) {
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            return Err(format!(
+                "{}: cannot listen on {addr}: {e}",
+                args.conf.display()
+            ));
         }
     }
-    let draining = match install_drain_signals() {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("cannot install the SIGTERM handler: {e}");
-            return 1;
-        }
-    };
-    let mut server = Server::new_with_opt_and_conf(opt, conf);
-    server.bootstrap();
+    Ok(())
+}
 
-    let shared: SharedSnapshot = Arc::new(ArcSwap::from_pointee(snapshot));
-    let reload_status = Arc::new(ReloadStatus::default());
-    let rates = Arc::new(DecisionRates::default());
-    let ready = Arc::new(AtomicBool::new(false));
-
-    let gateway = Gateway {
-        shared: shared.clone(),
-        metrics: metrics.clone(),
-        draining: draining.clone(),
-    };
+/// The proxy on every listener (TLS ones pick their certificate by SNI), inside the `Edge`.
+fn edge_service(
+    args: &Args,
+    server: &Server,
+    gateway: Gateway,
+    shared: &SharedSnapshot,
+    server_cfg: &config::model::ServerSettings,
+) -> Result<Service<Edge<Gateway>>, String> {
     let mut app = HttpProxy::new(gateway, server.configuration.clone());
     app.handle_init_modules();
     if server_cfg.h2c {
@@ -197,32 +229,42 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         },
     );
     for (addr, tls) in server_cfg.listen.iter().zip(&server_cfg.listen_tls) {
-        if *tls {
-            let callbacks = Box::new(SniCertificates {
-                shared: shared.clone(),
-                listener: *addr,
-            });
-            let mut settings = match TlsSettings::with_callbacks(callbacks) {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("{}: tls: {e}", args.conf.display());
-                    return 1;
-                }
-            };
-            settings.enable_h2();
-            // Mozilla's "intermediate" profile: X25519, prime256v1 and secp384r1 only (OpenSSL
-            // 3 also offers X448 and secp521r1, which sslyze's intermediate check refuses)
-            if let Err(e) = settings.set_groups_list(TLS_GROUPS) {
-                eprintln!("{}: tls: groups {TLS_GROUPS}: {e}", args.conf.display());
-                return 1;
-            }
-            proxy.add_tls_with_settings(&addr.to_string(), None, settings);
-        } else {
+        if !*tls {
             proxy.add_tcp(&addr.to_string());
+            continue;
         }
+        let callbacks = Box::new(SniCertificates {
+            shared: shared.clone(),
+            listener: *addr,
+        });
+        let mut settings = TlsSettings::with_callbacks(callbacks)
+            .map_err(|e| format!("{}: tls: {e}", args.conf.display()))?;
+        settings.enable_h2();
+        // Mozilla's "intermediate" profile: X25519, prime256v1 and secp384r1 only (OpenSSL 3
+        // also offers X448 and secp521r1, which sslyze's intermediate check refuses)
+        settings
+            .set_groups_list(TLS_GROUPS)
+            .map_err(|e| format!("{}: tls: groups {TLS_GROUPS}: {e}", args.conf.display()))?;
+        proxy.add_tls_with_settings(&addr.to_string(), None, settings);
     }
-    server.add_service(proxy);
+    Ok(proxy)
+}
 
+/// The services beside the proxy: the Redis sync, the reloader, the admin listener and its
+/// sampler, health checks, the counter sweeper and the readiness probe.
+fn add_background_services(
+    server: &mut Server,
+    args: &Args,
+    rt: &Runtime,
+    shared: &SharedSnapshot,
+    sighup: Arc<AtomicBool>,
+    draining: Arc<AtomicBool>,
+) {
+    let metrics = &rt.metrics;
+    let server_cfg = shared.load().config.server.clone();
+    let reload_status = Arc::new(ReloadStatus::default());
+    let rates = Arc::new(DecisionRates::default());
+    let ready = Arc::new(AtomicBool::new(false));
     // runs always: idle without a `redis` section, so that a reload can add one
     server.add_service(background_service(
         "redis sync",
@@ -250,7 +292,6 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
             flag: sighup,
         },
     ));
-
     if let Some(admin_addr) = server_cfg.admin {
         server.add_service(background_service(
             "operator view sampler",
@@ -268,11 +309,11 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
             "tollgate admin".to_string(),
             Admin {
                 shared: shared.clone(),
-                reload: reload_status.clone(),
-                rates: rates.clone(),
+                reload: reload_status,
+                rates,
                 metrics: metrics.clone(),
                 ready: ready.clone(),
-                draining: draining.clone(),
+                draining,
                 fleet: rt.fleet.clone(),
             },
         );
@@ -306,5 +347,4 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
             fleet: rt.fleet.clone(),
         },
     ));
-    server.run_forever()
 }
