@@ -155,11 +155,16 @@ impl Rig {
 
     /// One request from 10.0.0.1 (answered at once: no delay, no fleet).
     fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Out {
+        self.send_from(IpAddr::from([10, 0, 0, 1]), method, path, headers)
+    }
+
+    /// One request from `peer`.
+    fn send_from(&self, peer: IpAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Out {
         let head = Rig::head(method, path, headers);
         let req = Incoming {
             head: &head,
             raw_path: path.as_bytes(),
-            peer: IpAddr::from([10, 0, 0, 1]),
+            peer,
         };
         let mut admitted = Admitted::default();
         let a = admit(&self.snap, &req, &self.metrics, &mut admitted);
@@ -727,4 +732,104 @@ fn what_comes_before_the_limits_route_tenant_and_what_a_client_may_send() {
     assert_eq!(rig.used("t", "api"), Some(0));
     assert!(rig.send("GET", "/v1/x", &[("x-org-id", "t")]).forwarded);
     assert_eq!(rig.used("t", "api"), Some(1));
+}
+
+/// docs/configuration.md "Access lists and exemptions": a route's `allow` and `deny` judge the
+/// client address (through trusted proxies), before the tenant is looked for.
+#[test]
+fn a_route_admits_only_the_networks_it_allows_and_none_it_denies() {
+    let text = config_text(
+        "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 100 }]",
+        "",
+    )
+    .edit(
+        "  listen: [\"127.0.0.1:1\"]\n",
+        "  listen: [\"127.0.0.1:1\"]\n  trusted_proxies: [\"10.0.0.1\"]\n",
+    )
+    .edit(
+        "    upstream: app\n",
+        "    upstream: app\n    allow: [\"10.0.0.0/8\", \"2001:db8::/32\"]\n    deny: [\"10.9.0.0/16\"]\n",
+    );
+    let rig = Rig::from_text(&text, Arc::new(FakeClock::at_ms(T0)));
+    let via_proxy = |client: &str| {
+        rig.send(
+            "GET",
+            "/x",
+            &[("x-org-id", "t"), ("x-forwarded-for", client)],
+        )
+    };
+    assert!(via_proxy("10.1.2.3").forwarded);
+    assert!(via_proxy("2001:db8::7").forwarded);
+    assert!(
+        via_proxy("::ffff:10.1.2.3").forwarded,
+        "an IPv4-mapped address is IPv4"
+    );
+    for refused in ["10.9.1.1", "192.168.1.1", "2001:db9::1"] {
+        let r = via_proxy(refused);
+        assert_eq!(r.status, 403, "{refused}");
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert_eq!(
+            r.json()["detail"],
+            "this client address may not use this route"
+        );
+        // counted and logged under its route, with its client address
+        assert_eq!(r.admitted.route, Some(0));
+        assert_eq!(r.admitted.client_ip, Some(refused.parse().unwrap()));
+        assert!(r.admitted.decision.is_none());
+    }
+    // a client cannot claim an allowed address: only a trusted proxy's X-Forwarded-For counts
+    let r = rig.send_from(
+        IpAddr::from([192, 168, 1, 1]),
+        "GET",
+        "/x",
+        &[("x-org-id", "t"), ("x-forwarded-for", "10.1.2.3")],
+    );
+    assert_eq!(r.status, 403);
+    // refusals spent no quota: 3 admitted
+    assert_eq!(rig.used("t", "api"), Some(3));
+}
+
+#[test]
+fn an_exempt_request_is_neither_counted_nor_refused_and_gets_no_quota_headers() {
+    let rig = Rig::new(
+        "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 1 }]\n    exempt: { ips: [\"192.168.0.0/16\"], tenants: [vip], plans: [premium] }\n  - id: exports\n    pathPattern: /export/**\n    concurrency: 1\n    exempt: { tenants: [vip] }\n  - id: audit\n    pathPattern: /audited/**\n    tiers: [{ period: 1h, threshold: 1 }]",
+        "",
+    );
+    // vip (a tenant), globex (premium plan): never counted, never refused, no headers
+    for tenant in ["vip", "globex"] {
+        for _ in 0..3 {
+            let r = rig.get("/x", tenant);
+            assert!(r.forwarded, "{tenant}");
+            assert!(r.admitted.decision.is_none(), "{tenant}");
+            assert!(r.header("x-ratelimit-limit").is_none());
+            assert!(r.header("ratelimit-policy").is_none());
+        }
+        assert_eq!(rig.used(tenant, "api"), Some(0));
+    }
+    // from an exempt network, any tenant
+    for _ in 0..3 {
+        let r = rig.send_from(
+            IpAddr::from([192, 168, 7, 7]),
+            "GET",
+            "/x",
+            &[("x-org-id", "t")],
+        );
+        assert!(r.forwarded);
+        assert!(r.admitted.decision.is_none());
+    }
+    // everyone else is limited as usual
+    assert!(rig.get("/x", "t").forwarded);
+    assert_eq!(rig.get("/x", "t").status, 429);
+    // exempt from a concurrency limit too: two in flight
+    let first = rig.get("/export/x", "vip");
+    let second = rig.get("/export/x", "vip");
+    assert!(first.forwarded && second.forwarded);
+    assert!(first.admitted.slots.is_empty());
+    let held = rig.get("/export/x", "t");
+    assert_eq!(held.admitted.slots.len(), 1);
+    assert_eq!(rig.get("/export/x", "t").status, 429);
+    // other rules still apply to an exempt tenant: `audit` does not exempt vip
+    let r = rig.get("/audited/x", "vip");
+    assert_eq!(r.header("x-ratelimit-limit"), Some("1"));
+    assert_eq!(rig.get("/audited/x", "vip").status, 429);
 }

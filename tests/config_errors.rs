@@ -711,3 +711,75 @@ fn a_rediss_url_is_accepted_with_its_tls_files() {
         "the password is never printed: {err}"
     );
 }
+
+#[test]
+fn access_lists_and_exemptions_are_checked() {
+    // line 11 is `    upstream: products` of the route; the new keys follow it
+    let route = |extra: &str| {
+        with(
+            "    upstream: products\n",
+            &format!("    upstream: products\n{extra}"),
+        )
+    };
+    assert_error(
+        &route("    allow: [\"10.0.0.0/8\", \"10.0.0.0/33\"]\n"),
+        12,
+        27,
+        &[
+            "routes[0].allow[1]",
+            "invalid network \"10.0.0.0/33\"",
+            "CIDR",
+        ],
+    );
+    assert_error(
+        &route("    deny: [\"not an address\"]\n"),
+        12,
+        12,
+        &["routes[0].deny[0]", "invalid network"],
+    );
+    assert_error(
+        &route("    allow: []\n"),
+        12,
+        12,
+        &["routes[0].allow", "refuses every client"],
+    );
+    // the rule ends at line 23; exempt follows
+    let exempt = |e: &str| format!("{BASE}    exempt: {e}\n");
+    assert_error(
+        &exempt("{ plans: [gold] }"),
+        24,
+        23,
+        &[
+            "limits[0].exempt.plans[0]",
+            "unknown plan \"gold\"",
+            "premium",
+        ],
+    );
+    assert_error(
+        &exempt("{ ips: [\"300.1.1.1\"] }"),
+        24,
+        21,
+        &["limits[0].exempt.ips[0]", "invalid network"],
+    );
+    assert_error(
+        &exempt("{ networks: [\"10.0.0.0/8\"] }"),
+        24,
+        15,
+        &["networks"],
+    );
+    // all of them valid: -t accepts and shows them
+    let dir = TempDir::new();
+    let text = route("    allow: [\"10.0.0.0/8\"]\n    deny: [\"10.9.0.0/16\"]\n")
+        + "    exempt: { ips: [\"192.168.0.0/16\"], tenants: [acme], plans: [premium] }\n";
+    let path = dir.write("gateway.yaml", &text);
+    let (code, out, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("allow [10.0.0.0/8] deny [10.9.0.0/16]"),
+        "{out}"
+    );
+    assert!(
+        out.contains("exempt: ips [192.168.0.0/16], tenants [acme], plans [premium]"),
+        "{out}"
+    );
+}

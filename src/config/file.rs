@@ -268,6 +268,12 @@ pub struct RouteFile {
     /// Overrides `tenant.required` on this route.
     #[serde(default)]
     pub tenant: Option<TenantModeFile>,
+    /// Only these client networks (addresses or CIDRs) may use the route.
+    #[serde(default)]
+    pub allow: Option<Vec<String>>,
+    /// These client networks may not.
+    #[serde(default)]
+    pub deny: Vec<String>,
 }
 
 /// A route's `tenant`: whether its requests must, may or do not identify a tenant.
@@ -595,6 +601,22 @@ pub struct RuleFile {
     /// At most this many requests of one partition in flight on this instance.
     #[serde(default)]
     pub concurrency: Option<i64>,
+    /// Requests the rule neither counts nor refuses.
+    #[serde(default)]
+    pub exempt: Option<ExemptFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExemptFile {
+    /// Client networks (addresses or CIDRs).
+    #[serde(default)]
+    pub ips: Vec<String>,
+    #[serde(default)]
+    pub tenants: Vec<String>,
+    /// Plan names.
+    #[serde(default)]
+    pub plans: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -6,7 +6,7 @@ use crate::matching::{PathPattern, RequestMatch};
 use http::header::HeaderName;
 use ipnet::IpNet;
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,6 +101,53 @@ pub struct Route {
     /// Whether its requests must, may or do not identify a tenant (`tenant.required` when the
     /// route does not say).
     pub tenant: TenantMode,
+    /// `allow` and `deny`: which client addresses may use the route (403 for the others).
+    pub access: Option<AccessList>,
+}
+
+/// A route's `allow` and `deny` lists of client networks (the client address as the tenant
+/// section defines it, through trusted proxies).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AccessList {
+    /// `None`: every address that is not denied.
+    pub allow: Option<Vec<IpNet>>,
+    pub deny: Vec<IpNet>,
+}
+
+impl AccessList {
+    /// May a client at `ip` use the route? Not when a `deny` network holds it, nor, with an
+    /// `allow` list, when none of its networks does.
+    pub fn permits(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        !self.deny.iter().any(|n| n.contains(&ip))
+            && self
+                .allow
+                .as_ref()
+                .is_none_or(|allow| allow.iter().any(|n| n.contains(&ip)))
+    }
+}
+
+/// A rule's `exempt`: requests it neither counts nor refuses, and gives no quota header.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Exempt {
+    pub ips: Vec<IpNet>,
+    pub tenants: Vec<Box<[u8]>>,
+    /// Indexes into `Plans::names`.
+    pub plans: Vec<usize>,
+}
+
+impl Exempt {
+    pub fn is_empty(&self) -> bool {
+        self.ips.is_empty() && self.tenants.is_empty() && self.plans.is_empty()
+    }
+
+    /// Is a request from `ip`, of `tenant` (empty: none) in `plan`, exempt?
+    pub fn covers(&self, ip: IpAddr, tenant: &[u8], plan: Option<usize>) -> bool {
+        let ip = ip.to_canonical();
+        self.ips.iter().any(|n| n.contains(&ip))
+            || (!tenant.is_empty() && self.tenants.iter().any(|t| **t == *tenant))
+            || plan.is_some_and(|p| self.plans.contains(&p))
+    }
 }
 
 /// What a route asks of its requests' tenant.
@@ -219,6 +266,8 @@ pub struct Rule {
     pub throttle_bps: u64,
     /// At most this many requests of one partition in flight on this instance.
     pub concurrency: Option<u32>,
+    /// Requests this rule neither counts nor refuses.
+    pub exempt: Exempt,
 }
 
 /// What a shadowbanned request is answered.

@@ -94,7 +94,7 @@ pub fn summary(cfg: &Config) -> String {
     for r in &cfg.routes {
         let _ = writeln!(
             s,
-            "  {:<16} {} -> {} (tenant {})",
+            "  {:<16} {} -> {} (tenant {}){}",
             r.id,
             r.matcher.describe(),
             cfg.upstreams[r.upstream].name,
@@ -102,7 +102,8 @@ pub fn summary(cfg: &Config) -> String {
                 TenantMode::Required => "required",
                 TenantMode::Optional => "optional",
                 TenantMode::None => "none",
-            }
+            },
+            r.access.as_ref().map_or_else(String::new, access_text)
         );
     }
     let sources: Vec<String> = cfg
@@ -163,12 +164,13 @@ pub fn summary(cfg: &Config) -> String {
             .map_or_else(String::new, |n| format!(" concurrency {n}"));
         let _ = writeln!(
             s,
-            "  {:<16} {} per {} {} {}{tiers}{concurrency}{}",
+            "  {:<16} {} per {} {} {}{tiers}{concurrency}{}{}",
             r.id,
             r.matcher.describe(),
             per_text(&r.per),
             r.algorithm,
             action,
+            exempt_text(&r.exempt, &cfg.plans),
             if r.enabled { "" } else { " (disabled)" }
         );
         for (i, pt) in r.plan_tiers.iter().enumerate() {
@@ -228,4 +230,51 @@ fn redact(url: &str) -> String {
         (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
         _ => url.to_string(),
     }
+}
+
+fn networks_text(nets: &[ipnet::IpNet]) -> String {
+    nets.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// ` allow [..] deny [..]` of a route.
+fn access_text(a: &AccessList) -> String {
+    let mut out = String::new();
+    if let Some(allow) = &a.allow {
+        let _ = write!(out, " allow [{}]", networks_text(allow));
+    }
+    if !a.deny.is_empty() {
+        let _ = write!(out, " deny [{}]", networks_text(&a.deny));
+    }
+    out
+}
+
+/// ` exempt: ips [..], tenants [..], plans [..]` of a rule (nothing when it has none).
+fn exempt_text(e: &Exempt, plans: &Plans) -> String {
+    if e.is_empty() {
+        return String::new();
+    }
+    let mut parts = Vec::new();
+    if !e.ips.is_empty() {
+        parts.push(format!("ips [{}]", networks_text(&e.ips)));
+    }
+    if !e.tenants.is_empty() {
+        let t: Vec<String> = e
+            .tenants
+            .iter()
+            .map(|t| String::from_utf8_lossy(t).into_owned())
+            .collect();
+        parts.push(format!("tenants [{}]", t.join(", ")));
+    }
+    if !e.plans.is_empty() {
+        let p: Vec<&str> = e
+            .plans
+            .iter()
+            .filter_map(|&i| plans.names.get(i).map(String::as_str))
+            .collect();
+        parts.push(format!("plans [{}]", p.join(", ")));
+    }
+    format!(" exempt: {}", parts.join(", "))
 }

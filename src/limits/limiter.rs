@@ -317,14 +317,26 @@ impl Limiter {
     pub fn acquire(
         &self,
         req: &LimitRequest,
+        plans: &Plans,
     ) -> Result<SmallVec<[in_flight::Slot; 1]>, in_flight::Refusal> {
         in_flight::acquire(&self.concurrency, |r| {
-            if r.matcher.matches(req.method, req.host, req.path) {
+            let exempt = !r.exempt.is_empty()
+                && Self::exempt(
+                    r,
+                    req,
+                    plans.plan_of(req.tenant).filter(|_| !req.tenant.is_empty()),
+                );
+            if r.matcher.matches(req.method, req.host, req.path) && !exempt {
                 Self::partition(r, req)
             } else {
                 None
             }
         })
+    }
+
+    /// Does `rule` leave this request alone (`exempt`)?
+    fn exempt(rule: &Rule, req: &LimitRequest, plan: Option<usize>) -> bool {
+        !rule.exempt.is_empty() && rule.exempt.covers(req.client_ip, req.tenant, plan)
     }
 
     fn partition<'a>(rule: &Rule, req: &LimitRequest<'a>) -> Option<PartitionValue<'a>> {
@@ -426,7 +438,7 @@ impl Limiter {
         let mut key = [0u8; KEY_BUF];
         for (i, cr) in self.rules.iter().enumerate() {
             let r = &cr.rule;
-            if !r.matcher.matches(req.method, req.host, req.path) {
+            if !r.matcher.matches(req.method, req.host, req.path) || Self::exempt(r, req, plan) {
                 continue;
             }
             let Some(part) = Self::partition(r, req) else {

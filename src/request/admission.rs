@@ -121,6 +121,12 @@ pub fn admit(
     };
     let client = client_ip(req, cfg);
     admitted.client_ip = Some(client);
+    if route.access.as_ref().is_some_and(|a| !a.permits(client)) {
+        return Admission::Answer(Answer::problem(
+            403,
+            "this client address may not use this route",
+        ));
+    }
     admitted.tenant = match tenant_of(snap, route.tenant, req, &path, client) {
         Ok(t) => t,
         Err(detail) => return Admission::Answer(Answer::problem(401, detail)),
@@ -184,7 +190,7 @@ fn limit(
     }
     // requests in flight first: a request refused there spends no rate quota
     if !limiter.concurrency.is_empty() {
-        match limiter.acquire(lreq) {
+        match limiter.acquire(lreq, &snap.config.plans) {
             Ok(s) => *slots = s,
             Err(refusal) => {
                 *denied = true;

@@ -32,6 +32,7 @@ mod tests {
             },
             upstream: 0,
             tenant: crate::config::model::TenantMode::Optional,
+            access: None,
         }
     }
 

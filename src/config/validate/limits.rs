@@ -132,17 +132,7 @@ pub(super) fn check_rules(
             let p = format!("{base}.plans.{plan}");
             match plans.names.iter().position(|n| n == plan) {
                 Some(idx) => plan_tiers[idx] = Some(check_tiers(c, &p, pt)),
-                None => c.err_key(
-                    &p,
-                    format!(
-                        "unknown plan {plan:?}: expected one of the plans under `plans` ({})",
-                        if plans.names.is_empty() {
-                            "none defined".to_string()
-                        } else {
-                            plans.names.join(", ")
-                        }
-                    ),
-                ),
+                None => c.err_key(&p, unknown_plan(plan, plans)),
             }
         }
         let status = match (r.action, r.status) {
@@ -231,9 +221,55 @@ pub(super) fn check_rules(
             shadowban,
             throttle_bps,
             concurrency,
+            exempt: check_exempt(c, &base, r, plans),
         }));
     }
     out
+}
+
+fn unknown_plan(name: &str, plans: &Plans) -> String {
+    format!(
+        "unknown plan {name:?}: expected one of the plans under `plans` ({})",
+        if plans.names.is_empty() {
+            "none defined".to_string()
+        } else {
+            plans.names.join(", ")
+        }
+    )
+}
+
+/// A rule's `exempt`: client networks, tenants and plans it neither counts nor refuses.
+fn check_exempt(c: &mut Checker, base: &str, r: &RuleFile, plans: &Plans) -> Exempt {
+    let Some(e) = &r.exempt else {
+        return Exempt::default();
+    };
+    let mut plan_ids = Vec::new();
+    for (i, name) in e.plans.iter().enumerate() {
+        match plans.names.iter().position(|n| n == name) {
+            Some(p) => plan_ids.push(p),
+            None => c.err(
+                &format!("{base}.exempt.plans[{i}]"),
+                unknown_plan(name, plans),
+            ),
+        }
+    }
+    for (i, t) in e.tenants.iter().enumerate() {
+        if t.is_empty() {
+            c.err(
+                &format!("{base}.exempt.tenants[{i}]"),
+                "a tenant id is not empty",
+            );
+        }
+    }
+    Exempt {
+        ips: check_networks(c, &format!("{base}.exempt.ips"), &e.ips),
+        tenants: e
+            .tenants
+            .iter()
+            .map(|t| t.as_bytes().to_vec().into_boxed_slice())
+            .collect(),
+        plans: plan_ids,
+    }
 }
 
 /// The most requests in flight a `concurrency` limit may allow.

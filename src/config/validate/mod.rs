@@ -122,6 +122,26 @@ fn header_name(c: &mut Checker, path: &str, name: &str) -> Option<HeaderName> {
     }
 }
 
+/// A list of client networks (`10.0.0.0/8`, `2001:db8::/32`, or one address) at `path`.
+fn check_networks(c: &mut Checker, path: &str, list: &[String]) -> Vec<IpNet> {
+    let mut out = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let parsed = t
+            .parse::<IpNet>()
+            .or_else(|_| t.parse::<IpAddr>().map(IpNet::from));
+        match parsed {
+            Ok(n) => out.push(n.trunc()),
+            Err(_) => c.err(
+                &format!("{path}[{i}]"),
+                format!(
+                    "invalid network {t:?}: expected an address or CIDR such as \"10.0.0.0/8\""
+                ),
+            ),
+        }
+    }
+    out
+}
+
 fn positive(c: &mut Checker, path: &str, d: Option<ConfDuration>, default: Duration) -> Duration {
     match d {
         None => default,

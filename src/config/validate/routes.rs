@@ -69,7 +69,26 @@ pub(super) fn check_routes(
                 Some(TenantModeFile::Optional) => TenantMode::Optional,
                 Some(TenantModeFile::None) => TenantMode::None,
             },
+            access: check_access(c, &base, r),
         });
     }
     out
+}
+
+/// A route's `allow` and `deny` (none: every client may use it).
+fn check_access(c: &mut Checker, base: &str, r: &RouteFile) -> Option<AccessList> {
+    if r.allow.is_none() && r.deny.is_empty() {
+        return None;
+    }
+    let allow = r.allow.as_ref().map(|list| {
+        if list.is_empty() {
+            c.err(
+                &format!("{base}.allow"),
+                "an empty allow list refuses every client: list the networks that may use the route, or remove `allow`",
+            );
+        }
+        check_networks(c, &format!("{base}.allow"), list)
+    });
+    let deny = check_networks(c, &format!("{base}.deny"), &r.deny);
+    Some(AccessList { allow, deny })
 }

@@ -143,21 +143,7 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let mut trusted = Vec::new();
-    for (i, t) in s.trusted_proxies.iter().enumerate() {
-        let parsed = t
-            .parse::<IpNet>()
-            .or_else(|_| t.parse::<IpAddr>().map(IpNet::from));
-        match parsed {
-            Ok(n) => trusted.push(n.trunc()),
-            Err(_) => c.err(
-                &format!("server.trusted_proxies[{i}]"),
-                format!(
-                    "invalid network {t:?}: expected an address or CIDR such as \"10.0.0.0/8\""
-                ),
-            ),
-        }
-    }
+    let trusted = check_networks(c, "server.trusted_proxies", &s.trusted_proxies);
     let grace_period = match s.grace_period {
         Some(ConfDuration(d)) => d,
         None => DEFAULT_GRACE_PERIOD,

@@ -35,7 +35,7 @@ fn lists_text(lists: &[(Option<String>, Vec<Tier>)]) -> String {
 /// Everything but the tiers that makes a rule decide differently.
 fn other_fields(rule: &Rule) -> String {
     format!(
-        "{:?} {:?} {:?} {} {:?} {:?} {} {:?}",
+        "{:?} {:?} {:?} {} {:?} {:?} {} {:?} {:?}",
         rule.matcher,
         rule.action,
         rule.status,
@@ -43,7 +43,8 @@ fn other_fields(rule: &Rule) -> String {
         rule.max_delay,
         rule.shadowban,
         rule.throttle_bps,
-        rule.concurrency
+        rule.concurrency,
+        rule.exempt
     )
 }
 
