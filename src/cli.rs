@@ -90,6 +90,7 @@ pub fn main() -> i32 {
         fleet,
         metrics,
         clock: Arc::new(SystemClock),
+        probes: Default::default(),
     };
     let snapshot = match Snapshot::build(cfg, &rt) {
         Ok(s) => s,

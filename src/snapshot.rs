@@ -4,6 +4,7 @@
 
 use crate::config::Config;
 use crate::limits::fleet::FleetState;
+use crate::limits::probe::ProbeLimit;
 use crate::limits::{Clock, CounterRegistry, Limiter};
 use crate::metrics::Metrics;
 use crate::upstream::Pool;
@@ -22,6 +23,8 @@ pub struct Snapshot {
     pub limiter: Limiter,
     /// `tollgate_requests_total` handles by route and status, resolved on first use.
     pub requests: RequestCounters,
+    /// The quota endpoint's own limit (the runtime's: it outlives snapshots).
+    pub probes: Arc<ProbeLimit>,
 }
 
 /// Statuses 100 to 599 of one route.
@@ -91,6 +94,8 @@ pub struct Runtime {
     pub fleet: Arc<FleetState>,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
+    /// The quota endpoint's own limit.
+    pub probes: Arc<ProbeLimit>,
 }
 
 pub type SharedSnapshot = Arc<ArcSwap<Snapshot>>;
@@ -164,6 +169,7 @@ impl Snapshot {
             gates,
             limiter,
             requests,
+            probes: rt.probes.clone(),
         })
     }
 }

@@ -101,6 +101,7 @@ impl Rig {
             fleet: Arc::new(FleetState::default()),
             metrics: metrics.clone(),
             clock,
+            probes: Default::default(),
         };
         let snap = Snapshot::build(cfg, &rt).expect("snapshot");
         Rig {
@@ -832,4 +833,156 @@ fn an_exempt_request_is_neither_counted_nor_refused_and_gets_no_quota_headers() 
     let r = rig.get("/audited/x", "vip");
     assert_eq!(r.header("x-ratelimit-limit"), Some("1"));
     assert_eq!(rig.get("/audited/x", "vip").status, 429);
+}
+
+/// docs/configuration.md "The quota endpoint": what a caller has left, spending nothing.
+#[test]
+fn the_quota_endpoint_tells_what_is_left_and_spends_nothing() {
+    let text = config_text(
+        "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 5 }, { period: 10, threshold: 3 }]\n    plans:\n      premium: [{ period: 1h, threshold: 50 }]\n  - id: orders\n    methods: [PUT]\n    pathPattern: /v1/orders/**\n    per: ip\n    tiers: [{ period: 1m, threshold: 2 }]\n  - id: trial\n    pathPattern: /**\n    action: shadow\n    tiers: [{ period: 1h, threshold: 1 }]",
+        "",
+    )
+    .edit(
+        "  listen: [\"127.0.0.1:1\"]\n",
+        "  listen: [\"127.0.0.1:1\"]\n  quota_endpoint: /quota\n",
+    );
+    let rig = Rig::from_text(&text, Arc::new(FakeClock::at_ms(T0 + 4_000)));
+    assert!(rig.get("/x", "acme").forwarded);
+    let ask = |query: &str, tenant: &str| rig.get(&format!("/quota{query}"), tenant);
+    let q = ask("", "acme");
+    assert_eq!(q.status, 200, "{:?}", q.body);
+    assert!(!q.forwarded);
+    assert_eq!(q.admitted.route, None, "answered by no route");
+    assert_eq!(q.header("content-type"), Some("application/json"));
+    let j = q.json();
+    assert_eq!(j["tenant"], "acme");
+    assert_eq!(j["plan"], serde_json::Value::Null);
+    // every rule counting per tenant; not `orders` (per ip), not the shadow rule
+    let rules = j["rules"].as_array().expect("rules");
+    assert_eq!(rules.len(), 1, "{j}");
+    assert_eq!(rules[0]["rule"], "api");
+    let tiers = &rules[0]["tiers"];
+    assert_eq!(tiers[0]["policy"], "api/1h");
+    assert_eq!(
+        (
+            &tiers[0]["limit"],
+            &tiers[0]["used"],
+            &tiers[0]["remaining"]
+        ),
+        (&5.into(), &1.into(), &4.into())
+    );
+    assert_eq!(tiers[0]["reset"], 3596);
+    assert_eq!(
+        (
+            &tiers[1]["limit"],
+            &tiers[1]["used"],
+            &tiers[1]["remaining"],
+            &tiers[1]["reset"]
+        ),
+        (&3.into(), &1.into(), &2.into(), &6.into())
+    );
+    // the IETF headers of that answer: the most restrictive tier, what is left now
+    assert_eq!(q.header("ratelimit"), Some("\"api/10s\";r=2;t=6"));
+    assert_eq!(
+        q.header("ratelimit-policy"),
+        Some("\"api/1h\";q=5;w=3600, \"api/10s\";q=3;w=10")
+    );
+    assert_eq!(q.header("x-ratelimit-remaining"), Some("2"));
+    // asking spent nothing, and does not count as a request of any rule
+    assert_eq!(rig.used("acme", "api"), Some(1));
+    assert_eq!(ask("", "acme").json()["rules"][0]["tiers"][0]["used"], 1);
+    // a plan's tenant sees its plan's tiers
+    let g = ask("", "globex").json();
+    assert_eq!(g["plan"], "premium");
+    assert_eq!(g["rules"][0]["tiers"][0]["limit"], 50);
+    assert_eq!(
+        g["rules"][0]["tiers"][0]["used"], 0,
+        "not served here yet: its whole quota"
+    );
+    // a probe: the rules of that request, each partitioned as that request would be
+    assert_eq!(
+        rig.send("PUT", "/v1/orders/7", &[("x-org-id", "acme")])
+            .status,
+        200
+    );
+    let p = ask("?method=PUT&path=%2Fv1%2Forders%2F7", "acme").json();
+    assert_eq!(
+        p["request"],
+        serde_json::json!({ "method": "PUT", "path": "/v1/orders/7" })
+    );
+    let names: Vec<&str> = p["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter_map(|r| r["rule"].as_str())
+        .collect();
+    assert_eq!(names, ["api", "orders"]);
+    assert_eq!(
+        p["rules"][1]["tiers"][0]["used"], 1,
+        "per ip: 10.0.0.1's count"
+    );
+    assert_eq!(
+        ask("?path=/other", "acme").json()["rules"][0]["rule"],
+        "api"
+    );
+    // bad probes
+    for bad in [
+        "?method=PUT",
+        "?path=v1",
+        "?tenant=globex",
+        "?method=G%20T&path=/x",
+    ] {
+        let r = ask(bad, "acme");
+        assert_eq!(r.status, 400, "{bad}");
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    }
+}
+
+#[test]
+fn the_quota_endpoint_asks_for_credentials_and_is_limited_per_caller() {
+    let text = config_text(
+        "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 5 }]",
+        "",
+    )
+    .edit(
+        "  listen: [\"127.0.0.1:1\"]\n",
+        "  listen: [\"127.0.0.1:1\"]\n  quota_endpoint: /quota\n",
+    )
+    .edit("required: false", "required: true");
+    let rig = Rig::from_text(&text, Arc::new(FakeClock::at_ms(T0)));
+    let r = rig.send("GET", "/quota", &[]);
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.json()["detail"],
+        "this request does not identify a tenant"
+    );
+    // the usual credentials: an API key's tenant, never a spoofed header's
+    let r = rig.send(
+        "GET",
+        "/quota",
+        &[("x-api-key", "k-7f3a"), ("x-org-id", "other")],
+    );
+    assert_eq!(r.json()["tenant"], "acme");
+    // ten a second per caller (one spent above), then 429 with Retry-After
+    for _ in 0..9 {
+        assert_eq!(
+            rig.send("GET", "/quota", &[("x-api-key", "k-7f3a")]).status,
+            200
+        );
+    }
+    let r = rig.send("GET", "/quota", &[("x-api-key", "k-7f3a")]);
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert!(r.admitted.denied);
+    // another caller is not affected; and after a tenth of a second, one more
+    assert_eq!(rig.get("/quota", "globex").status, 200);
+    rig.clock.advance_ms(100);
+    assert_eq!(
+        rig.send("GET", "/quota", &[("x-api-key", "k-7f3a")]).status,
+        200
+    );
+    // only GET: another method is an ordinary request of the routes
+    let r = rig.send("POST", "/quota", &[("x-org-id", "acme")]);
+    assert!(r.forwarded);
+    assert_eq!(rig.used("acme", "api"), Some(1));
 }

@@ -783,3 +783,18 @@ fn access_lists_and_exemptions_are_checked() {
         "{out}"
     );
 }
+
+#[test]
+fn the_quota_endpoint_is_one_literal_path() {
+    for bad in ["quota", "/quota/*", "/quota?x=1"] {
+        assert_error(
+            &with(
+                "  admin: \"127.0.0.1:9090\"\n",
+                &format!("  admin: \"127.0.0.1:9090\"\n  quota_endpoint: \"{bad}\"\n"),
+            ),
+            4,
+            19,
+            &["server.quota_endpoint", "is not a path", "/quota"],
+        );
+    }
+}

@@ -180,6 +180,8 @@ fn the_admission_and_what_it_decides_with_know_nothing_of_pingora() {
     let mut files: Vec<PathBuf> = [
         "request/admission.rs",
         "request/answer.rs",
+        "request/incoming.rs",
+        "request/quota.rs",
         "request/client_limits.rs",
         "request/client_addr.rs",
         "request/tenant.rs",

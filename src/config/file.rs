@@ -63,6 +63,9 @@ pub struct ServerFile {
     /// One log line per request (target `tollgate::access`); off by default.
     #[serde(default)]
     pub access_log: bool,
+    /// A path where a client asks what quota it has left (off without it).
+    #[serde(default)]
+    pub quota_endpoint: Option<String>,
     /// With `-d`: where the log goes (otherwise the inherited stderr is kept).
     #[serde(default)]
     pub error_log: Option<String>,

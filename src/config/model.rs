@@ -46,6 +46,8 @@ pub struct ServerSettings {
     pub grace_period: Duration,
     pub max_counters_per_rule: usize,
     pub access_log: bool,
+    /// `server.quota_endpoint`, normalized: a `GET` there answers the caller's quota.
+    pub quota_endpoint: Option<String>,
     pub error_log: Option<String>,
     pub pid_file: String,
     pub upgrade_sock: String,

@@ -38,7 +38,7 @@ fn number(v: u64) -> HeaderValue {
         .unwrap_or_else(|| HeaderValue::from(v))
 }
 
-fn text<'l>(limiter: &'l Limiter, t: &TierReport) -> Option<&'l TierText> {
+pub fn text<'l>(limiter: &'l Limiter, t: &TierReport) -> Option<&'l TierText> {
     limiter
         .rules
         .get(t.rule as usize)?

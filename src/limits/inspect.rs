@@ -2,9 +2,12 @@
 //! copies, never a counter created or changed.
 
 use super::algorithm;
-use super::limiter::Limiter;
+use super::fleet::FleetMode;
+use super::ledger;
+use super::limiter::{Decision, LimitRequest, Limiter, TierReport, Verdict};
 use super::partition::{PartitionValue, KEY_BUF};
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans};
+use smallvec::SmallVec;
 
 /// One rule's counters for one tenant, as `/api/tenants/<id>` shows them.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -110,5 +113,82 @@ impl Limiter {
                 }
             })
             .collect()
+    }
+
+    /// What a request would be told of its quota, spending nothing (the quota endpoint): every
+    /// tier of every non-shadow rule that applies to `req` (`every_tenant_rule`: instead, every
+    /// rule that counts per tenant, whatever its path), its `remaining` the requests left now,
+    /// as the quota headers would say it (with the fleet's room where Redis has answered).
+    /// Reads copies of the counters; creates none and changes none.
+    pub fn peek(&self, req: &LimitRequest, plans: &Plans, every_tenant_rule: bool) -> Decision {
+        let now = self.clock.now_ns();
+        let (leased, shared) = match self.fleet.mode() {
+            FleetMode::Leased { instances } => (Some(instances), None),
+            FleetMode::Shared { instances } => (None, Some(instances)),
+            _ => (None, None),
+        };
+        let mut arena = SmallVec::<[u8; 256]>::new();
+        let mut d = Decision::none();
+        let applying: SmallVec<[(u16, u16, std::ops::Range<usize>); 4]> = if every_tenant_rule {
+            let plan = plans.plan_of(req.tenant);
+            self.rules
+                .iter()
+                .enumerate()
+                .filter(|(_, cr)| cr.rule.per == PartitionBy::Tenant && !req.tenant.is_empty())
+                .filter(|(_, cr)| !cr.rule.exempt.covers(req.client_ip, req.tenant, plan))
+                .map(|(i, cr)| {
+                    let start = arena.len();
+                    let mut key = [0u8; KEY_BUF];
+                    let n = PartitionValue::Bytes(req.tenant).store_key(&mut key);
+                    arena.extend_from_slice(&key[..n]);
+                    let list = plan
+                        .and_then(|p| cr.plan_lists.get(p).copied())
+                        .unwrap_or(0);
+                    (i as u16, list, start..arena.len())
+                })
+                .collect()
+        } else {
+            self.applying(req, plans, &mut arena)
+                .iter()
+                .map(|a| (a.rule, a.list, a.key_start..a.key_end))
+                .collect()
+        };
+        for (rule, list, key) in applying {
+            let cr = &self.rules[usize::from(rule)];
+            if cr.rule.action == Action::Shadow {
+                continue;
+            }
+            let algo = cr.counters.algorithm();
+            let counter = cr.counters.get(&arena[key]).filter(|c| c.list == list);
+            for (i, tier) in cr.tiers(list).iter().enumerate() {
+                let mut state = counter
+                    .as_ref()
+                    .and_then(|c| c.tiers.get(i).copied())
+                    .unwrap_or_default();
+                algorithm::roll(&mut state, tier, algo, now);
+                let mut verdict = algorithm::evaluate(&state, tier, algo, now);
+                // left now, this request not counted (it spends nothing)
+                verdict.remaining = if verdict.allowed {
+                    verdict.remaining + 1
+                } else {
+                    0
+                };
+                if let Some(room) = ledger::room(&state, tier, algo, leased, shared) {
+                    verdict.remaining = verdict.remaining.min(room);
+                }
+                d.tiers.push(TierReport {
+                    rule,
+                    list,
+                    tier: i as u8,
+                    threshold: tier.threshold,
+                    period_ms: tier.period_ms,
+                    verdict,
+                    shadow: false,
+                });
+            }
+            d.applied.push((rule, false));
+        }
+        d.verdict = Verdict::Allow;
+        d
     }
 }

@@ -201,12 +201,12 @@ enum Patience {
 }
 
 /// An applying rule during one decision.
-struct Applying {
-    rule: u16,
-    list: u16,
+pub(super) struct Applying {
+    pub(super) rule: u16,
+    pub(super) list: u16,
     hash: u64,
-    key_start: usize,
-    key_end: usize,
+    pub(super) key_start: usize,
+    pub(super) key_end: usize,
 }
 
 /// Where a decision commits: a tracked counter, or nothing for an untracked partition (its
@@ -306,6 +306,11 @@ impl Limiter {
             fleet,
             policy_cache: PolicyCache::default(),
         }
+    }
+
+    /// The limiter's clock: nanoseconds since the Unix epoch.
+    pub fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
     }
 
     /// No rule limits anything (neither rates nor requests in flight).
@@ -423,7 +428,7 @@ impl Limiter {
     }
 
     /// The applying rules, with their partition keys in one arena.
-    fn applying(
+    pub(super) fn applying(
         &self,
         req: &LimitRequest,
         plans: &Plans,

@@ -15,6 +15,7 @@ pub mod ledger;
 pub mod limiter;
 pub mod partition;
 pub mod policy;
+pub mod probe;
 pub mod store;
 pub mod top;
 

@@ -20,37 +20,16 @@ use crate::limits::{Decision, LimitRequest, Limiter, Verdict};
 use crate::matching::{normalize_path, Segments};
 use crate::metrics::Metrics;
 use crate::request::answer::Answer;
-use crate::request::client_addr::{self, X_FORWARDED_FOR};
 use crate::request::client_limits;
+pub use crate::request::incoming::{client_ip, tenant_of, Incoming};
+use crate::request::quota;
 use crate::request::routing::find_route;
-use crate::request::tenant::{self, RequestFacts, Resolved};
 use crate::snapshot::Snapshot;
-use http::header;
 use smallvec::SmallVec;
 use std::net::IpAddr;
 use std::ops::ControlFlow;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// What a request says of itself, as read from the connection.
-pub struct Incoming<'a> {
-    pub head: &'a http::request::Parts,
-    /// The request target as sent (its length counts toward `max_request_header_bytes`).
-    pub raw_path: &'a [u8],
-    /// The connection's peer.
-    pub peer: IpAddr,
-}
-
-impl Incoming<'_> {
-    /// `Host`, or the authority of an HTTP/2 request (or of an absolute-form target).
-    fn host(&self) -> Option<&str> {
-        self.head
-            .headers
-            .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .or_else(|| self.head.uri.host())
-    }
-}
 
 /// What the later phases need of a request once admitted or answered: the route and tenant,
 /// the decision (for the quota headers), the slots of `concurrency` limits (freed when it is
@@ -116,6 +95,14 @@ pub fn admit(
     if let Some((status, detail)) = client_limits::refuse(head, req.raw_path, &cfg.server) {
         return Admission::Answer(Answer::problem(status, detail).closing());
     }
+    if cfg.server.quota_endpoint.as_deref() == Some(&*path) && head.method == http::Method::GET {
+        // answered here, by no route: counted and logged as `route="none"`
+        admitted.route = None;
+        let q = quota::answer(snap, req, &path);
+        admitted.client_ip = Some(q.client_ip);
+        (admitted.tenant, admitted.denied) = (q.tenant, q.refused);
+        return Admission::Answer(q.answer);
+    }
     let Some((_, route)) = found else {
         return Admission::Answer(Answer::problem(404, "no route matches this request"));
     };
@@ -148,30 +135,6 @@ pub fn admit(
     ) {
         ControlFlow::Break(admission) => admission,
         ControlFlow::Continue(d) => finish(snap, admitted, d, false),
-    }
-}
-
-/// The tenant (empty when the route does not look for one), or why the answer is 401.
-fn tenant_of(
-    snap: &Snapshot,
-    mode: crate::config::model::TenantMode,
-    req: &Incoming<'_>,
-    normalized_path: &str,
-    client: IpAddr,
-) -> Result<Vec<u8>, &'static str> {
-    let cfg = &snap.config;
-    let facts = RequestFacts {
-        headers: &req.head.headers,
-        normalized_path,
-        client_ip: client,
-        from_trusted_proxy: client_addr::trusted(req.peer, &cfg.server.trusted_proxies),
-    };
-    match tenant::resolve(&cfg.tenant, mode, &facts) {
-        Resolved::Tenant(t) => Ok(t),
-        // no tenant: per-tenant rules skip the request (an empty id is never a tenant)
-        Resolved::NotAsked => Ok(Vec::new()),
-        Resolved::UnknownKey => Err("the API key is not valid"),
-        Resolved::Missing => Err("this request does not identify a tenant"),
     }
 }
 
@@ -222,18 +185,6 @@ fn limit(
         })),
         _ => ControlFlow::Continue(d),
     }
-}
-
-fn client_ip(req: &Incoming<'_>, cfg: &crate::config::Config) -> IpAddr {
-    client_addr::client_ip(
-        req.peer,
-        req.head
-            .headers
-            .get_all(X_FORWARDED_FOR)
-            .iter()
-            .map(|v| v.as_bytes()),
-        &cfg.server.trusted_proxies,
-    )
 }
 
 impl Held {

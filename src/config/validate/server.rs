@@ -170,6 +170,7 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
         trusted_proxies: trusted,
         grace_period,
         access_log: s.access_log,
+        quota_endpoint: check_quota_endpoint(c, &s.quota_endpoint),
         error_log: s.error_log.clone(),
         pid_file: s
             .pid_file
@@ -181,6 +182,23 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
             .unwrap_or_else(|| DEFAULT_UPGRADE_SOCK.to_string()),
     };
     (settings, certs)
+}
+
+/// `server.quota_endpoint`: one literal path (no glob, no query), kept normalized as requests
+/// are.
+fn check_quota_endpoint(c: &mut Checker, path: &Option<String>) -> Option<String> {
+    let p = path.as_ref()?;
+    let literal = p.starts_with('/')
+        && !p.contains(['*', '?', '#', '{', '}'])
+        && p.bytes().all(|b| b.is_ascii_graphic());
+    if !literal {
+        c.err(
+            "server.quota_endpoint",
+            format!("{p:?} is not a path: expected one literal path such as \"/quota\" (no glob, no query)"),
+        );
+        return None;
+    }
+    Some(crate::matching::normalize_path(p).into_owned())
 }
 
 /// `server.admin_token`: printable, no spaces, long enough to be a secret.

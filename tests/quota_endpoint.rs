@@ -1,0 +1,84 @@
+//! The quota endpoint through the real gateway (docs/configuration.md "The quota endpoint"):
+//! `GET /quota` with the caller's usual credentials answers JSON of its rules and the IETF
+//! headers, spends nothing, never reaches an upstream, and is limited per caller. The answers'
+//! content is tested in-process in `tests/admission.rs`.
+
+mod common;
+use common::{metric_sum, one_route_config, request, Gateway, Upstream};
+
+const TENANT: &str =
+    "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n  required: true\n";
+
+fn hits(up: &Upstream) -> u64 {
+    request(up.addr, "GET", "/hits", &[])
+        .expect("upstream answers")
+        .json()["hits"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+#[test]
+fn get_quota_answers_what_is_left_spends_nothing_and_is_limited_per_caller() {
+    let up = Upstream::start("u");
+    // a long token bucket: no token comes back during the test
+    let limits = "limits:\n  - id: api\n    pathPattern: /**\n    algorithm: token_bucket\n    tiers: [{ period: 1h, threshold: 5 }]\n";
+    let gw = Gateway::start(&format!(
+        "{}{TENANT}{limits}",
+        one_route_config(up.addr, 1, "  quota_endpoint: /quota")
+    ));
+    let t = [("x-org-id", "acme")];
+    for _ in 0..2 {
+        assert_eq!(gw.get("/x", &t).status, 200);
+    }
+    let before = hits(&up);
+    let q = gw.get("/quota", &t);
+    assert_eq!(q.status, 200, "{}", q.body);
+    assert_eq!(q.header("content-type"), Some("application/json"));
+    assert_eq!(q.header("cache-control"), Some("no-store"));
+    let j = q.json();
+    assert_eq!(j["tenant"], "acme");
+    let tier = &j["rules"][0]["tiers"][0];
+    assert_eq!(j["rules"][0]["rule"], "api");
+    assert_eq!(
+        (&tier["limit"], &tier["used"], &tier["remaining"]),
+        (&5.into(), &2.into(), &3.into())
+    );
+    assert_eq!(q.header("x-ratelimit-remaining"), Some("3"));
+    assert!(q
+        .header("ratelimit")
+        .is_some_and(|v| v.starts_with("\"api/1h\";r=3;")));
+    // a probe of another request
+    let p = gw.get("/quota?method=PUT&path=/v1/orders", &t).json();
+    assert_eq!(p["request"]["method"], "PUT");
+    // nothing spent, nothing proxied
+    assert_eq!(
+        gw.get("/quota", &t).json()["rules"][0]["tiers"][0]["used"],
+        2
+    );
+    assert_eq!(hits(&up), before);
+    // without credentials: 401
+    assert_eq!(gw.get("/quota", &[]).status, 401);
+    // ten answers a second per caller: asked quickly, one is refused with Retry-After
+    let refused = (0..100).find_map(|_| {
+        let r = gw.get("/quota", &t);
+        (r.status == 429).then_some(r)
+    });
+    let r = refused.expect("a 429 within 100 quick asks");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    // the other caller still gets its answer, and the requests counted where no route is
+    assert_eq!(gw.get("/quota", &[("x-org-id", "globex")]).status, 200);
+    let m = gw.metrics();
+    assert!(
+        metric_sum(&m, "tollgate_requests_total{route=\"none\",status=\"200\"}") >= 4.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            "tollgate_ratelimit_decisions_total{decision=\"allowed\",rule=\"api\""
+        ),
+        2.0,
+        "asking is not a request of the rule: {m}"
+    );
+}
