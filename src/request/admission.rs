@@ -2,11 +2,13 @@
 //! route, which tenant, which limits and which answer, in the order a request meets them:
 //!
 //! 1. what a client may send (`client_limits`: 400, 431, 413; the connection is then closed),
-//! 2. the route (404),
-//! 3. the client address (`client_addr`) and the tenant (`tenant`: 401),
+//! 2. the quota endpoint (`quota`: answered here, spending nothing), else the route (404),
+//! 3. the client address (`incoming`, through trusted proxies), the route's access list
+//!    (`allow`, `deny`: 403), and the tenant (`tenant`: 401),
 //! 4. requests in flight (`concurrency`: 429 or the rule's status, spending no rate quota),
-//! 5. the rate limits: check then commit on every tier of every applying rule; `delay` and
-//!    requests held for the fleet's answer wait ([`Admission::Hold`], then [`Held::wait`]),
+//! 5. the rate limits: check then commit on every tier of every applying rule (not those that
+//!    exempt the request); `delay` and requests held for the fleet's answer wait
+//!    ([`Admission::Hold`], then [`Held::wait`]),
 //! 6. the action: reject (429 with the quota headers), shadowban (the rule's own reply),
 //!    throttle (forwarded, its body paced), or forward.
 //!
