@@ -986,3 +986,72 @@ fn the_quota_endpoint_asks_for_credentials_and_is_limited_per_caller() {
     assert!(r.forwarded);
     assert_eq!(rig.used("acme", "api"), Some(1));
 }
+
+/// docs/configuration.md "Counting by outcome": a `count_when` rule checks before forwarding
+/// and counts once the answer's status is known.
+#[test]
+fn a_count_when_rule_counts_only_the_answers_it_names() {
+    let rig = Rig::new(
+        "  - id: failed-logins\n    pathPattern: /login\n    per: ip\n    tiers: [{ period: 1h, threshold: 2 }]\n    count_when: { status: [401, 403] }\n  - id: errors\n    pathPattern: /api/**\n    tiers: [{ period: 1m, threshold: 1 }]\n    count_when: { status: [5xx] }",
+        "",
+    );
+    let login = || rig.send("POST", "/login", &[("x-org-id", "t")]);
+    let late = |r: &Out, status: u16| {
+        let d = r.admitted.decision.as_ref().expect("a rule applied");
+        rig.snap.limiter.commit_late(d, status);
+    };
+    // successful logins are never counted
+    for _ in 0..5 {
+        let r = login();
+        assert!(r.forwarded);
+        late(&r, 200);
+    }
+    let ip_used = || {
+        let r = login();
+        let used = r.header("x-ratelimit-remaining").map(str::to_string);
+        (r, used)
+    };
+    let (r, remaining) = ip_used();
+    assert_eq!(
+        remaining.as_deref(),
+        Some("1"),
+        "checked, not counted: 2 left"
+    );
+    // two failures are counted when their answers come
+    late(&r, 401);
+    let r = login();
+    assert!(r.forwarded);
+    late(&r, 403);
+    // the quota is full: the next attempt is refused before it reaches the upstream
+    let r = login();
+    assert_eq!(r.status, 429);
+    assert!(r
+        .admitted
+        .decision
+        .as_ref()
+        .is_none_or(|d| d.late.is_empty()));
+    // classes: 5xx counts, 404 does not
+    let api = |p: &str| rig.get(p, "t");
+    let r = api("/api/x");
+    late(&r, 404);
+    let r = api("/api/x");
+    assert!(r.forwarded, "a 404 was not counted");
+    late(&r, 503);
+    assert_eq!(api("/api/x").status, 429);
+    // requests in flight when the quota fills are each counted at their answer (the bound)
+    let a = api("/api/y");
+    assert_eq!(a.status, 429);
+    rig.clock.advance_ms(60_000);
+    let (a, b) = (api("/api/y"), api("/api/y"));
+    assert!(
+        a.forwarded && b.forwarded,
+        "both checked while the count is 0"
+    );
+    late(&a, 500);
+    late(&b, 500);
+    assert_eq!(
+        rig.used("t", "errors"),
+        Some(2),
+        "one over: the one in flight"
+    );
+}

@@ -798,3 +798,40 @@ fn the_quota_endpoint_is_one_literal_path() {
         );
     }
 }
+
+#[test]
+fn count_when_is_checked() {
+    let rule = |e: &str| format!("{BASE}    count_when: {e}\n");
+    assert_error(
+        &rule("{ status: [401, 700] }"),
+        24,
+        33,
+        &[
+            "limits[0].count_when.status[1]",
+            "700 is not a status",
+            "5xx",
+        ],
+    );
+    assert_error(
+        &rule("{ status: [\"6xx\"] }"),
+        24,
+        28,
+        &["limits[0].count_when.status[0]", "\"6xx\" is not a status"],
+    );
+    assert_error(
+        &rule("{ status: [] }"),
+        24,
+        19,
+        &["limits[0].count_when.status", "at least one status"],
+    );
+    assert_error(
+        &format!("{BASE}    action: delay\n    count_when: {{ status: [401] }}\n"),
+        25,
+        17,
+        &["limits[0].count_when", "action delay"],
+    );
+    let dir = TempDir::new();
+    let path = dir.write("gateway.yaml", &rule("{ status: [401, 5xx] }"));
+    let (code, _, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+    assert_eq!(code, 0, "{err}");
+}

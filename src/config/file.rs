@@ -607,6 +607,24 @@ pub struct RuleFile {
     /// Requests the rule neither counts nor refuses.
     #[serde(default)]
     pub exempt: Option<ExemptFile>,
+    /// Count a request only when its answer's status is one of these.
+    #[serde(default)]
+    pub count_when: Option<CountWhenFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CountWhenFile {
+    /// Statuses (`401`) and classes (`5xx`).
+    pub status: Vec<StatusFile>,
+}
+
+/// A status as written: a number, or a class such as `"5xx"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StatusFile {
+    Code(i64),
+    Class(String),
 }
 
 #[derive(Debug, Deserialize)]

@@ -270,6 +270,32 @@ pub struct Rule {
     pub concurrency: Option<u32>,
     /// Requests this rule neither counts nor refuses.
     pub exempt: Exempt,
+    /// `count_when`: the rule counts a request only when its answer has one of these statuses
+    /// (checked before forwarding, counted once the status is known).
+    pub count_when: Option<StatusSet>,
+}
+
+/// A set of HTTP statuses, 100 to 599.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StatusSet([u64; 8]);
+
+impl StatusSet {
+    pub fn insert(&mut self, status: u16) {
+        if let Some(i) = status.checked_sub(100).filter(|i| *i < 500) {
+            self.0[usize::from(i / 64)] |= 1 << (i % 64);
+        }
+    }
+
+    pub fn contains(&self, status: u16) -> bool {
+        status
+            .checked_sub(100)
+            .filter(|i| *i < 500)
+            .is_some_and(|i| self.0[usize::from(i / 64)] & (1 << (i % 64)) != 0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|w| *w == 0)
+    }
 }
 
 /// What a shadowbanned request is answered.

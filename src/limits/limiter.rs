@@ -148,6 +148,18 @@ pub struct Decision {
     pub applied: SmallVec<[(u16, bool); 4]>,
     /// Some enforcing tier waits for the fleet (its lease is used).
     pub held: bool,
+    /// Rules that count this request only once its answer is known (`count_when`):
+    /// `Limiter::commit_late` counts it there.
+    pub late: Vec<Late>,
+}
+
+/// A count owed by a forwarded request to a `count_when` rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Late {
+    rule: u16,
+    list: u16,
+    hash: u64,
+    key: Box<[u8]>,
 }
 
 impl Decision {
@@ -175,6 +187,7 @@ impl Decision {
             tiers: SmallVec::new(),
             applied: SmallVec::new(),
             held: false,
+            late: Vec::new(),
         }
     }
 
@@ -418,6 +431,17 @@ impl Limiter {
         }
         if decision.verdict.admits() {
             wake |= self.commit(&applying, &mut slots, &decision, now, mode);
+            // a rule is charged only what it would let through, late or not
+            for (a, &(_, violated)) in applying.iter().zip(&decision.applied) {
+                if !violated && self.rules[a.rule as usize].rule.count_when.is_some() {
+                    decision.late.push(Late {
+                        rule: a.rule,
+                        list: a.list,
+                        hash: a.hash,
+                        key: arena[a.key_start..a.key_end].into(),
+                    });
+                }
+            }
         }
         if wake {
             self.fleet.want_round();
@@ -516,7 +540,10 @@ impl Limiter {
                 }
             }
             let mut verdict = algorithm::evaluate(state, tier, algo, now);
-            ledger::note_demand(state);
+            if cr.rule.count_when.is_none() {
+                // (a `count_when` rule's demand is what it counts: `commit_late`)
+                ledger::note_demand(state);
+            }
             if !self.fleet.plain_increments() {
                 // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
                 state.ledger.leased = true;
@@ -710,6 +737,73 @@ impl Limiter {
     /// it is not over (a throttle rule it is over, like a shadow rule it is over, is skipped).
     /// The remaining counts reported were computed as if committed.
     /// Returns whether a fleet round is wanted now.
+    /// Count one request in every tier of one counter (its states rolled to `now`).
+    fn commit_tiers(
+        cr: &CompiledRule,
+        list: u16,
+        tiers: &mut [TierState],
+        now: u64,
+        leased: Option<u64>,
+    ) -> bool {
+        let now_ms = now / NANOS_PER_MS;
+        let algo = cr.counters.algorithm();
+        let mut wake = false;
+        for (state, tier) in tiers.iter_mut().zip(cr.tiers(list)) {
+            // as `check` found it (the state has not changed since)
+            let how = match leased.filter(|_| !state.ledger.unreachable) {
+                Some(n) => ledger::direct(state, tier, algo, now_ms, n)
+                    .map_or(Admitted::Leased, Admitted::Direct),
+                None => Admitted::Unsynced {
+                    direct_capable: ledger::direct_capable(tier, algo),
+                },
+            };
+            algorithm::commit(state, tier, algo, now);
+            wake |= ledger::commit(state, how) && leased.is_some();
+        }
+        wake
+    }
+
+    /// Count a forwarded request in the `count_when` rules whose statuses hold `status`, now
+    /// that its answer is known (late: the count may pass a threshold by the requests that were
+    /// in flight when it filled).
+    pub fn commit_late(&self, d: &Decision, status: u16) {
+        if d.late.is_empty() {
+            return;
+        }
+        let now = self.clock.now_ns();
+        let mode = self.fleet.mode();
+        let leased = match mode {
+            FleetMode::Leased { instances } => Some(instances),
+            _ => None,
+        };
+        let mut wake = false;
+        for late in &d.late {
+            let Some(cr) = self.rules.get(usize::from(late.rule)) else {
+                continue;
+            };
+            if !cr.rule.count_when.is_some_and(|s| s.contains(status)) {
+                continue;
+            }
+            let rc = &cr.counters;
+            let algo = rc.algorithm();
+            let mut shard = rc.lock(RuleCounters::shard_of_hash(late.hash));
+            // an untracked partition (the store at its cap) is judged on its estimate alone
+            let Ok(c) = rc.counter(&mut shard, &late.key, late.hash, late.list, now) else {
+                continue;
+            };
+            for (ti, (state, tier)) in c.tiers.iter_mut().zip(cr.tiers(late.list)).enumerate() {
+                if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
+                    rc.keep_orphan(&late.key, late.list, ti, orphan);
+                }
+                ledger::note_demand(state);
+            }
+            wake |= Self::commit_tiers(cr, late.list, &mut c.tiers, now, leased);
+        }
+        if wake {
+            self.fleet.want_round();
+        }
+    }
+
     fn commit(
         &self,
         applying: &[Applying],
@@ -722,7 +816,6 @@ impl Limiter {
             FleetMode::Leased { instances } => Some(instances),
             _ => None,
         };
-        let now_ms = now / NANOS_PER_MS;
         let mut wake = false;
         for ((a, slot), &(_, violated)) in
             applying.iter().zip(slots.iter_mut()).zip(&decision.applied)
@@ -734,19 +827,11 @@ impl Limiter {
                 continue;
             };
             let cr = &self.rules[a.rule as usize];
-            let algo = cr.counters.algorithm();
-            for (state, tier) in c.tiers.iter_mut().zip(cr.tiers(a.list)) {
-                // as `check` found it (the state has not changed since)
-                let how = match leased.filter(|_| !state.ledger.unreachable) {
-                    Some(n) => ledger::direct(state, tier, algo, now_ms, n)
-                        .map_or(Admitted::Leased, Admitted::Direct),
-                    None => Admitted::Unsynced {
-                        direct_capable: ledger::direct_capable(tier, algo),
-                    },
-                };
-                algorithm::commit(state, tier, algo, now);
-                wake |= ledger::commit(state, how) && leased.is_some();
+            if cr.rule.count_when.is_some() {
+                // counted once the answer's status is known (`commit_late`)
+                continue;
             }
+            wake |= Self::commit_tiers(cr, a.list, &mut c.tiers, now, leased);
         }
         wake
     }

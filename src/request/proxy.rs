@@ -577,6 +577,10 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(CLIENT_GONE, |r| r.status);
+        // `count_when` rules count the request now that its status is known
+        if let (Some(snap), Some(d)) = (&ctx.snapshot, &ctx.admitted.decision) {
+            snap.limiter.commit_late(d, status.as_u16());
+        }
         let took = ctx.started.elapsed();
         let route = match (&ctx.snapshot, ctx.admitted.route) {
             (Some(s), Some(r)) => s.config.routes[r].id.as_str(),

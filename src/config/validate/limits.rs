@@ -222,9 +222,60 @@ pub(super) fn check_rules(
             throttle_bps,
             concurrency,
             exempt: check_exempt(c, &base, r, plans),
+            count_when: check_count_when(c, &base, r),
         }));
     }
     out
+}
+
+/// A rule's `count_when`: statuses (`401`) and classes (`"5xx"`); not with `action: delay`
+/// (a delayed request would wait for a count taken after its answer), nor without tiers.
+fn check_count_when(c: &mut Checker, base: &str, r: &RuleFile) -> Option<StatusSet> {
+    let cw = r.count_when.as_ref()?;
+    let path = format!("{base}.count_when");
+    if r.action == Action::Delay {
+        c.err(
+            &path,
+            "count_when counts a request after its answer; action delay would hold requests for a count not yet taken: use reject, shadow, shadowban or throttle",
+        );
+    }
+    if r.tiers.is_empty() {
+        c.err(
+            &path,
+            "count_when applies to `tiers` (a rate), not to `concurrency` alone",
+        );
+    }
+    if cw.status.is_empty() {
+        c.err_key(
+            &format!("{path}.status"),
+            "lists at least one status (401) or class (\"5xx\")",
+        );
+    }
+    let mut set = StatusSet::default();
+    for (i, st) in cw.status.iter().enumerate() {
+        match st {
+            StatusFile::Code(n) if (100..=599).contains(n) => set.insert(*n as u16),
+            StatusFile::Class(class)
+                if class.len() == 3
+                    && matches!(class.as_bytes()[0], b'1'..=b'5')
+                    && class[1..].eq_ignore_ascii_case("xx") =>
+            {
+                let first = u16::from(class.as_bytes()[0] - b'0') * 100;
+                (first..first + 100).for_each(|s| set.insert(s));
+            }
+            other => c.err(
+                &format!("{path}.status[{i}]"),
+                format!(
+                    "{} is not a status: expected 100 to 599, or a class such as \"5xx\"",
+                    match other {
+                        StatusFile::Code(n) => n.to_string(),
+                        StatusFile::Class(s) => format!("{s:?}"),
+                    }
+                ),
+            ),
+        }
+    }
+    Some(set)
 }
 
 fn unknown_plan(name: &str, plans: &Plans) -> String {

@@ -35,7 +35,7 @@ fn lists_text(lists: &[(Option<String>, Vec<Tier>)]) -> String {
 /// Everything but the tiers that makes a rule decide differently.
 fn other_fields(rule: &Rule) -> String {
     format!(
-        "{:?} {:?} {:?} {} {:?} {:?} {} {:?} {:?}",
+        "{:?} {:?} {:?} {} {:?} {:?} {} {:?} {:?} {:?}",
         rule.matcher,
         rule.action,
         rule.status,
@@ -44,7 +44,8 @@ fn other_fields(rule: &Rule) -> String {
         rule.shadowban,
         rule.throttle_bps,
         rule.concurrency,
-        rule.exempt
+        rule.exempt,
+        rule.count_when
     )
 }
 

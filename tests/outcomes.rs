@@ -1,0 +1,119 @@
+//! Counting by outcome through real processes (docs/configuration.md "Counting by outcome"): a
+//! `count_when` rule checks before forwarding and counts a request once its answer's status
+//! is known, on one gateway and across a fleet sharing Redis. The example upstream answers
+//! `/status/NNN` with that status. The rule itself is tested in-process in `tests/admission.rs`.
+
+mod common;
+use common::{
+    eventually, metric_sum, one_route_config, period_with_room, wait_redis_state, Edit, Gateway,
+    RedisServer, Upstream,
+};
+use std::time::Duration;
+
+const TENANT: &str = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n";
+
+fn rule(period_s: u64, threshold: u64) -> String {
+    format!(
+        "limits:\n  - id: failures\n    pathPattern: /**\n    tiers: [{{ period: {period_s}, threshold: {threshold} }}]\n    count_when: {{ status: [401, 5xx] }}\n"
+    )
+}
+
+#[test]
+fn only_the_statuses_named_are_counted_and_the_next_request_is_refused() {
+    let up = Upstream::start("u");
+    // and a route to a pool nobody listens on: the gateway's own 502
+    let dead = format!("127.0.0.1:{}", common::free_port());
+    let cfg = one_route_config(up.addr, 1, "").edit(
+        "routes:\n",
+        &format!("  gone:\n    servers: [\"{dead}\"]\n    retries: 0\nroutes:\n  - id: broken\n    path: /broken/**\n    upstream: gone\n"),
+    );
+    let gw = Gateway::start(&format!(
+        "{cfg}{TENANT}{}",
+        rule(period_with_room(3600, 20), 3)
+    ));
+    let t = [("x-org-id", "acme")];
+    // successes and other failures are never counted: far more than 3 pass
+    for (path, status) in [("/x", 200), ("/status/404", 404), ("/status/403", 403)].repeat(4) {
+        assert_eq!(
+            gw.get(path, &t).status,
+            status,
+            "{path}: nothing is counted yet"
+        );
+    }
+    // three counted answers (each counted once its answer has gone)
+    for (path, status) in [
+        ("/status/401", 401),
+        ("/status/503", 503),
+        ("/status/500", 500),
+    ] {
+        assert_eq!(gw.get(path, &t).status, status);
+    }
+    // the quota is full: refused before the upstream, whatever the path
+    assert!(eventually(Duration::from_secs(3), || gw
+        .get("/x", &t)
+        .status
+        == 429));
+    let r = gw.get("/status/401", &t);
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    // another tenant is untouched
+    assert_eq!(gw.get("/x", &[("x-org-id", "globex")]).status, 200);
+    let m = gw.metrics();
+    assert!(
+        metric_sum(
+            &m,
+            "tollgate_ratelimit_decisions_total{decision=\"denied\",rule=\"failures\""
+        ) >= 2.0,
+        "{m}"
+    );
+}
+
+#[test]
+fn a_fleet_counts_the_named_statuses_once_across_instances() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let period = period_with_room(3600, 30);
+    let cfg = format!(
+        "{}{TENANT}{}redis:\n  url: {}\n  key_prefix: tg\n  sync_interval: 50ms\n",
+        one_route_config(up.addr, 1, ""),
+        rule(period, 4),
+        redis.url()
+    );
+    let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
+    for gw in [&a, &b] {
+        assert!(wait_redis_state(gw, "connected"));
+    }
+    let t = [("x-org-id", "acme")];
+    // successes on both never count
+    for _ in 0..5 {
+        for gw in [&a, &b] {
+            assert_eq!(gw.get("/x", &t).status, 200);
+        }
+    }
+    // two failures on each instance: four in all, the threshold
+    for gw in [&a, &b] {
+        for _ in 0..2 {
+            assert_eq!(gw.get("/status/401", &t).status, 401);
+        }
+    }
+    // Redis holds exactly the four counted answers, and both instances refuse from then on
+    let key = || {
+        redis
+            .counter_keys("tg:{acme}:failures:*")
+            .first()
+            .map(|k| redis.int(&["GET", k]))
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || key() == Some(4)),
+        "Redis: {:?}",
+        key()
+    );
+    for gw in [&a, &b] {
+        assert!(
+            eventually(Duration::from_secs(5), || gw.get("/x", &t).status == 429),
+            "{}",
+            gw.log()
+        );
+    }
+    assert_eq!(key(), Some(4), "the refusals were not counted");
+}
