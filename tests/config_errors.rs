@@ -830,6 +830,16 @@ fn count_when_is_checked() {
         17,
         &["limits[0].count_when", "action delay"],
     );
+    // not yet fleet-wide: refused with `redis`
+    assert_error(
+        &format!(
+            "{}redis:\n  url: redis://127.0.0.1:6379\n",
+            rule("{ status: [401] }")
+        ),
+        24,
+        5,
+        &["limits[0].count_when", "with `redis`", "fleet"],
+    );
     let dir = TempDir::new();
     let path = dir.write("gateway.yaml", &rule("{ status: [401, 5xx] }"));
     let (code, _, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);

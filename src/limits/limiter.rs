@@ -540,10 +540,7 @@ impl Limiter {
                 }
             }
             let mut verdict = algorithm::evaluate(state, tier, algo, now);
-            if cr.rule.count_when.is_none() {
-                // (a `count_when` rule's demand is what it counts: `commit_late`)
-                ledger::note_demand(state);
-            }
+            ledger::note_demand(state);
             if !self.fleet.plain_increments() {
                 // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
                 state.ledger.leased = true;
@@ -795,7 +792,6 @@ impl Limiter {
                 if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
                     rc.keep_orphan(&late.key, late.list, ti, orphan);
                 }
-                ledger::note_demand(state);
             }
             wake |= Self::commit_tiers(cr, late.list, &mut c.tiers, now, leased);
         }

@@ -92,6 +92,7 @@ pub(super) fn check_rules(
     prefix: &str,
     list: &[RuleFile],
     plans: &Plans,
+    fleet: bool,
 ) -> Vec<Arc<Rule>> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
@@ -222,17 +223,25 @@ pub(super) fn check_rules(
             throttle_bps,
             concurrency,
             exempt: check_exempt(c, &base, r, plans),
-            count_when: check_count_when(c, &base, r),
+            count_when: check_count_when(c, &base, r, fleet),
         }));
     }
     out
 }
 
 /// A rule's `count_when`: statuses (`401`) and classes (`"5xx"`); not with `action: delay`
-/// (a delayed request would wait for a count taken after its answer), nor without tiers.
-fn check_count_when(c: &mut Checker, base: &str, r: &RuleFile) -> Option<StatusSet> {
+/// (a delayed request would wait for a count taken after its answer), nor without tiers, nor
+/// (yet) with `redis`: a count taken after the answer does not hold the fleet's bound (an
+/// instance learns the fleet is full only from its own counts, which come late).
+fn check_count_when(c: &mut Checker, base: &str, r: &RuleFile, fleet: bool) -> Option<StatusSet> {
     let cw = r.count_when.as_ref()?;
     let path = format!("{base}.count_when");
+    if fleet {
+        c.err_key(
+            &path,
+            "count_when is counted on each instance alone for now: with `redis`, counts taken after the answers would not hold the fleet's bound; remove it or the `redis` section",
+        );
+    }
     if r.action == Action::Delay {
         c.err(
             &path,
