@@ -839,7 +839,7 @@ fn an_exempt_request_is_neither_counted_nor_refused_and_gets_no_quota_headers() 
 #[test]
 fn the_quota_endpoint_tells_what_is_left_and_spends_nothing() {
     let text = config_text(
-        "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 5 }, { period: 10, threshold: 3 }]\n    plans:\n      premium: [{ period: 1h, threshold: 50 }]\n  - id: orders\n    methods: [PUT]\n    pathPattern: /v1/orders/**\n    per: ip\n    tiers: [{ period: 1m, threshold: 2 }]\n  - id: trial\n    pathPattern: /**\n    action: shadow\n    tiers: [{ period: 1h, threshold: 1 }]",
+        "  - id: api\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 5 }, { period: 10, threshold: 3 }]\n    plans:\n      premium: [{ period: 1h, threshold: 50 }]\n  - id: orders\n    methods: [PUT]\n    pathPattern: /v1/orders/**\n    per: ip\n    tiers: [{ period: 1m, threshold: 2 }]\n    exempt: { tenants: [globex] }\n  - id: trial\n    pathPattern: /**\n    action: shadow\n    tiers: [{ period: 1h, threshold: 1 }]",
         "",
     )
     .edit(
@@ -899,6 +899,12 @@ fn the_quota_endpoint_tells_what_is_left_and_spends_nothing() {
         g["rules"][0]["tiers"][0]["used"], 0,
         "not served here yet: its whole quota"
     );
+    // asking created no counter: nothing for the fleet sync to send to Redis
+    let views = rig
+        .snap
+        .limiter
+        .inspect_tenant(b"globex", &rig.snap.config.plans);
+    assert!(views.iter().all(|v| !v.tracked), "{views:?}");
     // a probe: the rules of that request, each partitioned as that request would be
     assert_eq!(
         rig.send("PUT", "/v1/orders/7", &[("x-org-id", "acme")])
@@ -917,6 +923,10 @@ fn the_quota_endpoint_tells_what_is_left_and_spends_nothing() {
         .filter_map(|r| r["rule"].as_str())
         .collect();
     assert_eq!(names, ["api", "orders"]);
+    // a rule that exempts the caller is left out
+    let g = ask("?method=PUT&path=/v1/orders/7", "globex").json();
+    assert_eq!(g["rules"].as_array().map(Vec::len), Some(1), "{g}");
+    assert_eq!(g["rules"][0]["rule"], "api");
     assert_eq!(
         p["rules"][1]["tiers"][0]["used"], 1,
         "per ip: 10.0.0.1's count"
