@@ -1,5 +1,7 @@
-//! The three algorithms, as pure functions of (state, tier, now). No clock, no storage, no
-//! locking here: the store owns the state, the limiter owns the clock.
+//! The three algorithms, as pure functions of (state, tier, now, units). No clock, no storage,
+//! no locking here: the store owns the state, the limiter owns the clock. A request takes one
+//! unit (the request path passes 1; a rule's `cost` will pass more): `n` units behave exactly
+//! as `n` requests at the same instant (a property test below).
 //!
 //! - `fixed_window`: windows aligned to the epoch, start = floor(now_ms / period_ms) * period_ms.
 //! - `sliding_window`: the previous window's count weighted by the part of it still inside the
@@ -83,19 +85,27 @@ pub fn roll(
     None
 }
 
-/// Would one more request pass, for this instance alone? Call `roll` first.
-pub fn evaluate(state: &TierState, tier: &Quota, algorithm: Algorithm, now_ns: u64) -> TierVerdict {
+/// Would a request of `units` pass (one request costs 1), for this instance alone? Call `roll`
+/// first. `remaining` is what is left after it, in units.
+pub fn evaluate(
+    state: &TierState,
+    tier: &Quota,
+    algorithm: Algorithm,
+    now_ns: u64,
+    units: u64,
+) -> TierVerdict {
     let threshold = tier.threshold;
+    let units = units.max(1);
     let now_ms = now_ns / NANOS_PER_MS;
     match algorithm {
         Algorithm::FixedWindow => {
             let p = period_ms(tier);
             let reset_ms = (state.window_start_ms + p).saturating_sub(now_ms).max(1);
-            let allowed = state.current < threshold;
+            let allowed = state.current.saturating_add(units) <= threshold;
             TierVerdict {
                 allowed,
                 remaining: if allowed {
-                    threshold - state.current - 1
+                    threshold - state.current - units
                 } else {
                     0
                 },
@@ -110,28 +120,29 @@ pub fn evaluate(state: &TierState, tier: &Quota, algorithm: Algorithm, now_ns: u
             let prev = state.previous as u128;
             let cur = state.current as u128;
             let t = threshold as u128;
+            let u = units as u128;
             // estimate * p = prev * (p - elapsed) + cur * p, compared in integers
             let weighted = prev * (p - elapsed) + cur * p;
             let budget = t * p;
-            let allowed = weighted + p <= budget;
+            let allowed = weighted + u * p <= budget;
             let remaining = if allowed {
-                ((budget - weighted - p) / p) as u64
+                ((budget - weighted - u * p) / p) as u64
             } else {
                 0
             };
             let retry_after_ms = if allowed {
                 0
-            } else if cur < t {
+            } else if cur + u <= t {
                 // wait until enough of the previous window has slid out:
-                // prev * (p - e) <= (t - cur - 1) * p
-                let room = (t - cur - 1) * p;
+                // prev * (p - e) <= (t - cur - u) * p
+                let room = (t - cur - u) * p;
                 let e_needed = p - room / prev.max(1);
                 ceil_div(e_needed.saturating_sub(elapsed), 1) as u64
             } else {
-                // the current window is full: wait for the next one, where it weighs as
-                // `previous`: cur * (p - e) <= (t - 1) * p
+                // the current window is too full: wait for the next one, where it weighs as
+                // `previous`: cur * (p - e) <= (t - u) * p
                 let to_next = p - elapsed;
-                let e_needed = p - ((t - 1) * p) / cur.max(1);
+                let e_needed = p - (t.saturating_sub(u) * p) / cur.max(1);
                 (to_next + e_needed) as u64
             };
             TierVerdict {
@@ -147,7 +158,7 @@ pub fn evaluate(state: &TierState, tier: &Quota, algorithm: Algorithm, now_ns: u
             let interval = (p_ns / t).max(1); // one token every `interval`
             let now = now_ns as u128;
             let tat = (state.tat_ns as u128).max(now);
-            let new_tat = tat + interval;
+            let new_tat = tat + units as u128 * interval;
             let allowed = new_tat - now <= p_ns;
             let ms = NANOS_PER_MS as u128;
             if allowed {
@@ -162,24 +173,26 @@ pub fn evaluate(state: &TierState, tier: &Quota, algorithm: Algorithm, now_ns: u
                     allowed,
                     remaining: 0,
                     reset_ms: ceil_div(tat - now, ms).max(1) as u64,
-                    retry_after_ms: ceil_div(new_tat - now - p_ns, ms).max(1) as u64,
+                    retry_after_ms: ceil_div((new_tat - now).saturating_sub(p_ns), ms).max(1)
+                        as u64,
                 }
             }
         }
     }
 }
 
-/// Consume one request. Call only after `evaluate` allowed it (for every tier).
-pub fn commit(state: &mut TierState, tier: &Quota, algorithm: Algorithm, now_ns: u64) {
+/// Consume a request of `units`. Call only after `evaluate` allowed it (for every tier).
+pub fn commit(state: &mut TierState, tier: &Quota, algorithm: Algorithm, now_ns: u64, units: u64) {
+    let units = units.max(1);
     match algorithm {
         Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-            state.current += 1;
+            state.current = state.current.saturating_add(units);
         }
         Algorithm::TokenBucket => {
             let p_ns = period_ms(tier) as u128 * NANOS_PER_MS as u128;
             let interval = (p_ns / tier.threshold.max(1) as u128).max(1);
             let tat = (state.tat_ns as u128).max(now_ns as u128);
-            state.tat_ns = u64::try_from(tat + interval).unwrap_or(u64::MAX);
+            state.tat_ns = u64::try_from(tat + units as u128 * interval).unwrap_or(u64::MAX);
         }
     }
 }
@@ -225,9 +238,9 @@ mod tests {
     fn hit(s: &mut TierState, t: &Quota, a: Algorithm, clock: &FakeClock) -> TierVerdict {
         let now = clock.now_ns();
         roll(s, t, a, now);
-        let v = evaluate(s, t, a, now);
+        let v = evaluate(s, t, a, now, 1);
         if v.allowed {
-            commit(s, t, a, now);
+            commit(s, t, a, now, 1);
         }
         v
     }
@@ -295,7 +308,7 @@ mod tests {
         clock.advance_ms(d.retry_after_ms - 1);
         let mut probe = s;
         roll(&mut probe, &t, Algorithm::SlidingWindow, clock.now_ns());
-        assert!(!evaluate(&probe, &t, Algorithm::SlidingWindow, clock.now_ns()).allowed);
+        assert!(!evaluate(&probe, &t, Algorithm::SlidingWindow, clock.now_ns(), 1).allowed);
         clock.advance_ms(1);
         assert!(
             hit(&mut s, &t, Algorithm::SlidingWindow, &clock).allowed,
@@ -336,5 +349,69 @@ mod tests {
         assert_eq!((s.current, s.previous), (0, 0));
         assert_eq!(needed_until_ms(&s, &t, Algorithm::FixedWindow), 10_000);
         assert_eq!(needed_until_ms(&s, &t, Algorithm::SlidingWindow), 11_000);
+    }
+
+    proptest::proptest! {
+        /// A request of n units is exactly n requests of one at the same instant: allowed
+        /// when all n would be, leaving what the last leaves, and committing the same state.
+        #[test]
+        fn n_units_are_n_requests_at_once(
+            algo in 0u8..3,
+            period_s in 1u64..60,
+            threshold in 1u64..40,
+            history in proptest::collection::vec((0u64..3_000, 1u64..4), 0..40),
+            at in 0u64..3_000,
+            n in 1u64..40,
+        ) {
+            let a = [Algorithm::FixedWindow, Algorithm::SlidingWindow, Algorithm::TokenBucket]
+                [usize::from(algo)];
+            let t = tier(period_s, threshold);
+            let start = 1_800_000_000_000u64;
+            let mut s = TierState::default();
+            let mut now = start;
+            for (gap, k) in history {
+                now += gap * period_s / 3;
+                let ns = now * NANOS_PER_MS;
+                roll(&mut s, &t, a, ns);
+                for _ in 0..k {
+                    if evaluate(&s, &t, a, ns, 1).allowed {
+                        commit(&mut s, &t, a, ns, 1);
+                    }
+                }
+            }
+            let ns = (now + at) * NANOS_PER_MS;
+            roll(&mut s, &t, a, ns);
+            let whole = evaluate(&s, &t, a, ns, n);
+            let mut singles = s;
+            let mut all = true;
+            let mut last = None;
+            for _ in 0..n {
+                let v = evaluate(&singles, &t, a, ns, 1);
+                if !v.allowed {
+                    all = false;
+                    break;
+                }
+                commit(&mut singles, &t, a, ns, 1);
+                last = Some(v);
+            }
+            proptest::prop_assert_eq!(whole.allowed, all);
+            if all {
+                proptest::prop_assert_eq!(Some(whole.remaining), last.map(|v| v.remaining));
+                commit(&mut s, &t, a, ns, n);
+                proptest::prop_assert_eq!(s, singles);
+            } else {
+                proptest::prop_assert!(whole.retry_after_ms >= 1);
+                // and after the wait it says, it fits (when it can fit at all)
+                if n <= threshold {
+                    let later = ns + whole.retry_after_ms * NANOS_PER_MS;
+                    let mut s2 = s;
+                    roll(&mut s2, &t, a, later);
+                    proptest::prop_assert!(
+                        evaluate(&s2, &t, a, later, n).allowed,
+                        "{:?} after {} ms: {:?}", a, whole.retry_after_ms, s2
+                    );
+                }
+            }
+        }
     }
 }

@@ -83,7 +83,7 @@ impl Limiter {
                             .and_then(|c| c.tiers.get(i).copied())
                             .unwrap_or_default();
                         algorithm::roll(&mut state, tier, algo, now);
-                        let v = algorithm::evaluate(&state, tier, algo, now);
+                        let v = algorithm::evaluate(&state, tier, algo, now, 1);
                         let l = &state.ledger;
                         let remaining = if v.allowed { v.remaining + 1 } else { 0 };
                         TierView {
@@ -166,7 +166,7 @@ impl Limiter {
                     .and_then(|c| c.tiers.get(i).copied())
                     .unwrap_or_default();
                 algorithm::roll(&mut state, tier, algo, now);
-                let mut verdict = algorithm::evaluate(&state, tier, algo, now);
+                let mut verdict = algorithm::evaluate(&state, tier, algo, now, 1);
                 // left now, this request not counted (it spends nothing)
                 verdict.remaining = if verdict.allowed {
                     verdict.remaining + 1

@@ -539,7 +539,7 @@ impl Limiter {
                     rc.keep_orphan(key, a.list, ti, orphan);
                 }
             }
-            let mut verdict = algorithm::evaluate(state, tier, algo, now);
+            let mut verdict = algorithm::evaluate(state, tier, algo, now, 1);
             ledger::note_demand(state);
             if !self.fleet.plain_increments() {
                 // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
@@ -754,7 +754,7 @@ impl Limiter {
                     direct_capable: ledger::direct_capable(tier, algo),
                 },
             };
-            algorithm::commit(state, tier, algo, now);
+            algorithm::commit(state, tier, algo, now, 1);
             wake |= ledger::commit(state, how) && leased.is_some();
         }
         wake

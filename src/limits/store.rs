@@ -469,7 +469,7 @@ mod tests {
             Ok(c) => {
                 let t = rc.tiers()[0][0];
                 algorithm::roll(&mut c.tiers[0], &t, Algorithm::FixedWindow, now_ns);
-                algorithm::commit(&mut c.tiers[0], &t, Algorithm::FixedWindow, now_ns);
+                algorithm::commit(&mut c.tiers[0], &t, Algorithm::FixedWindow, now_ns, 1);
                 true
             }
             Err(_) => false,
