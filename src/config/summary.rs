@@ -40,6 +40,17 @@ pub(crate) fn algorithm_text(a: Algorithm) -> &'static str {
 
 pub fn summary(cfg: &Config) -> String {
     let mut s = String::new();
+    write_server(&mut s, cfg);
+    write_upstreams(&mut s, cfg);
+    write_routes(&mut s, cfg);
+    write_tenant(&mut s, cfg);
+    write_rules(&mut s, cfg);
+    write_redis_and_headers(&mut s, cfg);
+    s
+}
+
+/// `-t`: the file, its includes, the listeners.
+fn write_server(s: &mut String, cfg: &Config) {
     let _ = writeln!(s, "configuration {} is valid", cfg.file.display());
     for inc in &cfg.includes {
         let _ = writeln!(s, "  includes {}", inc.display());
@@ -64,6 +75,10 @@ pub fn summary(cfg: &Config) -> String {
             .map_or("none".to_string(), |a| a.to_string()),
         cfg.server.threads
     );
+}
+
+/// `-t`: the pools.
+fn write_upstreams(s: &mut String, cfg: &Config) {
     let _ = writeln!(s, "upstreams ({}):", cfg.upstreams.len());
     for u in &cfg.upstreams {
         let servers: Vec<String> = u.servers.iter().map(|a| a.to_string()).collect();
@@ -90,6 +105,10 @@ pub fn summary(cfg: &Config) -> String {
             servers.join(", ")
         );
     }
+}
+
+/// `-t`: the routes, first match first.
+fn write_routes(s: &mut String, cfg: &Config) {
     let _ = writeln!(s, "routes ({}, first match wins):", cfg.routes.len());
     for r in &cfg.routes {
         let _ = writeln!(
@@ -106,6 +125,10 @@ pub fn summary(cfg: &Config) -> String {
             r.access.as_ref().map_or_else(String::new, access_text)
         );
     }
+}
+
+/// `-t`: where tenants come from, and the plans.
+fn write_tenant(s: &mut String, cfg: &Config) {
     let sources: Vec<String> = cfg
         .tenant
         .sources
@@ -147,6 +170,10 @@ pub fn summary(cfg: &Config) -> String {
             .collect();
         let _ = writeln!(s, "plans: {}", plans.join(", "));
     }
+}
+
+/// `-t`: every rule, with its plans' tiers.
+fn write_rules(s: &mut String, cfg: &Config) {
     let _ = writeln!(s, "rules ({}):", cfg.rules.len());
     for r in &cfg.rules {
         let action = match (r.action, &r.shadowban) {
@@ -185,6 +212,10 @@ pub fn summary(cfg: &Config) -> String {
             }
         }
     }
+}
+
+/// `-t`: the fleet's Redis and the quota headers.
+fn write_redis_and_headers(s: &mut String, cfg: &Config) {
     match &cfg.redis {
         None => {
             let _ = writeln!(s, "redis: none (counts are local to this process)");
@@ -213,7 +244,6 @@ pub fn summary(cfg: &Config) -> String {
         on_off(cfg.headers.x_ratelimit),
         on_off(cfg.headers.ietf)
     );
-    s
 }
 
 fn on_off(b: bool) -> &'static str {
