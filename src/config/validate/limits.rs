@@ -128,75 +128,11 @@ pub(super) fn check_rules(
         } else {
             check_tiers(c, &format!("{base}.tiers"), &r.tiers)
         };
-        let mut plan_tiers: Vec<Option<Vec<Tier>>> = vec![None; plans.names.len()];
-        for (plan, pt) in &r.plans {
-            let p = format!("{base}.plans.{plan}");
-            match plans.names.iter().position(|n| n == plan) {
-                Some(idx) => plan_tiers[idx] = Some(check_tiers(c, &p, pt)),
-                None => c.err_key(&p, unknown_plan(plan, plans)),
-            }
-        }
-        let status = match (r.action, r.status) {
-            (_, None) => 429,
-            (Action::Shadow | Action::Shadowban | Action::Throttle, Some(_))
-                if r.concurrency.is_none() =>
-            {
-                c.err(
-                    &format!("{base}.status"),
-                    format!(
-                        "status applies to action reject or delay (and to concurrency), not {}{}",
-                        r.action,
-                        match r.action {
-                            Action::Shadow => " (which never blocks)",
-                            Action::Shadowban => " (its answer is `shadowban.status`)",
-                            _ => " (which proxies the request)",
-                        }
-                    ),
-                );
-                429
-            }
-            (_, Some(s)) if s == 429 || s == 503 => s,
-            (_, Some(s)) => {
-                c.err(
-                    &format!("{base}.status"),
-                    format!("invalid status {s}: expected 429 or 503"),
-                );
-                429
-            }
-        };
-        let max_delay = match (r.action, r.max_delay) {
-            (Action::Delay, d) => positive(c, &format!("{base}.max_delay"), d, DEFAULT_MAX_DELAY),
-            (_, Some(_)) => {
-                c.err(
-                    &format!("{base}.max_delay"),
-                    "max_delay applies only to action: delay",
-                );
-                DEFAULT_MAX_DELAY
-            }
-            (_, None) => DEFAULT_MAX_DELAY,
-        };
+        let plan_tiers = check_plan_tiers(c, &base, r, plans);
+        let status = check_status(c, &base, r);
+        let max_delay = check_max_delay(c, &base, r);
         let shadowban = check_shadowban(c, &base, r);
-        let throttle_bps = match (&r.throttle, r.action) {
-            (Some(t), Action::Throttle) => parse_rate(&t.rate.0).unwrap_or_else(|e| {
-                c.err(&format!("{base}.throttle.rate"), e);
-                1
-            }),
-            (None, Action::Throttle) => {
-                c.err(
-                    &format!("{base}.action"),
-                    "action throttle needs `throttle: { rate: 64KiB/s }`, the pace of an over-limit response",
-                );
-                1
-            }
-            (Some(_), _) => {
-                c.err_key(
-                    &format!("{base}.throttle"),
-                    "throttle applies only to action: throttle",
-                );
-                1
-            }
-            (None, _) => 0,
-        };
+        let throttle_bps = check_throttle(c, &base, r);
         let per = check_per(c, &format!("{base}.per"), &r.per);
         if per != PartitionBy::Tenant && !r.plans.is_empty() {
             c.err_key(
@@ -285,6 +221,96 @@ fn check_count_when(c: &mut Checker, base: &str, r: &RuleFile, fleet: bool) -> O
         }
     }
     Some(set)
+}
+
+/// `status`: 429 or 503, for the actions that answer with it (and `concurrency`).
+fn check_status(c: &mut Checker, base: &str, r: &RuleFile) -> u16 {
+    match (r.action, r.status) {
+        (_, None) => 429,
+        (Action::Shadow | Action::Shadowban | Action::Throttle, Some(_))
+            if r.concurrency.is_none() =>
+        {
+            c.err(
+                &format!("{base}.status"),
+                format!(
+                    "status applies to action reject or delay (and to concurrency), not {}{}",
+                    r.action,
+                    match r.action {
+                        Action::Shadow => " (which never blocks)",
+                        Action::Shadowban => " (its answer is `shadowban.status`)",
+                        _ => " (which proxies the request)",
+                    }
+                ),
+            );
+            429
+        }
+        (_, Some(s)) if s == 429 || s == 503 => s,
+        (_, Some(s)) => {
+            c.err(
+                &format!("{base}.status"),
+                format!("invalid status {s}: expected 429 or 503"),
+            );
+            429
+        }
+    }
+}
+
+/// `max_delay`: only with `action: delay`.
+fn check_max_delay(c: &mut Checker, base: &str, r: &RuleFile) -> Duration {
+    match (r.action, r.max_delay) {
+        (Action::Delay, d) => positive(c, &format!("{base}.max_delay"), d, DEFAULT_MAX_DELAY),
+        (_, Some(_)) => {
+            c.err(
+                &format!("{base}.max_delay"),
+                "max_delay applies only to action: delay",
+            );
+            DEFAULT_MAX_DELAY
+        }
+        (_, None) => DEFAULT_MAX_DELAY,
+    }
+}
+
+/// `throttle.rate` of `action: throttle`, in bytes per second (0: not throttled).
+fn check_throttle(c: &mut Checker, base: &str, r: &RuleFile) -> u64 {
+    match (&r.throttle, r.action) {
+        (Some(t), Action::Throttle) => parse_rate(&t.rate.0).unwrap_or_else(|e| {
+            c.err(&format!("{base}.throttle.rate"), e);
+            1
+        }),
+        (None, Action::Throttle) => {
+            c.err(
+                &format!("{base}.action"),
+                "action throttle needs `throttle: { rate: 64KiB/s }`, the pace of an over-limit response",
+            );
+            1
+        }
+        (Some(_), _) => {
+            c.err_key(
+                &format!("{base}.throttle"),
+                "throttle applies only to action: throttle",
+            );
+            1
+        }
+        (None, _) => 0,
+    }
+}
+
+/// Each plan's own tiers (indexed like `Plans::names`); the plans must exist.
+fn check_plan_tiers(
+    c: &mut Checker,
+    base: &str,
+    r: &RuleFile,
+    plans: &Plans,
+) -> Vec<Option<Vec<Tier>>> {
+    let mut plan_tiers: Vec<Option<Vec<Tier>>> = vec![None; plans.names.len()];
+    for (plan, pt) in &r.plans {
+        let p = format!("{base}.plans.{plan}");
+        match plans.names.iter().position(|n| n == plan) {
+            Some(idx) => plan_tiers[idx] = Some(check_tiers(c, &p, pt)),
+            None => c.err_key(&p, unknown_plan(plan, plans)),
+        }
+    }
+    plan_tiers
 }
 
 fn unknown_plan(name: &str, plans: &Plans) -> String {
