@@ -26,70 +26,9 @@ pub(super) fn check_pair(
 }
 
 pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, Certificates) {
-    let mut listen = Vec::new();
-    let mut listen_tls = Vec::new();
     let mut certs = Certificates::default();
-    if s.listen.0.is_empty() {
-        c.err(
-            "server.listen",
-            "must list at least one address such as \"0.0.0.0:8080\"",
-        );
-    }
-    for (i, entry) in s.listen.0.iter().enumerate() {
-        let a = entry.addr();
-        let path = match entry {
-            ListenFile::Addr(_) => format!("server.listen[{i}]"),
-            ListenFile::Map(_) => format!("server.listen[{i}].addr"),
-        };
-        match a.parse::<SocketAddr>() {
-            Ok(addr) => {
-                if listen.contains(&addr) {
-                    c.err(&path, format!("{a} is listed twice"));
-                }
-                if let Some(tls) = entry.tls() {
-                    let tls_path = format!("server.listen[{i}].tls");
-                    if let Some(pair) = check_pair(c, &tls_path, &tls.cert, &tls.key) {
-                        certs.add_listener(addr, pair);
-                    }
-                }
-                listen.push(addr);
-                listen_tls.push(entry.tls().is_some());
-            }
-            Err(_) => c.err(
-                &path,
-                format!("invalid address {a:?}: expected IP:PORT such as \"0.0.0.0:8080\" or \"[::]:8080\""),
-            ),
-        }
-    }
-    for (i, cf) in s.certificates.iter().enumerate() {
-        let path = format!("server.certificates[{i}]");
-        if cf.hosts.is_empty() {
-            c.err(
-                &format!("{path}.hosts"),
-                "must list at least one host such as \"api.example.com\" or \"*.example.com\"",
-            );
-        }
-        let pair = check_pair(c, &path, &cf.cert, &cf.key);
-        for (j, h) in cf.hosts.iter().enumerate() {
-            let hpath = format!("{path}.hosts[{j}]");
-            if !valid_host(h) {
-                c.err(
-                    &hpath,
-                    format!("invalid host {h:?}: expected a name such as \"api.example.com\" or \"*.example.com\""),
-                );
-            } else if let Some(pair) = &pair {
-                if !certs.add_host(h, pair.clone()) {
-                    c.err(&hpath, format!("{h} has a certificate already"));
-                }
-            }
-        }
-    }
-    if !s.certificates.is_empty() && !listen_tls.contains(&true) {
-        c.err(
-            "server.certificates",
-            "no listener has tls: give one entry of server.listen a tls: { cert, key }",
-        );
-    }
+    let (listen, listen_tls) = check_listeners(c, s, &mut certs);
+    check_certificates(c, s, &mut certs, &listen_tls);
     let max_request_header_bytes = match s.max_request_header_bytes {
         Some(n) if !(1024..=MAX_REQUEST_HEADER_BYTES).contains(&n) => {
             c.err(
@@ -182,6 +121,88 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
             .unwrap_or_else(|| DEFAULT_UPGRADE_SOCK.to_string()),
     };
     (settings, certs)
+}
+
+/// `server.listen`: each address once, with its TLS pair (added to `certs`); the addresses,
+/// and whether each terminates TLS.
+fn check_listeners(
+    c: &mut Checker,
+    s: &ServerFile,
+    certs: &mut Certificates,
+) -> (Vec<SocketAddr>, Vec<bool>) {
+    let mut listen = Vec::new();
+    let mut listen_tls = Vec::new();
+    if s.listen.0.is_empty() {
+        c.err(
+            "server.listen",
+            "must list at least one address such as \"0.0.0.0:8080\"",
+        );
+    }
+    for (i, entry) in s.listen.0.iter().enumerate() {
+        let a = entry.addr();
+        let path = match entry {
+            ListenFile::Addr(_) => format!("server.listen[{i}]"),
+            ListenFile::Map(_) => format!("server.listen[{i}].addr"),
+        };
+        match a.parse::<SocketAddr>() {
+            Ok(addr) => {
+                if listen.contains(&addr) {
+                    c.err(&path, format!("{a} is listed twice"));
+                }
+                if let Some(tls) = entry.tls() {
+                    let tls_path = format!("server.listen[{i}].tls");
+                    if let Some(pair) = check_pair(c, &tls_path, &tls.cert, &tls.key) {
+                        certs.add_listener(addr, pair);
+                    }
+                }
+                listen.push(addr);
+                listen_tls.push(entry.tls().is_some());
+            }
+            Err(_) => c.err(
+                &path,
+                format!("invalid address {a:?}: expected IP:PORT such as \"0.0.0.0:8080\" or \"[::]:8080\""),
+            ),
+        }
+    }
+    (listen, listen_tls)
+}
+
+/// `server.certificates`: host names chosen by SNI, each once, on a TLS listener.
+fn check_certificates(
+    c: &mut Checker,
+    s: &ServerFile,
+    certs: &mut Certificates,
+    listen_tls: &[bool],
+) {
+    for (i, cf) in s.certificates.iter().enumerate() {
+        let path = format!("server.certificates[{i}]");
+        if cf.hosts.is_empty() {
+            c.err(
+                &format!("{path}.hosts"),
+                "must list at least one host such as \"api.example.com\" or \"*.example.com\"",
+            );
+        }
+        let pair = check_pair(c, &path, &cf.cert, &cf.key);
+        for (j, h) in cf.hosts.iter().enumerate() {
+            let hpath = format!("{path}.hosts[{j}]");
+            if !valid_host(h) {
+                c.err(
+                    &hpath,
+                    format!("invalid host {h:?}: expected a name such as \"api.example.com\" or \"*.example.com\""),
+                );
+            } else if let Some(pair) = &pair {
+                if !certs.add_host(h, pair.clone()) {
+                    c.err(&hpath, format!("{h} has a certificate already"));
+                }
+            }
+        }
+    }
+    if !s.certificates.is_empty() && !listen_tls.contains(&true) {
+        c.err(
+            "server.certificates",
+            "no listener has tls: give one entry of server.listen a tls: { cert, key }",
+        );
+    }
 }
 
 /// `server.quota_endpoint`: one literal path (no glob, no query), kept normalized as requests
