@@ -59,6 +59,109 @@ pub(super) fn check_upstream_tls(c: &mut Checker, base: &str, t: &UpstreamTlsFil
     }
 }
 
+/// A pool's `servers`: at least one, each once.
+fn check_servers(c: &mut Checker, base: &str, u: &UpstreamFile) -> Vec<SocketAddr> {
+    let mut servers = Vec::new();
+    if u.servers.is_empty() {
+        c.err(
+            &format!("{base}.servers"),
+            "must list at least one server such as \"127.0.0.1:9001\"",
+        );
+    }
+    for (i, s) in u.servers.iter().enumerate() {
+        match resolve_server(s) {
+            Ok(a) if servers.contains(&a) => c.err(
+                &format!("{base}.servers[{i}]"),
+                format!("{s} is listed twice"),
+            ),
+            Ok(a) => servers.push(a),
+            Err(e) => c.err(&format!("{base}.servers[{i}]"), e),
+        }
+    }
+    servers
+}
+
+/// A pool's `health_check`: TCP, or HTTP on a path.
+fn check_health(c: &mut Checker, base: &str, u: &UpstreamFile) -> Option<HealthCheckSpec> {
+    u.health_check.as_ref().map(|h| {
+        let interval = positive(
+            c,
+            &format!("{base}.health_check.interval"),
+            Some(h.interval),
+            DEFAULT_HEALTH_INTERVAL,
+        );
+        let timeout = positive(
+            c,
+            &format!("{base}.health_check.timeout"),
+            h.timeout,
+            DEFAULT_HEALTH_TIMEOUT,
+        );
+        let http = h.http.as_ref().map(|hc| {
+            if !hc.path.starts_with('/') {
+                c.err(
+                    &format!("{base}.health_check.http.path"),
+                    format!("invalid path {:?}: must start with '/'", hc.path),
+                );
+            }
+            (
+                hc.path.clone(),
+                hc.host
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_HEALTH_HOST.to_string()),
+            )
+        });
+        HealthCheckSpec {
+            interval,
+            timeout,
+            http,
+        }
+    })
+}
+
+/// A pool's `max_in_flight` and `queue` (priority shaping).
+fn check_shaping(c: &mut Checker, base: &str, u: &UpstreamFile) -> Option<Shaping> {
+    match (u.max_in_flight, &u.queue) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            c.err_key(
+                &format!("{base}.queue"),
+                "queue applies to a pool with max_in_flight: requests wait there while the pool is full",
+            );
+            None
+        }
+        (Some(n), q) => {
+            if !(1..=1_000_000).contains(&n) {
+                c.err(
+                    &format!("{base}.max_in_flight"),
+                    format!("max_in_flight must be 1 to 1000000, got {n}"),
+                );
+            }
+            let queue_max = match q.as_ref().map(|q| q.max) {
+                None => 0,
+                Some(m) if (0..=1_000_000).contains(&m) => m as usize,
+                Some(m) => {
+                    c.err(
+                        &format!("{base}.queue.max"),
+                        format!("queue.max must be 0 to 1000000, got {m}"),
+                    );
+                    0
+                }
+            };
+            let queue_timeout = positive(
+                c,
+                &format!("{base}.queue.timeout"),
+                q.as_ref().and_then(|q| q.timeout),
+                DEFAULT_QUEUE_TIMEOUT,
+            );
+            Some(Shaping {
+                max_in_flight: n.clamp(1, 1_000_000) as usize,
+                queue_max,
+                queue_timeout,
+            })
+        }
+    }
+}
+
 pub(super) fn check_upstreams(
     c: &mut Checker,
     ups: &BTreeMap<String, UpstreamFile>,
@@ -72,56 +175,8 @@ pub(super) fn check_upstreams(
         if !valid_id(name) {
             c.err_key(&base, format!("invalid upstream name {name:?}: {ID_RULE}"));
         }
-        let mut servers = Vec::new();
-        if u.servers.is_empty() {
-            c.err(
-                &format!("{base}.servers"),
-                "must list at least one server such as \"127.0.0.1:9001\"",
-            );
-        }
-        for (i, s) in u.servers.iter().enumerate() {
-            match resolve_server(s) {
-                Ok(a) if servers.contains(&a) => c.err(
-                    &format!("{base}.servers[{i}]"),
-                    format!("{s} is listed twice"),
-                ),
-                Ok(a) => servers.push(a),
-                Err(e) => c.err(&format!("{base}.servers[{i}]"), e),
-            }
-        }
-        let health_check = u.health_check.as_ref().map(|h| {
-            let interval = positive(
-                c,
-                &format!("{base}.health_check.interval"),
-                Some(h.interval),
-                DEFAULT_HEALTH_INTERVAL,
-            );
-            let timeout = positive(
-                c,
-                &format!("{base}.health_check.timeout"),
-                h.timeout,
-                DEFAULT_HEALTH_TIMEOUT,
-            );
-            let http = h.http.as_ref().map(|hc| {
-                if !hc.path.starts_with('/') {
-                    c.err(
-                        &format!("{base}.health_check.http.path"),
-                        format!("invalid path {:?}: must start with '/'", hc.path),
-                    );
-                }
-                (
-                    hc.path.clone(),
-                    hc.host
-                        .clone()
-                        .unwrap_or_else(|| DEFAULT_HEALTH_HOST.to_string()),
-                )
-            });
-            HealthCheckSpec {
-                interval,
-                timeout,
-                http,
-            }
-        });
+        let servers = check_servers(c, &base, u);
+        let health_check = check_health(c, &base, u);
         let connect_timeout = positive(
             c,
             &format!("{base}.connect_timeout"),
@@ -146,46 +201,7 @@ pub(super) fn check_upstreams(
             None => DEFAULT_RETRIES,
         };
         let tls = u.tls.as_ref().map(|t| check_upstream_tls(c, &base, t));
-        let shaping = match (u.max_in_flight, &u.queue) {
-            (None, None) => None,
-            (None, Some(_)) => {
-                c.err_key(
-                    &format!("{base}.queue"),
-                    "queue applies to a pool with max_in_flight: requests wait there while the pool is full",
-                );
-                None
-            }
-            (Some(n), q) => {
-                if !(1..=1_000_000).contains(&n) {
-                    c.err(
-                        &format!("{base}.max_in_flight"),
-                        format!("max_in_flight must be 1 to 1000000, got {n}"),
-                    );
-                }
-                let queue_max = match q.as_ref().map(|q| q.max) {
-                    None => 0,
-                    Some(m) if (0..=1_000_000).contains(&m) => m as usize,
-                    Some(m) => {
-                        c.err(
-                            &format!("{base}.queue.max"),
-                            format!("queue.max must be 0 to 1000000, got {m}"),
-                        );
-                        0
-                    }
-                };
-                let queue_timeout = positive(
-                    c,
-                    &format!("{base}.queue.timeout"),
-                    q.as_ref().and_then(|q| q.timeout),
-                    DEFAULT_QUEUE_TIMEOUT,
-                );
-                Some(Shaping {
-                    max_in_flight: n.clamp(1, 1_000_000) as usize,
-                    queue_max,
-                    queue_timeout,
-                })
-            }
-        };
+        let shaping = check_shaping(c, &base, u);
         out.push(UpstreamSpec {
             shaping,
             name: name.clone(),
