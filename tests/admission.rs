@@ -1065,3 +1065,63 @@ fn a_count_when_rule_counts_only_the_answers_it_names() {
         "one over: the one in flight"
     );
 }
+
+/// docs/configuration.md "Cost per request": one request takes `cost` units from every tier of
+/// its rule; one that does not fit is refused whole and takes nothing.
+#[test]
+fn a_request_takes_its_cost_from_every_tier_or_nothing() {
+    let rig = Rig::new(
+        "  - id: exports\n    pathPattern: /export/**\n    cost: 50\n    tiers: [{ period: 1m, threshold: 120 }, { period: 1h, threshold: 200 }]\n  - id: search\n    pathPattern: /search/**\n    cost: { header: x-cost, max: 100, default: 5 }\n    tiers: [{ period: 1m, threshold: 100 }]",
+        "",
+    );
+    let r = rig.get("/export/a", "t");
+    assert!(r.forwarded);
+    // the most restrictive tier, in units: 120 - 50 left in the minute
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("70"));
+    assert_eq!(r.header("x-ratelimit-limit"), Some("120"));
+    assert!(rig.get("/export/a", "t").forwarded);
+    // a third would take 150 of the minute's 120: refused whole
+    let d = rig.get("/export/a", "t");
+    assert_eq!(d.status, 429);
+    assert_eq!(
+        rig.used("t", "exports"),
+        Some(100),
+        "the refusal took nothing"
+    );
+    // a request header's cost, up to max; missing or malformed: the default
+    let search = |cost: Option<&str>| {
+        let mut h = vec![("x-org-id", "t")];
+        if let Some(c) = cost {
+            h.push(("x-cost", c));
+        }
+        rig.send("GET", "/search/q", &h)
+    };
+    let r = search(Some("30"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("70"));
+    let r = search(None);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("65"), "default 5");
+    let r = search(Some("ten"));
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("60"),
+        "malformed: default 5"
+    );
+    let r = search(Some("0"));
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("55"),
+        "0 is no cost: default 5"
+    );
+    // over max: 400, nothing counted
+    let r = search(Some("101"));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(
+        r.json()["detail"],
+        "x-cost is 101, over the most a request may cost here (100)"
+    );
+    assert_eq!(rig.used("t", "search"), Some(45));
+    // what is left fits exactly; one unit more does not
+    assert!(search(Some("55")).forwarded);
+    assert_eq!(search(Some("1")).status, 429);
+}

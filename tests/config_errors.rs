@@ -845,3 +845,48 @@ fn count_when_is_checked() {
     let (code, _, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
     assert_eq!(code, 0, "{err}");
 }
+
+#[test]
+fn cost_is_checked() {
+    let rule = |c: &str| format!("{BASE}    cost: {c}\n");
+    assert_error(
+        &rule("0"),
+        24,
+        11,
+        &[
+            "limits[0].cost",
+            "must be 1 to 10",
+            "smallest threshold",
+            "got 0",
+        ],
+    );
+    assert_error(&rule("11"), 24, 11, &["limits[0].cost", "got 11"]);
+    assert_error(
+        &rule("{ header: x-cost, max: 50 }"),
+        24,
+        34,
+        &["limits[0].cost.max", "1 to 10", "got 50"],
+    );
+    assert_error(
+        &rule("{ header: x-cost, max: 10, default: 11 }"),
+        24,
+        47,
+        &["limits[0].cost.default", "1 to max (10)"],
+    );
+    assert_error(
+        &format!("{}redis:\n  url: redis://127.0.0.1:6379\n", rule("5")),
+        24,
+        5,
+        &["limits[0].cost", "with `redis`"],
+    );
+    assert_error(
+        &format!("{}    count_when: {{ status: [401] }}\n", rule("5")),
+        24,
+        5,
+        &["limits[0].cost", "count_when"],
+    );
+    let dir = TempDir::new();
+    let path = dir.write("gateway.yaml", &rule("{ header: x-cost, max: 10 }"));
+    let (code, _, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+    assert_eq!(code, 0, "{err}");
+}

@@ -65,3 +65,42 @@ fn only_the_statuses_named_are_counted_and_the_next_request_is_refused() {
         "{m}"
     );
 }
+
+/// docs/configuration.md "Cost per request", through the real gateway: a constant cost and a
+/// cost from a request header, in units; over `max` is 400 and reaches no upstream.
+#[test]
+fn a_request_takes_its_cost_in_units_through_the_gateway() {
+    let up = Upstream::start("u");
+    // long token buckets: no unit comes back during the test
+    let limits = "limits:\n  - id: exports\n    pathPattern: /export/**\n    algorithm: token_bucket\n    cost: 40\n    tiers: [{ period: 1h, threshold: 100 }]\n  - id: tokens\n    pathPattern: /llm/**\n    algorithm: token_bucket\n    cost: { header: x-tokens, max: 500 }\n    tiers: [{ period: 1h, threshold: 1000 }]\n";
+    let gw = Gateway::start(&format!(
+        "{}{TENANT}{limits}",
+        one_route_config(up.addr, 1, "")
+    ));
+    let t = |extra: &'static [(&'static str, &'static str)]| {
+        let mut h = vec![("x-org-id", "acme")];
+        h.extend_from_slice(extra);
+        h
+    };
+    let r = gw.get("/export/a", &t(&[]));
+    assert_eq!(
+        (r.status, r.header("x-ratelimit-remaining")),
+        (200, Some("60"))
+    );
+    assert_eq!(gw.get("/export/a", &t(&[])).status, 200);
+    assert_eq!(gw.get("/export/a", &t(&[])).status, 429, "80 + 40 > 100");
+    let r = gw.get("/llm/chat", &t(&[("x-tokens", "400")]));
+    assert_eq!(
+        (r.status, r.header("x-ratelimit-remaining")),
+        (200, Some("600"))
+    );
+    let r = gw.get("/llm/chat", &t(&[("x-tokens", "501")]));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let r = gw.get("/llm/chat", &t(&[]));
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("599"),
+        "no header: 1"
+    );
+}

@@ -610,6 +610,29 @@ pub struct RuleFile {
     /// Count a request only when its answer's status is one of these.
     #[serde(default)]
     pub count_when: Option<CountWhenFile>,
+    /// Units a request takes from every tier: a number, or `{ header, max, default }`.
+    #[serde(default)]
+    pub cost: Option<CostFile>,
+}
+
+/// A rule's `cost` as written.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum CostFile {
+    Units(i64),
+    Header(CostHeaderFile),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostHeaderFile {
+    /// The request header that carries the cost, set by a trusted source.
+    pub header: String,
+    /// A larger value is a bad request (400).
+    pub max: i64,
+    /// The cost of a request without the header, or with a malformed value (1 by default).
+    #[serde(default)]
+    pub default: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]

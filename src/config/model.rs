@@ -273,6 +273,55 @@ pub struct Rule {
     /// `count_when`: the rule counts a request only when its answer has one of these statuses
     /// (checked before forwarding, counted once the status is known).
     pub count_when: Option<StatusSet>,
+    /// The units a request takes from every tier.
+    pub cost: Cost,
+}
+
+/// A rule's `cost`: the units one request takes from each of its tiers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Cost {
+    /// One unit: a request.
+    #[default]
+    One,
+    Units(u64),
+    /// From a request header (trusted to be set by the caller's platform): a value over `max`
+    /// is a bad request; a missing or malformed one costs `default`.
+    Header {
+        name: HeaderName,
+        max: u64,
+        default: u64,
+    },
+}
+
+/// What a request's header says its cost is, for a rule with `Cost::Header`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderCost {
+    Units(u64),
+    /// Over the rule's `max`: the value given.
+    TooHigh(u64),
+}
+
+impl Cost {
+    /// The units of a request with these headers.
+    pub fn of(&self, headers: &http::HeaderMap) -> HeaderCost {
+        match self {
+            Cost::One => HeaderCost::Units(1),
+            Cost::Units(n) => HeaderCost::Units(*n),
+            Cost::Header { name, max, default } => {
+                let value = headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::trim)
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .map(|v| v.parse::<u64>().unwrap_or(u64::MAX));
+                match value {
+                    None | Some(0) => HeaderCost::Units(*default),
+                    Some(v) if v > *max => HeaderCost::TooHigh(v),
+                    Some(v) => HeaderCost::Units(v),
+                }
+            }
+        }
+    }
 }
 
 /// A set of HTTP statuses, 100 to 599.

@@ -16,7 +16,7 @@ use super::partition::{PartitionValue, KEY_BUF};
 use super::policy::{tier_texts, PolicyCache, TierText};
 use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked};
 use super::top;
-use crate::config::model::{Action, Algorithm, PartitionBy, Plans, Rule, Tier};
+use crate::config::model::{Action, Algorithm, Cost, HeaderCost, PartitionBy, Plans, Rule, Tier};
 use crate::matching::Segments;
 use http::{HeaderMap, Method};
 use prometheus::IntCounterVec;
@@ -217,6 +217,8 @@ enum Patience {
 pub(super) struct Applying {
     pub(super) rule: u16,
     pub(super) list: u16,
+    /// The units the request takes from each tier (`cost`).
+    units: u64,
     hash: u64,
     pub(super) key_start: usize,
     pub(super) key_end: usize,
@@ -352,6 +354,25 @@ impl Limiter {
         })
     }
 
+    /// A request whose cost header is over a matching rule's `max`: what to tell the client
+    /// (400), before anything is counted.
+    pub fn cost_refusal(&self, req: &LimitRequest) -> Option<String> {
+        self.rules.iter().find_map(|cr| {
+            let r = &cr.rule;
+            let Cost::Header { name, max, .. } = &r.cost else {
+                return None;
+            };
+            match r.cost.of(req.headers) {
+                HeaderCost::TooHigh(v) if r.matcher.matches(req.method, req.host, req.path) => {
+                    Some(format!(
+                        "{name} is {v}, over the most a request may cost here ({max})"
+                    ))
+                }
+                _ => None,
+            }
+        })
+    }
+
     /// Does `rule` leave this request alone (`exempt`)?
     fn exempt(rule: &Rule, req: &LimitRequest, plan: Option<usize>) -> bool {
         !rule.exempt.is_empty() && rule.exempt.covers(req.client_ip, req.tenant, plan)
@@ -480,9 +501,15 @@ impl Limiter {
                 (PartitionBy::Tenant, Some(p)) => cr.plan_lists.get(p).copied().unwrap_or(0),
                 _ => 0,
             };
+            let units = match r.cost.of(req.headers) {
+                HeaderCost::Units(u) => u,
+                // refused before any decision (`cost_refusal`)
+                HeaderCost::TooHigh(_) => u64::MAX,
+            };
             applying.push(Applying {
                 rule: i as u16,
                 list,
+                units,
                 hash: cr.counters.hash_of(&key[..n]),
                 key_start,
                 key_end: arena.len(),
@@ -539,7 +566,7 @@ impl Limiter {
                     rc.keep_orphan(key, a.list, ti, orphan);
                 }
             }
-            let mut verdict = algorithm::evaluate(state, tier, algo, now, 1);
+            let mut verdict = algorithm::evaluate(state, tier, algo, now, a.units);
             ledger::note_demand(state);
             if !self.fleet.plain_increments() {
                 // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
@@ -563,7 +590,7 @@ impl Limiter {
                 &mut decision.held,
             );
             violated |= !verdict.allowed;
-            let used = state.current + u64::from(verdict.allowed);
+            let used = state.current + if verdict.allowed { a.units } else { 0 };
             let permille = used.saturating_mul(1000) / tier.threshold.max(1);
             usage_permille = usage_permille.max(permille.min(u64::from(u32::MAX)) as u32);
             decision.tiers.push(TierReport {
@@ -734,13 +761,15 @@ impl Limiter {
     /// it is not over (a throttle rule it is over, like a shadow rule it is over, is skipped).
     /// The remaining counts reported were computed as if committed.
     /// Returns whether a fleet round is wanted now.
-    /// Count one request in every tier of one counter (its states rolled to `now`).
+    /// Count one request of `units` in every tier of one counter (its states rolled to `now`).
+    /// (The fleet's ledger counts requests: a rule with a cost has no `redis`, see `config`.)
     fn commit_tiers(
         cr: &CompiledRule,
         list: u16,
         tiers: &mut [TierState],
         now: u64,
         leased: Option<u64>,
+        units: u64,
     ) -> bool {
         let now_ms = now / NANOS_PER_MS;
         let algo = cr.counters.algorithm();
@@ -754,7 +783,7 @@ impl Limiter {
                     direct_capable: ledger::direct_capable(tier, algo),
                 },
             };
-            algorithm::commit(state, tier, algo, now, 1);
+            algorithm::commit(state, tier, algo, now, units);
             wake |= ledger::commit(state, how) && leased.is_some();
         }
         wake
@@ -793,7 +822,7 @@ impl Limiter {
                     rc.keep_orphan(&late.key, late.list, ti, orphan);
                 }
             }
-            wake |= Self::commit_tiers(cr, late.list, &mut c.tiers, now, leased);
+            wake |= Self::commit_tiers(cr, late.list, &mut c.tiers, now, leased, 1);
         }
         if wake {
             self.fleet.want_round();
@@ -827,7 +856,7 @@ impl Limiter {
                 // counted once the answer's status is known (`commit_late`)
                 continue;
             }
-            wake |= Self::commit_tiers(cr, a.list, &mut c.tiers, now, leased);
+            wake |= Self::commit_tiers(cr, a.list, &mut c.tiers, now, leased, a.units);
         }
         wake
     }

@@ -153,6 +153,10 @@ fn limit(
     if limiter.is_empty() {
         return ControlFlow::Continue(Decision::none());
     }
+    // a cost header over a rule's max is a bad request, whatever the quota
+    if let Some(detail) = limiter.cost_refusal(lreq) {
+        return ControlFlow::Break(Admission::Answer(Answer::problem(400, &detail)));
+    }
     // requests in flight first: a request refused there spends no rate quota
     if !limiter.concurrency.is_empty() {
         match limiter.acquire(lreq, &snap.config.plans) {

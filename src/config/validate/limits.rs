@@ -160,6 +160,7 @@ pub(super) fn check_rules(
             concurrency,
             exempt: check_exempt(c, &base, r, plans),
             count_when: check_count_when(c, &base, r, fleet),
+            cost: check_cost(c, &base, r, fleet),
         }));
     }
     out
@@ -311,6 +312,81 @@ fn check_plan_tiers(
         }
     }
     plan_tiers
+}
+
+/// A rule's `cost`: at least 1 and at most its smallest threshold (a request that costs more
+/// could never pass); from a header, its `max` likewise and a `default` up to it. Not with
+/// `count_when`, nor `concurrency` alone, nor (yet) with `redis`.
+fn check_cost(c: &mut Checker, base: &str, r: &RuleFile, fleet: bool) -> Cost {
+    let Some(cost) = &r.cost else {
+        return Cost::One;
+    };
+    let path = format!("{base}.cost");
+    if fleet {
+        c.err_key(
+            &path,
+            "cost is counted on each instance alone for now: with `redis`, the fleet's leases count requests, not units; remove it or the `redis` section",
+        );
+    }
+    if r.count_when.is_some() {
+        c.err_key(
+            &path,
+            "cost and count_when do not go together yet: count_when counts one unit per answer",
+        );
+    }
+    let smallest = r
+        .tiers
+        .iter()
+        .chain(r.plans.values().flatten())
+        .map(|t| t.threshold.0)
+        .min();
+    let Some(smallest) = smallest else {
+        c.err_key(
+            &path,
+            "cost applies to `tiers` (a rate), not to `concurrency` alone",
+        );
+        return Cost::One;
+    };
+    if smallest < 1 {
+        // the tiers' own errors say why
+        return Cost::One;
+    }
+    let units = |c: &mut Checker, at: &str, n: i64, what: &str| -> u64 {
+        if n < 1 || n > smallest {
+            c.err(
+                at,
+                format!("{what} must be 1 to {smallest} (the rule's smallest threshold: a request that costs more could never pass), got {n}"),
+            );
+            1
+        } else {
+            n as u64
+        }
+    };
+    match cost {
+        CostFile::Units(n) => match units(c, &path, *n, "cost") {
+            1 => Cost::One,
+            n => Cost::Units(n),
+        },
+        CostFile::Header(h) => {
+            let name = header_name(c, &format!("{path}.header"), &h.header);
+            let max = units(c, &format!("{path}.max"), h.max, "max");
+            let default = match h.default {
+                None => 1,
+                Some(d) if (1..=max as i64).contains(&d) => d as u64,
+                Some(d) => {
+                    c.err(
+                        &format!("{path}.default"),
+                        format!("default must be 1 to max ({max}), got {d}"),
+                    );
+                    1
+                }
+            };
+            match name {
+                Some(name) => Cost::Header { name, max, default },
+                None => Cost::One,
+            }
+        }
+    }
 }
 
 fn unknown_plan(name: &str, plans: &Plans) -> String {
