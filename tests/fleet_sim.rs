@@ -101,6 +101,8 @@ struct Scenario {
     /// Simulated time from the first request, and the offset of the start in its window.
     span_ms: u64,
     phase_ms: u64,
+    /// Requests cost 1 to this many units each (a `cost` header; 0: no cost, one unit).
+    cost_max: u64,
 }
 
 /// Most decisions a seed may make (keeps the whole run within seconds).
@@ -167,7 +169,22 @@ impl Scenario {
             faults,
             span_ms,
             phase_ms,
+            cost_max: 0,
         }
+    }
+
+    /// The same fleet and load as `draw`, each request costing 1 to `cost_max` units (a
+    /// `cost: { header }` rule; `cost_max` up to a tenth of the threshold, at most 20).
+    fn draw_cost(seed: u64) -> Scenario {
+        let mut s = Scenario::draw(seed);
+        let most = (s.threshold / 10).clamp(1, 20);
+        s.cost_max = 1 + Rng(seed ^ 0xC057).below(most);
+        s
+    }
+
+    /// What one request may take beyond a count of requests: its units.
+    fn units(&self) -> u64 {
+        self.cost_max.max(1)
     }
 
     /// Requests per ms offered to instance `i` at `t` ms into the run.
@@ -262,7 +279,7 @@ struct InFlight {
 struct Instance {
     /// Requests held for the fleet (`Verdict::Hold`): when each arrived, and until when it
     /// waits.
-    held: std::collections::VecDeque<(u64, u64)>,
+    held: std::collections::VecDeque<(u64, u64, u64)>,
     limiter: Limiter,
     accounts: Accounts,
     fleet: Arc<FleetState>,
@@ -285,7 +302,7 @@ limits:
   - id: sim
     pathPattern: /**
     algorithm: {algo}
-    tiers: [{{ period: {p}ms, threshold: {t} }}]
+    tiers: [{{ period: {p}ms, threshold: {t} }}]{cost}
 redis:
   url: redis://127.0.0.1:1
   sync_interval: {i}ms
@@ -303,6 +320,11 @@ redis:
         t = s.threshold,
         i = s.interval_ms,
         to = s.timeout_ms,
+        cost = if s.cost_max > 0 {
+            format!("\n    cost: {{ header: x-cost, max: {} }}", s.cost_max)
+        } else {
+            String::new()
+        },
     )
 }
 
@@ -453,7 +475,7 @@ fn simulate(s: &Scenario) -> Outcome {
     // refusals waiting to be judged: (when, refused at, instance, under on_failure, window)
     // (token buckets: the bucket's level then, and the tokens taken until then)
     #[allow(clippy::type_complexity)]
-    let mut pending: Vec<(u64, u64, usize, bool, u64, f64, u64)> = Vec::new();
+    let mut pending: Vec<(u64, u64, usize, bool, u64, f64, u64, u64)> = Vec::new();
     // the fleet's one true bucket (token buckets): full at the start
     let t = s.threshold as f64;
     let mut level = t;
@@ -490,7 +512,7 @@ fn simulate(s: &Scenario) -> Outcome {
         }
         let window = now / s.period_ms * s.period_ms;
         // the refusals of this ms: (instance, made under on_failure)
-        let mut refused_now: Vec<(usize, bool)> = Vec::new();
+        let mut refused_now: Vec<(usize, bool, u64)> = Vec::new();
         // refusals are judged a moment later: requests granted to other instances in the same
         // round trip are admitted a few ms after, and their order is the network's (the
         // contract's "at most 0.9 x threshold, the request included" among concurrent requests)
@@ -606,15 +628,20 @@ fn simulate(s: &Scenario) -> Outcome {
             }
             // (a held request waits while rounds end: each gives it the hold limit again, up to
             // four in all, as in the gateway)
-            let mut arrivals: Vec<(Option<u64>, u64)> = Vec::new();
+            // (since, until, units)
+            let mut arrivals: Vec<(Option<u64>, u64, u64)> = Vec::new();
             let held = std::mem::take(&mut inst.held);
-            for (since, until) in held {
+            for (since, until, units) in held {
                 if round_ended {
-                    arrivals.push((Some(since), (step + hold_ms).min(since + 4 * hold_ms)));
+                    arrivals.push((
+                        Some(since),
+                        (step + hold_ms).min(since + 4 * hold_ms),
+                        units,
+                    ));
                 } else if step >= until {
-                    arrivals.push((Some(since), until));
+                    arrivals.push((Some(since), until, units));
                 } else {
-                    inst.held.push_back((since, until));
+                    inst.held.push_back((since, until, units));
                 }
             }
             if step < s.span_ms {
@@ -627,12 +654,25 @@ fn simulate(s: &Scenario) -> Outcome {
                     .map(|&(_, _, k)| k)
                     .sum::<u64>();
                 for _ in 0..n {
-                    *out.offered.entry(window).or_default() += 1;
-                    arrivals.push((None, step + hold_ms));
+                    let units = if s.cost_max > 0 {
+                        1 + rng.below(s.cost_max)
+                    } else {
+                        1
+                    };
+                    *out.offered.entry(window).or_default() += units;
+                    arrivals.push((None, step + hold_ms, units));
                 }
             }
-            for (since, until) in arrivals {
+            for (since, until, units) in arrivals {
                 let waited_out = since.is_some() && step >= until;
+                let mut cost_headers = HeaderMap::new();
+                if s.cost_max > 0 {
+                    cost_headers.insert("x-cost", units.into());
+                }
+                let req = LimitRequest {
+                    headers: &cost_headers,
+                    ..req
+                };
                 let d = if waited_out {
                     inst.limiter.decide_after_hold(&req, &cfg.plans)
                 } else if since.is_some() {
@@ -641,7 +681,7 @@ fn simulate(s: &Scenario) -> Outcome {
                     inst.limiter.decide(&req, &cfg.plans)
                 };
                 if d.verdict == Verdict::Hold {
-                    inst.held.push_back((since.unwrap_or(step), until));
+                    inst.held.push_back((since.unwrap_or(step), until, units));
                     continue;
                 }
                 out.longest_hold = out
@@ -655,20 +695,20 @@ fn simulate(s: &Scenario) -> Outcome {
                     let failure = waited_out
                         || !inst.fleet.is_connected()
                         || first_state(&inst.limiter).is_some_and(|st| st.ledger.unreachable);
-                    refused_now.push((i, failure));
+                    refused_now.push((i, failure, units));
                     if trace {
                         let st = first_state(&inst.limiter);
                         eprintln!("{step} i{i} refused: retry {} {st:?}", d.retry_after_ms());
                     }
                     continue;
                 }
-                out.total_admitted += 1;
-                *out.admitted.entry(window).or_default() += 1;
+                out.total_admitted += units;
+                *out.admitted.entry(window).or_default() += units;
                 if s.bucket {
-                    level -= 1.0;
-                    out.bucket_admitted += 1;
+                    level -= units as f64;
+                    out.bucket_admitted += units;
                     if step >= s.period_ms {
-                        out.bucket_admitted_late += 1;
+                        out.bucket_admitted_late += units;
                     }
                     let allows = t + t * step as f64 / s.period_ms as f64;
                     out.bucket_excess = out.bucket_excess.max(out.bucket_admitted as f64 - allows);
@@ -684,7 +724,7 @@ fn simulate(s: &Scenario) -> Outcome {
         // the refusals of this ms against the fleet's count, as the contract measures it (the
         // request included; under 100, one request per instance either way, as for the upper
         // bound)
-        pending.extend(refused_now.into_iter().map(|(i, failure)| {
+        pending.extend(refused_now.into_iter().map(|(i, failure, units)| {
             // token buckets: the level; sliding windows: the previous window's weight
             let then = if s.sliding {
                 previous_weight(&out, s, window, now)
@@ -692,37 +732,48 @@ fn simulate(s: &Scenario) -> Outcome {
                 level
             };
             let taken = out.bucket_admitted;
-            (step + judge_ms, step, i, failure, window, then, taken)
+            (
+                step + judge_ms,
+                step,
+                i,
+                failure,
+                window,
+                then,
+                taken,
+                units,
+            )
         }));
         let last_ms_of = |w: u64| w + s.period_ms - 1;
         let due: Vec<_> = pending
             .iter()
             .copied()
-            .filter(|&(at, _, _, _, w, _, _)| t0 + at <= now || now >= last_ms_of(w))
+            .filter(|&(at, _, _, _, w, _, _, _)| t0 + at <= now || now >= last_ms_of(w))
             .collect();
-        pending.retain(|&(at, _, _, _, w, _, _)| !(t0 + at <= now || now >= last_ms_of(w)));
-        for (_, refused_at, i, failure, window, then, taken) in due {
+        pending.retain(|&(at, _, _, _, w, _, _, _)| !(t0 + at <= now || now >= last_ms_of(w)));
+        for (_, refused_at, i, failure, window, then, taken, units) in due {
+            let u = units as f64;
             let cur = *out.admitted.get(&window).unwrap_or(&0) as f64;
             // as for the upper bound: under 100, one request per instance; past it, the
             // others' credits (one each) where they are more than 2% of the threshold
+            // (a request on credit may be one of the largest costs)
             let small = if s.threshold < 100 {
-                s.instances as f64
+                (s.instances as u64 * s.units()) as f64
             } else {
-                (s.instances as u64 - 1).saturating_sub(s.threshold / 50) as f64
+                ((s.instances as u64 - 1) * s.units()).saturating_sub(s.threshold / 50) as f64
             };
             let (count, under) = if s.bucket {
                 // the level then, less what was taken since (not the refill since)
                 let level = then - (out.bucket_admitted - taken) as f64;
                 let spare = SPARE_PERCENT as f64 / 100.0;
                 // and one request per instance (each may hold one on credit)
-                let n = s.instances as f64;
-                (t - level, level - 1.0 >= (0.1 + spare) * t + small.max(n))
+                let n = (s.instances as u64 * s.units()) as f64;
+                (t - level, level - u >= (0.1 + spare) * t + small.max(n))
             } else if s.sliding {
                 // the previous window's weight then, and this window's count since
-                let e = then + cur + 1.0;
+                let e = then + cur + u;
                 (e, e <= 0.9 * t - small)
             } else {
-                (cur + 1.0, cur + 1.0 <= 0.9 * t - small)
+                (cur + u, cur + u <= 0.9 * t - small)
             };
             match (under, failure) {
                 (false, _) => {}
@@ -761,10 +812,11 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     let n = s.instances as u64;
     // docs/fleet.md, "The bound": 2%, or one request on credit per instance but the one
     // that filled it
+    // (with costs: one of the largest requests on credit per instance)
     let slack = if t < 100 {
-        t / 50 + n
+        t / 50 + n * s.units()
     } else {
-        (t / 50).max(n - 1)
+        (t / 50).max((n - 1) * s.units())
     };
     let reachable = s.faults == Faults::None;
     if reachable && s.bucket && o.bucket_excess > slack as f64 {
@@ -816,7 +868,8 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
             *o.admitted.get(&w).unwrap_or(&0)
         };
         // under 100, one request per instance either way (as for the upper bound)
-        let floor = 0.98 * t as f64 - if t < 100 { n as f64 } else { 0.0 };
+        // (with costs: the last request of a full window may not fit by up to its units)
+        let floor = 0.98 * t as f64 - if t < 100 { n as f64 } else { 0.0 } - (s.units() - 1) as f64;
         if (admitted as f64) < floor {
             why.push(format!(
                 "window {w}: admitted {admitted} of {t} although offered {offered}"
@@ -832,7 +885,7 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     if reachable && s.bucket && steady && s.span_ms >= 2 * s.period_ms {
         let refill = t as f64 * (s.span_ms - s.period_ms) as f64 / s.period_ms as f64;
         let offered = s.rate * (s.span_ms - s.period_ms) as f64 / 1000.0;
-        let floor = 0.98 * refill - if t < 100 { n as f64 } else { 0.0 };
+        let floor = 0.98 * refill - if t < 100 { n as f64 } else { 0.0 } - (s.units() - 1) as f64;
         if offered >= 1.5 * refill && (o.bucket_admitted_late as f64) < floor {
             why.push(format!(
                 "the bucket admitted {} of a refill of {refill:.0} after its first period",
@@ -966,6 +1019,47 @@ fn the_fleet_holds_its_limits_over_many_seeds() {
     assert!(
         failures.is_empty(),
         "{} seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",
+        failures.len(),
+        failures
+    );
+}
+
+/// Costs (`cost: { header }`): the same fleets and loads, each request taking 1 to `cost_max`
+/// units (up to a tenth of the threshold): every bound holds in units (the slack: one of the
+/// largest requests on credit per instance), and Redis holds exactly the units admitted.
+/// `FLEET_SIM_COST_SEEDS=<n>` runs more seeds.
+#[test]
+fn costs_keep_the_bounds_in_units_over_many_seeds() {
+    let seeds: Vec<u64> = match std::env::var("FLEET_SIM_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(seed) => vec![seed],
+        None => {
+            let n = std::env::var("FLEET_SIM_COST_SEEDS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(if cfg!(debug_assertions) { 20 } else { 500 });
+            (1..=n).collect()
+        }
+    };
+    let mut failures = Vec::new();
+    let (mut units, mut under) = (0u64, 0usize);
+    for seed in seeds {
+        let s = Scenario::draw_cost(seed);
+        let o = simulate(&s);
+        units += o.total_admitted;
+        under += o.false_refusals.len();
+        let why = check(&s, &o);
+        if !why.is_empty() {
+            eprintln!("cost seed {seed} failed: {s:?}\n  {}", why.join("\n  "));
+            failures.push(seed);
+        }
+    }
+    eprintln!("costs: {units} units admitted, {under} refusals under 0.9x");
+    assert!(
+        failures.is_empty(),
+        "{} cost seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",
         failures.len(),
         failures
     );

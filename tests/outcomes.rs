@@ -2,10 +2,13 @@
 //! `count_when` rule checks before forwarding and counts a request once its answer's status
 //! is known. The example upstream answers `/status/NNN` with that status. The rule itself is
 //! tested in-process in `tests/admission.rs`; that `redis` refuses it for now, in
-//! `tests/config_errors.rs`.
+//! `tests/config_errors.rs`. Also costs in units, on one gateway and on two sharing Redis.
 
 mod common;
-use common::{eventually, metric_sum, one_route_config, period_with_room, Edit, Gateway, Upstream};
+use common::{
+    eventually, metric_sum, one_route_config, period_with_room, wait_redis_state, Edit, Gateway,
+    RedisServer, Upstream,
+};
 use std::time::Duration;
 
 const TENANT: &str = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n";
@@ -103,4 +106,54 @@ fn a_request_takes_its_cost_in_units_through_the_gateway() {
         Some("599"),
         "no header: 1"
     );
+}
+
+/// Costs across a fleet: two gateways sharing Redis count units; Redis holds exactly the units
+/// admitted, and the fleet stops within its bound in units (docs/fleet.md "The bound": past the
+/// threshold by at most one request on credit per instance, here 30 units each).
+#[test]
+fn a_fleet_counts_costs_in_units() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let period = period_with_room(3600, 30);
+    let cfg = format!(
+        "{}{TENANT}limits:\n  - id: tokens\n    pathPattern: /**\n    cost: {{ header: x-tokens, max: 50 }}\n    tiers: [{{ period: {period}, threshold: 100 }}]\nredis:\n  url: {}\n  key_prefix: tg\n  sync_interval: 50ms\n",
+        one_route_config(up.addr, 1, ""),
+        redis.url()
+    );
+    let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
+    for gw in [&a, &b] {
+        assert!(wait_redis_state(gw, "connected"));
+    }
+    let admitted = std::cell::Cell::new(0u64);
+    let ask = |gw: &Gateway| {
+        let status = gw
+            .get("/llm", &[("x-org-id", "acme"), ("x-tokens", "30")])
+            .status;
+        if status == 200 {
+            admitted.set(admitted.get() + 30);
+        }
+        status
+    };
+    // alternate until both instances refuse
+    assert!(eventually(Duration::from_secs(10), || {
+        let (sa, sb) = (ask(&a), ask(&b));
+        sa == 429 && sb == 429
+    }));
+    let used = admitted.get();
+    assert!((90..=160).contains(&used), "admitted {used} units of 100");
+    let key = || {
+        redis
+            .counter_keys("tg:{acme}:tokens:*")
+            .first()
+            .map(|k| redis.int(&["GET", k]))
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || key() == Some(used as i64)),
+        "Redis {:?}, admitted {used}",
+        key()
+    );
+    // the refusals took nothing
+    assert_eq!(ask(&a), 429);
+    assert!(eventually(Duration::from_secs(3), || key() == Some(used as i64)));
 }

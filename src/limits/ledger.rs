@@ -296,6 +296,7 @@ pub fn direct(
     algorithm: Algorithm,
     now_ms: u64,
     instances: u64,
+    units: u64,
 ) -> Option<u64> {
     let l = &state.ledger;
     if l.leased || !direct_capable(tier, algorithm) {
@@ -315,7 +316,7 @@ pub fn direct(
     let known = state
         .current
         .saturating_add(prev)
-        .saturating_add(1)
+        .saturating_add(units)
         .saturating_add(instances.max(COLD_FLEET) * allowance);
     let unreported = l.used.saturating_sub(l.sent);
     (unreported < allowance && known <= direct_zone(tier.threshold)).then_some(allowance)
@@ -331,6 +332,7 @@ pub fn ceiling(
     now_ms: u64,
     leased: Option<u64>,
     shared: Option<u64>,
+    units: u64,
 ) -> Ceiling {
     let l = &state.ledger;
     let bucket = algorithm == Algorithm::TokenBucket;
@@ -339,7 +341,7 @@ pub fn ceiling(
         if !l.leased && direct_capable(tier, algorithm) {
             // a direct record: within the zone it admits; past it (or with its allowance
             // unreported) the request waits for the lease the next round asks for
-            return match direct(state, tier, algorithm, now_ms, n) {
+            return match direct(state, tier, algorithm, now_ms, n, units) {
                 Some(_) => Ceiling::Open,
                 None => Ceiling::LeaseUsed,
             };
@@ -347,13 +349,13 @@ pub fn ceiling(
         let credit = if l.fair == 0 {
             // no answer yet in this window: a few, so that a burst on a fresh window does not
             // wait for the first round
-            l.used < cold_credit(tier.threshold, n)
+            l.used + units <= cold_credit(tier.threshold, n)
         } else {
             // one at a time while the window had room for every instance's credit at the
             // last answer (a bucket: tokens)
-            !l.on_credit && l.room >= n && (bucket || state.current < tier.threshold)
+            !l.on_credit && l.room >= n && (bucket || state.current + units <= tier.threshold)
         };
-        let on_credit = l.used >= l.ceiling;
+        let on_credit = l.used + units > l.ceiling;
         if on_credit && !credit {
             return if l.short >= 2 {
                 Ceiling::FleetFull
@@ -377,7 +379,7 @@ pub fn ceiling(
                 now_ms,
             ));
             let margin = if on_credit { others } else { 0 };
-            if l.used + l.others + margin >= cap {
+            if l.used + l.others + margin + units > cap {
                 // the weighted count of this moment is full: no round changes that, time does
                 return Ceiling::FleetFull;
             }
@@ -385,7 +387,7 @@ pub fn ceiling(
     } else if let (Some(n), false) = (shared, bucket) {
         // a token bucket keeps its local bucket alone
         if let Some((counted, cap)) = share(state, tier, n) {
-            if counted >= cap {
+            if counted + units > cap {
                 return Ceiling::ShareUsed;
             }
         }
@@ -458,13 +460,19 @@ fn share(state: &TierState, tier: &Quota, n: u64) -> Option<(u64, u64)> {
 /// not answer under `local_share` (`share`)? Its lease, plus its part of what nobody held at
 /// the last answer; with no answer yet in this window, a window's part of what was left, and
 /// nothing for a token bucket.
-pub fn fits_after_hold(state: &TierState, tier: &Quota, algorithm: Algorithm, n: u64) -> bool {
+pub fn fits_after_hold(
+    state: &TierState,
+    tier: &Quota,
+    algorithm: Algorithm,
+    n: u64,
+    units: u64,
+) -> bool {
     let l = &state.ledger;
     if l.fair > 0 {
-        return l.used < l.ceiling.max(l.sent) + l.room / n.max(1);
+        return l.used + units <= l.ceiling.max(l.sent) + l.room / n.max(1);
     }
     algorithm != Algorithm::TokenBucket
-        && share(state, tier, n.max(2)).is_some_and(|(counted, cap)| counted < cap)
+        && share(state, tier, n.max(2)).is_some_and(|(counted, cap)| counted + units <= cap)
 }
 
 /// How a request was admitted, for the fleet's accounting.
@@ -481,9 +489,9 @@ pub enum Admitted {
 
 /// Count one admitted request. Returns whether a round should come now: the request ran on
 /// credit, half of the lease is used, or (direct) half of the allowance is unreported.
-pub fn commit(state: &mut TierState, how: Admitted) -> bool {
+pub fn commit(state: &mut TierState, how: Admitted, units: u64) -> bool {
     let l = &mut state.ledger;
-    l.used += 1;
+    l.used += units;
     match how {
         Admitted::Direct(allowance) if !l.leased => {
             let report = 2 * l.used.saturating_sub(l.sent) >= allowance;
@@ -524,18 +532,18 @@ pub fn note_full(state: &mut TierState, algorithm: Algorithm) -> bool {
 /// Note that a request was held because the lease is used: the next round asks for it (a
 /// direct record asks for leases from now on). `first`: the request was not held before;
 /// one that was is asked for again only when the last answer could not grant what waited.
-pub fn note_hold(state: &mut TierState, first: bool) {
+pub fn note_hold(state: &mut TierState, first: bool, units: u64) {
     let l = &mut state.ledger;
     l.leased = true;
     if first || l.short > 0 {
-        l.need += 1;
+        l.need += units;
     }
     l.asking = true;
 }
 
 /// Note that a request wanted this tier (admitted or not): the size of the next ask.
-pub fn note_demand(state: &mut TierState) {
-    state.ledger.demand += 1;
+pub fn note_demand(state: &mut TierState, units: u64) {
+    state.ledger.demand += units;
 }
 
 /// What a round sends for one window record of one tier.
@@ -863,12 +871,12 @@ mod tests {
         s.ledger.leased = false;
         let n = Some(3);
         for i in 1..100 {
-            assert_eq!(ceiling(&s, &t, fixed, 0, n, None), Ceiling::Open);
-            let d = direct(&s, &t, fixed, 0, 3);
+            assert_eq!(ceiling(&s, &t, fixed, 0, n, None, 1), Ceiling::Open);
+            let d = direct(&s, &t, fixed, 0, 3, 1);
             assert_eq!(d, Some(100));
             // half of the allowance unreported: a round is wanted
             assert_eq!(
-                commit(&mut s, Admitted::Direct(100)),
+                commit(&mut s, Admitted::Direct(100), 1),
                 i >= 50,
                 "request {i}"
             );
@@ -899,11 +907,11 @@ mod tests {
         assert_eq!(room(&s, &t, fixed, n, None), Some(94_998));
         // near the zone's edge (what all instances may hold unreported counted): it leases
         s.current = 25_000 - 10 * 100 - 1;
-        assert!(direct(&s, &t, fixed, 0, 3).is_some());
+        assert!(direct(&s, &t, fixed, 0, 3, 1).is_some());
         s.current += 1;
-        assert_eq!(direct(&s, &t, fixed, 0, 3), None);
-        assert_eq!(ceiling(&s, &t, fixed, 0, n, None), Ceiling::LeaseUsed);
-        note_hold(&mut s, true);
+        assert_eq!(direct(&s, &t, fixed, 0, 3, 1), None);
+        assert_eq!(ceiling(&s, &t, fixed, 0, n, None, 1), Ceiling::LeaseUsed);
+        note_hold(&mut s, true, 1);
         assert!(s.ledger.leased);
         let [None, Some(ask)] = drain(&mut s, sizing) else {
             panic!("an ask")
@@ -963,17 +971,17 @@ mod tests {
         assert_eq!(cold_credit(10, 3), 1);
         for _ in 0..2 {
             assert_eq!(
-                ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
+                ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
                 Ceiling::Open
             );
             assert!(
-                commit(&mut s, Admitted::Leased),
+                commit(&mut s, Admitted::Leased, 1),
                 "running on credit asks for a round"
             );
             s.current += 1;
         }
         assert_eq!(
-            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
             Ceiling::LeaseUsed
         );
         let ask = Ask {
@@ -1001,35 +1009,38 @@ mod tests {
         apply(&mut s, &ask, answer, 10_000);
         for _ in 0..14 {
             assert_eq!(
-                ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
+                ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
                 Ceiling::Open
             );
-            assert!(!commit(&mut s, Admitted::Leased));
+            assert!(!commit(&mut s, Admitted::Leased, 1));
         }
-        assert!(commit(&mut s, Admitted::Leased), "half of the lease used");
+        assert!(
+            commit(&mut s, Admitted::Leased, 1),
+            "half of the lease used"
+        );
         while s.ledger.used < 32 {
-            commit(&mut s, Admitted::Leased);
+            commit(&mut s, Admitted::Leased, 1);
         }
         assert_eq!(
-            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
             Ceiling::Open,
             "one on credit: the window had room"
         );
-        assert!(commit(&mut s, Admitted::Leased));
+        assert!(commit(&mut s, Admitted::Leased, 1));
         assert_eq!(
-            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
             Ceiling::LeaseUsed,
             "one at a time"
         );
         s.ledger.on_credit = false;
         s.current = 1000;
         assert_eq!(
-            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None),
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
             Ceiling::LeaseUsed,
             "no credit once the window is known to be full"
         );
         assert_eq!(
-            ceiling(&s, &t, Algorithm::FixedWindow, 0, None, None),
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, None, None, 1),
             Ceiling::Open,
             "alone"
         );
@@ -1148,8 +1159,8 @@ mod tests {
         assert_eq!(s.ledger.ceiling, 137, "lowered before Redis hears of it");
         assert_eq!((s.ledger.demand, s.ledger.drained_ms), (0, 1000));
         // held requests ask in any round, first
-        note_hold(&mut s, true);
-        note_hold(&mut s, true);
+        note_hold(&mut s, true, 1);
+        note_hold(&mut s, true, 1);
         let later = Sizing {
             spare: u64::MAX,
             now_ms: 1100,

@@ -567,7 +567,7 @@ impl Limiter {
                 }
             }
             let mut verdict = algorithm::evaluate(state, tier, algo, now, a.units);
-            ledger::note_demand(state);
+            ledger::note_demand(state, a.units);
             if !self.fleet.plain_increments() {
                 // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
                 state.ledger.leased = true;
@@ -580,7 +580,7 @@ impl Limiter {
             };
             wake |= self.fleet_ceiling(
                 state,
-                tier,
+                (tier, a.units),
                 algo,
                 now_ms,
                 (leased, shared),
@@ -620,7 +620,7 @@ impl Limiter {
     fn fleet_ceiling(
         &self,
         state: &mut TierState,
-        tier: &Quota,
+        (tier, units): (&Quota, u64),
         algo: Algorithm,
         now_ms: u64,
         (leased, shared): (Option<u64>, Option<u64>),
@@ -632,14 +632,16 @@ impl Limiter {
         let mut wake = false;
         let fleet = match verdict.allowed {
             false => Ceiling::Open,
-            true => match ledger::ceiling(state, tier, algo, now_ms, leased, shared) {
+            true => match ledger::ceiling(state, tier, algo, now_ms, leased, shared, units) {
                 // held as long as it may while Redis answered: if an answer could not
                 // grant what waited here, the fleet is full; if none said so, the rounds
                 // were only slow (a busy machine, a stalling Redis): it takes its part of
                 // what the last answer left (`ledger::fits_after_hold`)
                 Ceiling::LeaseUsed if patience == Patience::Over => {
                     let n = self.fleet.instances();
-                    if state.ledger.short == 0 && ledger::fits_after_hold(state, tier, algo, n) {
+                    if state.ledger.short == 0
+                        && ledger::fits_after_hold(state, tier, algo, n, units)
+                    {
                         Ceiling::Open
                     } else {
                         Ceiling::FleetFull
@@ -652,7 +654,7 @@ impl Limiter {
             Ceiling::Open => {
                 // what the fleet has left, as this instance knows it
                 if let Some(room) = ledger::room(state, tier, algo, leased, shared) {
-                    verdict.remaining = verdict.remaining.min(room.saturating_sub(1));
+                    verdict.remaining = verdict.remaining.min(room.saturating_sub(units));
                 }
             }
             // a shadow rule never holds a request: it runs on credit
@@ -660,7 +662,7 @@ impl Limiter {
             Ceiling::LeaseUsed => {
                 // under the limit, but this instance's lease is used: the request waits for
                 // the next round, which asks for it (it is never refused for this)
-                ledger::note_hold(state, patience == Patience::First);
+                ledger::note_hold(state, patience == Patience::First, units);
                 *held = true;
                 verdict.remaining = 0;
                 wake = true;
@@ -761,8 +763,8 @@ impl Limiter {
     /// it is not over (a throttle rule it is over, like a shadow rule it is over, is skipped).
     /// The remaining counts reported were computed as if committed.
     /// Returns whether a fleet round is wanted now.
-    /// Count one request of `units` in every tier of one counter (its states rolled to `now`).
-    /// (The fleet's ledger counts requests: a rule with a cost has no `redis`, see `config`.)
+    /// Count one request of `units` in every tier of one counter (its states rolled to `now`);
+    /// the fleet's ledger counts units too.
     fn commit_tiers(
         cr: &CompiledRule,
         list: u16,
@@ -777,14 +779,14 @@ impl Limiter {
         for (state, tier) in tiers.iter_mut().zip(cr.tiers(list)) {
             // as `check` found it (the state has not changed since)
             let how = match leased.filter(|_| !state.ledger.unreachable) {
-                Some(n) => ledger::direct(state, tier, algo, now_ms, n)
+                Some(n) => ledger::direct(state, tier, algo, now_ms, n, units)
                     .map_or(Admitted::Leased, Admitted::Direct),
                 None => Admitted::Unsynced {
                     direct_capable: ledger::direct_capable(tier, algo),
                 },
             };
             algorithm::commit(state, tier, algo, now, units);
-            wake |= ledger::commit(state, how) && leased.is_some();
+            wake |= ledger::commit(state, how, units) && leased.is_some();
         }
         wake
     }

@@ -160,7 +160,7 @@ pub(super) fn check_rules(
             concurrency,
             exempt: check_exempt(c, &base, r, plans),
             count_when: check_count_when(c, &base, r, fleet),
-            cost: check_cost(c, &base, r, fleet),
+            cost: check_cost(c, &base, r),
         }));
     }
     out
@@ -316,18 +316,12 @@ fn check_plan_tiers(
 
 /// A rule's `cost`: at least 1 and at most its smallest threshold (a request that costs more
 /// could never pass); from a header, its `max` likewise and a `default` up to it. Not with
-/// `count_when`, nor `concurrency` alone, nor (yet) with `redis`.
-fn check_cost(c: &mut Checker, base: &str, r: &RuleFile, fleet: bool) -> Cost {
+/// `count_when`, nor `concurrency` alone.
+fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
     let Some(cost) = &r.cost else {
         return Cost::One;
     };
     let path = format!("{base}.cost");
-    if fleet {
-        c.err_key(
-            &path,
-            "cost is counted on each instance alone for now: with `redis`, the fleet's leases count requests, not units; remove it or the `redis` section",
-        );
-    }
     if r.count_when.is_some() {
         c.err_key(
             &path,
