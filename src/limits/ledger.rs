@@ -322,9 +322,9 @@ pub fn direct(
     (unreported < allowance && known <= direct_zone(tier.threshold)).then_some(allowance)
 }
 
-/// Does one more request fit what this instance may admit for the fleet?
-/// `leased`: Some(instances) when Redis answers; `shared`: Some(instances) when Redis is down
-/// under `on_failure: local_share`; neither: no fleet limit applies here.
+/// Does one more request of `units` (its cost; 1 without one) fit what this instance may admit
+/// for the fleet? `leased`: Some(instances) when Redis answers; `shared`: Some(instances) when
+/// Redis is down under `on_failure: local_share`; neither: no fleet limit applies here.
 pub fn ceiling(
     state: &TierState,
     tier: &Quota,
@@ -487,7 +487,7 @@ pub enum Admitted {
     Unsynced { direct_capable: bool },
 }
 
-/// Count one admitted request. Returns whether a round should come now: the request ran on
+/// Count one admitted request of `units` (the ledger counts units). Returns whether a round should come now: the request ran on
 /// credit, half of the lease is used, or (direct) half of the allowance is unreported.
 pub fn commit(state: &mut TierState, how: Admitted, units: u64) -> bool {
     let l = &mut state.ledger;
@@ -529,8 +529,8 @@ pub fn note_full(state: &mut TierState, algorithm: Algorithm) -> bool {
     ask
 }
 
-/// Note that a request was held because the lease is used: the next round asks for it (a
-/// direct record asks for leases from now on). `first`: the request was not held before;
+/// Note that a request of `units` was held because the lease is used: the next round asks for
+/// it (a direct record asks for leases from now on). `first`: the request was not held before;
 /// one that was is asked for again only when the last answer could not grant what waited.
 pub fn note_hold(state: &mut TierState, first: bool, units: u64) {
     let l = &mut state.ledger;
@@ -541,7 +541,7 @@ pub fn note_hold(state: &mut TierState, first: bool, units: u64) {
     l.asking = true;
 }
 
-/// Note that a request wanted this tier (admitted or not): the size of the next ask.
+/// Note that a request of `units` wanted this tier (admitted or not): the size of the next ask.
 pub fn note_demand(state: &mut TierState, units: u64) {
     state.ledger.demand += units;
 }
