@@ -6,19 +6,11 @@
 //! themselves are tested in-process in `tests/admission.rs`.
 
 mod common;
-use common::{metric_sum, one_route_config, request, Edit, Gateway, Upstream};
+use common::{metric_sum, one_route_config, Edit, Gateway, Upstream};
 use std::time::Duration;
 
 const TENANT: &str =
     "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\nplans:\n  premium: [globex]\n";
-
-fn hits(up: &Upstream) -> u64 {
-    request(up.addr, "GET", "/hits", &[])
-        .expect("upstream answers")
-        .json()["hits"]
-        .as_u64()
-        .unwrap_or(0)
-}
 
 #[test]
 fn a_route_refuses_networks_with_403_and_exempt_requests_are_left_alone() {
@@ -38,7 +30,7 @@ fn a_route_refuses_networks_with_403_and_exempt_requests_are_left_alone() {
     let from = |client: &str, tenant: &str| {
         gw.get("/x", &[("x-forwarded-for", client), ("x-org-id", tenant)])
     };
-    let before = hits(&up);
+    let before = up.hits();
     for client in ["10.66.1.1", "192.168.1.1"] {
         let r = from(client, "t");
         assert_eq!(r.status, 403, "{client}");
@@ -50,7 +42,7 @@ fn a_route_refuses_networks_with_403_and_exempt_requests_are_left_alone() {
         assert!(r.header("x-ratelimit-limit").is_none());
     }
     assert_eq!(
-        hits(&up),
+        up.hits(),
         before,
         "a refused request never reaches the upstream"
     );

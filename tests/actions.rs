@@ -9,14 +9,6 @@ use std::time::{Duration, Instant};
 
 const TENANT: &str = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n";
 
-fn hits(up: &Upstream) -> u64 {
-    request(up.addr, "GET", "/hits", &[])
-        .expect("upstream answers")
-        .json()["hits"]
-        .as_u64()
-        .unwrap_or(0)
-}
-
 #[test]
 fn shadowban_answers_its_own_reply_and_the_upstream_never_sees_the_excess() {
     let up = Upstream::start("u");
@@ -35,7 +27,7 @@ fn shadowban_answers_its_own_reply_and_the_upstream_never_sees_the_excess() {
             r.body
         );
     }
-    let before = hits(&up);
+    let before = up.hits();
     for _ in 0..5 {
         let r = gw.get("/x", &t);
         assert_eq!(r.status, 200);
@@ -51,7 +43,7 @@ fn shadowban_answers_its_own_reply_and_the_upstream_never_sees_the_excess() {
             assert!(r.header(h).is_none(), "{h} would reveal the ban");
         }
     }
-    assert_eq!(hits(&up), before, "the upstream's hit count did not move");
+    assert_eq!(up.hits(), before, "the upstream's hit count did not move");
     // another tenant is served as usual
     assert!(gw
         .get("/x", &[("x-org-id", "alice")])
@@ -468,7 +460,7 @@ fn the_strictest_answer_wins_and_over_limit_answers_spend_nothing() {
     }
     // which of them reached the upstream: the 3 first and the 3 throttled (what each rule
     // counted of them is asserted in-process: tests/admission.rs, same name)
-    assert_eq!(hits(&up), 6);
+    assert_eq!(up.hits(), 6);
     let m = gw.metrics();
     for (series, want) in [
         ("{decision=\"shadowbanned\",rule=\"ban\",tier=\"1h\"}", 1.0),

@@ -4,18 +4,10 @@
 //! content is tested in-process in `tests/admission.rs`.
 
 mod common;
-use common::{metric_sum, one_route_config, request, Gateway, Upstream};
+use common::{metric_sum, one_route_config, Gateway, Upstream};
 
 const TENANT: &str =
     "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\n  required: true\n";
-
-fn hits(up: &Upstream) -> u64 {
-    request(up.addr, "GET", "/hits", &[])
-        .expect("upstream answers")
-        .json()["hits"]
-        .as_u64()
-        .unwrap_or(0)
-}
 
 #[test]
 fn get_quota_answers_what_is_left_spends_nothing_and_is_limited_per_caller() {
@@ -30,7 +22,7 @@ fn get_quota_answers_what_is_left_spends_nothing_and_is_limited_per_caller() {
     for _ in 0..2 {
         assert_eq!(gw.get("/x", &t).status, 200);
     }
-    let before = hits(&up);
+    let before = up.hits();
     let q = gw.get("/quota", &t);
     assert_eq!(q.status, 200, "{}", q.body);
     assert_eq!(q.header("content-type"), Some("application/json"));
@@ -55,7 +47,7 @@ fn get_quota_answers_what_is_left_spends_nothing_and_is_limited_per_caller() {
         gw.get("/quota", &t).json()["rules"][0]["tiers"][0]["used"],
         2
     );
-    assert_eq!(hits(&up), before);
+    assert_eq!(up.hits(), before);
     // without credentials: 401
     assert_eq!(gw.get("/quota", &[]).status, 401);
     // ten answers a second per caller: asked quickly, one is refused with Retry-After

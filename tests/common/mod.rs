@@ -113,6 +113,15 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// Requests this upstream has served (its `/hits` counter).
+    pub fn hits(&self) -> u64 {
+        request(self.addr, "GET", "/hits", &[])
+            .expect("upstream answers")
+            .json()["hits"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
     pub fn start(name: &str) -> Self {
         Self::start_on("127.0.0.1:0", name)
     }
@@ -953,4 +962,16 @@ impl Edit for str {
         );
         self.replace(from, to)
     }
+}
+
+/// Tenant ids that a naive key or partition encoding would confuse: separators, their
+/// percent-encodings, braces (Redis Cluster hash tags), spaces, and two 10 KB ids that differ
+/// in their last byte.
+pub fn hostile_tenant_ids() -> Vec<String> {
+    let mut ids: Vec<String> = ["a:b", "a%3Ab", "a{b}", "a%7Bb%7D", "%", "%25", "a b"]
+        .map(String::from)
+        .to_vec();
+    ids.push("x".repeat(10_000));
+    ids.push(format!("{}y", "x".repeat(9_999)));
+    ids
 }
