@@ -28,10 +28,19 @@ pub fn client(url: &str, access: &RedisAccess) -> Result<redis::Client, String> 
     }
     info = info.set_redis_settings(login);
     tls_crypto();
-    if access.ca.is_none() && access.client.is_none() {
-        return redis::Client::open(info).map_err(|e| e.to_string());
+    match tls_certificates(access) {
+        None => redis::Client::open(info).map_err(|e| e.to_string()),
+        Some(certs) => redis::Client::build_with_tls(info, certs).map_err(|e| e.to_string()),
     }
-    let certs = redis::TlsCertificates {
+}
+
+/// The CA and client certificate of `redis.tls`, as the redis crate takes them (`None`: the
+/// system's roots and no client certificate).
+pub fn tls_certificates(access: &RedisAccess) -> Option<redis::TlsCertificates> {
+    if access.ca.is_none() && access.client.is_none() {
+        return None;
+    }
+    Some(redis::TlsCertificates {
         client_tls: access
             .client
             .as_ref()
@@ -40,6 +49,5 @@ pub fn client(url: &str, access: &RedisAccess) -> Result<redis::Client, String> 
                 client_key: key.clone(),
             }),
         root_cert: access.ca.clone(),
-    };
-    redis::Client::build_with_tls(info, certs).map_err(|e| e.to_string())
+    })
 }

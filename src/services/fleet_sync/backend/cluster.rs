@@ -56,17 +56,8 @@ impl ClusterRedis {
         if let Some(password) = &access.password {
             b = b.password(password);
         }
-        if access.ca.is_some() || access.client.is_some() {
-            b = b.certs(redis::TlsCertificates {
-                client_tls: access
-                    .client
-                    .as_ref()
-                    .map(|(cert, key)| redis::ClientTlsConfig {
-                        client_cert: cert.clone(),
-                        client_key: key.clone(),
-                    }),
-                root_cert: access.ca.clone(),
-            });
+        if let Some(certs) = crate::config::redis_client::tls_certificates(access) {
+            b = b.certs(certs);
         }
         Ok(ClusterRedis {
             client: b.build().map_err(|e| e.to_string())?,
