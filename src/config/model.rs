@@ -341,10 +341,6 @@ impl StatusSet {
             .filter(|i| *i < 500)
             .is_some_and(|i| self.0[usize::from(i / 64)] & (1 << (i % 64)) != 0)
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.iter().all(|w| *w == 0)
-    }
 }
 
 /// What a shadowbanned request is answered.

@@ -74,6 +74,8 @@ pub struct Limiter {
     pub(crate) fleet: Arc<FleetState>,
     /// `RateLimit-Policy` values by the set of tiers that applied (bounded).
     pub(crate) policy_cache: PolicyCache,
+    /// Some rule takes its cost from a request header (`cost_refusal` has work to do).
+    header_costs: bool,
 }
 
 /// What the limiter needs to know about a request.
@@ -263,7 +265,7 @@ impl Limiter {
         clock: Arc<dyn Clock>,
         fleet: Arc<FleetState>,
     ) -> Limiter {
-        let compiled = rules
+        let compiled: Vec<CompiledRule> = rules
             .iter()
             // rules with tiers (a rule with only `concurrency` is `InFlightLimits`')
             .filter(|r| r.enabled && !r.tiers.is_empty())
@@ -314,12 +316,16 @@ impl Limiter {
                 })
             })
             .collect();
+        let header_costs = compiled
+            .iter()
+            .any(|cr| matches!(cr.rule.cost, Cost::Header { .. }));
         Limiter {
             rules: compiled,
             concurrency,
             clock,
             fleet,
             policy_cache: PolicyCache::default(),
+            header_costs,
         }
     }
 
@@ -357,6 +363,9 @@ impl Limiter {
     /// A request whose cost header is over a matching rule's `max`: what to tell the client
     /// (400), before anything is counted.
     pub fn cost_refusal(&self, req: &LimitRequest) -> Option<String> {
+        if !self.header_costs {
+            return None;
+        }
         self.rules.iter().find_map(|cr| {
             let r = &cr.rule;
             let Cost::Header { name, max, .. } = &r.cost else {
