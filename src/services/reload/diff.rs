@@ -35,7 +35,7 @@ fn lists_text(lists: &[(Option<String>, Vec<Tier>)]) -> String {
 /// Everything but the tiers that makes a rule decide differently.
 fn other_fields(rule: &Rule) -> String {
     format!(
-        "{:?} {:?} {:?} {} {:?} {:?} {} {:?} {:?} {:?}",
+        "{:?} {:?} {:?} {} {:?} {:?} {} {:?} {:?} {:?} {:?}",
         rule.matcher,
         rule.action,
         rule.status,
@@ -45,7 +45,8 @@ fn other_fields(rule: &Rule) -> String {
         rule.throttle_bps,
         rule.concurrency,
         rule.exempt,
-        rule.count_when
+        rule.count_when,
+        rule.cost
     )
 }
 
@@ -206,10 +207,13 @@ mod tests {
                 "pools changed: app",
             ]
         );
-        // what an action does, and the requests in flight
+        // what an action does, the requests in flight, and what a rule counts
         for extra in [
             ", concurrency: 4",
             ", action: throttle, throttle: { rate: 1MB/s }",
+            ", exempt: { tenants: [acme] }",
+            ", count_when: { status: [401] }",
+            ", cost: 2",
         ] {
             assert_eq!(
                 same(&config(
