@@ -923,6 +923,13 @@ fn the_quota_endpoint_tells_what_is_left_and_spends_nothing() {
         ask("?path=/other", "acme").json()["rules"][0]["rule"],
         "api"
     );
+    // without a tenant source, callers are `anonymous`, and share its ten answers a second
+    let anon = |peer: [u8; 4]| rig.send_from(IpAddr::from(peer), "GET", "/quota", &[]);
+    assert_eq!(anon([10, 0, 0, 7]).json()["tenant"], "anonymous");
+    for i in 0..9u8 {
+        assert_eq!(anon([10, 0, 1, i]).status, 200);
+    }
+    assert_eq!(anon([10, 0, 2, 1]).status, 429);
     // bad probes
     for bad in [
         "?method=PUT",
@@ -1066,6 +1073,7 @@ fn a_request_takes_its_cost_from_every_tier_or_nothing() {
     assert!(r.forwarded);
     // the most restrictive tier, in units: 120 - 50 left in the minute
     assert_eq!(r.header("x-ratelimit-remaining"), Some("70"));
+    assert_eq!(r.header("ratelimit"), Some("\"exports/1m\";r=70;t=60"));
     assert_eq!(r.header("x-ratelimit-limit"), Some("120"));
     assert!(rig.get("/export/a", "t").forwarded);
     // a third would take 150 of the minute's 120: refused whole

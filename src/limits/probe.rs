@@ -1,5 +1,5 @@
 //! The quota endpoint's own limit: at most `PROBES_PER_SECOND` answers a second to one caller
-//! (its tenant, or its client address when it has none), in bursts of as many (GCRA, on the
+//! (its tenant; callers without one share `anonymous`), in bursts of as many (GCRA, on the
 //! limiter's clock). Local to each instance: the endpoint reads this instance's counters and
 //! sends nothing to Redis, so asking it often costs the fleet nothing, and this limit keeps
 //! one caller from spending this instance's time on it. It outlives reloads.

@@ -50,12 +50,8 @@ pub fn answer(snap: &Snapshot, req: &Incoming<'_>, path: &str) -> Quota {
         Ok(t) => t,
         Err(detail) => return quota(Answer::problem(401, detail), Vec::new(), false),
     };
-    let caller = if tenant.is_empty() {
-        client.to_string().into_bytes()
-    } else {
-        tenant.clone()
-    };
-    if let Err(wait_ns) = snap.probes.admit(&caller, snap.limiter.now_ns()) {
+    // (never empty: without a tenant source the caller is `anonymous`)
+    if let Err(wait_ns) = snap.probes.admit(&tenant, snap.limiter.now_ns()) {
         let detail = format!(
             "the quota endpoint answers one caller at most {PROBES_PER_SECOND} times a second"
         );
