@@ -842,6 +842,11 @@ fn the_quota_endpoint_tells_what_is_left_and_spends_nothing() {
     assert!(!q.forwarded);
     assert_eq!(q.admitted.route, None, "answered by no route");
     assert_eq!(q.header("content-type"), Some("application/json"));
+    // the answer docs/configuration.md "The quota endpoint" shows
+    assert_eq!(
+        std::str::from_utf8(&q.body).expect("text"),
+        r#"{"plan":null,"request":null,"rules":[{"algorithm":"fixed_window","rule":"api","tiers":[{"limit":5,"period_ms":3600000,"policy":"api/1h","remaining":4,"reset":3596,"used":1},{"limit":3,"period_ms":10000,"policy":"api/10s","remaining":2,"reset":6,"used":1}]}],"tenant":"acme"}"#
+    );
     let j = q.json();
     assert_eq!(j["tenant"], "acme");
     assert_eq!(j["plan"], serde_json::Value::Null);
