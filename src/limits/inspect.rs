@@ -1,11 +1,12 @@
 //! What the counters say of one tenant, for the operator (`/api/tenants/<id>`): read-only
 //! copies, never a counter created or changed.
 
-use super::algorithm;
+use super::algorithm::{self, Quota, TierState, TierVerdict};
 use super::fleet::FleetMode;
 use super::ledger;
 use super::limiter::{Decision, LimitRequest, Limiter, TierReport, Verdict};
 use super::partition::{PartitionValue, KEY_BUF};
+use super::store::Counter;
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans};
 use smallvec::SmallVec;
 
@@ -68,9 +69,7 @@ impl Limiter {
             .filter(|cr| cr.rule.per == PartitionBy::Tenant)
             .map(|cr| {
                 let rc = &cr.counters;
-                let list = plan
-                    .and_then(|p| cr.plan_lists.get(p).copied())
-                    .unwrap_or(0);
+                let list = cr.list_of(plan);
                 let tiers = cr.tiers(list);
                 let algo = rc.algorithm();
                 let counter = rc.get(&key[..n]).filter(|c| c.list == list);
@@ -78,14 +77,9 @@ impl Limiter {
                     .iter()
                     .enumerate()
                     .map(|(i, tier)| {
-                        let mut state = counter
-                            .as_ref()
-                            .and_then(|c| c.tiers.get(i).copied())
-                            .unwrap_or_default();
-                        algorithm::roll(&mut state, tier, algo, now);
-                        let v = algorithm::evaluate(&state, tier, algo, now, 1);
+                        let (state, v) = tier_now(counter.as_ref(), i, tier, algo, now);
                         let l = &state.ledger;
-                        let remaining = if v.allowed { v.remaining + 1 } else { 0 };
+                        let remaining = v.remaining;
                         TierView {
                             period_ms: tier.period_ms,
                             threshold: tier.threshold,
@@ -130,22 +124,17 @@ impl Limiter {
         let mut arena = SmallVec::<[u8; 256]>::new();
         let mut d = Decision::none();
         let applying: SmallVec<[(u16, u16, std::ops::Range<usize>); 4]> = if every_tenant_rule {
+            // every rule counting per tenant, under the tenant's one key
             let plan = plans.plan_of(req.tenant);
+            let mut key = [0u8; KEY_BUF];
+            let n = PartitionValue::Bytes(req.tenant).store_key(&mut key);
+            arena.extend_from_slice(&key[..n]);
             self.rules
                 .iter()
                 .enumerate()
                 .filter(|(_, cr)| cr.rule.per == PartitionBy::Tenant && !req.tenant.is_empty())
                 .filter(|(_, cr)| !cr.rule.exempt.covers(req.client_ip, req.tenant, plan))
-                .map(|(i, cr)| {
-                    let start = arena.len();
-                    let mut key = [0u8; KEY_BUF];
-                    let n = PartitionValue::Bytes(req.tenant).store_key(&mut key);
-                    arena.extend_from_slice(&key[..n]);
-                    let list = plan
-                        .and_then(|p| cr.plan_lists.get(p).copied())
-                        .unwrap_or(0);
-                    (i as u16, list, start..arena.len())
-                })
+                .map(|(i, cr)| (i as u16, cr.list_of(plan), 0..n))
                 .collect()
         } else {
             self.applying(req, plans, &mut arena)
@@ -161,18 +150,7 @@ impl Limiter {
             let algo = cr.counters.algorithm();
             let counter = cr.counters.get(&arena[key]).filter(|c| c.list == list);
             for (i, tier) in cr.tiers(list).iter().enumerate() {
-                let mut state = counter
-                    .as_ref()
-                    .and_then(|c| c.tiers.get(i).copied())
-                    .unwrap_or_default();
-                algorithm::roll(&mut state, tier, algo, now);
-                let mut verdict = algorithm::evaluate(&state, tier, algo, now, 1);
-                // left now, this request not counted (it spends nothing)
-                verdict.remaining = if verdict.allowed {
-                    verdict.remaining + 1
-                } else {
-                    0
-                };
+                let (state, mut verdict) = tier_now(counter.as_ref(), i, tier, algo, now);
                 if let Some(room) = ledger::room(&state, tier, algo, leased, shared) {
                     verdict.remaining = verdict.remaining.min(room);
                 }
@@ -191,4 +169,22 @@ impl Limiter {
         d.verdict = Verdict::Allow;
         d
     }
+}
+
+/// One tier of a counter (a copy; none yet: a fresh state) as of `now`, and its verdict with
+/// `remaining` what is left now: nothing spent, nothing changed.
+fn tier_now(
+    counter: Option<&Counter>,
+    i: usize,
+    tier: &Quota,
+    algo: Algorithm,
+    now: u64,
+) -> (TierState, TierVerdict) {
+    let mut state = counter
+        .and_then(|c| c.tiers.get(i).copied())
+        .unwrap_or_default();
+    algorithm::roll(&mut state, tier, algo, now);
+    let mut v = algorithm::evaluate(&state, tier, algo, now, 1);
+    v.remaining = if v.allowed { v.remaining + 1 } else { 0 };
+    (state, v)
 }

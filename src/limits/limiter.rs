@@ -49,6 +49,12 @@ impl CompiledRule {
             .map_or(&[][..], |l| &l[..])
     }
 
+    /// The tier list a tenant of `plan` uses (0: the rule's own `tiers`).
+    pub fn list_of(&self, plan: Option<usize>) -> u16 {
+        plan.and_then(|p| self.plan_lists.get(p).copied())
+            .unwrap_or(0)
+    }
+
     /// The start of `/api/top`'s current window at `now_ms`: aligned to the rule's longest
     /// period, so that an hourly tier's denials are still there after its 1 s tier rolled.
     pub fn top_window(&self, now_ms: u64) -> u64 {
@@ -506,8 +512,8 @@ impl Limiter {
             let n = part.store_key(&mut key);
             let key_start = arena.len();
             arena.extend_from_slice(&key[..n]);
-            let list = match (&r.per, plan) {
-                (PartitionBy::Tenant, Some(p)) => cr.plan_lists.get(p).copied().unwrap_or(0),
+            let list = match r.per {
+                PartitionBy::Tenant => cr.list_of(plan),
                 _ => 0,
             };
             let units = match r.cost.of(req.headers) {
