@@ -1007,8 +1007,10 @@ fn a_count_when_rule_counts_only_the_answers_it_names() {
     );
     let login = || rig.send("POST", "/login", &[("x-org-id", "t")]);
     let late = |r: &Out, status: u16| {
-        let d = r.admitted.decision.as_ref().expect("a rule applied");
-        rig.snap.limiter.commit_late(d, status);
+        let mut d = r.admitted.decision.clone().expect("a rule applied");
+        rig.snap
+            .limiter
+            .charge_late(&mut d, status, &HeaderMap::new(), true);
     };
     // successful logins are never counted
     for _ in 0..5 {
@@ -1064,6 +1066,95 @@ fn a_count_when_rule_counts_only_the_answers_it_names() {
         Some(2),
         "one over: the one in flight"
     );
+}
+
+/// docs/configuration.md "Cost from the answer": admission checks that every tier has room,
+/// and the answer's header (or trailer) is charged when it comes; its quota headers show the
+/// charge; an answer without it costs `default`; over `max`, `max`.
+#[test]
+fn a_cost_from_the_answer_is_charged_when_the_answer_comes() {
+    let rig = Rig::new(
+        "  - id: tokens\n    pathPattern: /v1/**\n    cost: { response_header: x-usage-tokens, max: 800, default: 10 }\n    tiers: [{ period: 1m, threshold: 1000 }, { period: 1h, threshold: 5000 }]",
+        "",
+    );
+    let usage = |n: &str| {
+        let mut h = HeaderMap::new();
+        h.insert("x-usage-tokens", n.parse().expect("a value"));
+        h
+    };
+    let r = rig.get("/v1/chat", "t");
+    assert!(r.forwarded);
+    let mut d = r.admitted.decision.clone().expect("a rule applied");
+    assert_eq!(d.late.len(), 1, "owed until the answer");
+    assert_eq!(rig.used("t", "tokens"), Some(0), "checked, not charged");
+    // the answer's header: charged at once, and its quota headers say so
+    rig.snap
+        .limiter
+        .charge_late(&mut d, 200, &usage("400"), false);
+    assert!(d.late.is_empty());
+    assert_eq!(rig.used("t", "tokens"), Some(400));
+    let mut h = HeaderMap::new();
+    tollgate::limits::headers::apply(
+        &mut h,
+        &rig.snap.limiter,
+        &d,
+        rig.snap.config.headers,
+        false,
+    );
+    assert_eq!(h["x-ratelimit-remaining"], "600");
+    // no header: the trailers may carry it; they do
+    let r = rig.get("/v1/chat", "t");
+    let mut d = r.admitted.decision.clone().expect("a rule applied");
+    rig.snap
+        .limiter
+        .charge_late(&mut d, 200, &HeaderMap::new(), false);
+    assert_eq!(d.late.len(), 1, "waits for the trailers");
+    rig.snap
+        .limiter
+        .charge_late(&mut d, 200, &usage("100"), false);
+    assert_eq!(rig.used("t", "tokens"), Some(500));
+    // neither: the default at the end; a malformed value: the default; over max: max
+    for (value, used) in [(None, 510), (Some("lots"), 520), (Some("900"), 1320)] {
+        let r = rig.get("/v1/chat", "t");
+        assert!(r.forwarded, "room for one unit at {used}");
+        let mut d = r.admitted.decision.clone().expect("a rule applied");
+        let h = value.map_or_else(HeaderMap::new, usage);
+        rig.snap.limiter.charge_late(&mut d, 200, &h, true);
+        assert_eq!(rig.used("t", "tokens"), Some(used));
+    }
+    // past the minute's threshold by the request that was in flight: refused until it rolls
+    let r = rig.get("/v1/chat", "t");
+    assert_eq!(r.status, 429);
+    assert!(r.header("retry-after").is_some());
+    rig.clock.advance_ms(60_000);
+    assert!(rig.get("/v1/chat", "t").forwarded);
+}
+
+/// docs/configuration.md "Counting by outcome": `count_when` and a `cost` together charge
+/// the cost of the answers it names only.
+#[test]
+fn count_when_charges_the_rules_cost() {
+    let rig = Rig::new(
+        "  - id: errors\n    pathPattern: /**\n    cost: 5\n    count_when: { status: [5xx] }\n    tiers: [{ period: 1m, threshold: 12 }]",
+        "",
+    );
+    let send = |status: u16, remaining: &str| {
+        let r = rig.get("/x", "t");
+        let mut d = r.admitted.decision.clone().expect("a rule applied");
+        // checked as if counted
+        assert_eq!(r.header("x-ratelimit-remaining"), Some(remaining));
+        rig.snap
+            .limiter
+            .charge_late(&mut d, status, &HeaderMap::new(), true);
+    };
+    send(200, "7");
+    assert_eq!(rig.used("t", "errors"), Some(0));
+    send(502, "7");
+    assert_eq!(rig.used("t", "errors"), Some(5));
+    send(500, "2");
+    assert_eq!(rig.used("t", "errors"), Some(10));
+    // 2 units left: a request that costs 5 does not fit
+    assert_eq!(rig.get("/x", "t").status, 429);
 }
 
 /// docs/configuration.md "Cost per request": one request takes `cost` units from every tier of

@@ -830,18 +830,13 @@ fn count_when_is_checked() {
         17,
         &["limits[0].count_when", "action delay"],
     );
-    // not yet fleet-wide: refused with `redis`
-    assert_error(
-        &format!(
-            "{}redis:\n  url: redis://127.0.0.1:6379\n",
-            rule("{ status: [401] }")
-        ),
-        24,
-        5,
-        &["limits[0].count_when", "with `redis`", "fleet"],
-    );
+    // fleet-wide too: accepted with `redis`
     let dir = TempDir::new();
-    let path = dir.write("gateway.yaml", &rule("{ status: [401, 5xx] }"));
+    let text = format!(
+        "{}redis:\n  url: redis://127.0.0.1:6379\n",
+        rule("{ status: [401, 5xx] }")
+    );
+    let path = dir.write("gateway.yaml", &text);
     let (code, _, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
     assert_eq!(code, 0, "{err}");
 }
@@ -874,15 +869,45 @@ fn cost_is_checked() {
         &["limits[0].cost.default", "1 to max (10)"],
     );
     assert_error(
-        &format!("{}    count_when: {{ status: [401] }}\n", rule("5")),
+        &rule("{ header: x-cost }"),
         24,
-        5,
-        &["limits[0].cost", "count_when"],
+        11,
+        &["limits[0].cost", "needs `max`", "400"],
     );
-    // fleet-wide too: accepted with `redis`
+    assert_error(
+        &rule("{ header: x-cost, response_header: x-usage, max: 5 }"),
+        24,
+        11,
+        &["limits[0].cost", "exactly one"],
+    );
+    assert_error(
+        &rule("{ max: 5 }"),
+        24,
+        11,
+        &["limits[0].cost", "either a request `header` or a `response_header`"],
+    );
+    assert_error(
+        &rule("{ response_header: x-usage, max: 11 }"),
+        24,
+        44,
+        &["limits[0].cost.max", "1 to 10", "one answer fills a window", "got 11"],
+    );
+    assert_error(
+        &rule("{ response_header: \"x usage\" }"),
+        24,
+        30,
+        &["limits[0].cost.response_header"],
+    );
+    assert_error(
+        &format!("{BASE}    action: delay\n    cost: {{ response_header: x-usage }}\n"),
+        25,
+        11,
+        &["limits[0].cost", "action delay"],
+    );
+    // with count_when, and fleet-wide too: accepted with `redis`
     let dir = TempDir::new();
     let text = format!(
-        "{}redis:\n  url: redis://127.0.0.1:6379\n",
+        "{}    count_when: {{ status: [429] }}\n  - id: llm\n    pathPattern: /v1/**\n    tiers: [{{ period: 1m, threshold: 1000 }}]\n    cost: {{ response_header: x-usage-tokens }}\nredis:\n  url: redis://127.0.0.1:6379\n",
         rule("{ header: x-cost, max: 10 }")
     );
     let path = dir.write("gateway.yaml", &text);

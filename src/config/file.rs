@@ -610,7 +610,8 @@ pub struct RuleFile {
     /// Count a request only when its answer's status is one of these.
     #[serde(default)]
     pub count_when: Option<CountWhenFile>,
-    /// Units a request takes from every tier: a number, or `{ header, max, default }`.
+    /// Units a request takes from every tier: a number, `{ header, max, default }`, or
+    /// `{ response_header, max, default }`.
     #[serde(default)]
     pub cost: Option<CostFile>,
 }
@@ -627,9 +628,15 @@ pub enum CostFile {
 #[serde(deny_unknown_fields)]
 pub struct CostHeaderFile {
     /// The request header that carries the cost, set by a trusted source.
-    pub header: String,
-    /// A larger value is a bad request (400).
-    pub max: i64,
+    #[serde(default)]
+    pub header: Option<String>,
+    /// Or the response header (or trailer) of the upstream's answer that carries it: the
+    /// cost is charged once the answer is known.
+    #[serde(default)]
+    pub response_header: Option<String>,
+    /// A larger request cost is a bad request (400); a larger response cost is charged `max`.
+    #[serde(default)]
+    pub max: Option<i64>,
     /// The cost of a request without the header, or with a malformed value (1 by default).
     #[serde(default)]
     pub default: Option<i64>,

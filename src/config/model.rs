@@ -277,6 +277,14 @@ pub struct Rule {
     pub cost: Cost,
 }
 
+impl Rule {
+    /// The rule charges a request once its answer is known (`count_when`, or a cost the
+    /// answer carries), not at admission.
+    pub fn charges_late(&self) -> bool {
+        self.count_when.is_some() || matches!(self.cost, Cost::Response { .. })
+    }
+}
+
 /// A rule's `cost`: the units one request takes from each of its tiers.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Cost {
@@ -287,6 +295,14 @@ pub enum Cost {
     /// From a request header (trusted to be set by the caller's platform): a value over `max`
     /// is a bad request; a missing or malformed one costs `default`.
     Header {
+        name: HeaderName,
+        max: u64,
+        default: u64,
+    },
+    /// From the upstream's answer: its response header, or a trailer of that name. Admission
+    /// checks that the tiers have room for one unit; the cost is charged when the answer
+    /// brings it (over `max`: `max`; missing or malformed: `default`).
+    Response {
         name: HeaderName,
         max: u64,
         default: u64,
@@ -302,26 +318,53 @@ pub enum HeaderCost {
 }
 
 impl Cost {
-    /// The units of a request with these headers.
+    /// The units of a request with these headers (a cost taken from the answer: the one unit
+    /// admission checks room for).
     pub fn of(&self, headers: &http::HeaderMap) -> HeaderCost {
         match self {
-            Cost::One => HeaderCost::Units(1),
+            Cost::One | Cost::Response { .. } => HeaderCost::Units(1),
             Cost::Units(n) => HeaderCost::Units(*n),
-            Cost::Header { name, max, default } => {
-                let value = headers
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::trim)
-                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                    .map(|v| v.parse::<u64>().unwrap_or(u64::MAX));
-                match value {
-                    None | Some(0) => HeaderCost::Units(*default),
-                    Some(v) if v > *max => HeaderCost::TooHigh(v),
-                    Some(v) => HeaderCost::Units(v),
-                }
-            }
+            Cost::Header { name, max, default } => match units_in(headers, name) {
+                None | Some(0) => HeaderCost::Units(*default),
+                Some(v) if v > *max => HeaderCost::TooHigh(v),
+                Some(v) => HeaderCost::Units(v),
+            },
         }
     }
+
+    /// `Cost::Response`: what an answer with these headers (or trailers) is charged, `None`
+    /// when they do not carry the cost.
+    pub fn of_answer(&self, headers: &http::HeaderMap) -> Option<u64> {
+        match self {
+            Cost::Response { name, max, default } => {
+                headers.get(name)?;
+                Some(match units_in(headers, name) {
+                    None | Some(0) => *default,
+                    Some(v) => v.min(*max),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The most a request of this rule may be charged.
+    pub fn most(&self) -> u64 {
+        match self {
+            Cost::One => 1,
+            Cost::Units(n) => *n,
+            Cost::Header { max, .. } | Cost::Response { max, .. } => *max,
+        }
+    }
+}
+
+/// A header's value as a count of units (`u64::MAX` past it); `None`: missing or not digits.
+fn units_in(headers: &http::HeaderMap, name: &HeaderName) -> Option<u64> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+        .map(|v| v.parse::<u64>().unwrap_or(u64::MAX))
 }
 
 /// A set of HTTP statuses, 100 to 599.

@@ -156,18 +156,20 @@ pub struct Decision {
     pub applied: SmallVec<[(u16, bool); 4]>,
     /// Some enforcing tier waits for the fleet (its lease is used).
     pub held: bool,
-    /// Rules that count this request only once its answer is known (`count_when`):
-    /// `Limiter::commit_late` counts it there.
+    /// Rules that charge this request only once its answer is known (`count_when`, a cost
+    /// the answer carries): `Limiter::charge_late` charges it there.
     pub late: Vec<Late>,
 }
 
-/// A count owed by a forwarded request to a `count_when` rule.
+/// A charge owed by a forwarded request to a rule that charges late.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Late {
     rule: u16,
     list: u16,
     hash: u64,
     key: Box<[u8]>,
+    /// The units admission checked room for (and its quota reports assumed).
+    units: u64,
 }
 
 impl Decision {
@@ -469,12 +471,13 @@ impl Limiter {
             wake |= self.commit(&applying, &mut slots, &decision, now, mode);
             // a rule is charged only what it would let through, late or not
             for (a, &(_, violated)) in applying.iter().zip(&decision.applied) {
-                if !violated && self.rules[a.rule as usize].rule.count_when.is_some() {
+                if !violated && self.rules[a.rule as usize].rule.charges_late() {
                     decision.late.push(Late {
                         rule: a.rule,
                         list: a.list,
                         hash: a.hash,
                         key: arena[a.key_start..a.key_end].into(),
+                        units: a.units,
                     });
                 }
             }
@@ -806,44 +809,83 @@ impl Limiter {
         wake
     }
 
-    /// Count a forwarded request in the `count_when` rules whose statuses hold `status`, now
-    /// that its answer is known (late: the count may pass a threshold by the requests that were
-    /// in flight when it filled).
-    pub fn commit_late(&self, d: &Decision, status: u16) {
+    /// Charge a forwarded request to the rules that charge once its answer is known, as far as
+    /// this part of the answer tells: `status` (`count_when`), and `headers`, the response's
+    /// headers or its trailers (a cost the answer carries). `last`: nothing more of the answer
+    /// will come, so a cost it did not carry is the rule's `default`. Charged entries leave
+    /// `d.late`, and the quota reports of their rules are corrected to the charge (admission
+    /// assumed the units it checked). Late: the count may pass a threshold by what the requests
+    /// in flight when it filled are charged.
+    pub fn charge_late(&self, d: &mut Decision, status: u16, headers: &HeaderMap, last: bool) {
         if d.late.is_empty() {
             return;
         }
         let now = self.clock.now_ns();
-        let mode = self.fleet.mode();
-        let leased = match mode {
+        let leased = match self.fleet.mode() {
             FleetMode::Leased { instances } => Some(instances),
             _ => None,
         };
         let mut wake = false;
-        for late in &d.late {
-            let Some(cr) = self.rules.get(usize::from(late.rule)) else {
+        let mut i = 0;
+        while i < d.late.len() {
+            let Some(cr) = self.rules.get(usize::from(d.late[i].rule)) else {
+                d.late.swap_remove(i);
                 continue;
             };
-            if !cr.rule.count_when.is_some_and(|s| s.contains(status)) {
-                continue;
-            }
-            let rc = &cr.counters;
-            let algo = rc.algorithm();
-            let mut shard = rc.lock(RuleCounters::shard_of_hash(late.hash));
-            // an untracked partition (the store at its cap) is judged on its estimate alone
-            let Ok(c) = rc.counter(&mut shard, &late.key, late.hash, late.list, now) else {
-                continue;
-            };
-            for (ti, (state, tier)) in c.tiers.iter_mut().zip(cr.tiers(late.list)).enumerate() {
-                if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
-                    rc.keep_orphan(&late.key, late.list, ti, orphan);
+            let r = &cr.rule;
+            let charge = if r.count_when.is_some_and(|s| !s.contains(status)) {
+                Some(0)
+            } else {
+                match &r.cost {
+                    Cost::Response { default, .. } => {
+                        r.cost.of_answer(headers).or(last.then_some(*default))
+                    }
+                    _ => Some(d.late[i].units),
                 }
+            };
+            let Some(charge) = charge else {
+                // the trailers may carry it
+                i += 1;
+                continue;
+            };
+            let late = d.late.swap_remove(i);
+            for t in d.tiers.iter_mut().filter(|t| t.rule == late.rule) {
+                t.verdict.remaining = (t.verdict.remaining + late.units)
+                    .saturating_sub(charge)
+                    .min(t.threshold);
             }
-            wake |= Self::commit_tiers(cr, late.list, &mut c.tiers, now, leased, 1);
+            if charge > 0 {
+                wake |= self.charge(cr, &late, charge, now, leased);
+            }
         }
         if wake {
             self.fleet.want_round();
         }
+    }
+
+    /// Count `units` of a late charge in its counter, rolled to `now`. Returns whether a fleet
+    /// round is wanted now.
+    fn charge(
+        &self,
+        cr: &CompiledRule,
+        late: &Late,
+        units: u64,
+        now: u64,
+        leased: Option<u64>,
+    ) -> bool {
+        let rc = &cr.counters;
+        let algo = rc.algorithm();
+        let mut shard = rc.lock(RuleCounters::shard_of_hash(late.hash));
+        // an untracked partition (the store at its cap) is judged on its estimate alone
+        let Ok(c) = rc.counter(&mut shard, &late.key, late.hash, late.list, now) else {
+            return false;
+        };
+        for (ti, (state, tier)) in c.tiers.iter_mut().zip(cr.tiers(late.list)).enumerate() {
+            if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
+                rc.keep_orphan(&late.key, late.list, ti, orphan);
+            }
+        }
+        Self::commit_tiers(cr, late.list, &mut c.tiers, now, leased, units)
     }
 
     fn commit(
@@ -869,8 +911,8 @@ impl Limiter {
                 continue;
             };
             let cr = &self.rules[a.rule as usize];
-            if cr.rule.count_when.is_some() {
-                // counted once the answer's status is known (`commit_late`)
+            if cr.rule.charges_late() {
+                // charged once the answer is known (`charge_late`)
                 continue;
             }
             wake |= Self::commit_tiers(cr, a.list, &mut c.tiers, now, leased, a.units);

@@ -92,7 +92,6 @@ pub(super) fn check_rules(
     prefix: &str,
     list: &[RuleFile],
     plans: &Plans,
-    fleet: bool,
 ) -> Vec<Arc<Rule>> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
@@ -159,7 +158,7 @@ pub(super) fn check_rules(
             throttle_bps,
             concurrency,
             exempt: check_exempt(c, &base, r, plans),
-            count_when: check_count_when(c, &base, r, fleet),
+            count_when: check_count_when(c, &base, r),
             cost: check_cost(c, &base, r),
         }));
     }
@@ -167,18 +166,10 @@ pub(super) fn check_rules(
 }
 
 /// A rule's `count_when`: statuses (`401`) and classes (`"5xx"`); not with `action: delay`
-/// (a delayed request would wait for a count taken after its answer), nor without tiers, nor
-/// (yet) with `redis`: a count taken after the answer does not hold the fleet's bound (an
-/// instance learns the fleet is full only from its own counts, which come late).
-fn check_count_when(c: &mut Checker, base: &str, r: &RuleFile, fleet: bool) -> Option<StatusSet> {
+/// (a delayed request would wait for a count taken after its answer), nor without tiers.
+fn check_count_when(c: &mut Checker, base: &str, r: &RuleFile) -> Option<StatusSet> {
     let cw = r.count_when.as_ref()?;
     let path = format!("{base}.count_when");
-    if fleet {
-        c.err_key(
-            &path,
-            "count_when is counted on each instance alone for now: with `redis`, counts taken after the answers would not hold the fleet's bound; remove it or the `redis` section",
-        );
-    }
     if r.action == Action::Delay {
         c.err(
             &path,
@@ -315,19 +306,15 @@ fn check_plan_tiers(
 }
 
 /// A rule's `cost`: at least 1 and at most its smallest threshold (a request that costs more
-/// could never pass); from a header, its `max` likewise and a `default` up to it. Not with
-/// `count_when`, nor `concurrency` alone.
+/// could never pass); from a request header, its `max` likewise and a `default` up to it; from
+/// the answer (`response_header`), `max` the smallest threshold unless given (one answer fills
+/// a window at most). Not with `concurrency` alone; a cost from the answer not with
+/// `action: delay` (as `count_when`).
 fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
     let Some(cost) = &r.cost else {
         return Cost::One;
     };
     let path = format!("{base}.cost");
-    if r.count_when.is_some() {
-        c.err_key(
-            &path,
-            "cost and count_when do not go together yet: count_when counts one unit per answer",
-        );
-    }
     let smallest = r
         .tiers
         .iter()
@@ -345,41 +332,80 @@ fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
         // the tiers' own errors say why
         return Cost::One;
     }
-    let units = |c: &mut Checker, at: &str, n: i64, what: &str| -> u64 {
+    let units = |c: &mut Checker, at: &str, n: i64, what: &str, why: &str| -> u64 {
         if n < 1 || n > smallest {
             c.err(
                 at,
-                format!("{what} must be 1 to {smallest} (the rule's smallest threshold: a request that costs more could never pass), got {n}"),
+                format!("{what} must be 1 to {smallest} (the rule's smallest threshold: {why}), got {n}"),
             );
             1
         } else {
             n as u64
         }
     };
-    match cost {
-        CostFile::Units(n) => match units(c, &path, *n, "cost") {
-            1 => Cost::One,
-            n => Cost::Units(n),
-        },
-        CostFile::Header(h) => {
-            let name = header_name(c, &format!("{path}.header"), &h.header);
-            let max = units(c, &format!("{path}.max"), h.max, "max");
-            let default = match h.default {
-                None => 1,
-                Some(d) if (1..=max as i64).contains(&d) => d as u64,
-                Some(d) => {
-                    c.err(
-                        &format!("{path}.default"),
-                        format!("default must be 1 to max ({max}), got {d}"),
-                    );
-                    1
-                }
-            };
-            match name {
-                Some(name) => Cost::Header { name, max, default },
-                None => Cost::One,
+    const NEVER: &str = "a request that costs more could never pass";
+    let h = match cost {
+        CostFile::Units(n) => {
+            return match units(c, &path, *n, "cost", NEVER) {
+                1 => Cost::One,
+                n => Cost::Units(n),
             }
         }
+        CostFile::Header(h) => h,
+    };
+    let (name, at_answer) = match (&h.header, &h.response_header) {
+        (Some(name), None) => (header_name(c, &format!("{path}.header"), name), false),
+        (None, Some(name)) => (
+            header_name(c, &format!("{path}.response_header"), name),
+            true,
+        ),
+        _ => {
+            c.err(
+                &path,
+                "cost names either a request `header` or a `response_header` (the upstream's answer carries the cost), exactly one of them",
+            );
+            return Cost::One;
+        }
+    };
+    if at_answer && r.action == Action::Delay {
+        c.err(
+            &path,
+            "a cost taken from the answer is charged after it; action delay would hold requests for a charge not yet taken: use reject, shadow, shadowban or throttle",
+        );
+    }
+    let max = match (h.max, at_answer) {
+        (Some(m), false) => units(c, &format!("{path}.max"), m, "max", NEVER),
+        (Some(m), true) => units(
+            c,
+            &format!("{path}.max"),
+            m,
+            "max",
+            "one answer fills a window at most",
+        ),
+        (None, true) => smallest as u64,
+        (None, false) => {
+            c.err(
+                &path,
+                "a cost from a request header needs `max`: a larger value is refused (400)",
+            );
+            1
+        }
+    };
+    let default = match h.default {
+        None => 1,
+        Some(d) if (1..=max as i64).contains(&d) => d as u64,
+        Some(d) => {
+            c.err(
+                &format!("{path}.default"),
+                format!("default must be 1 to max ({max}), got {d}"),
+            );
+            1
+        }
+    };
+    match (name, at_answer) {
+        (Some(name), false) => Cost::Header { name, max, default },
+        (Some(name), true) => Cost::Response { name, max, default },
+        (None, _) => Cost::One,
     }
 }
 
