@@ -5,7 +5,8 @@
 //! and echoing the method, path and request headers, so tests can see what reached the
 //! upstream. `/healthz` answers 200 `ok`; `/status/NNN` answers with status NNN; `/delay/MS`
 //! (anywhere in the path) answers after MS milliseconds, and may be combined with `/bytes/N`,
-//! which answers N bytes; `/hits` answers how many requests it served before (but `/healthz` and `/hits`). With
+//! which answers N bytes; `/usage/N` adds `x-usage-tokens: N` to the answer (a cost the
+//! answer carries); `/hits` answers how many requests it served before (but `/healthz` and `/hits`). With
 //! `UPSTREAM_TLS=CERT:KEY` (PEM files) it speaks HTTPS.
 
 use pingora::tls::ssl::{Ssl, SslAcceptor, SslFiletype, SslMethod};
@@ -162,8 +163,14 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, name: String) {
             503 => "Service Unavailable",
             _ => "Status",
         };
+        // `/usage/N` anywhere in the path: the answer says it cost N (`x-usage-tokens`)
+        let usage = path
+            .split_once("/usage/")
+            .and_then(|(_, n)| n.split('/').next())
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(String::new(), |n| format!("x-usage-tokens: {n}\r\n"));
         let resp = format!(
-            "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{}\r\n{body}",
+            "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{usage}{}\r\n{body}",
             body.len(),
             if close { "connection: close\r\n" } else { "" }
         );

@@ -1010,7 +1010,7 @@ fn a_count_when_rule_counts_only_the_answers_it_names() {
         let mut d = r.admitted.decision.clone().expect("a rule applied");
         rig.snap
             .limiter
-            .charge_late(&mut d, status, &HeaderMap::new(), true);
+            .charge_late(&mut d, status, &HeaderMap::new());
     };
     // successful logins are never counted
     for _ in 0..5 {
@@ -1069,8 +1069,8 @@ fn a_count_when_rule_counts_only_the_answers_it_names() {
 }
 
 /// docs/configuration.md "Cost from the answer": admission checks that every tier has room,
-/// and the answer's header (or trailer) is charged when it comes; its quota headers show the
-/// charge; an answer without it costs `default`; over `max`, `max`.
+/// and the answer's header is charged when it comes; its quota headers show the charge; an
+/// answer without it costs `default`; over `max`, `max`; a second charge takes nothing.
 #[test]
 fn a_cost_from_the_answer_is_charged_when_the_answer_comes() {
     let rig = Rig::new(
@@ -1088,11 +1088,11 @@ fn a_cost_from_the_answer_is_charged_when_the_answer_comes() {
     assert_eq!(d.late.len(), 1, "owed until the answer");
     assert_eq!(rig.used("t", "tokens"), Some(0), "checked, not charged");
     // the answer's header: charged at once, and its quota headers say so
-    rig.snap
-        .limiter
-        .charge_late(&mut d, 200, &usage("400"), false);
+    rig.snap.limiter.charge_late(&mut d, 200, &usage("400"));
     assert!(d.late.is_empty());
     assert_eq!(rig.used("t", "tokens"), Some(400));
+    rig.snap.limiter.charge_late(&mut d, 200, &usage("400"));
+    assert_eq!(rig.used("t", "tokens"), Some(400), "charged once");
     let mut h = HeaderMap::new();
     tollgate::limits::headers::apply(
         &mut h,
@@ -1102,24 +1102,17 @@ fn a_cost_from_the_answer_is_charged_when_the_answer_comes() {
         false,
     );
     assert_eq!(h["x-ratelimit-remaining"], "600");
-    // no header: the trailers may carry it; they do
     let r = rig.get("/v1/chat", "t");
     let mut d = r.admitted.decision.clone().expect("a rule applied");
-    rig.snap
-        .limiter
-        .charge_late(&mut d, 200, &HeaderMap::new(), false);
-    assert_eq!(d.late.len(), 1, "waits for the trailers");
-    rig.snap
-        .limiter
-        .charge_late(&mut d, 200, &usage("100"), false);
+    rig.snap.limiter.charge_late(&mut d, 200, &usage("100"));
     assert_eq!(rig.used("t", "tokens"), Some(500));
-    // neither: the default at the end; a malformed value: the default; over max: max
+    // none: the default; a malformed value: the default; over max: max
     for (value, used) in [(None, 510), (Some("lots"), 520), (Some("900"), 1320)] {
         let r = rig.get("/v1/chat", "t");
         assert!(r.forwarded, "room for one unit at {used}");
         let mut d = r.admitted.decision.clone().expect("a rule applied");
         let h = value.map_or_else(HeaderMap::new, usage);
-        rig.snap.limiter.charge_late(&mut d, 200, &h, true);
+        rig.snap.limiter.charge_late(&mut d, 200, &h);
         assert_eq!(rig.used("t", "tokens"), Some(used));
     }
     // past the minute's threshold by the request that was in flight: refused until it rolls
@@ -1145,7 +1138,7 @@ fn count_when_charges_the_rules_cost() {
         assert_eq!(r.header("x-ratelimit-remaining"), Some(remaining));
         rig.snap
             .limiter
-            .charge_late(&mut d, status, &HeaderMap::new(), true);
+            .charge_late(&mut d, status, &HeaderMap::new());
     };
     send(200, "7");
     assert_eq!(rig.used("t", "errors"), Some(0));

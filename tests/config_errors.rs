@@ -830,6 +830,20 @@ fn count_when_is_checked() {
         17,
         &["limits[0].count_when", "action delay"],
     );
+    // a token bucket with `redis`: not yet
+    assert_error(
+        &format!(
+            "{}    algorithm: token_bucket\nredis:\n  url: redis://127.0.0.1:6379\n",
+            rule("{ status: [401] }")
+        ),
+        25,
+        16,
+        &[
+            "limits[0].algorithm",
+            "token_bucket",
+            "fixed_window or sliding_window",
+        ],
+    );
     // fleet-wide too: accepted with `redis`
     let dir = TempDir::new();
     let text = format!(
@@ -884,13 +898,21 @@ fn cost_is_checked() {
         &rule("{ max: 5 }"),
         24,
         11,
-        &["limits[0].cost", "either a request `header` or a `response_header`"],
+        &[
+            "limits[0].cost",
+            "either a request `header` or a `response_header`",
+        ],
     );
     assert_error(
         &rule("{ response_header: x-usage, max: 11 }"),
         24,
         44,
-        &["limits[0].cost.max", "1 to 10", "one answer fills a window", "got 11"],
+        &[
+            "limits[0].cost.max",
+            "1 to 10",
+            "one answer fills a window",
+            "got 11",
+        ],
     );
     assert_error(
         &rule("{ response_header: \"x usage\" }"),

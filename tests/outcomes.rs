@@ -1,8 +1,10 @@
 //! Counting by outcome through real processes (docs/configuration.md "Counting by outcome"): a
 //! `count_when` rule checks before forwarding and counts a request once its answer's status
-//! is known. The example upstream answers `/status/NNN` with that status. The rule itself is
-//! tested in-process in `tests/admission.rs`; that `redis` refuses it for now, in
-//! `tests/config_errors.rs`. Also costs in units, on one gateway and on two sharing Redis.
+//! is known. The example upstream answers `/status/NNN` with that status, and `/usage/N` with
+//! `x-usage-tokens: N` (a cost the answer carries, docs/configuration.md "Cost from the
+//! answer"). The rules themselves are tested in-process in `tests/admission.rs`, their bounds
+//! fleet-wide in `tests/fleet_sim.rs`. Also costs in units, on one gateway and on two sharing
+//! Redis, and late charges on two sharing Redis.
 
 mod common;
 use common::{
@@ -156,4 +158,116 @@ fn a_fleet_counts_costs_in_units() {
     // the refusals took nothing
     assert_eq!(ask(&a), 429);
     assert!(eventually(Duration::from_secs(3), || key() == Some(used as i64)));
+}
+
+/// docs/configuration.md "Cost from the answer", through the real gateway: admitted while the
+/// window has room, charged what the answer's `x-usage-tokens` says (its quota headers show
+/// it), an answer without it costs `default`, and past the threshold by the one in flight the
+/// next is refused.
+#[test]
+fn a_cost_from_the_answer_is_charged_through_the_gateway() {
+    let up = Upstream::start("u");
+    let period = period_with_room(3600, 20);
+    let gw = Gateway::start(&format!(
+        "{}{TENANT}limits:\n  - id: tokens\n    pathPattern: /v1/**\n    cost: {{ response_header: x-usage-tokens, default: 50 }}\n    tiers: [{{ period: {period}, threshold: 1000 }}]\n",
+        one_route_config(up.addr, 1, "")
+    ));
+    let t = [("x-org-id", "acme")];
+    let r = gw.get("/v1/chat/usage/400", &t);
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("x-usage-tokens"),
+        Some("400"),
+        "the client sees it too"
+    );
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("600"),
+        "the charge shown"
+    );
+    let r = gw.get("/v1/chat", &t);
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("550"),
+        "no header: default, 50"
+    );
+    let r = gw.get("/v1/chat/usage/900", &t);
+    assert_eq!(r.status, 200, "admitted: the window had room");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    let r = gw.get("/v1/chat/usage/1", &t);
+    assert_eq!(
+        r.status, 429,
+        "1350 of 1000 charged: refused until the window ends"
+    );
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(up.hits(), 3);
+}
+
+/// Late charges across a fleet (docs/fleet.md "Late charges"): two gateways sharing Redis,
+/// one rule counting 5xx answers and one charging what the answers carry. Redis holds exactly
+/// what was charged, and both gateways refuse once the fleet's count is full.
+#[test]
+fn a_fleet_takes_late_charges() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let period = period_with_room(3600, 30);
+    let cfg = format!(
+        "{}{TENANT}limits:\n  - id: errors\n    pathPattern: /status/**\n    count_when: {{ status: [5xx] }}\n    tiers: [{{ period: {period}, threshold: 6 }}]\n  - id: tokens\n    pathPattern: /v1/**\n    cost: {{ response_header: x-usage-tokens }}\n    tiers: [{{ period: {period}, threshold: 100 }}]\nredis:\n  url: {}\n  key_prefix: tg\n  sync_interval: 50ms\n",
+        one_route_config(up.addr, 1, ""),
+        redis.url()
+    );
+    let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
+    for gw in [&a, &b] {
+        assert!(wait_redis_state(gw, "connected"));
+    }
+    let t = [("x-org-id", "acme")];
+    let key = |rule: &str| {
+        redis
+            .counter_keys(&format!("tg:{{acme}}:{rule}:*"))
+            .first()
+            .map(|k| redis.int(&["GET", k]))
+    };
+    // successes are not counted; six 5xx answers, three on each gateway
+    for gw in [&a, &b] {
+        for _ in 0..4 {
+            assert_eq!(gw.get("/status/200", &t).status, 200);
+        }
+        for _ in 0..3 {
+            assert_eq!(gw.get("/status/503", &t).status, 503);
+        }
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || key("errors") == Some(6)),
+        "Redis holds {:?}",
+        key("errors")
+    );
+    // the fleet is full: both refuse, even an answer that would have succeeded
+    for gw in [&a, &b] {
+        assert!(eventually(Duration::from_secs(5), || gw
+            .get("/status/200", &t)
+            .status
+            == 429));
+    }
+    // the answers' costs: 30 a request, alternating, until both refuse
+    let charged = std::cell::Cell::new(0i64);
+    let ask = |gw: &Gateway| {
+        let status = gw.get("/v1/usage/30", &t).status;
+        if status == 200 {
+            charged.set(charged.get() + 30);
+        }
+        status
+    };
+    assert!(eventually(Duration::from_secs(10), || {
+        let (sa, sb) = (ask(&a), ask(&b));
+        sa == 429 && sb == 429
+    }));
+    // past 100 by at most what was in flight when each instance's share filled (one request
+    // each here: they go one at a time)
+    let used = charged.get();
+    assert!((90..=160).contains(&used), "charged {used} of 100");
+    assert!(
+        eventually(Duration::from_secs(5), || key("tokens") == Some(used)),
+        "Redis {:?}, charged {used}",
+        key("tokens")
+    );
 }

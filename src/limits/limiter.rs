@@ -809,14 +809,13 @@ impl Limiter {
         wake
     }
 
-    /// Charge a forwarded request to the rules that charge once its answer is known, as far as
-    /// this part of the answer tells: `status` (`count_when`), and `headers`, the response's
-    /// headers or its trailers (a cost the answer carries). `last`: nothing more of the answer
-    /// will come, so a cost it did not carry is the rule's `default`. Charged entries leave
-    /// `d.late`, and the quota reports of their rules are corrected to the charge (admission
-    /// assumed the units it checked). Late: the count may pass a threshold by what the requests
-    /// in flight when it filled are charged.
-    pub fn charge_late(&self, d: &mut Decision, status: u16, headers: &HeaderMap, last: bool) {
+    /// Charge a forwarded request to the rules that charge once its answer is known: its
+    /// `status` (`count_when`) and its `headers` (a cost the answer carries; without it, the
+    /// rule's `default`). Charged entries leave `d.late` (a second call charges nothing), and
+    /// the quota reports of their rules are corrected to the charge (admission assumed the
+    /// units it checked). Late: the count may pass a threshold by what the requests in flight
+    /// when it filled are charged.
+    pub fn charge_late(&self, d: &mut Decision, status: u16, headers: &HeaderMap) {
         if d.late.is_empty() {
             return;
         }
@@ -826,29 +825,19 @@ impl Limiter {
             _ => None,
         };
         let mut wake = false;
-        let mut i = 0;
-        while i < d.late.len() {
-            let Some(cr) = self.rules.get(usize::from(d.late[i].rule)) else {
-                d.late.swap_remove(i);
+        for late in std::mem::take(&mut d.late) {
+            let Some(cr) = self.rules.get(usize::from(late.rule)) else {
                 continue;
             };
             let r = &cr.rule;
             let charge = if r.count_when.is_some_and(|s| !s.contains(status)) {
-                Some(0)
+                0
             } else {
                 match &r.cost {
-                    Cost::Response { default, .. } => {
-                        r.cost.of_answer(headers).or(last.then_some(*default))
-                    }
-                    _ => Some(d.late[i].units),
+                    Cost::Response { default, .. } => r.cost.of_answer(headers).unwrap_or(*default),
+                    _ => late.units,
                 }
             };
-            let Some(charge) = charge else {
-                // the trailers may carry it
-                i += 1;
-                continue;
-            };
-            let late = d.late.swap_remove(i);
             for t in d.tiers.iter_mut().filter(|t| t.rule == late.rule) {
                 t.verdict.remaining = (t.verdict.remaining + late.units)
                     .saturating_sub(charge)

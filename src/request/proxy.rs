@@ -348,12 +348,12 @@ impl ProxyHttp for Gateway {
         if let Some(snap) = &ctx.snapshot {
             if let Some(decision) = &mut ctx.admitted.decision {
                 // rules that charge once the answer is known: its status, a cost its headers
-                // carry (the quota headers below show the charge)
+                // carry (the quota headers below show the charge). Not from trailers: the
+                // upstream speaks HTTP/1.1, whose trailers Pingora 0.9 does not pass on.
                 snap.limiter.charge_late(
                     decision,
                     upstream_response.status.as_u16(),
                     &upstream_response.headers,
-                    false,
                 );
                 with_header_map(upstream_response, |h| {
                     headers::apply(h, &snap.limiter, decision, snap.config.headers, false)
@@ -568,21 +568,6 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    /// A cost the answer carries in a trailer (HTTP/2 upstreams: Pingora 0.9 does not read an
-    /// HTTP/1.1 upstream's trailers) is charged when the trailers arrive.
-    fn upstream_response_trailer_filter(
-        &self,
-        session: &mut Session,
-        trailers: &mut http::HeaderMap,
-        ctx: &mut RequestCtx,
-    ) -> Result<()> {
-        if let (Some(snap), Some(d)) = (&ctx.snapshot, &mut ctx.admitted.decision) {
-            let status = session.response_written().map_or(200, |r| r.status.as_u16());
-            snap.limiter.charge_late(d, status, trailers, false);
-        }
-        Ok(())
-    }
-
     /// `action: throttle`: each chunk of the response body waits its share of the pace (a
     /// timer; no worker thread is blocked).
     fn response_body_filter(
@@ -601,10 +586,10 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(CLIENT_GONE, |r| r.status);
         // what is still owed to rules that charge after the answer (an answer the gateway
-        // made, a cost neither the headers nor the trailers carried: the rule's default)
+        // made itself, say a 502: a cost from the answer is the rule's default)
         if let (Some(snap), Some(d)) = (&ctx.snapshot, &mut ctx.admitted.decision) {
             snap.limiter
-                .charge_late(d, status.as_u16(), &http::HeaderMap::new(), true);
+                .charge_late(d, status.as_u16(), &http::HeaderMap::new());
         }
         let took = ctx.started.elapsed();
         let route = match (&ctx.snapshot, ctx.admitted.route) {
