@@ -614,6 +614,10 @@ pub struct RuleFile {
     /// `{ response_header, max, default }`.
     #[serde(default)]
     pub cost: Option<CostFile>,
+    /// What the quota counts (`request` by default; say `tokens` for a cost in tokens): the
+    /// IETF `RateLimit-Policy`'s `qu`.
+    #[serde(default)]
+    pub unit: Option<String>,
 }
 
 /// A rule's `cost` as written.

@@ -275,6 +275,8 @@ pub struct Rule {
     pub count_when: Option<StatusSet>,
     /// The units a request takes from every tier.
     pub cost: Cost,
+    /// What the quota counts, when not requests (`RateLimit-Policy`'s `qu`).
+    pub unit: Option<Box<str>>,
 }
 
 impl Rule {

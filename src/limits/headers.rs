@@ -226,12 +226,20 @@ mod tests {
                     threshold: 100,
                 },
             ],
+            None,
         );
         assert_eq!(&*t[0].name, "\"get-product/10s\"");
         assert_eq!(&*t[0].policy, "\"get-product/10s\";q=50;w=10");
         assert_eq!(&*t[1].policy, "\"get-product/500ms\";q=5;w=1");
         assert_eq!(&*t[2].name, "\"get-product/1m\"");
         assert_eq!(t[2].limit, "100");
+        // a quota in units of its own says so (`qu`)
+        let tokens = [Tier {
+            period: Duration::from_secs(60),
+            threshold: 100_000,
+        }];
+        let t = tier_texts("llm", &tokens, Some("tokens"));
+        assert_eq!(&*t[0].policy, "\"llm/1m\";q=100000;w=60;qu=\"tokens\"");
         assert_eq!(number(7), "7");
         assert_eq!(number(123_456), "123456");
     }

@@ -286,7 +286,10 @@ impl Limiter {
                         lists.push((Some(plans.names[p].clone()), t.clone()));
                     }
                 }
-                let texts = lists.iter().map(|(_, t)| tier_texts(&r.id, t)).collect();
+                let texts = lists
+                    .iter()
+                    .map(|(_, t)| tier_texts(&r.id, t, r.unit.as_deref()))
+                    .collect();
                 let top_period_ms = lists
                     .iter()
                     .flat_map(|(_, t)| t.iter())

@@ -24,8 +24,9 @@ fn write_window_secs(out: &mut String, ms: u64) {
     let _ = write!(out, "{}", ms.div_ceil(1000).max(1));
 }
 
-/// The texts of a tier list of rule `id`.
-pub fn tier_texts(id: &str, tiers: &[Tier]) -> Vec<TierText> {
+/// The texts of a tier list of rule `id`, whose quota counts `unit` (`None`: requests; else the
+/// draft's `qu` parameter says it).
+pub fn tier_texts(id: &str, tiers: &[Tier], unit: Option<&str>) -> Vec<TierText> {
     tiers
         .iter()
         .map(|t| {
@@ -38,6 +39,9 @@ pub fn tier_texts(id: &str, tiers: &[Tier]) -> Vec<TierText> {
             let mut policy = name.clone();
             let _ = write!(policy, ";q={};w=", t.threshold);
             write_window_secs(&mut policy, ms);
+            if let Some(unit) = unit {
+                let _ = write!(policy, ";qu=\"{unit}\"");
+            }
             TierText {
                 name: name.into(),
                 policy: policy.into(),

@@ -161,10 +161,31 @@ pub(super) fn check_rules(
             exempt: check_exempt(c, &base, r, plans),
             count_when: check_count_when(c, &base, r),
             cost: check_cost(c, &base, r),
+            unit: check_unit(c, &base, r),
         }));
         check_late_bucket(c, &base, r, fleet);
     }
     out
+}
+
+/// A rule's `unit`: a lowercase token of up to 32 letters, digits and dashes (`request`, the
+/// default, leaves `qu` out). The draft registers `request`, `content-bytes` and
+/// `concurrent-requests`; a cost is often in units of its own (`tokens`).
+fn check_unit(c: &mut Checker, base: &str, r: &RuleFile) -> Option<Box<str>> {
+    let unit = r.unit.as_deref()?;
+    let ok = (1..=32).contains(&unit.len())
+        && unit.as_bytes()[0].is_ascii_lowercase()
+        && unit
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !ok {
+        c.err(
+            &format!("{base}.unit"),
+            format!("{unit:?} is not a unit: expected a lowercase name of up to 32 letters, digits and dashes, such as tokens or content-bytes"),
+        );
+        return None;
+    }
+    (unit != "request").then(|| unit.into())
 }
 
 /// Charges after the answer (`count_when`, a cost from the answer) on a `token_bucket` with

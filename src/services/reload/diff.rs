@@ -35,7 +35,7 @@ fn lists_text(lists: &[(Option<String>, Vec<Tier>)]) -> String {
 /// Everything but the tiers that makes a rule decide differently.
 fn other_fields(rule: &Rule) -> String {
     format!(
-        "{:?} {:?} {:?} {} {:?} {:?} {} {:?} {:?} {:?} {:?}",
+        "{:?} {:?} {:?} {} {:?} {:?} {} {:?} {:?} {:?} {:?} {:?}",
         rule.matcher,
         rule.action,
         rule.status,
@@ -46,7 +46,8 @@ fn other_fields(rule: &Rule) -> String {
         rule.concurrency,
         rule.exempt,
         rule.count_when,
-        rule.cost
+        rule.cost,
+        rule.unit
     )
 }
 
@@ -214,6 +215,7 @@ mod tests {
             ", exempt: { tenants: [acme] }",
             ", count_when: { status: [401] }",
             ", cost: 2",
+            ", unit: tokens",
         ] {
             assert_eq!(
                 same(&config(
