@@ -3,7 +3,8 @@
 //! `upstream [ADDR] [NAME]` (default 127.0.0.1:9001, name = ADDR) prints `listening on ADDR`
 //! once bound (ADDR may use port 0). Every request gets 200 with a JSON body naming the server
 //! and echoing the method, path and request headers, so tests can see what reached the
-//! upstream. `/healthz` answers 200 `ok`; `/status/NNN` answers with status NNN; `/delay/MS`
+//! upstream. `/healthz` answers 200 `ok`; `/status/NNN` (or any path with the request header
+//! `x-answer-status: NNN`) answers with status NNN; `/delay/MS`
 //! (anywhere in the path) answers after MS milliseconds, and may be combined with `/bytes/N`,
 //! which answers N bytes; `/usage/N` adds `x-usage-tokens: N` to the answer (a cost the
 //! answer carries); `/hits` answers how many requests it served before (but `/healthz` and `/hits`). With
@@ -134,7 +135,14 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, name: String) {
             (200, "x".repeat(n.min(64 << 20)))
         } else if let Some(code) = path
             .strip_prefix("/status/")
+            .or_else(|| {
+                headers
+                    .iter()
+                    .find(|(k, _)| k == "x-answer-status")
+                    .map(|(_, v)| v.as_str())
+            })
             .and_then(|c| c.parse::<u16>().ok())
+            .filter(|c| (200..=599).contains(c))
         {
             (
                 code,

@@ -926,6 +926,12 @@ fn cost_is_checked() {
         11,
         &["limits[0].cost", "action delay"],
     );
+    assert_error(
+        &format!("{BASE}    unit: Tokens\n"),
+        24,
+        11,
+        &["limits[0].unit", "\"Tokens\" is not a unit", "lowercase"],
+    );
     // with count_when, and fleet-wide too: accepted with `redis`
     let dir = TempDir::new();
     let text = format!(
