@@ -1,6 +1,7 @@
 //! Durations as written in the config file: an integer (seconds) or a string with a unit
 //! (`ms`, `s`, `m`, `h`), e.g. `10`, `"500ms"`, `"1m"`.
 
+use super::calendar::CalendarUnit;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use std::fmt;
@@ -32,6 +33,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "ms" => 1,
         "m" => 60_000,
         "h" => 3_600_000,
+        "d" | "w" | "mo" => {
+            return Err(format!(
+                "invalid duration {text:?}: a tier's period may be one calendar day, week or month (1d, 1w, 1mo); a fixed length is written in hours, such as \"48h\""
+            ))
+        }
         other => {
             return Err(format!(
                 "invalid duration unit {other:?} in {text:?}: expected one of ms, s, m, h"
@@ -66,43 +72,92 @@ pub fn write_duration_ms(out: &mut String, ms: u64) {
     };
 }
 
+/// A tier's period as written: a fixed length (`10s`, `24h`), or a calendar day, week or month
+/// (`1d`, `1w`, `1mo`: see `calendar`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeriodFile {
+    Fixed(Duration),
+    Calendar(CalendarUnit),
+}
+
+/// A period's name in quota headers, metrics and summaries: `10s`, `1h`, or `1d`, `1w`, `1mo`.
+pub fn write_period(out: &mut String, ms: u64, calendar: Option<CalendarUnit>) {
+    match calendar {
+        Some(unit) => out.push_str(unit.as_str()),
+        None => write_duration_ms(out, ms),
+    }
+}
+
+impl<'de> Deserialize<'de> for PeriodFile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PeriodVisitor;
+        impl Visitor<'_> for PeriodVisitor {
+            type Value = PeriodFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(
+                    f,
+                    "{ACCEPTED}, or 1d, 1w, 1mo (a calendar day, week or month)"
+                )
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<PeriodFile, E> {
+                DurationVisitor.visit_u64(v).map(|d| PeriodFile::Fixed(d.0))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<PeriodFile, E> {
+                DurationVisitor.visit_i64(v).map(|d| PeriodFile::Fixed(d.0))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<PeriodFile, E> {
+                DurationVisitor.visit_f64(v).map(|d| PeriodFile::Fixed(d.0))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<PeriodFile, E> {
+                match CalendarUnit::parse(v) {
+                    Some(unit) => Ok(PeriodFile::Calendar(unit)),
+                    None => parse_duration(v).map(PeriodFile::Fixed).map_err(E::custom),
+                }
+            }
+        }
+        deserializer.deserialize_any(PeriodVisitor)
+    }
+}
+
 impl fmt::Display for ConfDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&format_duration(self.0))
     }
 }
 
+struct DurationVisitor;
+
+impl Visitor<'_> for DurationVisitor {
+    type Value = ConfDuration;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(ACCEPTED)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<ConfDuration, E> {
+        v.checked_mul(1000)
+            .map(|ms| ConfDuration(Duration::from_millis(ms)))
+            .ok_or_else(|| E::custom("duration too large"))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<ConfDuration, E> {
+        if v < 0 {
+            return Err(E::custom(format!(
+                "invalid duration {v}: must not be negative; expected {ACCEPTED}"
+            )));
+        }
+        self.visit_u64(v as u64)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<ConfDuration, E> {
+        Err(E::custom(format!(
+            "invalid duration {v}: fractions are not accepted, write \"{}ms\" instead",
+            (v * 1000.0).round()
+        )))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<ConfDuration, E> {
+        parse_duration(v).map(ConfDuration).map_err(E::custom)
+    }
+}
+
 impl<'de> Deserialize<'de> for ConfDuration {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct DurationVisitor;
-        impl Visitor<'_> for DurationVisitor {
-            type Value = ConfDuration;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(ACCEPTED)
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<ConfDuration, E> {
-                v.checked_mul(1000)
-                    .map(|ms| ConfDuration(Duration::from_millis(ms)))
-                    .ok_or_else(|| E::custom("duration too large"))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<ConfDuration, E> {
-                if v < 0 {
-                    return Err(E::custom(format!(
-                        "invalid duration {v}: must not be negative; expected {ACCEPTED}"
-                    )));
-                }
-                self.visit_u64(v as u64)
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<ConfDuration, E> {
-                Err(E::custom(format!(
-                    "invalid duration {v}: fractions are not accepted, write \"{}ms\" instead",
-                    (v * 1000.0).round()
-                )))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<ConfDuration, E> {
-                parse_duration(v).map(ConfDuration).map_err(E::custom)
-            }
-        }
         deserializer.deserialize_any(DurationVisitor)
     }
 }

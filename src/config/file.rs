@@ -2,7 +2,7 @@
 //! meaning. `validate` turns it into the running model. Unknown keys are errors everywhere, so
 //! a typo never silently disables a limit.
 
-use super::duration::ConfDuration;
+use super::duration::{ConfDuration, PeriodFile};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -618,6 +618,16 @@ pub struct RuleFile {
     /// IETF `RateLimit-Policy`'s `qu`.
     #[serde(default)]
     pub unit: Option<String>,
+    /// The time zone of the calendar tiers (`1d`, `1w`, `1mo`): UTC by default.
+    #[serde(default)]
+    pub calendar: Option<CalendarFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalendarFile {
+    /// An IANA time zone, such as Europe/Berlin.
+    pub tz: String,
 }
 
 /// A rule's `cost` as written.
@@ -745,7 +755,7 @@ pub enum Action {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TierFile {
-    pub period: ConfDuration,
+    pub period: PeriodFile,
     pub threshold: Threshold,
 }
 

@@ -2,6 +2,7 @@
 //! model (`model`, with the TLS `certificates` it names), with every error located (`error`,
 //! `locate`).
 
+pub mod calendar;
 pub mod certificates;
 pub mod defaults;
 pub mod duration;

@@ -237,8 +237,24 @@ impl Plans {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tier {
+    /// A calendar tier's usual length (`CalendarUnit::nominal_ms`).
     pub period: Duration,
     pub threshold: u64,
+    /// `1d`, `1w`, `1mo`: windows of the calendar, in the rule's time zone.
+    pub calendar: Option<super::calendar::Calendar>,
+}
+
+impl Tier {
+    /// The period's name: `10s`, `1h`, `1mo`.
+    pub fn label(&self) -> String {
+        let mut out = String::new();
+        super::duration::write_period(
+            &mut out,
+            self.period.as_millis() as u64,
+            self.calendar.map(|c| c.unit),
+        );
+        out
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

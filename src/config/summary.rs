@@ -7,7 +7,7 @@ use std::fmt::Write;
 pub(crate) fn tiers_text(tiers: &[Tier]) -> String {
     tiers
         .iter()
-        .map(|t| format!("{}/{}", t.threshold, format_duration(t.period)))
+        .map(|t| format!("{}/{}", t.threshold, t.label()))
         .collect::<Vec<_>>()
         .join(" + ")
 }

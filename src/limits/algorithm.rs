@@ -13,6 +13,7 @@
 
 use super::clock::NANOS_PER_MS;
 use super::ledger::{Ledger, Orphan};
+use crate::config::calendar::Calendar;
 use crate::config::model::Algorithm;
 
 /// The state of one tier of one counter.
@@ -20,6 +21,8 @@ use crate::config::model::Algorithm;
 pub struct TierState {
     /// Windows: start of the current window (ms since the epoch).
     pub window_start_ms: u64,
+    /// Windows: its end (0: not known yet; `roll` sets it).
+    pub window_end_ms: u64,
     /// Windows: requests counted in the current window.
     pub current: u64,
     /// Sliding window: requests counted in the previous window.
@@ -43,11 +46,36 @@ pub struct TierVerdict {
 }
 
 /// What one tier allows, in the algorithms' own terms: `threshold` requests per `period_ms`
-/// (the limiter compiles a config tier into one).
+/// (the limiter compiles a config tier into one). A calendar tier's windows are the
+/// calendar's (`period_ms` is then its usual length).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Quota {
     pub threshold: u64,
     pub period_ms: u64,
+    pub calendar: Option<Calendar>,
+}
+
+impl Quota {
+    /// The window holding `now_ms`: start and end (end excluded). Fixed lengths are aligned
+    /// to the epoch; calendar windows to local midnight, Monday, the 1st.
+    pub fn window_of(&self, now_ms: u64) -> (u64, u64) {
+        match &self.calendar {
+            Some(c) => c.window_of(now_ms),
+            None => {
+                let p = period_ms(self);
+                let start = now_ms / p * p;
+                (start, start + p)
+            }
+        }
+    }
+
+    /// The end of the window that starts at `start_ms`.
+    pub fn window_end(&self, start_ms: u64) -> u64 {
+        match &self.calendar {
+            Some(c) => c.window_of(start_ms).1,
+            None => start_ms + period_ms(self),
+        }
+    }
 }
 
 fn period_ms(tier: &Quota) -> u64 {
@@ -68,21 +96,31 @@ pub fn roll(
     algorithm: Algorithm,
     now_ns: u64,
 ) -> Option<Orphan> {
-    let p = period_ms(tier);
-    let start = (now_ns / NANOS_PER_MS) / p * p;
-    if start > state.window_start_ms {
-        // token buckets keep their state; their fleet ledger still counts per window
-        let adjacent = state.window_start_ms + p == start;
-        if algorithm != Algorithm::TokenBucket {
-            state.previous = if adjacent { state.current } else { 0 };
-            state.current = 0;
-        }
-        let old = std::mem::replace(&mut state.window_start_ms, start);
-        return state
-            .ledger
-            .roll(old, algorithm == Algorithm::TokenBucket, adjacent);
+    let now_ms = now_ns / NANOS_PER_MS;
+    if now_ms < state.window_end_ms {
+        return None;
     }
-    None
+    let (start, end) = tier.window_of(now_ms);
+    if start <= state.window_start_ms {
+        // the same window, its end not known yet (a state made elsewhere)
+        state.window_end_ms = end;
+        return None;
+    }
+    // token buckets keep their state; their fleet ledger still counts per window
+    let old_end = match state.window_end_ms {
+        0 => tier.window_end(state.window_start_ms),
+        e => e,
+    };
+    let adjacent = old_end == start;
+    state.window_end_ms = end;
+    if algorithm != Algorithm::TokenBucket {
+        state.previous = if adjacent { state.current } else { 0 };
+        state.current = 0;
+    }
+    let old = std::mem::replace(&mut state.window_start_ms, start);
+    state
+        .ledger
+        .roll(old, algorithm == Algorithm::TokenBucket, adjacent)
 }
 
 /// Would a request of `units` pass (one request costs 1), for this instance alone? Call `roll`
@@ -99,8 +137,7 @@ pub fn evaluate(
     let now_ms = now_ns / NANOS_PER_MS;
     match algorithm {
         Algorithm::FixedWindow => {
-            let p = period_ms(tier);
-            let reset_ms = (state.window_start_ms + p).saturating_sub(now_ms).max(1);
+            let reset_ms = window_end(state, tier).saturating_sub(now_ms).max(1);
             let allowed = state.current.saturating_add(units) <= threshold;
             TierVerdict {
                 allowed,
@@ -197,11 +234,20 @@ pub fn commit(state: &mut TierState, tier: &Quota, algorithm: Algorithm, now_ns:
     }
 }
 
+/// The end of the state's current window (as `roll` set it, or its usual length).
+fn window_end(state: &TierState, tier: &Quota) -> u64 {
+    if state.window_end_ms > state.window_start_ms {
+        state.window_end_ms
+    } else {
+        state.window_start_ms + period_ms(tier)
+    }
+}
+
 /// Until when (ms since the epoch) this state still matters; after that it can be dropped.
 pub fn needed_until_ms(state: &TierState, tier: &Quota, algorithm: Algorithm) -> u64 {
     let p = period_ms(tier);
     match algorithm {
-        Algorithm::FixedWindow => state.window_start_ms + p,
+        Algorithm::FixedWindow => window_end(state, tier),
         Algorithm::SlidingWindow => state.window_start_ms + 2 * p,
         Algorithm::TokenBucket => state.tat_ns / NANOS_PER_MS + 1,
     }
@@ -229,6 +275,7 @@ mod tests {
 
     fn tier(period_s: u64, threshold: u64) -> Quota {
         Quota {
+            calendar: None,
             period_ms: period_s * 1000,
             threshold,
         }

@@ -106,11 +106,9 @@ impl ByTier {
     }
 }
 
-/// The `tier` label of a tier: its period (`1s`, `10s`, `1h`, `500ms`).
+/// The `tier` label of a tier: its period (`1s`, `10s`, `1h`, `500ms`, `1mo`).
 pub fn tier_label(tier: &Tier) -> String {
-    let mut out = String::new();
-    crate::config::duration::write_duration_ms(&mut out, tier.period.as_millis() as u64);
-    out
+    tier.label()
 }
 
 /// The `tier` label values of one rule's decision series (for removing them on reload).

@@ -9,7 +9,7 @@
 
 use super::limiter::{Decision, Limiter, TierReport};
 use super::policy::{PolicyCache, TierText};
-use crate::config::duration::write_duration_ms;
+use crate::config::duration::write_period;
 use crate::config::model::HeaderSettings;
 use crate::problem;
 use bytes::Bytes;
@@ -180,7 +180,7 @@ pub fn denial_body(limiter: &Limiter, d: &Decision, status: u16) -> Bytes {
             "rate limit {} exceeded: {} per ",
             limiter.rules[first.rule as usize].rule.id, first.threshold
         );
-        write_duration_ms(&mut detail, first.period_ms);
+        write_period(&mut detail, first.period_ms, first.calendar);
     }
     let violated: Vec<serde_json::Value> = d
         .tiers
@@ -214,14 +214,17 @@ mod tests {
             "get-product",
             &[
                 Tier {
+                    calendar: None,
                     period: Duration::from_secs(10),
                     threshold: 50,
                 },
                 Tier {
+                    calendar: None,
                     period: Duration::from_millis(500),
                     threshold: 5,
                 },
                 Tier {
+                    calendar: None,
                     period: Duration::from_secs(60),
                     threshold: 100,
                 },
@@ -235,6 +238,7 @@ mod tests {
         assert_eq!(t[2].limit, "100");
         // a quota in units of its own says so (`qu`)
         let tokens = [Tier {
+            calendar: None,
             period: Duration::from_secs(60),
             threshold: 100_000,
         }];

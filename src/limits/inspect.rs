@@ -160,6 +160,7 @@ impl Limiter {
                     tier: i as u8,
                     threshold: tier.threshold,
                     period_ms: tier.period_ms,
+                    calendar: tier.calendar.map(|c| c.unit),
                     verdict,
                     shadow: false,
                 });

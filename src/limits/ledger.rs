@@ -839,6 +839,7 @@ mod tests {
 
     fn tier(threshold: u64) -> Quota {
         Quota {
+            calendar: None,
             period_ms: 10_000,
             threshold,
         }

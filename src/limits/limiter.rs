@@ -16,6 +16,7 @@ use super::partition::{PartitionValue, KEY_BUF};
 use super::policy::{tier_texts, PolicyCache, TierText};
 use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked};
 use super::top;
+use crate::config::calendar::CalendarUnit;
 use crate::config::model::{Action, Algorithm, Cost, HeaderCost, PartitionBy, Plans, Rule, Tier};
 use crate::matching::Segments;
 use http::{HeaderMap, Method};
@@ -67,6 +68,7 @@ impl From<&Tier> for Quota {
         Quota {
             threshold: tier.threshold,
             period_ms: tier.period.as_millis() as u64,
+            calendar: tier.calendar,
         }
     }
 }
@@ -105,6 +107,8 @@ pub struct TierReport {
     pub tier: u8,
     pub threshold: u64,
     pub period_ms: u64,
+    /// A calendar tier (`1d`, `1w`, `1mo`).
+    pub calendar: Option<CalendarUnit>,
     pub verdict: TierVerdict,
     pub shadow: bool,
 }
@@ -620,6 +624,7 @@ impl Limiter {
                 tier: ti as u8,
                 threshold: tier.threshold,
                 period_ms: tier.period_ms,
+                calendar: tier.calendar.map(|c| c.unit),
                 verdict,
                 shadow,
             });

@@ -2,7 +2,6 @@
 //! policy (`TierText`), and a bounded cache of `RateLimit-Policy` values by the set of tiers
 //! that applied (`PolicyCache`, filled by `headers`).
 
-use crate::config::duration::write_duration_ms;
 use crate::config::model::Tier;
 use http::HeaderValue;
 use parking_lot::RwLock;
@@ -34,11 +33,15 @@ pub fn tier_texts(id: &str, tiers: &[Tier], unit: Option<&str>) -> Vec<TierText>
             let mut name = String::from("\"");
             name.push_str(id);
             name.push('/');
-            write_duration_ms(&mut name, ms);
+            name.push_str(&t.label());
             name.push('"');
             let mut policy = name.clone();
-            let _ = write!(policy, ";q={};w=", t.threshold);
-            write_window_secs(&mut policy, ms);
+            let _ = write!(policy, ";q={}", t.threshold);
+            // (a calendar window has no one length: `w` is left out, as the draft allows)
+            if t.calendar.is_none() {
+                policy.push_str(";w=");
+                write_window_secs(&mut policy, ms);
+            }
             if let Some(unit) = unit {
                 let _ = write!(policy, ";qu=\"{unit}\"");
             }

@@ -16,6 +16,7 @@
 use super::algorithm::Quota;
 use super::algorithm::{self, TierState};
 use super::ledger::Orphan;
+use crate::config::calendar::Calendar;
 use crate::config::model::{Algorithm, PartitionBy, Tier};
 use ahash::RandomState;
 use arc_swap::ArcSwap;
@@ -42,9 +43,10 @@ pub struct RuleIdentity {
     pub id: String,
     pub algorithm: Algorithm,
     pub per: PartitionBy,
-    /// The periods of each tier list. Index 0: the rule's `tiers`; then one list per plan that
-    /// has its own, by plan name.
-    pub lists: Vec<(Option<String>, Vec<Duration>)>,
+    /// The periods of each tier list (and their calendars: a time zone changed is another
+    /// window). Index 0: the rule's `tiers`; then one list per plan that has its own, by plan
+    /// name.
+    pub lists: Vec<(Option<String>, Vec<(Duration, Option<Calendar>)>)>,
 }
 
 impl RuleIdentity {
@@ -61,7 +63,10 @@ impl RuleIdentity {
             per: per.clone(),
             lists: lists
                 .iter()
-                .map(|(name, tiers)| (name.clone(), tiers.iter().map(|t| t.period).collect()))
+                .map(|(name, tiers)| {
+                    let periods = tiers.iter().map(|t| (t.period, t.calendar)).collect();
+                    (name.clone(), periods)
+                })
                 .collect(),
         }
     }
@@ -441,6 +446,7 @@ mod tests {
 
     fn tiers() -> Vec<Vec<Tier>> {
         vec![vec![Tier {
+            calendar: None,
             period: Duration::from_secs(10),
             threshold: 100,
         }]]

@@ -8,7 +8,7 @@
 //! is counted, and nothing goes to Redis; the endpoint is itself limited per caller
 //! (`limits::probe`).
 
-use crate::config::duration::write_duration_ms;
+use crate::config::duration::write_period;
 use crate::config::model::TenantMode;
 use crate::limits::headers;
 use crate::limits::probe::PROBES_PER_SECOND;
@@ -102,7 +102,7 @@ fn report(
             .filter(|t| t.rule == rule)
             .map(|t| {
                 let mut period = String::new();
-                write_duration_ms(&mut period, t.period_ms);
+                write_period(&mut period, t.period_ms, t.calendar);
                 json!({
                     "policy": format!("{}/{period}", cr.rule.id),
                     "limit": t.threshold,

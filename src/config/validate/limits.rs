@@ -6,7 +6,15 @@ use super::*;
 /// `q=` of `RateLimit-Policy` is one.
 pub const MAX_THRESHOLD: i64 = 999_999_999_999_999;
 
-pub(super) fn check_tiers(c: &mut Checker, base: &str, tiers: &[TierFile]) -> Vec<Tier> {
+/// A rule's tiers (or a plan's). `zone`: the rule's calendar time zone (checked by the
+/// caller), for tiers of `1d`, `1w`, `1mo`, which only a fixed window counts.
+pub(super) fn check_tiers(
+    c: &mut Checker,
+    base: &str,
+    tiers: &[TierFile],
+    algorithm: Algorithm,
+    zone: &str,
+) -> Vec<Tier> {
     if tiers.is_empty() {
         c.err(
             base,
@@ -25,7 +33,24 @@ pub(super) fn check_tiers(c: &mut Checker, base: &str, tiers: &[TierFile]) -> Ve
     let mut out: Vec<Tier> = Vec::new();
     for (i, t) in tiers.iter().enumerate().take(MAX_TIERS) {
         let p = format!("{base}[{i}]");
-        let period = t.period.0;
+        let (period, calendar) = match t.period {
+            PeriodFile::Fixed(d) => (d, None),
+            PeriodFile::Calendar(unit) => {
+                if algorithm != Algorithm::FixedWindow {
+                    c.err(
+                        &format!("{p}.period"),
+                        format!(
+                            "a calendar period ({}) needs algorithm fixed_window: a {algorithm} has no calendar; write a fixed length such as 24h",
+                            unit.as_str()
+                        ),
+                    );
+                }
+                let cal = Calendar::new(unit, zone)
+                    .or_else(|_| Calendar::new(unit, "UTC"))
+                    .ok();
+                (Duration::from_millis(unit.nominal_ms()), cal)
+            }
+        };
         if period.is_zero() {
             c.err(
                 &format!("{p}.period"),
@@ -51,19 +76,24 @@ pub(super) fn check_tiers(c: &mut Checker, base: &str, tiers: &[TierFile]) -> Ve
                 ),
             );
         }
-        if out.iter().any(|o| o.period == period) {
+        let tier = Tier {
+            period,
+            threshold: t.threshold.0.max(1) as u64,
+            calendar,
+        };
+        if out
+            .iter()
+            .any(|o| o.period == period && o.calendar.is_some() == calendar.is_some())
+        {
             c.err(
                 &format!("{p}.period"),
                 format!(
                     "two tiers have the period {}: merge them (the lower threshold wins)",
-                    format_duration(period)
+                    tier.label()
                 ),
             );
         }
-        out.push(Tier {
-            period,
-            threshold: t.threshold.0.max(1) as u64,
-        });
+        out.push(tier);
     }
     out
 }
@@ -103,6 +133,7 @@ pub(super) fn check_rules(
             format!("{prefix}[{i}]")
         };
         check_id(c, &base, "rule", &r.id, &mut seen);
+        let zone = check_calendar(c, &base, r);
         let concurrency = match r.concurrency {
             None => None,
             Some(n) if (1..=MAX_CONCURRENCY).contains(&n) => Some(n as u32),
@@ -126,9 +157,9 @@ pub(super) fn check_rules(
             }
             Vec::new()
         } else {
-            check_tiers(c, &format!("{base}.tiers"), &r.tiers)
+            check_tiers(c, &format!("{base}.tiers"), &r.tiers, r.algorithm, &zone)
         };
-        let plan_tiers = check_plan_tiers(c, &base, r, plans);
+        let plan_tiers = check_plan_tiers(c, &base, r, plans, &zone);
         let status = check_status(c, &base, r);
         let max_delay = check_max_delay(c, &base, r);
         let shadowban = check_shadowban(c, &base, r);
@@ -166,6 +197,33 @@ pub(super) fn check_rules(
         check_late_bucket(c, &base, r, fleet);
     }
     out
+}
+
+/// A rule's `calendar`: its time zone (an IANA name; UTC without it), for tiers of `1d`, `1w`
+/// or `1mo`, which it must have. Returns the zone the tiers use (UTC when it is unknown: the
+/// error is reported here, once).
+fn check_calendar(c: &mut Checker, base: &str, r: &RuleFile) -> String {
+    let Some(cal) = &r.calendar else {
+        return "UTC".to_string();
+    };
+    let calendar_tier = r
+        .tiers
+        .iter()
+        .chain(r.plans.values().flatten())
+        .any(|t| matches!(t.period, PeriodFile::Calendar(_)));
+    if !calendar_tier {
+        c.err_key(
+            &format!("{base}.calendar"),
+            "calendar sets the time zone of tiers whose period is 1d, 1w or 1mo; this rule has none",
+        );
+    }
+    match Calendar::new(CalendarUnit::Day, &cal.tz) {
+        Ok(_) => cal.tz.clone(),
+        Err(e) => {
+            c.err(&format!("{base}.calendar.tz"), e);
+            "UTC".to_string()
+        }
+    }
 }
 
 /// A rule's `unit`: a lowercase token of up to 32 letters, digits and dashes (`request`, the
@@ -330,12 +388,13 @@ fn check_plan_tiers(
     base: &str,
     r: &RuleFile,
     plans: &Plans,
+    zone: &str,
 ) -> Vec<Option<Vec<Tier>>> {
     let mut plan_tiers: Vec<Option<Vec<Tier>>> = vec![None; plans.names.len()];
     for (plan, pt) in &r.plans {
         let p = format!("{base}.plans.{plan}");
         match plans.names.iter().position(|n| n == plan) {
-            Some(idx) => plan_tiers[idx] = Some(check_tiers(c, &p, pt)),
+            Some(idx) => plan_tiers[idx] = Some(check_tiers(c, &p, pt, r.algorithm, zone)),
             None => c.err_key(&p, unknown_plan(plan, plans)),
         }
     }

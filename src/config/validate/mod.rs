@@ -3,8 +3,9 @@
 //! collected, so one run shows every mistake. One module per section of the file (`server`,
 //! `upstreams`, `routes`, `tenant`, `limits`, `redis`); the defaults are in `config::defaults`.
 
+use super::calendar::{Calendar, CalendarUnit};
 use super::defaults::*;
-use super::duration::{format_duration, ConfDuration};
+use super::duration::{ConfDuration, PeriodFile};
 use super::error::{ConfigError, ConfigErrors, Pos};
 use super::file::*;
 use super::locate::Locator;

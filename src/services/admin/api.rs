@@ -4,7 +4,6 @@
 //! tenant, read from the counters without creating any). Tenant ids appear here and nowhere
 //! in metrics.
 
-use crate::config::duration::format_duration;
 use crate::limits::fleet::{FleetState, Link};
 use crate::metrics::Metrics;
 use crate::services::reload::ReloadStatus;
@@ -248,7 +247,7 @@ pub fn status(
             let tiers: Vec<String> = r
                 .tiers
                 .iter()
-                .map(|t| format!("{}/{}", t.threshold, format_duration(t.period)))
+                .map(|t| format!("{}/{}", t.threshold, t.label()))
                 .collect();
             let rate = per_second.get(&r.id).copied().unwrap_or([0.0; 4]);
             let concurrency = snap

@@ -41,10 +41,6 @@ pub fn horizon_ms(settings: &RedisSettings) -> u64 {
     (interval + 2 * timeout).max(100)
 }
 
-fn period_ms(tier: &crate::limits::algorithm::Quota) -> u64 {
-    (tier.period_ms).max(1)
-}
-
 /// Where an update came from, so that its answer goes back there.
 struct Source {
     counters: Arc<RuleCounters>,
@@ -220,12 +216,15 @@ impl Accounts {
                         else {
                             continue;
                         };
-                        let p = period_ms(tier);
+                        let end = match st.window_end_ms {
+                            0 => tier.window_end(st.window_start_ms),
+                            e => e,
+                        };
                         let sizing = ledger::Sizing {
                             now_ms,
                             since_ms,
                             horizon_ms,
-                            left_ms: (st.window_start_ms + p).saturating_sub(now_ms),
+                            left_ms: end.saturating_sub(now_ms),
                             periodic,
                             bucket: counters.algorithm() == Algorithm::TokenBucket,
                             spare: ledger::spare(tier.threshold),
@@ -233,7 +232,7 @@ impl Accounts {
                         let asks = ledger::drain(st, sizing);
                         for ask in asks.into_iter().flatten() {
                             self.push(
-                                &mut round, settings, &counters, key, c.list, ti, ask, p, false,
+                                &mut round, settings, &counters, key, c.list, ti, ask, tier, false,
                             );
                         }
                     }
@@ -246,10 +245,10 @@ impl Accounts {
                     tier,
                     orphan,
                 } = o;
-                let Some(p) = lists
+                let Some(quota) = lists
                     .get(usize::from(list))
                     .and_then(|l| l.get(tier as usize))
-                    .map(period_ms)
+                    .copied()
                 else {
                     continue;
                 };
@@ -275,7 +274,7 @@ impl Accounts {
                     list,
                     tier as usize,
                     ask,
-                    p,
+                    &quota,
                     true,
                 );
             }
@@ -293,16 +292,19 @@ impl Accounts {
         list: u16,
         tier: usize,
         ask: Ask,
-        p: u64,
+        quota: &crate::limits::algorithm::Quota,
         orphan: bool,
     ) {
         let id = &counters.identity.id;
         let partition = redis_partition(&counters.identity.per, key);
         let start = ask.window_start_ms;
+        // a calendar window's real end (a day of 23 or 25 hours, a month)
+        let end = quota.window_end(start);
+        let p = end.saturating_sub(start).max(1);
         let sliding = counters.algorithm() == Algorithm::SlidingWindow;
-        let contract_key = redis_key(&settings.key_prefix, &partition, id, start, start + p);
+        let contract_key = redis_key(&settings.key_prefix, &partition, id, start, end);
         let keep = if sliding { p } else { 0 };
-        let expire_at_ms = start + p + keep + KEY_GRACE_MS;
+        let expire_at_ms = end + keep + KEY_GRACE_MS;
         let source = Source {
             counters: Arc::clone(counters),
             key: key.into(),
