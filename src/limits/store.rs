@@ -46,8 +46,11 @@ pub struct RuleIdentity {
     /// The periods of each tier list (and their calendars: a time zone changed is another
     /// window). Index 0: the rule's `tiers`; then one list per plan that has its own, by plan
     /// name.
-    pub lists: Vec<(Option<String>, Vec<(Duration, Option<Calendar>)>)>,
+    pub lists: Vec<(Option<String>, Periods)>,
 }
+
+/// The periods of one tier list, with their calendars.
+pub type Periods = Vec<(Duration, Option<Calendar>)>;
 
 impl RuleIdentity {
     /// The identity of a rule whose tier lists are `lists`.
