@@ -1150,6 +1150,58 @@ fn count_when_charges_the_rules_cost() {
     assert_eq!(rig.get("/x", "t").status, 429);
 }
 
+/// ms since the epoch of a UTC instant written out (`date -u -d 2026-10-31T22:59:58Z +%s`).
+const OCT_31_2026_22_59_58_UTC: u64 = 1_793_487_598_000;
+const NOV_01_2026_12_00_UTC: u64 = 1_793_534_400_000;
+const NOV_29_2026_13_29_59_UTC: u64 = 1_795_958_999_000;
+
+/// docs/configuration.md "Calendar windows": a month from the 1st's local midnight, a day of
+/// 25 hours at the end of daylight saving time, an ISO week from Monday in a zone half an hour
+/// off the hour; the quota headers and Retry-After give the seconds to the real reset.
+#[test]
+fn calendar_windows_reset_at_local_midnight_monday_and_the_first() {
+    let limits = "  - id: monthly\n    pathPattern: /m/**\n    calendar: { tz: Europe/Berlin }\n    tiers: [{ period: 1mo, threshold: 2 }]\n  - id: daily\n    pathPattern: /d/**\n    calendar: { tz: America/New_York }\n    tiers: [{ period: 1d, threshold: 1 }]\n  - id: weekly\n    pathPattern: /w/**\n    calendar: { tz: Australia/Adelaide }\n    tiers: [{ period: 1w, threshold: 1 }]";
+    let rig = |at: u64| Rig::from_text(&config_text(limits, ""), Arc::new(FakeClock::at_ms(at)));
+    // 23:59:58 on 31 October in Berlin (UTC+1): the month ends in 2 s
+    let r = rig(OCT_31_2026_22_59_58_UTC);
+    let a = r.get("/m/x", "t");
+    assert_eq!(a.header("x-ratelimit-reset"), Some("2"));
+    assert_eq!(a.header("ratelimit"), Some("\"monthly/1mo\";r=1;t=2"));
+    assert_eq!(
+        a.header("ratelimit-policy"),
+        Some("\"monthly/1mo\";q=2"),
+        "no one window length"
+    );
+    assert!(r.get("/m/x", "t").forwarded);
+    let refused = r.get("/m/x", "t");
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("retry-after"), Some("2"));
+    // 1 November, 00:00 in Berlin: a new month, 30 days long
+    r.clock.advance_ms(2_000);
+    let a = r.get("/m/x", "t");
+    assert!(a.forwarded);
+    assert_eq!(a.header("x-ratelimit-reset"), Some("2592000"));
+    // 1 November in New York has 25 hours: at 12:00 UTC (07:00 EST) it ends in 17 hours
+    let r = rig(NOV_01_2026_12_00_UTC);
+    let a = r.get("/d/x", "t");
+    assert_eq!(a.header("x-ratelimit-reset"), Some("61200"));
+    r.clock.advance_ms(61_200_000 - 1_000);
+    let refused = r.get("/d/x", "t");
+    assert_eq!(refused.status, 429, "one second before midnight: the same day");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    r.clock.advance_ms(1_000);
+    assert!(r.get("/d/x", "t").forwarded, "2 November");
+    // Sunday 29 November, 23:59:59 in Adelaide (UTC+10:30): the week ends in a second
+    let r = rig(NOV_29_2026_13_29_59_UTC);
+    let a = r.get("/w/x", "t");
+    assert_eq!(a.header("x-ratelimit-reset"), Some("1"));
+    assert_eq!(r.get("/w/x", "t").status, 429);
+    r.clock.advance_ms(1_000);
+    let a = r.get("/w/x", "t");
+    assert!(a.forwarded, "Monday");
+    assert_eq!(a.header("x-ratelimit-reset"), Some("604800"));
+}
+
 /// docs/configuration.md "Cost per request": one request takes `cost` units from every tier of
 /// its rule; one that does not fit is refused whole and takes nothing.
 #[test]

@@ -942,3 +942,57 @@ fn cost_is_checked() {
     let (code, _, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
     assert_eq!(code, 0, "{err}");
 }
+
+#[test]
+fn calendar_periods_are_checked() {
+    let rule = |period: &str, extra: &str| {
+        with(
+            "      - { period: 1, threshold: 10 }\n",
+            &format!("      - {{ period: {period}, threshold: 10 }}\n{extra}"),
+        )
+    };
+    // a calendar period counts in fixed windows only
+    assert_error(
+        &rule("1mo", "    algorithm: sliding_window\n"),
+        23,
+        19,
+        &[
+            "limits[0].tiers[0].period",
+            "calendar period (1mo) needs algorithm fixed_window",
+            "24h",
+        ],
+    );
+    // an IANA zone, from the system's zoneinfo
+    assert_error(
+        &rule("1d", "    calendar: { tz: Europe/Berln }\n"),
+        24,
+        21,
+        &[
+            "limits[0].calendar.tz",
+            "unknown time zone \"Europe/Berln\"",
+            "Europe/Berlin",
+        ],
+    );
+    // a calendar needs a calendar tier
+    assert_error(
+        &rule("10", "    calendar: { tz: Europe/Berlin }\n"),
+        24,
+        5,
+        &["limits[0].calendar", "1d, 1w or 1mo", "has none"],
+    );
+    // only one day, week or month
+    assert_error(
+        &rule("2d", ""),
+        23,
+        19,
+        &["one calendar day, week or month (1d, 1w, 1mo)", "48h"],
+    );
+    let dir = TempDir::new();
+    let path = dir.write(
+        "gateway.yaml",
+        &rule("1w", "    calendar: { tz: Asia/Kolkata }\n"),
+    );
+    let (code, out, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("10/1w"), "{out}");
+}

@@ -347,3 +347,58 @@ fn the_readmes_quota_examples_hold() {
     assert_eq!(r.status, 429);
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
 }
+
+/// docs/configuration.md "Calendar windows", with Redis: a month in Berlin is counted under a
+/// key that carries its real start and end (midnight on the 1st, Berlin time, as `date`
+/// computes it), which expires after its end, and the quota headers count down to that end.
+#[test]
+fn a_calendar_months_redis_key_carries_its_real_start_and_end() {
+    let date = |args: &[&str]| -> u64 {
+        let out = std::process::Command::new("date")
+            .env("TZ", "Europe/Berlin")
+            .args(args)
+            .output()
+            .expect("date");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("seconds")
+    };
+    let month = std::process::Command::new("date")
+        .env("TZ", "Europe/Berlin")
+        .arg("+%Y-%m-01")
+        .output()
+        .expect("date");
+    let first = String::from_utf8_lossy(&month.stdout).trim().to_string();
+    let start = date(&["-d", &format!("{first} 00:00"), "+%s"]) * 1000;
+    let end = date(&["-d", &format!("{first} +1 month"), "+%s"]) * 1000;
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let gw = Gateway::start(&format!(
+        "{}{TENANT}limits:\n  - id: monthly\n    pathPattern: /**\n    calendar: {{ tz: Europe/Berlin }}\n    tiers: [{{ period: 1mo, threshold: 1000000 }}]\nredis:\n  url: {}\n  key_prefix: tg\n  sync_interval: 50ms\n",
+        one_route_config(up.addr, 1, ""),
+        redis.url()
+    ));
+    assert!(wait_redis_state(&gw, "connected"));
+    let r = gw.get("/x", &[("x-org-id", "acme")]);
+    assert_eq!(r.status, 200);
+    let reset: u64 = r
+        .header("x-ratelimit-reset")
+        .and_then(|v| v.parse().ok())
+        .expect("a reset");
+    let left = (end - common::now_ms()) / 1000;
+    assert!(reset.abs_diff(left) <= 2, "reset {reset}, {left} s to the 1st");
+    let key = format!("tg:{{acme}}:monthly:{start}:{end}");
+    assert!(
+        eventually(Duration::from_secs(5), || redis.keys("tg:*")
+            .contains(&key)),
+        "{:?}, expected {key}",
+        redis.keys("tg:*")
+    );
+    assert_eq!(redis.int(&["GET", &key]), 1);
+    let expire_at = redis.int(&["PEXPIRETIME", &key]) as u64;
+    assert!(
+        (end..=end + 60_000).contains(&expire_at),
+        "expires at {expire_at}, the window ends at {end}"
+    );
+}
