@@ -1187,7 +1187,10 @@ fn calendar_windows_reset_at_local_midnight_monday_and_the_first() {
     assert_eq!(a.header("x-ratelimit-reset"), Some("61200"));
     r.clock.advance_ms(61_200_000 - 1_000);
     let refused = r.get("/d/x", "t");
-    assert_eq!(refused.status, 429, "one second before midnight: the same day");
+    assert_eq!(
+        refused.status, 429,
+        "one second before midnight: the same day"
+    );
     assert_eq!(refused.header("retry-after"), Some("1"));
     r.clock.advance_ms(1_000);
     assert!(r.get("/d/x", "t").forwarded, "2 November");

@@ -18,6 +18,7 @@ use http::{HeaderMap, Method};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
+use tollgate::config::calendar::{Calendar, CalendarUnit};
 use tollgate::config::{self, model::RedisSettings};
 use tollgate::limits::fleet::{hold_limit, FleetState, Link, MIN_ROUND_GAP_MS};
 use tollgate::limits::ledger::SPARE_PERCENT;
@@ -108,6 +109,11 @@ struct Scenario {
     /// Late charges: the share of answers `count_when` counts (percent; 100: a cost from the
     /// answer, 1 to `cost_max` units each).
     counted_percent: u64,
+    /// A calendar day (`period: 1d`) in this time zone, and the end of the day the run
+    /// crosses (ms since the epoch): a day of 23 or 25 hours.
+    calendar: Option<(&'static str, u64)>,
+    /// The calendar days the run touches (start, end), computed once.
+    days: Vec<(u64, u64)>,
 }
 
 /// Most decisions a seed may make (keeps the whole run within seconds).
@@ -177,7 +183,54 @@ impl Scenario {
             cost_max: 0,
             late_ms: 0,
             counted_percent: 100,
+            calendar: None,
+            days: Vec::new(),
         }
+    }
+
+    /// The same fleet and load as `draw`, on a fixed window of one calendar day (`1d`) in a
+    /// zone whose clocks change that day, the run crossing its end (local midnight) half-way.
+    fn draw_calendar(seed: u64) -> Scenario {
+        let mut s = Scenario::draw(seed);
+        let mut r = Rng(seed ^ 0xCA1E);
+        // (zone, the end of a day of 23 or 25 hours in it: `date -u -d ... +%s`)
+        let day = r.pick(&[
+            ("Europe/Berlin", 1_774_821_600_000), // 2026-03-29, 23 h, ends 22:00 UTC
+            ("Europe/Berlin", 1_792_969_200_000), // 2026-10-25, 25 h, ends 23:00 UTC
+            ("America/New_York", 1_793_595_600_000), // 2026-11-01, 25 h, ends 05:00 UTC
+            ("Australia/Adelaide", 1_775_399_400_000), // 2026-04-05, 25 h, ends 14:30 UTC
+        ]);
+        s.sliding = false;
+        s.bucket = false;
+        s.period_ms = 86_400_000;
+        s.span_ms = 3000 + r.below(2000);
+        s.phase_ms = 0;
+        s.rate = s.rate.min(MAX_REQUESTS * 1000.0 / s.span_ms as f64);
+        s.calendar = Some(day);
+        let cal = Calendar::new(CalendarUnit::Day, day.0).expect("a zone");
+        s.days = vec![cal.window_of(day.1 - 1), cal.window_of(day.1)];
+        s
+    }
+
+    /// The window holding `now`: start and end.
+    fn window_of(&self, now: u64) -> (u64, u64) {
+        if let Some(&day) = self.days.iter().find(|(a, b)| (*a..*b).contains(&now)) {
+            return day;
+        }
+        match self.calendar {
+            Some((tz, _)) => Calendar::new(CalendarUnit::Day, tz)
+                .expect("a zone")
+                .window_of(now),
+            None => {
+                let start = now / self.period_ms * self.period_ms;
+                (start, start + self.period_ms)
+            }
+        }
+    }
+
+    /// The end of the window starting at `start`.
+    fn window_end(&self, start: u64) -> u64 {
+        self.window_of(start).1
     }
 
     /// The same fleet and load as `draw`, each request charged once its answer comes
@@ -327,7 +380,7 @@ limits:
   - id: sim
     pathPattern: /**
     algorithm: {algo}
-    tiers: [{{ period: {p}ms, threshold: {t} }}]{cost}
+    tiers: [{{ period: {p}, threshold: {t} }}]{cost}{calendar}
 redis:
   url: redis://127.0.0.1:1
   sync_interval: {i}ms
@@ -341,7 +394,11 @@ redis:
         } else {
             "fixed_window"
         },
-        p = s.period_ms,
+        p = if s.calendar.is_some() {
+            "1d".to_string()
+        } else {
+            format!("{}ms", s.period_ms)
+        },
         t = s.threshold,
         i = s.interval_ms,
         to = s.timeout_ms,
@@ -350,6 +407,10 @@ redis:
             (0, _) => "\n    count_when: { status: [500] }".to_string(),
             (m, 0) => format!("\n    cost: {{ header: x-cost, max: {m} }}"),
             (m, _) => format!("\n    cost: {{ response_header: x-cost, max: {m} }}"),
+        },
+        calendar = match s.calendar {
+            Some((tz, _)) => format!("\n    calendar: {{ tz: {tz} }}"),
+            None => String::new(),
         },
     )
 }
@@ -423,7 +484,11 @@ fn simulate(s: &Scenario) -> Outcome {
     let settings: RedisSettings = cfg.redis.clone().expect("redis section");
     let mut rng = Rng(s.seed ^ 0xA5A5_5A5A);
     // start on a whole second plus the phase, far from the epoch
-    let t0 = 1_800_000_000_000 / s.period_ms * s.period_ms + s.phase_ms;
+    let t0 = match s.calendar {
+        // half-way through the run, the day ends
+        Some((_, end)) => end - s.span_ms / 2,
+        None => 1_800_000_000_000 / s.period_ms * s.period_ms + s.phase_ms,
+    };
     let clock = Arc::new(FakeClock::at_ms(t0));
     let metrics = tollgate::metrics::Metrics::new().expect("metrics");
     let mut instances: Vec<Instance> = (0..s.instances)
@@ -559,7 +624,7 @@ fn simulate(s: &Scenario) -> Outcome {
                 redis.late.push((at, updates, hb));
             }
         }
-        let window = now / s.period_ms * s.period_ms;
+        let window = s.window_of(now).0;
         // the answers of this ms: their late charges
         while owed.front().is_some_and(|&(due, ..)| due <= step) {
             let Some((_, i, mut d, units)) = owed.pop_front() else {
@@ -813,7 +878,7 @@ fn simulate(s: &Scenario) -> Outcome {
                 units,
             )
         }));
-        let last_ms_of = |w: u64| w + s.period_ms - 1;
+        let last_ms_of = |w: u64| s.window_end(w) - 1;
         let due: Vec<_> = pending
             .iter()
             .copied()
@@ -885,9 +950,7 @@ fn account(out: &mut Outcome, s: &Scenario, level: &mut f64, units: u64, step: u
     let t = s.threshold as f64;
     let now = out.t0 + step;
     out.total_admitted += units;
-    *out.admitted
-        .entry(now / s.period_ms * s.period_ms)
-        .or_default() += units;
+    *out.admitted.entry(s.window_of(now).0).or_default() += units;
     if s.bucket {
         *level -= units as f64;
         out.bucket_admitted += units;
@@ -965,7 +1028,7 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     let first = o.offered.keys().next().copied();
     for (&w, &offered) in &o.offered {
         let whole =
-            Some(w) != first && w + s.period_ms <= o.offered.keys().last().copied().unwrap_or(0);
+            Some(w) != first && s.window_end(w) <= o.offered.keys().last().copied().unwrap_or(0);
         let steady = matches!(
             s.shape,
             Shape::Even | Shape::Skewed | Shape::One | Shape::SomeIdle
@@ -1038,7 +1101,7 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     // no count lost, none counted twice (unless Redis lost its keys)
     if !o.restarted {
         for (&w, &admitted) in &o.admitted {
-            let key = format!("sim:{{acme}}:sim:{w}:{}", w + s.period_ms);
+            let key = format!("sim:{{acme}}:sim:{w}:{}", s.window_end(w));
             let held = o.redis.get(&key).copied().unwrap_or(0);
             if held != admitted as i64 {
                 why.push(format!(
@@ -1191,6 +1254,46 @@ fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
     assert!(
         failures.is_empty(),
         "{} late seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",
+        failures.len(),
+        failures
+    );
+}
+
+/// Calendar days (`period: 1d` with `calendar.tz`): the same fleets and loads on a fixed
+/// window of one day of 23 or 25 hours (Berlin, New York, Adelaide), the run crossing its end:
+/// every bound holds in both windows, and Redis holds each under the key of its real start and
+/// end. `FLEET_SIM_CALENDAR_SEEDS=<n>` runs more seeds.
+#[test]
+fn calendar_days_keep_the_bounds_across_their_end() {
+    let seeds: Vec<u64> = match std::env::var("FLEET_SIM_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(seed) => vec![seed],
+        None => {
+            let n = std::env::var("FLEET_SIM_CALENDAR_SEEDS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(if cfg!(debug_assertions) { 10 } else { 200 });
+            (1..=n).collect()
+        }
+    };
+    let mut failures = Vec::new();
+    let mut windows = 0;
+    for seed in seeds {
+        let s = Scenario::draw_calendar(seed);
+        let o = simulate(&s);
+        windows += o.admitted.len();
+        let why = check(&s, &o);
+        if !why.is_empty() {
+            eprintln!("calendar seed {seed} failed: {s:?}\n  {}", why.join("\n  "));
+            failures.push(seed);
+        }
+    }
+    eprintln!("calendar days: {windows} windows checked");
+    assert!(
+        failures.is_empty(),
+        "{} calendar seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",
         failures.len(),
         failures
     );

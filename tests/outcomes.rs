@@ -387,11 +387,13 @@ fn a_calendar_months_redis_key_carries_its_real_start_and_end() {
         .and_then(|v| v.parse().ok())
         .expect("a reset");
     let left = (end - common::now_ms()) / 1000;
-    assert!(reset.abs_diff(left) <= 2, "reset {reset}, {left} s to the 1st");
+    assert!(
+        reset.abs_diff(left) <= 2,
+        "reset {reset}, {left} s to the 1st"
+    );
     let key = format!("tg:{{acme}}:monthly:{start}:{end}");
     assert!(
-        eventually(Duration::from_secs(5), || redis.keys("tg:*")
-            .contains(&key)),
+        eventually(Duration::from_secs(5), || redis.keys("tg:*").contains(&key)),
         "{:?}, expected {key}",
         redis.keys("tg:*")
     );
