@@ -3,7 +3,7 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 # command:debian-package pairs
-BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.h:libssl-dev openssl:openssl
+BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.h:libssl-dev openssl:openssl /usr/share/zoneinfo/Europe/Berlin:tzdata
 TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk curl:curl chromium:chromium
 BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client
 

@@ -994,5 +994,5 @@ fn calendar_periods_are_checked() {
     );
     let (code, out, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("10/1w"), "{out}");
+    assert!(out.contains("10/1w Asia/Kolkata"), "{out}");
 }

@@ -321,6 +321,11 @@ fn the_readmes_quota_examples_hold() {
         policy.contains("\"llm-tokens/1m\";q=100000;w=60;qu=\"tokens\""),
         "{policy}"
     );
+    // the month: a calendar window, no one length (`w` left out)
+    assert!(
+        policy.contains("\"llm-tokens/1mo\";q=20000000;qu=\"tokens\""),
+        "{policy}"
+    );
     let r = gw.get("/v1/chat", &t);
     assert_eq!(
         r.header("x-ratelimit-remaining"),

@@ -7,7 +7,11 @@ use std::fmt::Write;
 pub(crate) fn tiers_text(tiers: &[Tier]) -> String {
     tiers
         .iter()
-        .map(|t| format!("{}/{}", t.threshold, t.label()))
+        .map(|t| match &t.calendar {
+            // a calendar tier names its zone
+            Some(c) => format!("{}/{} {}", t.threshold, t.label(), c.zone_name()),
+            None => format!("{}/{}", t.threshold, t.label()),
+        })
         .collect::<Vec<_>>()
         .join(" + ")
 }

@@ -197,6 +197,20 @@ mod tests {
             )),
             ["rule api changed: tiers 5/1h -> 5/1h, gold: 50/1h; counts reset (tier periods or plan lists changed)"]
         );
+        // a calendar month's zone: other windows, counts reset
+        let month = |tz: &str| {
+            config(
+                &rule(
+                    "{ period: 1mo, threshold: 5 }",
+                    &format!(", calendar: {{ tz: {tz} }}"),
+                ),
+                "\"127.0.0.1:9\"",
+            )
+        };
+        assert_eq!(
+            changes(&month("Europe/Berlin"), &month("Asia/Kolkata")),
+            ["rule api changed: tiers 5/1mo Europe/Berlin -> 5/1mo Asia/Kolkata; counts reset (tier periods or plan lists changed)"]
+        );
         // an algorithm, and a pool
         assert_eq!(
             same(&config(
