@@ -409,3 +409,43 @@ fn a_calendar_months_redis_key_carries_its_real_start_and_end() {
         "expires at {expire_at}, the window ends at {end}"
     );
 }
+
+/// A charge on its way survives a reload, as counts do (docs/configuration.md "Cost from the
+/// answer"): a
+/// request admitted under one config and answered after a reload that keeps the rule's periods
+/// is charged to the counter the new config uses.
+#[test]
+fn a_charge_on_its_way_survives_a_reload() {
+    let up = Upstream::start("u");
+    let period = period_with_room(3600, 20);
+    let cfg = |threshold: u64| {
+        format!(
+            "{}{TENANT}limits:\n  - id: tokens\n    pathPattern: /v1/**\n    cost: {{ response_header: x-usage-tokens }}\n    tiers: [{{ period: {period}, threshold: {threshold} }}]\n  - id: in-flight\n    pathPattern: /v1/**\n    concurrency: 10\n",
+            one_route_config(up.addr, 1, "")
+        )
+    };
+    let gw = Gateway::start(&cfg(1000));
+    let in_flight = || {
+        common::request(gw.admin, "GET", "/api/tenants/acme", &[])
+            .map(|r| r.json()["in_flight"][0]["now"].as_u64().unwrap_or(0))
+            .unwrap_or(0)
+    };
+    let addr = gw.addr;
+    let slow = std::thread::spawn(move || {
+        common::request(
+            addr,
+            "GET",
+            "/v1/delay/700/usage/300",
+            &[("x-org-id", "acme")],
+        )
+        .map(|r| r.status)
+    });
+    assert!(eventually(Duration::from_secs(5), || in_flight() == 1));
+    // the threshold changes, the period stays: counts are kept
+    assert!(gw.reload(&cfg(2000)));
+    assert_eq!(slow.join().expect("the request").ok(), Some(200));
+    // the new config's counter has the charge: 2000 - 300 (- 1 for this request's check)
+    let r = gw.get("/v1/x", &[("x-org-id", "acme")]);
+    assert_eq!(r.header("x-ratelimit-limit"), Some("2000"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("1699"));
+}
