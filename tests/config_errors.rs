@@ -830,24 +830,10 @@ fn count_when_is_checked() {
         17,
         &["limits[0].count_when", "action delay"],
     );
-    // a token bucket with `redis`: not yet
-    assert_error(
-        &format!(
-            "{}    algorithm: token_bucket\nredis:\n  url: redis://127.0.0.1:6379\n",
-            rule("{ status: [401] }")
-        ),
-        25,
-        16,
-        &[
-            "limits[0].algorithm",
-            "token_bucket",
-            "fixed_window or sliding_window",
-        ],
-    );
-    // fleet-wide too: accepted with `redis`
+    // fleet-wide too, a token bucket included: accepted with `redis`
     let dir = TempDir::new();
     let text = format!(
-        "{}redis:\n  url: redis://127.0.0.1:6379\n",
+        "{}    algorithm: token_bucket\nredis:\n  url: redis://127.0.0.1:6379\n",
         rule("{ status: [401, 5xx] }")
     );
     let path = dir.write("gateway.yaml", &text);

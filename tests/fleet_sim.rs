@@ -234,16 +234,13 @@ impl Scenario {
     }
 
     /// The same fleet and load as `draw`, each request charged once its answer comes
-    /// (`late_ms` after admission, from 2 ms to half a second; windows, not token buckets):
-    /// either `count_when` counting
+    /// (`late_ms` after admission, from 2 ms to half a second): either `count_when` counting
     /// some of the answers, or a cost the answer carries (1 to `cost_max` units, as in
     /// `draw_cost`).
     fn draw_late(seed: u64) -> Scenario {
         let mut s = Scenario::draw_cost(seed);
         let mut r = Rng(seed ^ 0x1A7E);
         s.late_ms = r.pick(&[2, 5, 20, 100, 500]);
-        // (windows only: a token bucket does not take late charges with `redis`)
-        s.bucket = false;
         if r.below(2) == 0 {
             s.cost_max = 0;
             s.counted_percent = r.pick(&[10, 50, 100]);
@@ -866,7 +863,16 @@ fn simulate(s: &Scenario) -> Outcome {
             } else {
                 level
             };
-            let taken = out.bucket_admitted;
+            // token buckets: the tokens taken until then; late charges: what the window had
+            // counted and what the requests in flight owed then (they are charged, whatever
+            // comes after)
+            let taken = if s.bucket {
+                out.bucket_admitted
+            } else if s.late_ms > 0 {
+                out.admitted.get(&window).copied().unwrap_or(0) + owed_by.iter().sum::<u64>()
+            } else {
+                0
+            };
             (
                 step + judge_ms,
                 step,
@@ -888,6 +894,11 @@ fn simulate(s: &Scenario) -> Outcome {
         for (_, refused_at, i, failure, window, then, taken, units) in due {
             let u = units as f64;
             let cur = *out.admitted.get(&window).unwrap_or(&0) as f64;
+            let cur = if s.late_ms > 0 && !s.bucket {
+                cur.max(taken as f64)
+            } else {
+                cur
+            };
             // as for the upper bound: under 100, one request per instance; past it, the
             // others' credits (one each) where they are more than 2% of the threshold
             // (a request on credit may be one of the largest costs)
@@ -978,9 +989,9 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     let reachable = s.faults == Faults::None;
     // late charges: also what the requests in flight owed (docs/configuration.md, "Cost from
     // the answer": the count passes the threshold by at most that)
-    // (measured over 1,000 seeds: at most 1.07 x what the instances had in flight, each at its
-    // most in the window; asserted: 1.25 x)
-    let owed = |w: u64| o.owed(w) * 5 / 4;
+    // (what the instances had in flight, each at its most in the window; measured over 4,000
+    // seeds: at most 1.0014 x that beside the threshold and the slack; asserted: 1.01 x)
+    let owed = |w: u64| o.owed(w) * 101 / 100;
     let most_owed = o
         .in_flight_by
         .keys()
@@ -1065,7 +1076,12 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     if reachable && s.bucket && steady && s.span_ms >= 2 * s.period_ms {
         let refill = t as f64 * (s.span_ms - s.period_ms) as f64 / s.period_ms as f64;
         let offered = s.rate * (s.span_ms - s.period_ms) as f64 / 1000.0;
-        let floor = 0.98 * refill - if t < 100 { n as f64 } else { 0.0 } - (s.units() - 1) as f64;
+        let mut floor =
+            0.98 * refill - if t < 100 { n as f64 } else { 0.0 } - (s.units() - 1) as f64;
+        if s.late_ms > 0 {
+            // late charges past the bucket (what was in flight) are repaid from its refill
+            floor -= o.bucket_excess.max(0.0);
+        }
         if offered >= 1.5 * refill && (o.bucket_admitted_late as f64) < floor {
             why.push(format!(
                 "the bucket admitted {} of a refill of {refill:.0} after its first period",
@@ -1080,10 +1096,11 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     // until its holder's next round). Token buckets are held to keeping 0.1 x threshold
     // plus the spare budget (`SPARE_PERCENT`): tokens leased and not yet used are out of the
     // bucket in Redis.
-    // (late charges on a sliding window: reported, not asserted; its weighted cap counts the
-    // previous window as the instance last knew it, charges on their way included)
+    // (`count_when` counting a share of the answers: reported, not asserted; the requests
+    // held for a lease are asked for one unit each, of which only that share is charged, so
+    // leases granted for them can stay unused until the next periodic round)
     let asserted = std::env::var("FLEET_SIM_ALL").is_ok()
-        || !(s.late_ms > 0 && s.sliding)
+        || !(s.late_ms > 0 && s.counted_percent < 100)
             && match s.faults {
                 Faults::None | Faults::Stall | Faults::ShardDown | Faults::Restart => true,
                 Faults::SlowAndLost => false,
@@ -1227,7 +1244,7 @@ fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
         }
     };
     let mut failures = Vec::new();
-    let (mut units, mut under, mut over, mut sliding_under) = (0u64, 0usize, 0f64, 0usize);
+    let (mut units, mut under, mut over, mut share_under) = (0u64, 0usize, 0f64, 0usize);
     for seed in seeds {
         let s = Scenario::draw_late(seed);
         let o = simulate(&s);
@@ -1239,8 +1256,8 @@ fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
                 over = over.max((a - s.threshold) as f64 / owed as f64);
             }
         }
-        if s.sliding {
-            sliding_under += o.false_refusals.len();
+        if s.counted_percent < 100 {
+            share_under += o.false_refusals.len();
         }
         let why = check(&s, &o);
         if !why.is_empty() {
@@ -1249,7 +1266,7 @@ fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
         }
     }
     eprintln!(
-        "late charges: {units} units charged, {under} refusals under 0.9x ({sliding_under} of them by sliding windows); over the threshold by at most {over:.2} x what was in flight"
+        "late charges: {units} units charged, {under} refusals under 0.9x ({share_under} of them by count_when counting a share of the answers); over the threshold by at most {over:.4} x what was in flight"
     );
     assert!(
         failures.is_empty(),

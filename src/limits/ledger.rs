@@ -138,6 +138,12 @@ pub struct Ledger {
     pub leased: bool,
     /// Of `used`, what was reported as plain increments (the script hears of the rest).
     pub direct: u64,
+    /// Late charges (`count_when`, a cost from the answer): the units admission checked for
+    /// requests still waiting for their answers. Credits count them (a credit is for one
+    /// request at a time, or a few on a fresh window, not for a burst whose charges are on
+    /// their way); leases do not (a request may end up charged nothing). Released when the
+    /// charge comes; carried over to the next window's record.
+    pub pending: u64,
     /// A plain increment was confirmed: the key exists and has its expiry.
     pub keyed: bool,
     /// When the round that Redis last answered for this record was drained (ms; 0: none):
@@ -217,6 +223,8 @@ impl Ledger {
             // from the window's start, as the old record's would have)
             settled_ms: if bucket { self.settled_ms } else { 0 },
             unreachable: self.unreachable,
+            // requests admitted in the old window are charged in the new one
+            pending: self.pending,
             ..Ledger::default()
         };
         orphan
@@ -349,11 +357,15 @@ pub fn ceiling(
         let credit = if l.fair == 0 {
             // no answer yet in this window: a few, so that a burst on a fresh window does not
             // wait for the first round
-            l.used + units <= cold_credit(tier.threshold, n)
+            l.used + l.pending + units <= cold_credit(tier.threshold, n)
         } else {
             // one at a time while the window had room for every instance's credit at the
-            // last answer (a bucket: tokens)
-            !l.on_credit && l.room >= n && (bucket || state.current + units <= tier.threshold)
+            // last answer (a bucket: tokens); a request charged late holds its credit until
+            // its charge comes
+            !l.on_credit
+                && l.pending == 0
+                && l.room >= n
+                && (bucket || state.current + units <= tier.threshold)
         };
         let on_credit = l.used + units > l.ceiling;
         if on_credit && !credit {
@@ -539,6 +551,17 @@ pub fn note_hold(state: &mut TierState, first: bool, units: u64) {
         l.need += units;
     }
     l.asking = true;
+}
+
+/// A request of `units` was admitted by a rule that charges it once its answer comes: it holds
+/// that much of this instance's credits until then (`Ledger::pending`).
+pub fn reserve(state: &mut TierState, units: u64) {
+    state.ledger.pending = state.ledger.pending.saturating_add(units);
+}
+
+/// Its answer came: the reservation is released (its charge, if any, is committed).
+pub fn release(state: &mut TierState, units: u64) {
+    state.ledger.pending = state.ledger.pending.saturating_sub(units);
 }
 
 /// Note that a request of `units` wanted this tier (admitted or not): the size of the next ask.

@@ -851,9 +851,7 @@ impl Limiter {
                     .saturating_sub(charge)
                     .min(t.threshold);
             }
-            if charge > 0 {
-                wake |= self.charge(cr, &late, charge, now, leased);
-            }
+            wake |= self.charge(cr, &late, charge, now, leased);
         }
         if wake {
             self.fleet.want_round();
@@ -881,8 +879,9 @@ impl Limiter {
             if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
                 rc.keep_orphan(&late.key, late.list, ti, orphan);
             }
+            ledger::release(state, late.units);
         }
-        Self::commit_tiers(cr, late.list, &mut c.tiers, now, leased, units)
+        units > 0 && Self::commit_tiers(cr, late.list, &mut c.tiers, now, leased, units)
     }
 
     fn commit(
@@ -909,7 +908,13 @@ impl Limiter {
             };
             let cr = &self.rules[a.rule as usize];
             if cr.rule.charges_late() {
-                // charged once the answer is known (`charge_late`)
+                // charged once the answer is known (`charge_late`); until then, with Redis, it
+                // holds the credit it may have taken
+                if leased.is_some() {
+                    for state in c.tiers.iter_mut() {
+                        ledger::reserve(state, a.units);
+                    }
+                }
                 continue;
             }
             wake |= Self::commit_tiers(cr, a.list, &mut c.tiers, now, leased, a.units);

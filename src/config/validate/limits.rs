@@ -122,7 +122,6 @@ pub(super) fn check_rules(
     prefix: &str,
     list: &[RuleFile],
     plans: &Plans,
-    fleet: bool,
 ) -> Vec<Arc<Rule>> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
@@ -194,7 +193,6 @@ pub(super) fn check_rules(
             cost: check_cost(c, &base, r),
             unit: check_unit(c, &base, r),
         }));
-        check_late_bucket(c, &base, r, fleet);
     }
     out
 }
@@ -244,20 +242,6 @@ fn check_unit(c: &mut Checker, base: &str, r: &RuleFile) -> Option<Box<str>> {
         return None;
     }
     (unit != "request").then(|| unit.into())
-}
-
-/// Charges after the answer (`count_when`, a cost from the answer) on a `token_bucket` with
-/// `redis`: not yet (the fleet's bucket is leased in tokens taken at admission; a charge that
-/// comes later is not held to its bound: tests/fleet_sim.rs draws windows only).
-fn check_late_bucket(c: &mut Checker, base: &str, r: &RuleFile, fleet: bool) {
-    let late = r.count_when.is_some()
-        || matches!(&r.cost, Some(CostFile::Header(h)) if h.response_header.is_some());
-    if fleet && late && r.algorithm == Algorithm::TokenBucket {
-        c.err(
-            &format!("{base}.algorithm"),
-            "a token_bucket does not take charges made after the answer (count_when, cost from a response_header) fleet-wide yet: use fixed_window or sliding_window",
-        );
-    }
 }
 
 /// A rule's `count_when`: statuses (`401`) and classes (`"5xx"`); not with `action: delay`

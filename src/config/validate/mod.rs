@@ -229,10 +229,9 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
         ),
         None => TenantSettings::default(),
     };
-    let fleet = model.redis.is_some();
     let rules = match model.limits {
         None => Vec::new(),
-        Some(LimitsFile::Inline(list)) => check_rules(&mut c, "limits", &list, &plans, fleet),
+        Some(LimitsFile::Inline(list)) => check_rules(&mut c, "limits", &list, &plans),
         Some(LimitsFile::Include(name)) => {
             let target = resolve_relative(file, &name);
             includes.push(target.clone());
@@ -245,7 +244,7 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
                         errors: c.errors,
                         warnings: c.warnings,
                     };
-                    check_rules(&mut inc, "", &list, &plans, fleet)
+                    check_rules(&mut inc, "", &list, &plans)
                 }
                 None => Vec::new(),
             }
