@@ -174,6 +174,8 @@ pub struct Late {
     key: Box<[u8]>,
     /// The units admission checked room for (and its quota reports assumed).
     units: u64,
+    /// They are held against this instance's credits until the charge (with Redis).
+    reserved: bool,
 }
 
 impl Decision {
@@ -485,6 +487,7 @@ impl Limiter {
                         hash: a.hash,
                         key: arena[a.key_start..a.key_end].into(),
                         units: a.units,
+                        reserved: matches!(mode, FleetMode::Leased { .. }),
                     });
                 }
             }
@@ -868,6 +871,10 @@ impl Limiter {
         now: u64,
         leased: Option<u64>,
     ) -> bool {
+        if units == 0 && !late.reserved {
+            // nothing to count, nothing to release (an answer `count_when` does not name)
+            return false;
+        }
         let rc = &cr.counters;
         let algo = rc.algorithm();
         let mut shard = rc.lock(RuleCounters::shard_of_hash(late.hash));
@@ -879,7 +886,9 @@ impl Limiter {
             if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
                 rc.keep_orphan(&late.key, late.list, ti, orphan);
             }
-            ledger::release(state, late.units);
+            if late.reserved {
+                ledger::release(state, late.units);
+            }
         }
         units > 0 && Self::commit_tiers(cr, late.list, &mut c.tiers, now, leased, units)
     }
