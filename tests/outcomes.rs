@@ -303,7 +303,7 @@ fn the_readmes_quota_examples_hold() {
     let up = Upstream::start("u");
     let gw = Gateway::start(&format!(
         "{}{TENANT}{block}",
-        one_route_config(up.addr, 1, "")
+        one_route_config(up.addr, 1, "  quota_endpoint: /quota")
     ));
     let t = [("x-org-id", "acme")];
     // the block's windows are a minute and an hour, aligned to the epoch: start with ten
@@ -335,6 +335,29 @@ fn the_readmes_quota_examples_hold() {
     let r = gw.get("/v1/chat/usage/70000", &t);
     assert_eq!(r.status, 200, "room for it when admitted");
     assert_eq!(gw.get("/v1/chat/usage/1", &t).status, 429);
+    // the month counts down to midnight on the 1st in Berlin (as `date` has it)
+    let berlin = |args: &[&str]| {
+        let out = std::process::Command::new("date")
+            .env("TZ", "Europe/Berlin")
+            .args(args)
+            .output()
+            .expect("date");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let first = berlin(&["+%Y-%m-01"]);
+    let end_s: u64 = berlin(&["-d", &format!("{first} +1 month"), "+%s"])
+        .parse()
+        .expect("seconds");
+    let q = gw.get("/quota?path=/v1/chat", &t).json();
+    let month = &q["rules"][0]["tiers"][1];
+    assert_eq!(month["policy"], "llm-tokens/1mo", "{q}");
+    assert_eq!(month["used"], 110_500, "{q}");
+    let left = end_s - common::now_ms() / 1000;
+    let reset = month["reset"].as_u64().expect("a reset");
+    assert!(
+        reset.abs_diff(left) <= 2,
+        "reset {reset}, {left} s to the 1st"
+    );
     // failed logins: successes never count; ten 401s fill the hour; the 11th is refused
     let login = |status: &str| gw.get("/login", &[("x-answer-status", status)]).status;
     for _ in 0..20 {
@@ -343,7 +366,9 @@ fn the_readmes_quota_examples_hold() {
     for _ in 0..10 {
         assert_eq!(login("401"), 401);
     }
-    assert_eq!(login("200"), 429, "refused before the upstream sees it");
+    let hits = up.hits();
+    assert_eq!(login("200"), 429);
+    assert_eq!(up.hits(), hits, "refused before the upstream sees it");
     // exports: 50 units each, 500 an hour: ten, then refused whole
     for i in 0..10 {
         assert_eq!(gw.get("/export/x", &t).status, 200, "export {i}");
