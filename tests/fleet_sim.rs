@@ -1096,15 +1096,11 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     // until its holder's next round). Token buckets are held to keeping 0.1 x threshold
     // plus the spare budget (`SPARE_PERCENT`): tokens leased and not yet used are out of the
     // bucket in Redis.
-    // (`count_when` counting a share of the answers: reported, not asserted; the requests
-    // held for a lease are asked for one unit each, of which only that share is charged, so
-    // leases granted for them can stay unused until the next periodic round)
     let asserted = std::env::var("FLEET_SIM_ALL").is_ok()
-        || !(s.late_ms > 0 && s.counted_percent < 100)
-            && match s.faults {
-                Faults::None | Faults::Stall | Faults::ShardDown | Faults::Restart => true,
-                Faults::SlowAndLost => false,
-            };
+        || match s.faults {
+            Faults::None | Faults::Stall | Faults::ShardDown | Faults::Restart => true,
+            Faults::SlowAndLost => false,
+        };
     if asserted && !o.false_refusals.is_empty() {
         let (step, i, count) = o.false_refusals[0];
         why.push(format!(

@@ -138,6 +138,14 @@ pub struct Ledger {
     pub leased: bool,
     /// Of `used`, what was reported as plain increments (the script hears of the rest).
     pub direct: u64,
+    /// Late charges: of the last answers (halved past 1024), how many were charged anything:
+    /// a request held for a lease asks for that share of its units (`note_hold`), not all of
+    /// them (a rule counting one answer in ten would otherwise hold ten times the quota it
+    /// uses). Kept across windows.
+    pub answers: u32,
+    pub charged_answers: u32,
+    /// `need` in thousandths, for those shares.
+    pub need_milli: u64,
     /// Late charges (`count_when`, a cost from the answer): the units admission checked for
     /// requests still waiting for their answers. Credits count them (a credit is for one
     /// request at a time, or a few on a fresh window, not for a burst whose charges are on
@@ -225,6 +233,8 @@ impl Ledger {
             unreachable: self.unreachable,
             // requests admitted in the old window are charged in the new one
             pending: self.pending,
+            answers: self.answers,
+            charged_answers: self.charged_answers,
             ..Ledger::default()
         };
         orphan
@@ -548,7 +558,16 @@ pub fn note_hold(state: &mut TierState, first: bool, units: u64) {
     let l = &mut state.ledger;
     l.leased = true;
     if first || l.short > 0 {
-        l.need += units;
+        // a rule charging late: the share of its answers that were charged (one request
+        // at least, with what came before)
+        let share_milli = match l.answers {
+            0 => 1000,
+            n => (u64::from(l.charged_answers) * 1000 / u64::from(n)).max(1),
+        };
+        l.need_milli = l
+            .need_milli
+            .saturating_add(units.saturating_mul(share_milli));
+        l.need = l.need_milli.div_ceil(1000).max(1);
     }
     l.asking = true;
 }
@@ -560,8 +579,15 @@ pub fn reserve(state: &mut TierState, units: u64) {
 }
 
 /// Its answer came: the reservation is released (its charge, if any, is committed).
-pub fn release(state: &mut TierState, units: u64) {
-    state.ledger.pending = state.ledger.pending.saturating_sub(units);
+pub fn release(state: &mut TierState, units: u64, charged: u64) {
+    let l = &mut state.ledger;
+    l.pending = l.pending.saturating_sub(units);
+    if l.answers >= 1024 {
+        l.answers /= 2;
+        l.charged_answers /= 2;
+    }
+    l.answers += 1;
+    l.charged_answers += u32::from(charged > 0);
 }
 
 /// Note that a request of `units` wanted this tier (admitted or not): the size of the next ask.
@@ -730,6 +756,7 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
     }
     l.demand = 0;
     l.need = 0;
+    l.need_milli = 0;
     l.asking = false;
     l.drained_ms = sizing.now_ms;
     // the previous record first: what it gives back is there for this one
@@ -828,6 +855,7 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         // next ask counts only those that will still wait
         let past = ceiling.saturating_sub(l.used.max(ask.used).saturating_add(ask.need));
         l.need = l.need.saturating_sub(past);
+        l.need_milli = l.need_milli.min(l.need.saturating_mul(1000));
         // others hold leases too: what this one does not use goes back
         l.contended = answer.held > 0;
         l.fair = answer.fair.max(1);

@@ -887,7 +887,7 @@ impl Limiter {
                 rc.keep_orphan(&late.key, late.list, ti, orphan);
             }
             if late.reserved {
-                ledger::release(state, late.units);
+                ledger::release(state, late.units, units);
             }
         }
         units > 0 && Self::commit_tiers(cr, late.list, &mut c.tiers, now, leased, units)
