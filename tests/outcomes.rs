@@ -460,7 +460,7 @@ fn a_charge_on_its_way_survives_a_reload() {
         common::request(
             addr,
             "GET",
-            "/v1/delay/700/usage/300",
+            "/v1/delay/1500/usage/300",
             &[("x-org-id", "acme")],
         )
         .map(|r| r.status)
