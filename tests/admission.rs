@@ -1106,8 +1106,13 @@ fn a_cost_from_the_answer_is_charged_when_the_answer_comes() {
     let mut d = r.admitted.decision.clone().expect("a rule applied");
     rig.snap.limiter.charge_late(&mut d, 200, &usage("100"));
     assert_eq!(rig.used("t", "tokens"), Some(500));
-    // none: the default; a malformed value: the default; over max: max
-    for (value, used) in [(None, 510), (Some("lots"), 520), (Some("900"), 1320)] {
+    // none: the default; a malformed value or 0: the default; over max: max
+    for (value, used) in [
+        (None, 510),
+        (Some("lots"), 520),
+        (Some("0"), 530),
+        (Some("900"), 1330),
+    ] {
         let r = rig.get("/v1/chat", "t");
         assert!(r.forwarded, "room for one unit at {used}");
         let mut d = r.admitted.decision.clone().expect("a rule applied");
@@ -1121,6 +1126,15 @@ fn a_cost_from_the_answer_is_charged_when_the_answer_comes() {
     assert!(r.header("retry-after").is_some());
     rig.clock.advance_ms(60_000);
     assert!(rig.get("/v1/chat", "t").forwarded);
+    // without `max`, one answer is charged at most the smallest threshold
+    let rig = Rig::new(
+        "  - id: tokens\n    pathPattern: /v1/**\n    cost: { response_header: x-usage-tokens }\n    tiers: [{ period: 1m, threshold: 1000 }, { period: 1h, threshold: 5000 }]",
+        "",
+    );
+    let r = rig.get("/v1/chat", "t");
+    let mut d = r.admitted.decision.clone().expect("a rule applied");
+    rig.snap.limiter.charge_late(&mut d, 200, &usage("4000"));
+    assert_eq!(rig.used("t", "tokens"), Some(1000));
 }
 
 /// docs/configuration.md "Counting by outcome": `count_when` and a `cost` together charge

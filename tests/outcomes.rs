@@ -168,9 +168,14 @@ fn a_fleet_counts_costs_in_units() {
 fn a_cost_from_the_answer_is_charged_through_the_gateway() {
     let up = Upstream::start("u");
     let period = period_with_room(3600, 20);
+    // and a route to a pool nobody listens on: the gateway's own 502
+    let dead = format!("127.0.0.1:{}", common::free_port());
+    let cfg = one_route_config(up.addr, 1, "").edit(
+        "routes:\n",
+        &format!("  gone:\n    servers: [\"{dead}\"]\n    retries: 0\nroutes:\n  - id: broken\n    path: /v1/broken/**\n    upstream: gone\n"),
+    );
     let gw = Gateway::start(&format!(
-        "{}{TENANT}limits:\n  - id: tokens\n    pathPattern: /v1/**\n    cost: {{ response_header: x-usage-tokens, default: 50 }}\n    tiers: [{{ period: {period}, threshold: 1000 }}]\n",
-        one_route_config(up.addr, 1, "")
+        "{cfg}{TENANT}limits:\n  - id: tokens\n    pathPattern: /v1/**\n    cost: {{ response_header: x-usage-tokens, default: 50 }}\n    tiers: [{{ period: {period}, threshold: 1000 }}]\n"
     ));
     let t = [("x-org-id", "acme")];
     let r = gw.get("/v1/chat/usage/400", &t);
@@ -191,16 +196,24 @@ fn a_cost_from_the_answer_is_charged_through_the_gateway() {
         Some("550"),
         "no header: default, 50"
     );
+    // the gateway's own answer (no server answers) costs the default too
+    assert_eq!(gw.get("/v1/broken/x", &t).status, 502);
+    let r = gw.get("/v1/chat/usage/0", &t);
+    assert_eq!(
+        r.header("x-ratelimit-remaining"),
+        Some("450"),
+        "502: 50, then 0: 50"
+    );
     let r = gw.get("/v1/chat/usage/900", &t);
     assert_eq!(r.status, 200, "admitted: the window had room");
     assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
     let r = gw.get("/v1/chat/usage/1", &t);
     assert_eq!(
         r.status, 429,
-        "1350 of 1000 charged: refused until the window ends"
+        "1450 of 1000 charged: refused until the window ends"
     );
     assert!(r.header("retry-after").is_some());
-    assert_eq!(up.hits(), 3);
+    assert_eq!(up.hits(), 4);
 }
 
 /// Late charges across a fleet (docs/fleet.md "Late charges"): two gateways sharing Redis,

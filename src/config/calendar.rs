@@ -182,6 +182,15 @@ mod tests {
         // and India, +05:30 all year
         let (s, e) = window(Day, "Asia/Kolkata", utc(2026, 1, 15, 20, 0));
         assert_eq!((s, e), (utc(2026, 1, 15, 18, 30), utc(2026, 1, 16, 18, 30)));
+        // Santiago skips midnight on 6 September 2026 (00:00 -> 01:00): the day starts at its
+        // first instant, 01:00 -03, and has 23 hours
+        let (s, e) = window(Day, "America/Santiago", utc(2026, 9, 6, 12, 0));
+        assert_eq!((s, e), (utc(2026, 9, 6, 4, 0), utc(2026, 9, 7, 3, 0)));
+        assert_eq!(
+            window(Day, "America/Santiago", s - 1).1,
+            s,
+            "the 5th ends then"
+        );
         // UTC
         let (s, e) = window(Day, "UTC", utc(2026, 1, 15, 20, 0));
         assert_eq!((s, e), (utc(2026, 1, 15, 0, 0), utc(2026, 1, 16, 0, 0)));
