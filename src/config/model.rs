@@ -364,15 +364,6 @@ impl Cost {
             _ => None,
         }
     }
-
-    /// The most a request of this rule may be charged.
-    pub fn most(&self) -> u64 {
-        match self {
-            Cost::One => 1,
-            Cost::Units(n) => *n,
-            Cost::Header { max, .. } | Cost::Response { max, .. } => *max,
-        }
-    }
 }
 
 /// A header's value as a count of units (`u64::MAX` past it); `None`: missing or not digits.

@@ -77,7 +77,7 @@ impl ByTier {
                 tiers
                     .iter()
                     .map(|t| {
-                        let l = tier_label(t);
+                        let l = t.label();
                         if let Some((_, c)) = labels.iter().find(|(x, _)| *x == l) {
                             return c.clone();
                         }
@@ -106,11 +106,6 @@ impl ByTier {
     }
 }
 
-/// The `tier` label of a tier: its period (`1s`, `10s`, `1h`, `500ms`, `1mo`).
-pub fn tier_label(tier: &Tier) -> String {
-    tier.label()
-}
-
 /// The `tier` label values of one rule's decision series (for removing them on reload).
 pub fn tier_labels(rule: &Rule) -> Vec<String> {
     let mut out = vec![
@@ -123,7 +118,7 @@ pub fn tier_labels(rule: &Rule) -> Vec<String> {
         .iter()
         .chain(rule.plan_tiers.iter().flatten().flatten())
     {
-        let l = tier_label(t);
+        let l = t.label();
         if !out.contains(&l) {
             out.push(l);
         }

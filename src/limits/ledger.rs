@@ -99,9 +99,10 @@ pub struct Ledger {
     pub base: u64,
     /// Requests that wanted this tier (admitted or not) since the last drain.
     pub demand: u64,
-    /// Requests held since the last drain because the lease was used (they wait for the next
-    /// round's answer): the first part of the next ask.
-    pub need: u64,
+    /// Units held since the last drain because the lease was used (they wait for the next
+    /// round's answer), in thousandths: the first part of the next ask (`Ledger::need`). A rule
+    /// charging late counts the share of its units its last answers were charged.
+    pub need_milli: u64,
     /// This record wants to be in the next round, early or not (a request waits, a credit was
     /// taken, half of the lease is used).
     pub asking: bool,
@@ -144,8 +145,6 @@ pub struct Ledger {
     /// uses). Kept across windows.
     pub answers: u32,
     pub charged_answers: u32,
-    /// `need` in thousandths, for those shares.
-    pub need_milli: u64,
     /// Late charges (`count_when`, a cost from the answer): the units admission checked for
     /// requests still waiting for their answers. Credits count them (a credit is for one
     /// request at a time, or a few on a fresh window, not for a burst whose charges are on
@@ -181,6 +180,11 @@ pub struct Orphan {
 }
 
 impl Ledger {
+    /// The units held for the next ask (`need_milli`, rounded up).
+    pub fn need(&self) -> u64 {
+        self.need_milli.div_ceil(1000)
+    }
+
     /// Counts not yet confirmed by Redis (both windows).
     pub fn unsent(&self) -> u64 {
         (self.used - self.sent.min(self.used))
@@ -567,7 +571,6 @@ pub fn note_hold(state: &mut TierState, first: bool, units: u64) {
         l.need_milli = l
             .need_milli
             .saturating_add(units.saturating_mul(share_milli));
-        l.need = l.need_milli.div_ceil(1000).max(1);
     }
     l.asking = true;
 }
@@ -735,7 +738,8 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
     // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
     // comes back only as leases are given back there, or as time passes)
     let full = l.short >= 2 && l.demand > 0;
-    let include = l.asking || l.need > 0 || (sizing.periodic && (unsent || give_back || full));
+    let include =
+        l.asking || l.need_milli > 0 || (sizing.periodic && (unsent || give_back || full));
     if l.gen == 0 || !include {
         return [prev, None];
     }
@@ -749,13 +753,12 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
             .unwrap_or(u64::MAX)
             .clamp(1, sizing.spare.max(1))
     };
-    let need = l.need;
+    let need = l.need();
     let want = l.used.saturating_add(need).saturating_add(forecast);
     if want < l.ceiling {
         l.ceiling = want.max(l.used);
     }
     l.demand = 0;
-    l.need = 0;
     l.need_milli = 0;
     l.asking = false;
     l.drained_ms = sizing.now_ms;
@@ -854,8 +857,7 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         // of what it granted past this instance's count and the requests it asked for: the
         // next ask counts only those that will still wait
         let past = ceiling.saturating_sub(l.used.max(ask.used).saturating_add(ask.need));
-        l.need = l.need.saturating_sub(past);
-        l.need_milli = l.need_milli.min(l.need.saturating_mul(1000));
+        l.need_milli = l.need_milli.saturating_sub(past.saturating_mul(1000));
         // others hold leases too: what this one does not use goes back
         l.contended = answer.held > 0;
         l.fair = answer.fair.max(1);
@@ -1132,7 +1134,7 @@ mod tests {
         let mut s = state();
         s.ledger.used = 40;
         s.ledger.ceiling = 40;
-        s.ledger.need = 20;
+        s.ledger.need_milli = 20_000;
         let sizing = Sizing {
             spare: spare(100),
             now_ms: 19_990,
