@@ -25,7 +25,7 @@ use tollgate::snapshot::{Runtime, Snapshot};
 const HOUR: u64 = 3_600_000;
 const T0: u64 = 500_000 * HOUR;
 
-/// The tenancy of `tests/limits.rs`: an API key, a trusted path and a trusted header.
+/// A gateway config with `common::TENANCY` and these rules.
 fn config_text(limits: &str, extra: &str) -> String {
     format!(
         r#"server:
@@ -37,20 +37,11 @@ routes:
   - id: all
     path: /**
     upstream: app
-tenant:
-  from:
-    - api_key: {{ header: x-api-key, keys: {{ "k-7f3a": acme }} }}
-    - path: /v1/organizations/{{tenant}}/**
-      trusted: true
-    - header: x-org-id
-      trusted: true
-  required: false
-plans:
-  premium: [globex]
-limits:
+{tenancy}limits:
 {limits}
 {extra}
-"#
+"#,
+        tenancy = common::TENANCY
     )
 }
 
@@ -197,6 +188,13 @@ impl Rig {
     }
 
     /// The tier `used` counts of one tenant, by rule, as `/api/tenants/<id>` shows them.
+    /// The answer to a forwarded request came, with this status and these headers: its late
+    /// charges are taken (`Limiter::charge_late`, as the response phase does).
+    fn answer(&self, r: &Out, status: u16, headers: &HeaderMap) {
+        let mut d = r.admitted.decision.clone().expect("a rule applied");
+        self.snap.limiter.charge_late(&mut d, status, headers);
+    }
+
     fn used(&self, tenant: &str, rule: &str) -> Option<u64> {
         self.snap
             .limiter
@@ -1006,12 +1004,7 @@ fn a_count_when_rule_counts_only_the_answers_it_names() {
         "",
     );
     let login = || rig.send("POST", "/login", &[("x-org-id", "t")]);
-    let late = |r: &Out, status: u16| {
-        let mut d = r.admitted.decision.clone().expect("a rule applied");
-        rig.snap
-            .limiter
-            .charge_late(&mut d, status, &HeaderMap::new());
-    };
+    let late = |r: &Out, status: u16| rig.answer(r, status, &HeaderMap::new());
     // successful logins are never counted
     for _ in 0..5 {
         let r = login();
@@ -1102,9 +1095,7 @@ fn a_cost_from_the_answer_is_charged_when_the_answer_comes() {
         false,
     );
     assert_eq!(h["x-ratelimit-remaining"], "600");
-    let r = rig.get("/v1/chat", "t");
-    let mut d = r.admitted.decision.clone().expect("a rule applied");
-    rig.snap.limiter.charge_late(&mut d, 200, &usage("100"));
+    rig.answer(&rig.get("/v1/chat", "t"), 200, &usage("100"));
     assert_eq!(rig.used("t", "tokens"), Some(500));
     // none: the default; a malformed value or 0: the default; over max: max
     for (value, used) in [
@@ -1115,9 +1106,7 @@ fn a_cost_from_the_answer_is_charged_when_the_answer_comes() {
     ] {
         let r = rig.get("/v1/chat", "t");
         assert!(r.forwarded, "room for one unit at {used}");
-        let mut d = r.admitted.decision.clone().expect("a rule applied");
-        let h = value.map_or_else(HeaderMap::new, usage);
-        rig.snap.limiter.charge_late(&mut d, 200, &h);
+        rig.answer(&r, 200, &value.map_or_else(HeaderMap::new, usage));
         assert_eq!(rig.used("t", "tokens"), Some(used));
     }
     // past the minute's threshold by the request that was in flight: refused until it rolls
@@ -1131,9 +1120,7 @@ fn a_cost_from_the_answer_is_charged_when_the_answer_comes() {
         "  - id: tokens\n    pathPattern: /v1/**\n    cost: { response_header: x-usage-tokens }\n    tiers: [{ period: 1m, threshold: 1000 }, { period: 1h, threshold: 5000 }]",
         "",
     );
-    let r = rig.get("/v1/chat", "t");
-    let mut d = r.admitted.decision.clone().expect("a rule applied");
-    rig.snap.limiter.charge_late(&mut d, 200, &usage("4000"));
+    rig.answer(&rig.get("/v1/chat", "t"), 200, &usage("4000"));
     assert_eq!(rig.used("t", "tokens"), Some(1000));
 }
 
@@ -1147,12 +1134,9 @@ fn count_when_charges_the_rules_cost() {
     );
     let send = |status: u16, remaining: &str| {
         let r = rig.get("/x", "t");
-        let mut d = r.admitted.decision.clone().expect("a rule applied");
         // checked as if counted
         assert_eq!(r.header("x-ratelimit-remaining"), Some(remaining));
-        rig.snap
-            .limiter
-            .charge_late(&mut d, status, &HeaderMap::new());
+        rig.answer(&r, status, &HeaderMap::new());
     };
     send(200, "7");
     assert_eq!(rig.used("t", "errors"), Some(0));

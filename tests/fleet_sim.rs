@@ -1127,21 +1127,32 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
 }
 
 fn seeds() -> Vec<u64> {
+    let mut seeds = seeds_of("FLEET_SIM_SEEDS", 60, 2000);
+    let n = seeds.len() as u64;
+    if !cfg!(debug_assertions) && std::env::var("FLEET_SIM_SEED").is_err() {
+        seeds.extend(REPLAYED.iter().filter(|&&s| s > n));
+    }
+    seeds
+}
+
+/// `FLEET_SIM_SEED=<seed>` alone, or seeds 1 to `$var` (`debug` in a debug build, `release`
+/// in a release one).
+fn seeds_of(var: &str, debug: u64, release: u64) -> Vec<u64> {
     if let Some(seed) = std::env::var("FLEET_SIM_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
     {
         return vec![seed];
     }
-    let n = std::env::var("FLEET_SIM_SEEDS")
+    let n = std::env::var(var)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(if cfg!(debug_assertions) { 60 } else { 2000 });
-    let mut seeds: Vec<u64> = (1..=n).collect();
-    if !cfg!(debug_assertions) {
-        seeds.extend(REPLAYED.iter().filter(|&&s| s > n));
-    }
-    seeds
+        .unwrap_or(if cfg!(debug_assertions) {
+            debug
+        } else {
+            release
+        });
+    (1..=n).collect()
 }
 
 /// Seeds past the default 2,000 that once failed, replayed on every run:
@@ -1226,19 +1237,7 @@ fn the_fleet_holds_its_limits_over_many_seeds() {
 /// charged. `FLEET_SIM_LATE_SEEDS=<n>` runs more seeds.
 #[test]
 fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
-    let seeds: Vec<u64> = match std::env::var("FLEET_SIM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        Some(seed) => vec![seed],
-        None => {
-            let n = std::env::var("FLEET_SIM_LATE_SEEDS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(if cfg!(debug_assertions) { 20 } else { 500 });
-            (1..=n).collect()
-        }
-    };
+    let seeds = seeds_of("FLEET_SIM_LATE_SEEDS", 20, 500);
     let mut failures = Vec::new();
     let (mut units, mut under, mut over, mut share_under) = (0u64, 0usize, 0f64, 0usize);
     for seed in seeds {
@@ -1278,19 +1277,7 @@ fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
 /// end. `FLEET_SIM_CALENDAR_SEEDS=<n>` runs more seeds.
 #[test]
 fn calendar_days_keep_the_bounds_across_their_end() {
-    let seeds: Vec<u64> = match std::env::var("FLEET_SIM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        Some(seed) => vec![seed],
-        None => {
-            let n = std::env::var("FLEET_SIM_CALENDAR_SEEDS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(if cfg!(debug_assertions) { 10 } else { 200 });
-            (1..=n).collect()
-        }
-    };
+    let seeds = seeds_of("FLEET_SIM_CALENDAR_SEEDS", 10, 200);
     let mut failures = Vec::new();
     let mut windows = 0;
     for seed in seeds {
@@ -1318,19 +1305,7 @@ fn calendar_days_keep_the_bounds_across_their_end() {
 /// `FLEET_SIM_COST_SEEDS=<n>` runs more seeds.
 #[test]
 fn costs_keep_the_bounds_in_units_over_many_seeds() {
-    let seeds: Vec<u64> = match std::env::var("FLEET_SIM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        Some(seed) => vec![seed],
-        None => {
-            let n = std::env::var("FLEET_SIM_COST_SEEDS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(if cfg!(debug_assertions) { 20 } else { 500 });
-            (1..=n).collect()
-        }
-    };
+    let seeds = seeds_of("FLEET_SIM_COST_SEEDS", 20, 500);
     let mut failures = Vec::new();
     let (mut units, mut under) = (0u64, 0usize);
     for seed in seeds {

@@ -12,21 +12,12 @@ use std::time::Duration;
 /// Gateway config with the given `limits` list (YAML, indented by two spaces) and extras.
 fn config(up: &Upstream, limits: &str, extra: &str) -> String {
     format!(
-        r#"{head}tenant:
-  from:
-    - api_key: {{ header: x-api-key, keys: {{ "k-7f3a": acme }} }}
-    - path: /v1/organizations/{{tenant}}/**
-      trusted: true
-    - header: x-org-id
-      trusted: true
-  required: false
-plans:
-  premium: [globex]
-limits:
+        r#"{head}{tenancy}limits:
 {limits}
 {extra}
 "#,
-        head = common::one_route_config(up.addr, 2, "")
+        head = common::one_route_config(up.addr, 2, ""),
+        tenancy = common::TENANCY
     )
 }
 

@@ -21,6 +21,38 @@ fn rule(period_s: u64, threshold: u64) -> String {
     )
 }
 
+/// Send `path` to `a`, then `b`, and again, until both refuse (429); returns the units charged:
+/// `units` for each answer with status `charged`.
+fn alternate_until_both_refuse(
+    a: &Gateway,
+    b: &Gateway,
+    path: &str,
+    headers: &[(&str, &str)],
+    (charged, units): (u16, i64),
+) -> i64 {
+    let mut total = 0;
+    let mut send = |gw: &Gateway| {
+        let status = gw.get(path, headers).status;
+        if status == charged {
+            total += units;
+        }
+        status
+    };
+    assert!(eventually(Duration::from_secs(10), || {
+        let (sa, sb) = (send(a), send(b));
+        sa == 429 && sb == 429
+    }));
+    total
+}
+
+/// The count Redis holds for tenant acme's rule `rule` (its one window key).
+fn count_in(redis: &RedisServer, rule: &str) -> Option<i64> {
+    redis
+        .counter_keys(&format!("tg:{{acme}}:{rule}:*"))
+        .first()
+        .map(|k| redis.int(&["GET", k]))
+}
+
 #[test]
 fn only_the_statuses_named_are_counted_and_the_next_request_is_refused() {
     let up = Upstream::start("u");
@@ -127,37 +159,18 @@ fn a_fleet_counts_costs_in_units() {
     for gw in [&a, &b] {
         assert!(wait_redis_state(gw, "connected"));
     }
-    let admitted = std::cell::Cell::new(0u64);
-    let ask = |gw: &Gateway| {
-        let status = gw
-            .get("/llm", &[("x-org-id", "acme"), ("x-tokens", "30")])
-            .status;
-        if status == 200 {
-            admitted.set(admitted.get() + 30);
-        }
-        status
-    };
-    // alternate until both instances refuse
-    assert!(eventually(Duration::from_secs(10), || {
-        let (sa, sb) = (ask(&a), ask(&b));
-        sa == 429 && sb == 429
-    }));
-    let used = admitted.get();
+    let headers = [("x-org-id", "acme"), ("x-tokens", "30")];
+    let used = alternate_until_both_refuse(&a, &b, "/llm", &headers, (200, 30));
     assert!((90..=160).contains(&used), "admitted {used} units of 100");
-    let key = || {
-        redis
-            .counter_keys("tg:{acme}:tokens:*")
-            .first()
-            .map(|k| redis.int(&["GET", k]))
-    };
+    let key = || count_in(&redis, "tokens");
     assert!(
-        eventually(Duration::from_secs(5), || key() == Some(used as i64)),
+        eventually(Duration::from_secs(5), || key() == Some(used)),
         "Redis {:?}, admitted {used}",
         key()
     );
     // the refusals took nothing
-    assert_eq!(ask(&a), 429);
-    assert!(eventually(Duration::from_secs(3), || key() == Some(used as i64)));
+    assert_eq!(a.get("/llm", &headers).status, 429);
+    assert!(eventually(Duration::from_secs(3), || key() == Some(used)));
 }
 
 /// docs/configuration.md "Cost from the answer", through the real gateway: admitted while the
@@ -234,12 +247,7 @@ fn a_fleet_takes_late_charges() {
         assert!(wait_redis_state(gw, "connected"));
     }
     let t = [("x-org-id", "acme")];
-    let key = |rule: &str| {
-        redis
-            .counter_keys(&format!("tg:{{acme}}:{rule}:*"))
-            .first()
-            .map(|k| redis.int(&["GET", k]))
-    };
+    let key = |rule: &str| count_in(&redis, rule);
     // successes are not counted
     for gw in [&a, &b] {
         for _ in 0..4 {
@@ -248,49 +256,20 @@ fn a_fleet_takes_late_charges() {
     }
     // 5xx answers are, alternating, until both gateways refuse (even an answer that would
     // have succeeded); under 100, within one request per instance of the threshold
-    let counted = std::cell::Cell::new(0i64);
-    let fail = |gw: &Gateway| {
-        let status = gw.get("/status/503", &t).status;
-        if status == 503 {
-            counted.set(counted.get() + 1);
-        }
-        status
-    };
-    assert!(eventually(Duration::from_secs(10), || {
-        let (sa, sb) = (fail(&a), fail(&b));
-        sa == 429 && sb == 429
-    }));
+    let counted = alternate_until_both_refuse(&a, &b, "/status/503", &t, (503, 1));
+    assert!((4..=8).contains(&counted), "counted {counted}");
     assert!(
-        (4..=8).contains(&counted.get()),
-        "counted {}",
-        counted.get()
-    );
-    assert!(
-        eventually(Duration::from_secs(5), || key("errors")
-            == Some(counted.get())),
-        "Redis holds {:?}, counted {}",
-        key("errors"),
-        counted.get()
+        eventually(Duration::from_secs(5), || key("errors") == Some(counted)),
+        "Redis holds {:?}, counted {counted}",
+        key("errors")
     );
     for gw in [&a, &b] {
         assert_eq!(gw.get("/status/200", &t).status, 429);
     }
     // the answers' costs: 30 a request, alternating, until both refuse
-    let charged = std::cell::Cell::new(0i64);
-    let ask = |gw: &Gateway| {
-        let status = gw.get("/v1/usage/30", &t).status;
-        if status == 200 {
-            charged.set(charged.get() + 30);
-        }
-        status
-    };
-    assert!(eventually(Duration::from_secs(10), || {
-        let (sa, sb) = (ask(&a), ask(&b));
-        sa == 429 && sb == 429
-    }));
     // past 100 by at most what was in flight when each instance's share filled (one request
     // each here: they go one at a time)
-    let used = charged.get();
+    let used = alternate_until_both_refuse(&a, &b, "/v1/usage/30", &t, (200, 30));
     assert!((90..=160).contains(&used), "charged {used} of 100");
     assert!(
         eventually(Duration::from_secs(5), || key("tokens") == Some(used)),

@@ -975,3 +975,18 @@ pub fn hostile_tenant_ids() -> Vec<String> {
     ids.push(format!("{}y", "x".repeat(9_999)));
     ids
 }
+
+/// The tenancy of the rate-limiting tests (`tests/admission.rs`, `tests/limits.rs`): an API key
+/// (`k-7f3a` is acme), a trusted path, a trusted `x-org-id` header; plan premium is globex.
+#[allow(dead_code)]
+pub const TENANCY: &str = r#"tenant:
+  from:
+    - api_key: { header: x-api-key, keys: { "k-7f3a": acme } }
+    - path: /v1/organizations/{tenant}/**
+      trusted: true
+    - header: x-org-id
+      trusted: true
+  required: false
+plans:
+  premium: [globex]
+"#;
