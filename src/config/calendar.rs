@@ -212,6 +212,10 @@ mod tests {
         let (s, e) = window(Week, "America/New_York", utc(2026, 3, 4, 12, 0));
         assert_eq!((s, e), (utc(2026, 3, 2, 5, 0), utc(2026, 3, 9, 4, 0)));
         assert_eq!(e - s, 7 * 24 * H - H);
+        // and the week it ends in, an hour longer
+        let (s, e) = window(Week, "America/New_York", utc(2026, 10, 29, 12, 0));
+        assert_eq!((s, e), (utc(2026, 10, 26, 4, 0), utc(2026, 11, 2, 5, 0)));
+        assert_eq!(e - s, 7 * 24 * H + H);
         // months: from the 1st; October in Berlin has 31 days and one hour more
         let (s, e) = window(Month, "Europe/Berlin", utc(2026, 10, 15, 0, 0));
         assert_eq!((s, e), (utc(2026, 9, 30, 22, 0), utc(2026, 10, 31, 23, 0)));
