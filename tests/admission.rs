@@ -59,6 +59,8 @@ struct Out {
     headers: HeaderMap,
     body: Bytes,
     forwarded: bool,
+    /// A leaky bucket's turn: how long it waits before it goes on (ms).
+    wait_ms: u64,
     admitted: Admitted,
 }
 
@@ -120,9 +122,14 @@ impl Rig {
                 headers: a.headers,
                 body: a.body,
                 forwarded: false,
+                wait_ms: 0,
                 admitted,
             },
-            Admission::Forward => {
+            Admission::Forward | Admission::Queue(_) => {
+                let wait_ms = match admission {
+                    Admission::Queue(w) => w.as_millis() as u64,
+                    _ => 0,
+                };
                 let mut headers = HeaderMap::new();
                 if let Some(d) = &admitted.decision {
                     tollgate::limits::headers::apply(
@@ -138,6 +145,7 @@ impl Rig {
                     headers,
                     body: Bytes::new(),
                     forwarded: true,
+                    wait_ms,
                     admitted,
                 }
             }
@@ -1262,4 +1270,122 @@ fn a_request_takes_its_cost_from_every_tier_or_nothing() {
     // what is left fits exactly; one unit more does not
     assert!(search(Some("55")).forwarded);
     assert_eq!(search(Some("1")).status, 429);
+}
+
+/// docs/configuration.md "Sliding log": exact. A unit leaves the span one period after it was
+/// admitted, to the millisecond, wherever the windows fall; the quota headers count to the
+/// moment the oldest leaves. A sliding window, at the same edge, lets more through.
+#[test]
+fn a_sliding_log_holds_no_span_over_its_threshold_where_a_sliding_window_lets_more_through() {
+    let rule = |id: &str, algo: &str| {
+        format!("  - id: {id}\n    pathPattern: /{id}\n    algorithm: {algo}\n    tiers: [{{ period: 10, threshold: 3 }}]\n")
+    };
+    let rig = Rig::new(
+        &(rule("log", "sliding_log") + &rule("win", "sliding_window")),
+        "",
+    );
+    // three at the end of a window, 9.9 s in
+    rig.clock.set_ms(T0 + 9_900);
+    for path in ["/log", "/win"] {
+        for left in ["2", "1", "0"] {
+            let r = rig.get(path, "acme");
+            assert!(r.forwarded, "{path}");
+            assert_eq!(r.header("x-ratelimit-remaining"), Some(left));
+        }
+    }
+    let r = rig.get("/log", "acme");
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        r.header("retry-after"),
+        Some("10"),
+        "they leave at T0 + 19.9 s"
+    );
+    // half-way into the next window the sliding window weighs the previous three as 1.5
+    rig.clock.set_ms(T0 + 15_000);
+    assert!(
+        rig.get("/win", "acme").forwarded,
+        "the estimate lets one more in"
+    );
+    let r = rig.get("/log", "acme");
+    assert_eq!(r.status, 429, "the log knows all three are in the span");
+    assert_eq!(r.header("retry-after"), Some("5"));
+    assert_eq!(r.header("x-ratelimit-reset"), Some("5"));
+    // they leave together 10 s after they came, to the millisecond
+    rig.clock.set_ms(T0 + 19_899);
+    assert_eq!(rig.get("/log", "acme").status, 429);
+    rig.clock.set_ms(T0 + 19_900);
+    let r = rig.get("/log", "acme");
+    assert!(r.forwarded);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("2"));
+    assert_eq!(
+        r.header("x-ratelimit-reset"),
+        Some("10"),
+        "it is the oldest now"
+    );
+}
+
+/// docs/configuration.md "Leaky bucket": a burst waits its turns, `period / threshold` apart
+/// and in arrival order; past the queue it is refused with Retry-After; a request whose client
+/// leaves before its turn gives the turn back.
+#[test]
+fn a_leaky_bucket_queues_a_burst_and_refuses_past_its_queue() {
+    let rig = Rig::new(
+        "  - id: steady\n    pathPattern: /**\n    algorithm: leaky_bucket\n    queue: 3\n    tiers: [{ period: 1, threshold: 5 }]",
+        "",
+    );
+    rig.clock.set_ms(T0 + 100);
+    let burst: Vec<Out> = (0..4).map(|_| rig.get("/a", "acme")).collect();
+    let waits: Vec<u64> = burst.iter().map(|r| r.wait_ms).collect();
+    assert_eq!(
+        waits,
+        [0, 200, 400, 600],
+        "one leaves now, three wait their turns"
+    );
+    assert!(burst.iter().all(|r| r.forwarded));
+    let remaining: Vec<&str> = burst
+        .iter()
+        .map(|r| r.header("x-ratelimit-remaining").unwrap())
+        .collect();
+    assert_eq!(remaining, ["3", "2", "1", "0"], "places left in the queue");
+    let r = rig.get("/a", "acme");
+    assert_eq!(r.status, 429, "a fourth would wait past the queue");
+    assert_eq!(
+        r.header("retry-after"),
+        Some("1"),
+        "200 ms, in whole seconds"
+    );
+    // the last one leaves before its turn: its turn is free again
+    let mut last = burst.into_iter().next_back().unwrap();
+    let d = last.admitted.decision.as_mut().unwrap();
+    rig.snap.limiter.leave_queue(d);
+    assert_eq!(rig.get("/a", "acme").wait_ms, 600, "the freed turn");
+    // as time passes the queue drains: 1 s later it is empty
+    rig.clock.set_ms(T0 + 1_100);
+    assert_eq!(rig.get("/a", "acme").wait_ms, 0);
+    // another tenant has its own bucket
+    rig.clock.set_ms(T0 + 1_100);
+    assert_eq!(rig.get("/a", "globex").wait_ms, 0);
+}
+
+/// A leaky bucket's queue defaults to the threshold, and `queue: 0` admits only on its turn.
+#[test]
+fn a_leaky_buckets_queue_defaults_to_its_threshold_and_zero_means_no_waiting() {
+    let rig = Rig::new(
+        "  - id: deflt\n    pathPattern: /d\n    algorithm: leaky_bucket\n    tiers: [{ period: 1, threshold: 4 }]\n  - id: strict\n    pathPattern: /s\n    algorithm: leaky_bucket\n    queue: 0\n    tiers: [{ period: 1, threshold: 4 }]",
+        "",
+    );
+    rig.clock.set_ms(T0);
+    let waits: Vec<u64> = (0..6).map(|_| rig.get("/d", "acme").wait_ms).collect();
+    assert_eq!(
+        waits,
+        [0, 250, 500, 750, 1000, 0],
+        "four wait, the sixth is refused"
+    );
+    assert_eq!(rig.get("/d", "acme").status, 429);
+    assert!(rig.get("/s", "acme").forwarded);
+    assert_eq!(rig.get("/s", "acme").status, 429);
+    rig.clock.set_ms(T0 + 250);
+    let r = rig.get("/s", "acme");
+    assert!(r.forwarded);
+    assert_eq!(r.wait_ms, 0);
 }

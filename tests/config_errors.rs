@@ -982,3 +982,54 @@ fn calendar_periods_are_checked() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("10/1w Asia/Kolkata"), "{out}");
 }
+
+/// docs/configuration.md "Sliding log" and "Leaky bucket": a sliding log's threshold has a
+/// maximum (the alternative is named); `queue` belongs to leaky buckets and has a range.
+#[test]
+fn sliding_log_thresholds_and_leaky_bucket_queues_are_checked() {
+    let rule = |algo: &str, threshold: u64, extra: &str| {
+        with(
+            "      - { period: 1, threshold: 10 }\n",
+            &format!(
+                "      - {{ period: 60, threshold: {threshold} }}\n    algorithm: {algo}\n{extra}"
+            ),
+        )
+    };
+    assert_error(
+        &rule("sliding_log", 10_001, ""),
+        23,
+        34,
+        &[
+            "limits[0].tiers[0].threshold",
+            "too large for sliding_log",
+            "at most 10000",
+            "use sliding_window",
+        ],
+    );
+    assert_error(
+        &rule("token_bucket", 10, "    queue: 5\n"),
+        25,
+        12,
+        &[
+            "limits[0].queue",
+            "only to algorithm: leaky_bucket",
+            "token_bucket",
+        ],
+    );
+    assert_error(
+        &rule("leaky_bucket", 10, "    queue: -1\n"),
+        25,
+        12,
+        &["limits[0].queue", "0 to 1000000", "got -1"],
+    );
+    let dir = TempDir::new();
+    for text in [
+        rule("sliding_log", 10_000, ""),
+        rule("leaky_bucket", 10, "    queue: 0\n"),
+        rule("leaky_bucket", 10, ""),
+    ] {
+        let path = dir.write("gateway.yaml", &text);
+        let (code, _, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+        assert_eq!(code, 0, "{text}\n{err}");
+    }
+}

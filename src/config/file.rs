@@ -181,7 +181,7 @@ macro_rules! config_names {
 }
 
 config_names!(Balance { RoundRobin => "round_robin", Random => "random", ConsistentHash => "consistent_hash" });
-config_names!(Algorithm { FixedWindow => "fixed_window", SlidingWindow => "sliding_window", TokenBucket => "token_bucket" });
+config_names!(Algorithm { FixedWindow => "fixed_window", SlidingWindow => "sliding_window", TokenBucket => "token_bucket", SlidingLog => "sliding_log", LeakyBucket => "leaky_bucket" });
 config_names!(Action { Reject => "reject", Delay => "delay", Shadow => "shadow", Shadowban => "shadowban", Throttle => "throttle" });
 config_names!(OnFailure { LocalShare => "local_share", Local => "local", Allow => "allow", Deny => "deny" });
 
@@ -595,6 +595,9 @@ pub struct RuleFile {
     pub status: Option<u16>,
     #[serde(default)]
     pub max_delay: Option<ConfDuration>,
+    /// `leaky_bucket`: how many requests may wait their turn (default: the tier's threshold).
+    #[serde(default)]
+    pub queue: Option<i64>,
     /// The answer of `action: shadowban`.
     #[serde(default)]
     pub shadowban: Option<ShadowbanFile>,
@@ -739,6 +742,24 @@ pub enum Algorithm {
     FixedWindow,
     SlidingWindow,
     TokenBucket,
+    /// Exact: the admission instants of the last period, one per unit.
+    SlidingLog,
+    /// A queue leaking `threshold` per `period`: requests wait their turn.
+    LeakyBucket,
+}
+
+impl Algorithm {
+    /// GCRA state (`tat`): a token bucket, or a leaky bucket (a token bucket whose burst is
+    /// its queue, and whose requests wait for their turn).
+    pub fn is_bucket(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+
+    /// Counts per window weighed over the previous one: the sliding window, and (for the
+    /// fleet's accounting) the sliding log.
+    pub fn is_sliding(self) -> bool {
+        matches!(self, Algorithm::SlidingWindow | Algorithm::SlidingLog)
+    }
 }
 
 #[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]

@@ -242,6 +242,8 @@ pub struct Tier {
     pub threshold: u64,
     /// `1d`, `1w`, `1mo`: windows of the calendar, in the rule's time zone.
     pub calendar: Option<super::calendar::Calendar>,
+    /// `leaky_bucket`: how many requests may wait their turn (None for other algorithms).
+    pub queue: Option<u64>,
 }
 
 impl Tier {

@@ -39,6 +39,8 @@ pub(crate) fn algorithm_text(a: Algorithm) -> &'static str {
         Algorithm::FixedWindow => "fixed_window",
         Algorithm::SlidingWindow => "sliding_window",
         Algorithm::TokenBucket => "token_bucket",
+        Algorithm::SlidingLog => "sliding_log",
+        Algorithm::LeakyBucket => "leaky_bucket",
     }
 }
 

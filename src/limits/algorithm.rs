@@ -1,12 +1,19 @@
-//! The three algorithms, as pure functions of (state, tier, now, units). No clock, no storage,
+//! The five algorithms, as pure functions of (state, tier, now, units). No clock, no storage,
 //! no locking here: the store owns the state, the limiter owns the clock. A request takes one
-//! unit (the request path passes 1; a rule's `cost` will pass more): `n` units behave exactly
-//! as `n` requests at the same instant (a property test below).
+//! unit (a rule's `cost` passes more): `n` units behave exactly as `n` requests at the same
+//! instant (a property test below).
 //!
 //! - `fixed_window`: windows aligned to the epoch, start = floor(now_ms / period_ms) * period_ms.
 //! - `sliding_window`: the previous window's count weighted by the part of it still inside the
 //!   sliding window, plus the current window's count.
 //! - `token_bucket`: GCRA. `threshold` tokens, refilled evenly, `threshold` every `period`.
+//! - `leaky_bucket`: the same GCRA with a burst of `queue + 1`: the state is the next free
+//!   departure slot; a request takes the slot (`queue_wait_ns`: how long it waits for it) and
+//!   is refused when more than `queue` requests' worth wait ahead of it.
+//! - `sliding_log`: exact. Every unit admitted in the last period is kept (`Log`, outside the
+//!   `Copy` state); a request passes when the units of the span ending now, its own included,
+//!   stay within the threshold. Its windowed counts (`current`, `previous`) are kept as a
+//!   sliding window's, for the fleet's accounting.
 //!
 //! `evaluate` answers "would one more request pass?" without consuming anything; `commit`
 //! consumes. A request is committed only when every tier of every rule passed.
@@ -53,6 +60,8 @@ pub struct Quota {
     pub threshold: u64,
     pub period_ms: u64,
     pub calendar: Option<Calendar>,
+    /// A leaky bucket's queue: how many requests may wait their turn.
+    pub queue: Option<u64>,
 }
 
 impl Quota {
@@ -80,6 +89,25 @@ impl Quota {
 
 fn period_ms(tier: &Quota) -> u64 {
     tier.period_ms.max(1)
+}
+
+/// A bucket's time per unit, in ns (`period / threshold`).
+pub fn interval_ns(tier: &Quota) -> u128 {
+    (period_ms(tier) as u128 * NANOS_PER_MS as u128 / tier.threshold.max(1) as u128).max(1)
+}
+
+/// How far ahead of now a bucket may be booked, in ns: a token bucket's whole period (its
+/// burst is the threshold); a leaky bucket's queue and the slot leaving now.
+pub fn tolerance_ns(tier: &Quota) -> u128 {
+    match tier.queue {
+        Some(q) => (q as u128 + 1) * interval_ns(tier),
+        None => period_ms(tier) as u128 * NANOS_PER_MS as u128,
+    }
+}
+
+/// A leaky bucket: how long a request admitted now waits for its slot (call before `commit`).
+pub fn queue_wait_ns(state: &TierState, now_ns: u64) -> u64 {
+    state.tat_ns.saturating_sub(now_ns)
 }
 
 fn ceil_div(a: u128, b: u128) -> u128 {
@@ -113,18 +141,18 @@ pub fn roll(
     };
     let adjacent = old_end == start;
     state.window_end_ms = end;
-    if algorithm != Algorithm::TokenBucket {
+    if !algorithm.is_bucket() {
         state.previous = if adjacent { state.current } else { 0 };
         state.current = 0;
     }
     let old = std::mem::replace(&mut state.window_start_ms, start);
-    state
-        .ledger
-        .roll(old, algorithm == Algorithm::TokenBucket, adjacent)
+    state.ledger.roll(old, algorithm.is_bucket(), adjacent)
 }
 
 /// Would a request of `units` pass (one request costs 1), for this instance alone? Call `roll`
-/// first. `remaining` is what is left after it, in units.
+/// first. `remaining` is what is left after it, in units. A sliding log is judged on its
+/// `Log` (`Log::evaluate`); here, without one (a partition the store does not track), on its
+/// window's count, as a fixed window.
 pub fn evaluate(
     state: &TierState,
     tier: &Quota,
@@ -136,7 +164,7 @@ pub fn evaluate(
     let units = units.max(1);
     let now_ms = now_ns / NANOS_PER_MS;
     match algorithm {
-        Algorithm::FixedWindow => {
+        Algorithm::FixedWindow | Algorithm::SlidingLog => {
             let reset_ms = window_end(state, tier).saturating_sub(now_ms).max(1);
             let allowed = state.current.saturating_add(units) <= threshold;
             TierVerdict {
@@ -189,10 +217,9 @@ pub fn evaluate(
                 retry_after_ms: retry_after_ms.max(if allowed { 0 } else { 1 }),
             }
         }
-        Algorithm::TokenBucket => {
-            let p_ns = period_ms(tier) as u128 * NANOS_PER_MS as u128;
-            let t = threshold.max(1) as u128;
-            let interval = (p_ns / t).max(1); // one token every `interval`
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            let p_ns = tolerance_ns(tier);
+            let interval = interval_ns(tier); // one token every `interval`
             let now = now_ns as u128;
             let tat = (state.tat_ns as u128).max(now);
             let new_tat = tat + units as u128 * interval;
@@ -222,12 +249,11 @@ pub fn evaluate(
 pub fn commit(state: &mut TierState, tier: &Quota, algorithm: Algorithm, now_ns: u64, units: u64) {
     let units = units.max(1);
     match algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingLog => {
             state.current = state.current.saturating_add(units);
         }
-        Algorithm::TokenBucket => {
-            let p_ns = period_ms(tier) as u128 * NANOS_PER_MS as u128;
-            let interval = (p_ns / tier.threshold.max(1) as u128).max(1);
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            let interval = interval_ns(tier);
             let tat = (state.tat_ns as u128).max(now_ns as u128);
             state.tat_ns = u64::try_from(tat + units as u128 * interval).unwrap_or(u64::MAX);
         }
@@ -248,8 +274,10 @@ pub fn needed_until_ms(state: &TierState, tier: &Quota, algorithm: Algorithm) ->
     let p = period_ms(tier);
     match algorithm {
         Algorithm::FixedWindow => window_end(state, tier),
-        Algorithm::SlidingWindow => state.window_start_ms + 2 * p,
-        Algorithm::TokenBucket => state.tat_ns / NANOS_PER_MS + 1,
+        // (a log's newest instant is in the current window: it leaves the span within a
+        // period after the window's end)
+        Algorithm::SlidingWindow | Algorithm::SlidingLog => state.window_start_ms + 2 * p,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => state.tat_ns / NANOS_PER_MS + 1,
     }
 }
 
@@ -259,10 +287,9 @@ pub fn weight(state: &TierState, tier: &Quota, algorithm: Algorithm, now_ns: u64
     roll(&mut s, tier, algorithm, now_ns);
     match algorithm {
         Algorithm::FixedWindow => s.current,
-        Algorithm::SlidingWindow => s.current + s.previous,
-        Algorithm::TokenBucket => {
-            let p_ns = period_ms(tier) as u128 * NANOS_PER_MS as u128;
-            let interval = (p_ns / tier.threshold.max(1) as u128).max(1);
+        Algorithm::SlidingWindow | Algorithm::SlidingLog => s.current + s.previous,
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            let interval = interval_ns(tier);
             ((s.tat_ns as u128).saturating_sub(now_ns as u128) / interval) as u64
         }
     }
@@ -275,9 +302,9 @@ mod tests {
 
     fn tier(period_s: u64, threshold: u64) -> Quota {
         Quota {
-            calendar: None,
             period_ms: period_s * 1000,
             threshold,
+            ..Quota::default()
         }
     }
 
@@ -398,21 +425,72 @@ mod tests {
         assert_eq!(needed_until_ms(&s, &t, Algorithm::SlidingWindow), 11_000);
     }
 
+    #[test]
+    fn a_leaky_bucket_gives_turns_a_period_over_threshold_apart_and_refuses_past_its_queue() {
+        let t = Quota {
+            queue: Some(3),
+            ..tier(1, 5) // one every 200 ms
+        };
+        let a = Algorithm::LeakyBucket;
+        let clock = FakeClock::at_ms(1_000_000);
+        let mut s = TierState::default();
+        let mut waits = Vec::new();
+        for _ in 0..4 {
+            let now = clock.now_ns();
+            assert!(evaluate(&s, &t, a, now, 1).allowed);
+            waits.push(queue_wait_ns(&s, now) / NANOS_PER_MS);
+            commit(&mut s, &t, a, now, 1);
+        }
+        assert_eq!(
+            waits,
+            vec![0, 200, 400, 600],
+            "the first leaves now, three wait"
+        );
+        let full = evaluate(&s, &t, a, clock.now_ns(), 1);
+        assert!(!full.allowed, "a fifth would be the fourth waiting");
+        assert_eq!(
+            full.retry_after_ms, 200,
+            "until the first waiting one leaves"
+        );
+        clock.advance_ms(200);
+        assert!(evaluate(&s, &t, a, clock.now_ns(), 1).allowed);
+        assert_eq!(queue_wait_ns(&s, clock.now_ns()) / NANOS_PER_MS, 600);
+        // queue 0: only on its turn
+        let t0 = Quota {
+            queue: Some(0),
+            ..tier(1, 5)
+        };
+        let mut s = TierState::default();
+        assert!(evaluate(&s, &t0, a, clock.now_ns(), 1).allowed);
+        commit(&mut s, &t0, a, clock.now_ns(), 1);
+        assert!(!evaluate(&s, &t0, a, clock.now_ns(), 1).allowed);
+        clock.advance_ms(200);
+        assert!(evaluate(&s, &t0, a, clock.now_ns(), 1).allowed);
+    }
+
     proptest::proptest! {
         /// A request of n units is exactly n requests of one at the same instant: allowed
         /// when all n would be, leaving what the last leaves, and committing the same state.
         #[test]
         fn n_units_are_n_requests_at_once(
-            algo in 0u8..3,
+            algo in 0u8..4,
             period_s in 1u64..60,
             threshold in 1u64..40,
+            queue in 0u64..50,
             history in proptest::collection::vec((0u64..3_000, 1u64..4), 0..40),
             at in 0u64..3_000,
             n in 1u64..40,
         ) {
-            let a = [Algorithm::FixedWindow, Algorithm::SlidingWindow, Algorithm::TokenBucket]
-                [usize::from(algo)];
-            let t = tier(period_s, threshold);
+            let a = [
+                Algorithm::FixedWindow,
+                Algorithm::SlidingWindow,
+                Algorithm::TokenBucket,
+                Algorithm::LeakyBucket,
+            ][usize::from(algo)];
+            let t = Quota {
+                queue: (a == Algorithm::LeakyBucket).then_some(queue),
+                ..tier(period_s, threshold)
+            };
             let start = 1_800_000_000_000u64;
             let mut s = TierState::default();
             let mut now = start;
@@ -449,7 +527,7 @@ mod tests {
             } else {
                 proptest::prop_assert!(whole.retry_after_ms >= 1);
                 // and after the wait it says, it fits (when it can fit at all)
-                if n <= threshold {
+                if n <= t.queue.map_or(threshold, |q| q + 1) {
                     let later = ns + whole.retry_after_ms * NANOS_PER_MS;
                     let mut s2 = s;
                     roll(&mut s2, &t, a, later);

@@ -215,16 +215,19 @@ mod tests {
             &[
                 Tier {
                     calendar: None,
+                    queue: None,
                     period: Duration::from_secs(10),
                     threshold: 50,
                 },
                 Tier {
                     calendar: None,
+                    queue: None,
                     period: Duration::from_millis(500),
                     threshold: 5,
                 },
                 Tier {
                     calendar: None,
+                    queue: None,
                     period: Duration::from_secs(60),
                     threshold: 100,
                 },
@@ -239,6 +242,7 @@ mod tests {
         // a quota in units of its own says so (`qu`)
         let tokens = [Tier {
             calendar: None,
+            queue: None,
             period: Duration::from_secs(60),
             threshold: 100_000,
         }];

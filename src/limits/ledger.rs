@@ -60,7 +60,7 @@ pub fn direct_allowance(threshold: u64) -> u64 {
 /// The most all direct records of a window can admit: the zone, and what each instance (at
 /// least `COLD_FLEET` counted) may hold unreported. 0 where no record is direct.
 pub fn direct_cap(threshold: u64, algorithm: Algorithm, instances: u64) -> u64 {
-    if algorithm == Algorithm::TokenBucket || direct_allowance(threshold) == 0 {
+    if !leaseless(algorithm) || direct_allowance(threshold) == 0 {
         return 0;
     }
     direct_zone(threshold) + instances.max(COLD_FLEET) * direct_allowance(threshold)
@@ -68,6 +68,12 @@ pub fn direct_cap(threshold: u64, algorithm: Algorithm, instances: u64) -> u64 {
 
 fn direct_zone(threshold: u64) -> u64 {
     threshold / 100 * DIRECT_ZONE_PERCENT + threshold % 100 * DIRECT_ZONE_PERCENT / 100
+}
+
+/// Whether records of an algorithm may admit without a lease (direct): windows of counts.
+/// A bucket's tokens and a sliding log's instants always lease.
+fn leaseless(algorithm: Algorithm) -> bool {
+    matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow)
 }
 
 /// The spare budget of a threshold (see `SPARE_PERCENT`).
@@ -305,7 +311,7 @@ pub fn previous_weight(count: u64, window_start_ms: u64, period_ms: u64, now_ms:
 
 /// Whether a record can be direct at all (see the module's header).
 pub fn direct_capable(tier: &Quota, algorithm: Algorithm) -> bool {
-    algorithm != Algorithm::TokenBucket && direct_allowance(tier.threshold) > 0
+    leaseless(algorithm) && direct_allowance(tier.threshold) > 0
 }
 
 /// May one more request be admitted directly (no lease; `instances` sharing)? Returns the
@@ -357,7 +363,7 @@ pub fn ceiling(
     units: u64,
 ) -> Ceiling {
     let l = &state.ledger;
-    let bucket = algorithm == Algorithm::TokenBucket;
+    let bucket = algorithm.is_bucket();
     let sliding = (algorithm == Algorithm::SlidingWindow).then_some(now_ms);
     if let Some(n) = leased {
         if !l.leased && direct_capable(tier, algorithm) {
@@ -434,7 +440,7 @@ pub fn room(
     shared: Option<u64>,
 ) -> Option<u64> {
     let l = &state.ledger;
-    let bucket = algorithm == Algorithm::TokenBucket;
+    let bucket = algorithm.is_bucket();
     if leased.is_some() {
         if !l.leased && direct_capable(tier, algorithm) {
             // direct: the fleet's count as last reported (none yet: the local count alone)
@@ -497,7 +503,7 @@ pub fn fits_after_hold(
     if l.fair > 0 {
         return l.used + units <= l.ceiling.max(l.sent) + l.room / n.max(1);
     }
-    algorithm != Algorithm::TokenBucket
+    !algorithm.is_bucket()
         && share(state, tier, n.max(2)).is_some_and(|(counted, cap)| counted + units <= cap)
 }
 
@@ -892,9 +898,9 @@ mod tests {
 
     fn tier(threshold: u64) -> Quota {
         Quota {
-            calendar: None,
             period_ms: 10_000,
             threshold,
+            ..Quota::default()
         }
     }
 

@@ -14,6 +14,7 @@ use super::in_flight;
 use super::ledger::{self, Admitted, Ceiling};
 use super::partition::{PartitionValue, KEY_BUF};
 use super::policy::{tier_texts, PolicyCache, TierText};
+use super::sliding_log::Log;
 use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked};
 use super::top;
 use crate::config::calendar::CalendarUnit;
@@ -69,6 +70,7 @@ impl From<&Tier> for Quota {
             threshold: tier.threshold,
             period_ms: tier.period.as_millis() as u64,
             calendar: tier.calendar,
+            queue: tier.queue,
         }
     }
 }
@@ -163,6 +165,24 @@ pub struct Decision {
     /// Rules that charge this request only once its answer is known (`count_when`, a cost
     /// the answer carries): `Limiter::charge_late` charges it there.
     pub late: Vec<Late>,
+    /// Leaky buckets: how long the request waits for its turn before it goes on (ns; the
+    /// longest of its enforcing leaky tiers).
+    pub wait_ns: u64,
+    /// The leaky buckets it took a turn in: a request that leaves while it waits gives its
+    /// turn back when nobody came after it (`Limiter::leave_queue`).
+    pub queued: Vec<Queued>,
+}
+
+/// A turn taken in a leaky bucket (one rule, every tier).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queued {
+    rule: u16,
+    list: u16,
+    hash: u64,
+    key: Box<[u8]>,
+    units: u64,
+    /// Each tier's next free slot just after this request took its turn.
+    tats: SmallVec<[u64; 2]>,
 }
 
 /// A charge owed by a forwarded request to a rule that charges late.
@@ -204,6 +224,8 @@ impl Decision {
             applied: SmallVec::new(),
             held: false,
             late: Vec::new(),
+            wait_ns: 0,
+            queued: Vec::new(),
         }
     }
 
@@ -261,7 +283,7 @@ fn stand_in(tier: &Quota, algo: Algorithm, now_ns: u64, seen: u64) -> TierState 
     // never committed, never sent: the sketch count stands for what this instance admitted
     s.ledger.gen = 1;
     s.ledger.used = before;
-    if algo == Algorithm::TokenBucket {
+    if algo.is_bucket() {
         let interval = (p_ms * NANOS_PER_MS / tier.threshold.max(1)).max(1);
         s.tat_ns = now_ns.saturating_add(before.saturating_mul(interval));
     }
@@ -476,8 +498,14 @@ impl Limiter {
         if decision.held && decision.verdict.admits() {
             decision.verdict = Verdict::Hold;
         }
+        if !decision.verdict.admits() {
+            decision.wait_ns = 0;
+        }
         if decision.verdict.admits() {
             wake |= self.commit(&applying, &mut slots, &decision, now, mode);
+            if decision.wait_ns > 0 {
+                self.note_turns(&applying, &slots, &arena, &mut decision);
+            }
             // a rule is charged only what it would let through, late or not
             for (a, &(_, violated)) in applying.iter().zip(&decision.applied) {
                 if !violated && self.rules[a.rule as usize].rule.charges_late() {
@@ -498,6 +526,58 @@ impl Limiter {
         drop(slots);
         drop(guards);
         decision
+    }
+
+    /// Keep the turns an admitted request took in leaky buckets (see `Decision::queued`).
+    fn note_turns(
+        &self,
+        applying: &[Applying],
+        slots: &[Slot],
+        arena: &[u8],
+        decision: &mut Decision,
+    ) {
+        for ((a, slot), &(_, violated)) in applying.iter().zip(slots).zip(&decision.applied) {
+            let cr = &self.rules[a.rule as usize];
+            if violated
+                || cr.rule.action == Action::Shadow
+                || cr.counters.algorithm() != Algorithm::LeakyBucket
+            {
+                continue;
+            }
+            if let Slot::Tracked(c) = slot {
+                decision.queued.push(Queued {
+                    rule: a.rule,
+                    list: a.list,
+                    hash: a.hash,
+                    key: arena[a.key_start..a.key_end].into(),
+                    units: a.units,
+                    tats: c.tiers.iter().map(|t| t.tat_ns).collect(),
+                });
+            }
+        }
+    }
+
+    /// A request that waited for its turn left before it came (the client went away): each
+    /// leaky bucket it took a turn in takes it back where nobody took a later one. (The
+    /// fleet's accounting still counts it.)
+    pub fn leave_queue(&self, d: &mut Decision) {
+        for q in std::mem::take(&mut d.queued) {
+            let Some(cr) = self.rules.get(usize::from(q.rule)) else {
+                continue;
+            };
+            let rc = &cr.counters;
+            let mut shard = rc.lock(RuleCounters::shard_of_hash(q.hash));
+            let Ok(c) = rc.counter(&mut shard, &q.key, q.hash, q.list, self.clock.now_ns()) else {
+                continue;
+            };
+            for ((state, tier), &tat) in c.tiers.iter_mut().zip(cr.tiers(q.list)).zip(&q.tats) {
+                if state.tat_ns == tat {
+                    let back = algorithm::interval_ns(tier).saturating_mul(u128::from(q.units));
+                    state.tat_ns = tat.saturating_sub(u64::try_from(back).unwrap_or(u64::MAX));
+                }
+            }
+        }
+        d.wait_ns = 0;
     }
 
     /// The applying rules, with their partition keys in one arena.
@@ -584,17 +664,30 @@ impl Limiter {
         let mut wake = false;
         // for `/api/top`: the highest use of a limit among the tiers
         let mut usage_permille = 0u32;
-        let states: &mut [TierState] = match &mut slot {
-            Slot::Tracked(c) => &mut c.tiers,
-            Slot::Untracked => &mut stand_ins,
+        let (states, mut logs): (&mut [TierState], Option<&mut [Log]>) = match &mut slot {
+            Slot::Tracked(c) => (&mut c.tiers, c.logs.as_deref_mut()),
+            Slot::Untracked => (&mut stand_ins, None),
         };
+        // a leaky bucket: the longest wait for a turn among the tiers
+        let mut wait_ns = 0;
         for (ti, (state, tier)) in states.iter_mut().zip(tiers).enumerate() {
             if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
                 if tracked {
                     rc.keep_orphan(key, a.list, ti, orphan);
                 }
             }
-            let mut verdict = algorithm::evaluate(state, tier, algo, now, a.units);
+            let mut log = logs.as_deref_mut().and_then(|l| l.get_mut(ti));
+            if let Some(l) = log.as_deref_mut() {
+                l.prune(tier, now);
+            }
+            let counted = log.as_deref().map_or(state.current, Log::len);
+            let mut verdict = match log.as_deref() {
+                Some(l) => l.evaluate(tier, now, a.units),
+                None => algorithm::evaluate(state, tier, algo, now, a.units),
+            };
+            if algo == Algorithm::LeakyBucket {
+                wait_ns = wait_ns.max(algorithm::queue_wait_ns(state, now));
+            }
             ledger::note_demand(state, a.units);
             if !self.fleet.plain_increments() {
                 // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
@@ -618,7 +711,7 @@ impl Limiter {
                 &mut decision.held,
             );
             violated |= !verdict.allowed;
-            let used = state.current + if verdict.allowed { a.units } else { 0 };
+            let used = counted + if verdict.allowed { a.units } else { 0 };
             let permille = used.saturating_mul(1000) / tier.threshold.max(1);
             usage_permille = usage_permille.max(permille.min(u64::from(u32::MAX)) as u32);
             decision.tiers.push(TierReport {
@@ -636,6 +729,9 @@ impl Limiter {
             cr.top.denied(key, cr.top_window(now_ms), usage_permille);
         } else if usage_permille >= top::USAGE_FLOOR {
             cr.top.usage(key, cr.top_window(now_ms), usage_permille);
+        }
+        if !violated && !shadow {
+            decision.wait_ns = decision.wait_ns.max(wait_ns);
         }
         decision.applied.push((a.rule, violated));
         (slot, wake)
@@ -701,7 +797,7 @@ impl Limiter {
                 // admitted the rest of the window (a bucket: its tokens). A round asks
                 // again (see `note_full`), so that room that comes back is seen.
                 wake |= ledger::note_full(state, algo);
-                let retry_after_ms = if algo == Algorithm::TokenBucket {
+                let retry_after_ms = if algo.is_bucket() {
                     (tier.period_ms / tier.threshold.max(1)).max(1)
                 } else {
                     verdict.reset_ms
@@ -796,8 +892,7 @@ impl Limiter {
     /// the fleet's ledger counts units too.
     fn commit_tiers(
         cr: &CompiledRule,
-        list: u16,
-        tiers: &mut [TierState],
+        c: &mut Counter,
         now: u64,
         leased: Option<u64>,
         units: u64,
@@ -805,7 +900,13 @@ impl Limiter {
         let now_ms = now / NANOS_PER_MS;
         let algo = cr.counters.algorithm();
         let mut wake = false;
-        for (state, tier) in tiers.iter_mut().zip(cr.tiers(list)) {
+        if let Some(logs) = c.logs.as_deref_mut() {
+            for (log, tier) in logs.iter_mut().zip(cr.tiers(c.list)) {
+                log.prune(tier, now);
+                log.commit(tier, now, units);
+            }
+        }
+        for (state, tier) in c.tiers.iter_mut().zip(cr.tiers(c.list)) {
             // as `check` found it (the state has not changed since)
             let how = match leased.filter(|_| !state.ledger.unreachable) {
                 Some(n) => ledger::direct(state, tier, algo, now_ms, n, units)
@@ -890,7 +991,7 @@ impl Limiter {
                 ledger::release(state, late.units, units);
             }
         }
-        units > 0 && Self::commit_tiers(cr, late.list, &mut c.tiers, now, leased, units)
+        units > 0 && Self::commit_tiers(cr, c, now, leased, units)
     }
 
     fn commit(
@@ -926,7 +1027,7 @@ impl Limiter {
                 }
                 continue;
             }
-            wake |= Self::commit_tiers(cr, a.list, &mut c.tiers, now, leased, a.units);
+            wake |= Self::commit_tiers(cr, c, now, leased, a.units);
         }
         wake
     }

@@ -16,6 +16,7 @@ pub mod limiter;
 pub mod partition;
 pub mod policy;
 pub mod probe;
+pub mod sliding_log;
 pub mod store;
 pub mod top;
 

@@ -16,6 +16,7 @@
 use super::algorithm::Quota;
 use super::algorithm::{self, TierState};
 use super::ledger::Orphan;
+use super::sliding_log::Log;
 use crate::config::calendar::Calendar;
 use crate::config::model::{Algorithm, PartitionBy, Tier};
 use ahash::RandomState;
@@ -75,11 +76,13 @@ impl RuleIdentity {
     }
 }
 
-/// The state of one partition of one rule: one `TierState` per tier of its tier list.
+/// The state of one partition of one rule: one `TierState` per tier of its tier list, and a
+/// sliding log's instants, one `Log` per tier (`None` for the other algorithms).
 #[derive(Debug, Clone)]
 pub struct Counter {
     pub list: u16,
     pub tiers: SmallVec<[TierState; 2]>,
+    pub logs: Option<Box<[Log]>>,
 }
 
 pub struct Shard {
@@ -232,9 +235,11 @@ impl RuleCounters {
         now_ns: u64,
     ) -> Result<&'s mut Counter, Untracked> {
         let n = self.tier_count(list);
+        let logged = self.algorithm() == Algorithm::SlidingLog;
         let fresh = || Counter {
             list,
             tiers: smallvec![TierState::default(); n],
+            logs: logged.then(|| vec![Log::default(); n].into_boxed_slice()),
         };
         let cap = self.shard_cap.load(Ordering::Relaxed);
         if shard.map.len() >= cap
@@ -450,6 +455,7 @@ mod tests {
     fn tiers() -> Vec<Vec<Tier>> {
         vec![vec![Tier {
             calendar: None,
+            queue: None,
             period: Duration::from_secs(10),
             threshold: 100,
         }]]

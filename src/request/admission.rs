@@ -10,7 +10,8 @@
 //!    exempt the request); `delay` and requests held for the fleet's answer wait
 //!    ([`Admission::Hold`], then [`Held::wait`]),
 //! 6. the action: reject (429 with the quota headers), shadowban (the rule's own reply),
-//!    throttle (forwarded, its body paced), or forward.
+//!    throttle (forwarded, its body paced), or forward, at once or when its turn in a leaky
+//!    bucket comes ([`Admission::Queue`]).
 //!
 //! [`admit`] takes the snapshot and the request's facts; the Pingora adapter (`proxy`) only
 //! reads the facts from the session, writes the [`Answer`] and keeps [`Admitted`] for the later
@@ -72,6 +73,9 @@ pub enum Admission {
     Hold(Held),
     /// Proxy it to its route's pool.
     Forward,
+    /// Proxy it once its turn in a leaky bucket comes, this long from now; if the client
+    /// leaves first, give the turn back (`Limiter::leave_queue`).
+    Queue(Duration),
 }
 
 /// A request that waits before its decision is final.
@@ -308,8 +312,13 @@ fn finish(snap: &Snapshot, admitted: &mut Admitted, d: Decision, delayed: bool) 
         }
         _ => {}
     }
+    let wait = Duration::from_nanos(d.wait_ns);
     if !d.tiers.is_empty() {
         admitted.decision = Some(Box::new(d));
     }
-    Admission::Forward
+    if wait.is_zero() {
+        Admission::Forward
+    } else {
+        Admission::Queue(wait)
+    }
 }

@@ -307,6 +307,19 @@ impl ProxyHttp for Gateway {
                 Box::pin(write_answer(session, answer)).await?;
                 Ok(true)
             }
+            Admission::Queue(wait) => {
+                if Box::pin(wait_turn(session, wait)).await {
+                    return Ok(false);
+                }
+                // the client left before its turn: the turn goes back
+                if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision.as_mut()) {
+                    snap.limiter.leave_queue(d);
+                }
+                Error::e_explain(
+                    ErrorType::ConnectionClosed,
+                    "the client left while it waited for its turn",
+                )
+            }
             Admission::Hold(_) | Admission::Forward => Ok(false),
         }
     }
@@ -617,6 +630,32 @@ impl ProxyHttp for Gateway {
             access_log(session, ctx, route, status, took);
         }
     }
+}
+
+/// Wait for a turn in a leaky bucket on a timer. Returns false when the client left first: an
+/// HTTP/2 stream reset, or an HTTP/1 connection closed (watched only when the request has no
+/// body, which must stay unread for the upstream).
+async fn wait_turn(session: &mut Session, wait: Duration) -> bool {
+    let turn = tokio::time::sleep(wait);
+    tokio::pin!(turn);
+    if let Some(reset) = session.as_downstream_mut().watch_h2_stream_close() {
+        return tokio::select! {
+            _ = &mut turn => true,
+            _ = reset => false,
+        };
+    }
+    if session.as_downstream_mut().is_body_empty() {
+        tokio::select! {
+            _ = &mut turn => return true,
+            read = session.as_downstream_mut().read_body_or_idle(true) => {
+                if read.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+    turn.await;
+    true
 }
 
 #[cfg(test)]

@@ -6,13 +6,20 @@ use super::*;
 /// `q=` of `RateLimit-Policy` is one.
 pub const MAX_THRESHOLD: i64 = 999_999_999_999_999;
 
+/// The largest threshold of a `sliding_log` tier: the log keeps one instant (8 bytes) per
+/// unit admitted in the last period, so a partition's tier holds at most 80 KB.
+pub const MAX_LOG_THRESHOLD: i64 = 10_000;
+
+/// The largest `queue` of a `leaky_bucket`.
+pub const MAX_QUEUE: i64 = 1_000_000;
+
 /// A rule's tiers (or a plan's). `zone`: the rule's calendar time zone (checked by the
 /// caller), for tiers of `1d`, `1w`, `1mo`, which only a fixed window counts.
 pub(super) fn check_tiers(
     c: &mut Checker,
     base: &str,
     tiers: &[TierFile],
-    algorithm: Algorithm,
+    (algorithm, queue): (Algorithm, Option<u64>),
     zone: &str,
 ) -> Vec<Tier> {
     if tiers.is_empty() {
@@ -76,10 +83,23 @@ pub(super) fn check_tiers(
                 ),
             );
         }
+        if algorithm == Algorithm::SlidingLog && t.threshold.0 > MAX_LOG_THRESHOLD {
+            c.err(
+                &format!("{p}.threshold"),
+                format!(
+                    "threshold {} is too large for sliding_log, which keeps every admission of \
+                     the period (at most {MAX_LOG_THRESHOLD}): use sliding_window, which counts \
+                     in two windows and is within a few percent",
+                    t.threshold.0
+                ),
+            );
+        }
+        let threshold = t.threshold.0.max(1) as u64;
         let tier = Tier {
             period,
-            threshold: t.threshold.0.max(1) as u64,
+            threshold,
             calendar,
+            queue: (algorithm == Algorithm::LeakyBucket).then(|| queue.unwrap_or(threshold)),
         };
         if out
             .iter()
@@ -133,6 +153,7 @@ pub(super) fn check_rules(
         };
         check_id(c, &base, "rule", &r.id, &mut seen);
         let zone = check_calendar(c, &base, r);
+        let queue = check_queue(c, &base, r);
         let concurrency = match r.concurrency {
             None => None,
             Some(n) if (1..=MAX_CONCURRENCY).contains(&n) => Some(n as u32),
@@ -156,9 +177,15 @@ pub(super) fn check_rules(
             }
             Vec::new()
         } else {
-            check_tiers(c, &format!("{base}.tiers"), &r.tiers, r.algorithm, &zone)
+            check_tiers(
+                c,
+                &format!("{base}.tiers"),
+                &r.tiers,
+                (r.algorithm, queue),
+                &zone,
+            )
         };
-        let plan_tiers = check_plan_tiers(c, &base, r, plans, &zone);
+        let plan_tiers = check_plan_tiers(c, &base, r, plans, (&zone, queue));
         let status = check_status(c, &base, r);
         let max_delay = check_max_delay(c, &base, r);
         let shadowban = check_shadowban(c, &base, r);
@@ -326,6 +353,31 @@ fn check_status(c: &mut Checker, base: &str, r: &RuleFile) -> u16 {
     }
 }
 
+/// `queue`: only with `algorithm: leaky_bucket`, 0 (no waiting: a request passes only on its
+/// turn) to `MAX_QUEUE`. None: each tier queues up to its threshold.
+fn check_queue(c: &mut Checker, base: &str, r: &RuleFile) -> Option<u64> {
+    let q = r.queue?;
+    let path = format!("{base}.queue");
+    if r.algorithm != Algorithm::LeakyBucket {
+        c.err(
+            &path,
+            format!(
+                "queue applies only to algorithm: leaky_bucket (this rule is {})",
+                r.algorithm
+            ),
+        );
+        return None;
+    }
+    if !(0..=MAX_QUEUE).contains(&q) {
+        c.err(
+            &path,
+            format!("queue must be 0 to {MAX_QUEUE} requests waiting, got {q}"),
+        );
+        return None;
+    }
+    Some(q as u64)
+}
+
 /// `max_delay`: only with `action: delay`.
 fn check_max_delay(c: &mut Checker, base: &str, r: &RuleFile) -> Duration {
     match (r.action, r.max_delay) {
@@ -372,13 +424,13 @@ fn check_plan_tiers(
     base: &str,
     r: &RuleFile,
     plans: &Plans,
-    zone: &str,
+    (zone, queue): (&str, Option<u64>),
 ) -> Vec<Option<Vec<Tier>>> {
     let mut plan_tiers: Vec<Option<Vec<Tier>>> = vec![None; plans.names.len()];
     for (plan, pt) in &r.plans {
         let p = format!("{base}.plans.{plan}");
         match plans.names.iter().position(|n| n == plan) {
-            Some(idx) => plan_tiers[idx] = Some(check_tiers(c, &p, pt, r.algorithm, zone)),
+            Some(idx) => plan_tiers[idx] = Some(check_tiers(c, &p, pt, (r.algorithm, queue), zone)),
             None => c.err_key(&p, unknown_plan(plan, plans)),
         }
     }

@@ -226,7 +226,7 @@ impl Accounts {
                             horizon_ms,
                             left_ms: end.saturating_sub(now_ms),
                             periodic,
-                            bucket: counters.algorithm() == Algorithm::TokenBucket,
+                            bucket: counters.algorithm().is_bucket(),
                             spare: ledger::spare(tier.threshold),
                         };
                         let asks = ledger::drain(st, sizing);
@@ -325,7 +325,7 @@ impl Accounts {
             return;
         }
         let ledger_key = format!("{contract_key}:fleet");
-        let bucket = counters.algorithm() == Algorithm::TokenBucket;
+        let bucket = counters.algorithm().is_bucket();
         let prev_window = || {
             redis_key(
                 &settings.key_prefix,
