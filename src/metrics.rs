@@ -34,6 +34,9 @@ pub struct Metrics {
     pub redis_pending: IntGauge,
     /// `tollgate_fleet_held_total`
     pub fleet_held: IntCounter,
+    /// `tollgate_queue_waited_total`, `tollgate_queue_left_total`
+    pub queue_waited: IntCounter,
+    pub queue_left: IntCounter,
     /// `tollgate_redis_live_instances`
     pub redis_instances: IntGauge,
     /// `tollgate_redis_cluster_slots_down`: Redis Cluster slots whose node did not answer.
@@ -172,6 +175,16 @@ impl Metrics {
                 &r,
                 "tollgate_fleet_held_total",
                 "Requests under their limits that waited for a sync round because this instance's lease of the fleet's quota was used (admitted or refused after)",
+            )?,
+            queue_waited: reg_counter(
+                &r,
+                "tollgate_queue_waited_total",
+                "Requests that waited for their turn in a leaky bucket before going on",
+            )?,
+            queue_left: reg_counter(
+                &r,
+                "tollgate_queue_left_total",
+                "Requests whose client went away while they waited for their turn in a leaky bucket (their turn went back)",
             )?,
             redis_instances: reg_gauge(
                 &r,

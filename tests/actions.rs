@@ -528,3 +528,128 @@ fn requests_in_flight_survive_a_reload() {
         "freed after it ended"
     );
 }
+
+/// Decisions the gateway counted for `rule` (allowed or not).
+fn decided(gw: &Gateway, rule: &str) -> f64 {
+    let m = gw.metrics();
+    ["allowed", "denied"]
+        .iter()
+        .map(|d| {
+            metric_sum(
+                &m,
+                &format!("tollgate_ratelimit_decisions_total{{decision=\"{d}\",rule=\"{rule}\""),
+            )
+        })
+        .sum()
+}
+
+/// Send a GET on a connection of its own once the gateway has decided every request before it
+/// (so that the order of arrival is the order of sending); the stream is returned unread.
+fn send_in_turn(gw: &Gateway, rule: &str, path: &str, tenant: &str) -> std::net::TcpStream {
+    let before = decided(gw, rule);
+    let mut s = std::net::TcpStream::connect(gw.addr).expect("connect");
+    let raw = format!(
+        "GET {path} HTTP/1.1\r\nhost: gw\r\nx-org-id: {tenant}\r\nconnection: close\r\n\r\n"
+    );
+    std::io::Write::write_all(&mut s, raw.as_bytes()).expect("send");
+    assert!(
+        common::eventually(Duration::from_secs(5), || decided(gw, rule) > before),
+        "the gateway decided {path}"
+    );
+    s
+}
+
+fn read_answer(mut s: std::net::TcpStream) -> common::Response {
+    let mut buf = Vec::new();
+    std::io::Read::read_to_end(&mut s, &mut buf).expect("read");
+    common::parse_response(&buf).expect("an HTTP answer")
+}
+
+/// docs/configuration.md "Leaky bucket": a burst of 20 leaves the gateway `period /
+/// threshold` apart (50 ms; never sooner, on tokio's 1 ms timer), in the order it arrived,
+/// through a real gateway to an upstream that notes when each request reaches it.
+#[test]
+fn a_leaky_bucket_lets_a_burst_leave_evenly_spaced_in_arrival_order() {
+    let up = common::recording::RecordingUpstream::start();
+    let limits = "limits:\n  - id: steady\n    pathPattern: /**\n    algorithm: leaky_bucket\n    tiers: [{ period: 1, threshold: 20 }]\n";
+    let gw = Gateway::start(&format!(
+        "{}{TENANT}{limits}",
+        one_route_config(up.addr, 2, "")
+    ));
+    let streams: Vec<_> = (0..20)
+        .map(|i| send_in_turn(&gw, "steady", &format!("/seq/{i}"), "acme"))
+        .collect();
+    let answers: Vec<u16> = streams.into_iter().map(|s| read_answer(s).status).collect();
+    assert!(answers.iter().all(|&s| s == 200), "{answers:?}");
+    let arrivals = up.arrivals();
+    let order: Vec<String> = arrivals.iter().map(|(_, l)| l.clone()).collect();
+    let expected: Vec<String> = (0..20).map(|i| format!("GET /seq/{i} HTTP/1.1")).collect();
+    assert_eq!(order, expected, "in arrival order");
+    let t0 = arrivals[0].0;
+    let since: Vec<u128> = arrivals
+        .iter()
+        .map(|(t, _)| (*t - t0).as_millis())
+        .collect();
+    for (i, &ms) in since.iter().enumerate() {
+        // each leaves at its turn, never sooner (a busy machine may make one late: the next
+        // then leaves at its own turn, not 50 ms after the late one)
+        assert!(
+            ms + 2 >= 50 * i as u128,
+            "request {i} after {ms} ms: {since:?}"
+        );
+    }
+    let gaps: Vec<u128> = since.windows(2).map(|w| w[1] - w[0]).collect();
+    let mut sorted = gaps.clone();
+    sorted.sort_unstable();
+    let median = sorted[sorted.len() / 2];
+    assert!(
+        (45..=60).contains(&median),
+        "median gap {median} ms: {gaps:?}"
+    );
+    assert!(
+        since[19] <= 19 * 50 + 500,
+        "the last left at {} ms: {since:?}",
+        since[19]
+    );
+}
+
+/// docs/configuration.md "Leaky bucket": a client that goes away while it waits for its turn
+/// never reaches the upstream, and its turn goes back to the queue (it was the last one).
+#[test]
+fn a_client_that_leaves_the_queue_gives_its_turn_back() {
+    let up = common::recording::RecordingUpstream::start();
+    let limits = "limits:\n  - id: slow\n    pathPattern: /**\n    algorithm: leaky_bucket\n    queue: 5\n    tiers: [{ period: 2, threshold: 1 }]\n";
+    let gw = Gateway::start(&format!(
+        "{}{TENANT}{limits}",
+        one_route_config(up.addr, 2, "")
+    ));
+    let first = read_answer(send_in_turn(&gw, "slow", "/first", "acme"));
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("5"));
+    // the second would wait 2 s: its client leaves
+    let leaving = send_in_turn(&gw, "slow", "/leaving", "acme");
+    drop(leaving);
+    // the gateway notices (it watches the connection while the request waits): the next one
+    // takes the same turn, with the same places left behind it
+    assert!(common::eventually(Duration::from_secs(5), || metric_sum(
+        &gw.metrics(),
+        "tollgate_queue_left_total"
+    ) == 1.0));
+    let third = read_answer(send_in_turn(&gw, "slow", "/third", "acme"));
+    assert_eq!(third.status, 200);
+    assert_eq!(
+        third.header("x-ratelimit-remaining"),
+        Some("4"),
+        "one waits (this one), not two"
+    );
+    let lines = up.request_lines();
+    assert_eq!(
+        lines,
+        ["GET /first HTTP/1.1", "GET /third HTTP/1.1"],
+        "{lines:?}"
+    );
+    assert_eq!(
+        metric_sum(&gw.metrics(), "tollgate_queue_waited_total"),
+        2.0
+    );
+}

@@ -308,9 +308,11 @@ impl ProxyHttp for Gateway {
                 Ok(true)
             }
             Admission::Queue(wait) => {
+                self.metrics.queue_waited.inc();
                 if Box::pin(wait_turn(session, wait)).await {
                     return Ok(false);
                 }
+                self.metrics.queue_left.inc();
                 // the client left before its turn: the turn goes back
                 if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision.as_mut()) {
                     snap.limiter.leave_queue(d);

@@ -19,6 +19,8 @@ pub enum Seen {
 #[derive(Default)]
 pub struct Record {
     pub seen: Vec<Seen>,
+    /// When each whole request was read, with its request line.
+    pub arrivals: Vec<(std::time::Instant, String)>,
 }
 
 pub struct RecordingUpstream {
@@ -60,6 +62,12 @@ impl RecordingUpstream {
                 _ => None,
             })
             .collect()
+    }
+
+    /// When each whole request was read, with its request line, in order of arrival.
+    #[allow(dead_code)]
+    pub fn arrivals(&self) -> Vec<(std::time::Instant, String)> {
+        self.record.lock().unwrap().arrivals.clone()
     }
 
     /// The request lines (`GET /a HTTP/1.1`) of every whole request received.
@@ -194,7 +202,10 @@ fn serve(mut s: TcpStream, record: &Mutex<Record>) {
             Parse::Whole(end) => {
                 let raw: Vec<u8> = buf.drain(..end).collect();
                 let line = request_line(&raw);
-                record.lock().unwrap().seen.push(Seen::Request(raw));
+                let mut rec = record.lock().unwrap();
+                rec.arrivals
+                    .push((std::time::Instant::now(), request_line(&raw)));
+                rec.seen.push(Seen::Request(raw));
                 let answer = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n{line}",
                     line.len()
