@@ -46,9 +46,10 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
     let mut checked = 0;
     for step in 0..3000u64 {
         let window = rng.below(3); // three windows, the first two adjacent to the next
-        let mode = rng.below(3); // fixed, sliding or token bucket
+        let mode = rng.below(4); // fixed, sliding, token bucket or sliding log
         let sliding = window > 0 && mode == 1;
         let bucket = mode == 2;
+        let log = mode == 3;
         let m = rng.below(members.len() as u64) as usize;
         let u = used.entry((window, m)).or_insert(0);
         // mostly growth, sometimes a re-sent (older) count
@@ -90,6 +91,16 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
             weight_ms: if sliding { 1 + rng.below(1000) } else { 0 },
             period_ms: 1000,
             bucket_us: if bucket { 1_000_000 / 300 } else { 0 },
+            // a token bucket's period, or a leaky bucket's queue of 0 to 299 and its turn
+            tolerance_us: match (bucket, rng.below(2)) {
+                (false, _) => 0,
+                (true, 0) => 1_000_000,
+                (true, _) => (1 + rng.below(300)) * (1_000_000 / 300),
+            },
+            log_bucket_ms: 0,
+            log_last: 0,
+            log_from: 0,
+            log_units: Vec::new(),
             adopt: if bucket && rng.below(4) == 0 {
                 rng.below(50)
             } else {
@@ -105,7 +116,35 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
             },
             since_ms: 0,
         };
-        let up = if sliding {
+        let up = if log {
+            // units by bucket of 10 ms (0 to 99), oldest first; the previous window's buckets
+            // from `log_from` in the span (none for the first window: its own ledger)
+            let mut units = Vec::new();
+            let mut b = rng.below(50);
+            for _ in 0..rng.below(5) {
+                units.push((b, 1 + rng.below(15)));
+                b += 1 + rng.below(10);
+            }
+            LedgerUpdate {
+                prev_key: if window > 0 {
+                    up.prev_key
+                } else {
+                    up.key.clone()
+                },
+                prev_ledger_key: if window > 0 {
+                    format!("t:{{p}}:r:{}:{window}:fleet", window - 1)
+                } else {
+                    up.ledger_key.clone()
+                },
+                weight_ms: 0,
+                direct_cap: 0,
+                log_bucket_ms: 10,
+                log_last: 99,
+                log_from: rng.below(100),
+                log_units: units,
+                ..up
+            }
+        } else if sliding {
             up
         } else if bucket {
             LedgerUpdate {
@@ -132,12 +171,34 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
         assert_eq!(real, model, "step {step}: {up:?}");
         checked += 1;
     }
-    // the keys hold the same counts
+    // the keys hold the same counts, and the ledgers the same logs' buckets
     for window in 0..3u64 {
         let key = format!("t:{{p}}:r:{window}:{}", window + 1);
         let real = redis.int(&["GET", &key]);
         assert_eq!(real, strings.get(&key).copied().unwrap_or(0), "{key}");
+        let ledger = format!("{key}:fleet");
+        let real: HashMap<String, i64> = redis::cmd("HGETALL")
+            .arg(&ledger)
+            .query(&mut conn)
+            .expect("HGETALL");
+        let buckets = |h: &HashMap<String, i64>| -> Vec<(String, i64)> {
+            let mut b: Vec<_> = h
+                .iter()
+                .filter(|(k, _)| k.starts_with("b:"))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            b.sort();
+            b
+        };
+        let model = hashes.get(&ledger).cloned().unwrap_or_default();
+        assert_eq!(buckets(&real), buckets(&model), "{ledger}");
     }
+    assert!(
+        hashes
+            .values()
+            .any(|h| h.keys().any(|k| k.starts_with("b:"))),
+        "logs' buckets were counted"
+    );
     assert!(checked > 2000, "{checked} script calls");
 }
 
@@ -158,6 +219,11 @@ fn window_update(key: &str, member: &str, used: u64, want: u64, cap: u64) -> Led
         weight_ms: 0,
         period_ms: 1000,
         bucket_us: 0,
+        tolerance_us: 0,
+        log_bucket_ms: 0,
+        log_last: 0,
+        log_from: 0,
+        log_units: Vec::new(),
         adopt: 0,
         need: 0,
         spare: cap,
@@ -247,6 +313,7 @@ fn a_token_bucket_lease_takes_tokens_and_gives_back_what_is_unused() {
         lease_until_ms: NOW + 20_000,
         period_ms: 10_000,
         bucket_us: 100_000,
+        tolerance_us: 10_000_000,
         ..window_update("t:{p}:b:0:10000", member, used, want, 100)
     };
     let a = eval(&mut conn, &ask("a.1", 0, 60, 1000));

@@ -364,7 +364,7 @@ pub fn ceiling(
 ) -> Ceiling {
     let l = &state.ledger;
     let bucket = algorithm.is_bucket();
-    let sliding = (algorithm == Algorithm::SlidingWindow).then_some(now_ms);
+    let sliding = algorithm.is_sliding().then_some(now_ms);
     if let Some(n) = leased {
         if !l.leased && direct_capable(tier, algorithm) {
             // a direct record: within the zone it admits; past it (or with its allowance
@@ -404,12 +404,14 @@ pub fn ceiling(
             let p = tier.period_ms;
             let others = n.max(2) - 1;
             let prev = l.prev_bound.saturating_add(others);
-            let cap = tier.threshold.saturating_sub(previous_weight(
-                prev,
-                state.window_start_ms,
-                p,
-                now_ms,
-            ));
+            let weight = if algorithm == Algorithm::SlidingLog {
+                // a log: what of the previous window is still in the span, as of the last
+                // answer (Redis counts it by instant: `LEDGER_SCRIPT`), only less since
+                prev
+            } else {
+                previous_weight(prev, state.window_start_ms, p, now_ms)
+            };
+            let cap = tier.threshold.saturating_sub(weight);
             let margin = if on_credit { others } else { 0 };
             if l.used + l.others + margin + units > cap {
                 // the weighted count of this moment is full: no round changes that, time does
@@ -456,9 +458,17 @@ pub fn room(
                 .saturating_add(l.ceiling.saturating_sub(l.used))
                 .max(1)
         } else {
-            // what the others held unused at the last answer
+            // what the others held unused at the last answer (a log: and what of the previous
+            // window is still in the span)
             let held = (l.others + l.used).saturating_sub(state.current);
-            tier.threshold.saturating_sub(state.current + held).max(1)
+            let prev = if algorithm == Algorithm::SlidingLog {
+                l.prev_bound
+            } else {
+                0
+            };
+            tier.threshold
+                .saturating_sub(state.current + held + prev)
+                .max(1)
         });
     }
     match (shared, bucket) {
@@ -631,6 +641,9 @@ pub struct Ask {
     /// known to exist yet), with no lease asked.
     pub count: bool,
     pub first: bool,
+    /// A sliding log's record: Redis counts its units by instant (`LEDGER_SCRIPT`), and
+    /// answers `prev` as what of the previous window is still in the span.
+    pub log: bool,
 }
 
 /// What Redis answered for one ask.
@@ -646,9 +659,17 @@ pub struct Answer {
     pub room: u64,
     /// What the other instances held unused.
     pub held: u64,
-    /// Sliding windows: the previous window's count, its leases included.
+    /// Sliding windows: the previous window's count, its leases included (a sliding log: what
+    /// of it is still in the span).
     pub prev: u64,
+    /// A sliding log: the previous window's buckets that leave the span next, oldest first
+    /// (bucket, units; `LOG_STEPS` at most, the rest (0, 0)): the member lowers `prev` as
+    /// each leaves (`sliding_log::Log::fleet_prev`).
+    pub steps: [(u64, u64); LOG_STEPS],
 }
+
+/// How many of the previous window's buckets a sliding log's answer names (`Answer::steps`).
+pub const LOG_STEPS: usize = 8;
 
 /// How a round sizes its asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -709,6 +730,7 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
         direct: l.prev_direct,
         count: !l.prev_leased,
         first: false,
+        log: false,
     });
     let holds = l.ceiling > l.used;
     let unsent = l.used > l.sent;
@@ -734,6 +756,7 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
             count: true,
             // an earlier report whose round failed may have created the key without expiry
             first: !l.keyed && l.sent > 0,
+            log: false,
         };
         return [prev, Some(ask)];
     }
@@ -789,6 +812,7 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
             direct: l.direct,
             count: false,
             first: false,
+            log: false,
         }),
     ]
 }
@@ -872,7 +896,9 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         // Redis bounds what was reported or leased; its leases given back no longer count
         // (this instance's own count of that window, where its previous record is of it: an
         // instance idle for a window has an older one)
-        l.prev_bound = if l.prev_start_ms + period_ms == state.window_start_ms {
+        // (a log's answer is what of it is still in the span: this instance's count of that
+        // window is in it, instant by instant)
+        l.prev_bound = if l.prev_start_ms + period_ms == state.window_start_ms && !ask.log {
             answer.prev.max(l.prev_used)
         } else {
             answer.prev
@@ -985,6 +1011,7 @@ mod tests {
             room: 1000,
             held: 0,
             prev: 0,
+            steps: Default::default(),
         };
         apply(&mut s, &ask, answer, 10_000);
         assert_eq!(
@@ -1057,6 +1084,7 @@ mod tests {
             direct: 0,
             count: false,
             first: false,
+            log: false,
         };
         let answer = Answer {
             total: 2,
@@ -1065,6 +1093,7 @@ mod tests {
             room: 968,
             held: 0,
             prev: 0,
+            steps: Default::default(),
         };
         apply(&mut s, &ask, answer, 10_000);
         for _ in 0..14 {
@@ -1166,6 +1195,7 @@ mod tests {
             room: 36,
             held: 0,
             prev: 0,
+            steps: Default::default(),
         };
         apply(&mut s, &ask, granted, 10_000);
         assert!(
@@ -1285,6 +1315,7 @@ mod tests {
             room: 0,
             held: 0,
             prev: 0,
+            steps: Default::default(),
         };
         apply(&mut s, &ask, answer, 10_000);
         assert_eq!(s.ledger.sent, 7);

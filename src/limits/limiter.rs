@@ -679,6 +679,20 @@ impl Limiter {
             let mut log = logs.as_deref_mut().and_then(|l| l.get_mut(ti));
             if let Some(l) = log.as_deref_mut() {
                 l.prune(tier, now);
+                l.roll_fleet(
+                    state.window_start_ms,
+                    tier.period_ms,
+                    state.ledger.prev_bound,
+                );
+                // the fleet's previous window leaves the span bucket by bucket
+                if let Some(p) = l.fleet_prev(state.window_start_ms, now / NANOS_PER_MS) {
+                    if p < state.ledger.prev_bound {
+                        // room came back: a request past the lease waits for the next answer
+                        // again rather than being refused as if the fleet were full
+                        state.ledger.prev_bound = p;
+                        state.ledger.short = 0;
+                    }
+                }
             }
             let counted = log.as_deref().map_or(state.current, Log::len);
             let mut verdict = match log.as_deref() {

@@ -6,11 +6,30 @@
 
 use super::algorithm::{Quota, TierVerdict};
 use super::clock::NANOS_PER_MS;
+use super::ledger::{Answer, LOG_STEPS};
 use std::collections::VecDeque;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Log {
     at: VecDeque<u64>,
+    /// With Redis: what the fleet's last answer said of the previous window's units still in
+    /// the span, and when its next buckets leave it.
+    fleet: Option<Box<FleetSpan>>,
+}
+
+/// The previous window in the fleet's span, as of an answer: `prev` units (its leases
+/// included), of which `steps` leave at these instants (ms; the bucket's end and a period).
+/// And of the window itself, what its answers said the fleet had admitted (`samples`: when
+/// the answer came, the fleet's count then, by eighth of the window): when it becomes the
+/// previous window, before the first answer says more, units counted by an answer leave the
+/// span at the latest a period after it came.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FleetSpan {
+    /// The window whose previous window this is.
+    window_start_ms: u64,
+    prev: u64,
+    steps: [(u64, u64); LOG_STEPS],
+    samples: [(u64, u64); LOG_STEPS],
 }
 
 fn period_ns(tier: &Quota) -> u64 {
@@ -93,11 +112,110 @@ impl Log {
         }
     }
 
-    /// The instants of the newest `n` units, oldest first (fewer when the log has fewer).
-    pub fn newest(&self, n: u64) -> impl Iterator<Item = u64> + '_ {
-        let n = usize::try_from(n).unwrap_or(usize::MAX).min(self.at.len());
-        self.at.range(self.at.len() - n..).copied()
+    /// Keep what an answer for the window starting at `window_start_ms` (of `window_ms`) said
+    /// of the previous window's units still in the span.
+    /// `now_ms`: when it came (what it counted was admitted before).
+    pub fn note_fleet(&mut self, window_start_ms: u64, window_ms: u64, a: &Answer, now_ms: u64) {
+        let bucket = bucket_ms(window_ms);
+        // a bucket of the previous window leaves the span a period after its end
+        let steps = a
+            .steps
+            .map(|(b, n)| (window_start_ms + (b + 1) * bucket, n));
+        let f = self.fleet.get_or_insert_with(|| {
+            Box::new(FleetSpan {
+                window_start_ms,
+                prev: 0,
+                steps: Default::default(),
+                samples: Default::default(),
+            })
+        });
+        if f.window_start_ms != window_start_ms {
+            f.samples = Default::default();
+        }
+        f.window_start_ms = window_start_ms;
+        f.prev = a.prev;
+        f.steps = steps;
+        let eighth =
+            (now_ms.saturating_sub(window_start_ms) * LOG_STEPS as u64 / window_ms.max(1)) as usize;
+        f.samples[eighth.min(LOG_STEPS - 1)] = (now_ms, a.total);
     }
+
+    /// The window starting at `window_start_ms` began (its previous window counts `prev` at
+    /// most, leases included): until an answer for it comes, its previous window leaves the
+    /// span as that window's answers counted it.
+    pub fn roll_fleet(&mut self, window_start_ms: u64, window_ms: u64, prev: u64) {
+        let Some(f) = self.fleet.as_deref_mut() else {
+            return;
+        };
+        if f.window_start_ms == window_start_ms {
+            return;
+        }
+        if f.window_start_ms + window_ms != window_start_ms {
+            self.fleet = None;
+            return;
+        }
+        let mut counted = 0;
+        let mut steps = [(0, 0); LOG_STEPS];
+        for (step, &(at, total)) in steps.iter_mut().zip(f.samples.iter()) {
+            if at > 0 && total > counted {
+                *step = (at + window_ms, total - counted);
+                counted = total;
+            }
+        }
+        *f = FleetSpan {
+            window_start_ms,
+            prev,
+            steps,
+            samples: Default::default(),
+        };
+    }
+
+    /// The previous window's units still in the fleet's span at `now_ms`, as of the last
+    /// answer for the window starting at `window_start_ms` (None: no answer for it).
+    pub fn fleet_prev(&self, window_start_ms: u64, now_ms: u64) -> Option<u64> {
+        let f = self.fleet.as_deref()?;
+        if f.window_start_ms != window_start_ms {
+            return None;
+        }
+        let left: u64 = f
+            .steps
+            .iter()
+            .filter(|&&(at, n)| n > 0 && at <= now_ms)
+            .map(|&(_, n)| n)
+            .sum();
+        Some(f.prev.saturating_sub(left))
+    }
+
+    /// What Redis hears of the newest `n` units admitted in the window `[start_ms, end_ms)`:
+    /// how many fell in each of its buckets (`bucket_ms`, see `bucket_ms`), as (bucket, units),
+    /// oldest first. Units the log no longer holds (older than the span) are left out: Redis
+    /// puts them in the oldest bucket named, later than they were (see `LEDGER_SCRIPT`).
+    pub fn by_bucket(&self, start_ms: u64, end_ms: u64, n: u64) -> Vec<(u64, u64)> {
+        let bucket = bucket_ms(end_ms.saturating_sub(start_ms));
+        let (from, to) = (start_ms * NANOS_PER_MS, end_ms * NANOS_PER_MS);
+        let lo = self.at.partition_point(|&t| t < from);
+        let hi = self.at.partition_point(|&t| t < to);
+        let n = usize::try_from(n).unwrap_or(usize::MAX).min(hi - lo);
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for &t in self.at.range(hi - n..hi) {
+            let b = (t / NANOS_PER_MS).saturating_sub(start_ms) / bucket;
+            match out.last_mut() {
+                Some((last, count)) if *last == b => *count += 1,
+                _ => out.push((b, 1)),
+            }
+        }
+        out
+    }
+}
+
+/// The fleet counts a sliding log's units in Redis by the hundredth of its window they came
+/// in: a unit leaves the fleet's span at the end of its bucket plus a period, at most a
+/// hundredth of a period after it leaves it here.
+pub const BUCKETS: u64 = 100;
+
+/// The length of one of a window's `BUCKETS` (ms, at least 1).
+pub fn bucket_ms(window_ms: u64) -> u64 {
+    (window_ms / BUCKETS).max(1)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use crate::config::model::{Algorithm, RedisSettings};
 use crate::limits::clock::{Clock, NANOS_PER_MS};
 pub use crate::limits::fleet::{FleetMode, FleetState, Link, MIN_ROUND_GAP_MS};
 use crate::limits::ledger::{self, Ask};
+use crate::limits::sliding_log;
 use crate::limits::store::{CounterRegistry, OrphanCount, RuleCounters, SHARDS};
 use crate::metrics::Metrics;
 use crate::snapshot::SharedSnapshot;
@@ -210,6 +211,7 @@ impl Accounts {
                     round.rest = Some(Cursor { uid: rc.uid, shard });
                     return round;
                 }
+                let logged = rc.algorithm() == Algorithm::SlidingLog;
                 rc.for_each_in(shard, |key, c| {
                     for (ti, st) in c.tiers.iter_mut().enumerate() {
                         let Some(tier) = lists.get(usize::from(c.list)).and_then(|l| l.get(ti))
@@ -230,9 +232,25 @@ impl Accounts {
                             spare: ledger::spare(tier.threshold),
                         };
                         let asks = ledger::drain(st, sizing);
-                        for ask in asks.into_iter().flatten() {
+                        for mut ask in asks.into_iter().flatten() {
+                            ask.log = logged;
+                            // a log's units by bucket, for Redis to count them by instant
+                            let units = match c.logs.as_deref().and_then(|l| l.get(ti)) {
+                                Some(log) => log.by_bucket(
+                                    ask.window_start_ms,
+                                    tier.window_end(ask.window_start_ms),
+                                    ask.used.saturating_sub(ask.confirmed),
+                                ),
+                                None => Vec::new(),
+                            };
                             self.push(
-                                &mut round, settings, &counters, key, c.list, ti, ask, tier, false,
+                                &mut round,
+                                settings,
+                                &counters,
+                                (key, c.list, ti),
+                                (ask, units),
+                                tier,
+                                false,
                             );
                         }
                     }
@@ -265,15 +283,14 @@ impl Accounts {
                     direct: orphan.direct,
                     count: !orphan.leased,
                     first: false,
+                    log: rc.algorithm() == Algorithm::SlidingLog,
                 };
                 self.push(
                     &mut round,
                     settings,
                     &rc,
-                    &key,
-                    list,
-                    tier as usize,
-                    ask,
+                    (&key, list, tier as usize),
+                    (ask, Vec::new()),
                     &quota,
                     true,
                 );
@@ -288,10 +305,8 @@ impl Accounts {
         round: &mut Round,
         settings: &RedisSettings,
         counters: &Arc<RuleCounters>,
-        key: &[u8],
-        list: u16,
-        tier: usize,
-        ask: Ask,
+        (key, list, tier): (&[u8], u16, usize),
+        (ask, log_units): (Ask, Vec<(u64, u64)>),
         quota: &crate::limits::algorithm::Quota,
         orphan: bool,
     ) {
@@ -301,7 +316,8 @@ impl Accounts {
         // a calendar window's real end (a day of 23 or 25 hours, a month)
         let end = quota.window_end(start);
         let p = end.saturating_sub(start).max(1);
-        let sliding = counters.algorithm() == Algorithm::SlidingWindow;
+        let sliding = counters.algorithm().is_sliding();
+        let logged = counters.algorithm() == Algorithm::SlidingLog;
         let contract_key = redis_key(&settings.key_prefix, &partition, id, start, end);
         let keep = if sliding { p } else { 0 };
         let expire_at_ms = end + keep + KEY_GRACE_MS;
@@ -346,7 +362,9 @@ impl Accounts {
                 .saturating_sub(start)
                 .min(p);
             let prev = prev_window();
-            (format!("{prev}:fleet"), prev, (p - elapsed).max(1))
+            // (a log's previous window is weighed by Redis, by bucket)
+            let weight = if logged { 0 } else { (p - elapsed).max(1) };
+            (format!("{prev}:fleet"), prev, weight)
         } else {
             (ledger_key.clone(), contract_key.clone(), 0)
         };
@@ -381,7 +399,29 @@ impl Accounts {
             } else {
                 0
             },
+            tolerance_us: if bucket {
+                u64::try_from(crate::limits::algorithm::tolerance_ns(quota) / 1000)
+                    .unwrap_or(u64::MAX)
+            } else {
+                0
+            },
             direct_cap: ledger::direct_cap(threshold, counters.algorithm(), self.fleet.instances()),
+            log_bucket_ms: if logged { sliding_log::bucket_ms(p) } else { 0 },
+            // where units Redis hears of without their instants go (lost by a restart of
+            // Redis, or left out by the log): the bucket of now, or the window's last
+            log_last: if logged {
+                (p - 1).min(round.sent_ms.saturating_sub(start)) / sliding_log::bucket_ms(p)
+            } else {
+                0
+            },
+            // the previous window's buckets that end after now - p: still in the span
+            log_from: round
+                .sent_ms
+                .saturating_sub(p)
+                .saturating_sub(start.saturating_sub(p))
+                / sliding_log::bucket_ms(p),
+            log_units,
+
             since_ms: if bucket { ask.since_ms } else { 0 },
         }));
         round.sources.push(source);
@@ -421,6 +461,16 @@ impl Accounts {
                             st.ledger.unreachable = true;
                         }
                         _ => {}
+                    }
+                    // a sliding log: when the previous window's units leave the fleet's span
+                    if let (Some(Reply::Lease(a)), false) = (answer, src.ask.previous) {
+                        let current = c.tiers.get(src.tier).map(|s| s.window_start_ms);
+                        let log = c.logs.as_deref_mut().and_then(|l| l.get_mut(src.tier));
+                        if let (Some(log), Some(w)) = (log, current) {
+                            if w == src.ask.window_start_ms {
+                                log.note_fleet(w, src.period_ms, &a, now_ms);
+                            }
+                        }
                     }
                 });
             if (src.orphan || !found) && answer.is_none() && !counted {

@@ -172,6 +172,16 @@ pub struct LedgerUpdate {
     pub period_ms: u64,
     /// Token buckets: µs per token (`period / threshold`); 0 for windows.
     pub bucket_us: u64,
+    /// Buckets: how far ahead the bucket may be booked, in µs (`algorithm::tolerance_ns`).
+    pub tolerance_us: u64,
+    /// Sliding logs: the length of one of the window's buckets (ms; 0: not a log), its last
+    /// bucket, the first bucket of the previous window still in the span at `now_ms`, and the
+    /// units this ask reports past `confirmed` by bucket, oldest first
+    /// (`sliding_log::Log::by_bucket`).
+    pub log_bucket_ms: u64,
+    pub log_last: u64,
+    pub log_from: u64,
+    pub log_units: Vec<(u64, u64)>,
     /// Token buckets: the lease carried over from the previous window's record (which gives
     /// it back in the same round, just before): the member's ceiling if it has none yet.
     pub adopt: u64,
@@ -359,6 +369,7 @@ pub fn answer(v: &redis::Value) -> Option<Answer> {
         room: n(3)?,
         held: n(4)?,
         prev: n(5)?,
+        steps: std::array::from_fn(|k| (n(6 + 2 * k).unwrap_or(0), n(7 + 2 * k).unwrap_or(0))),
     })
 }
 
@@ -402,6 +413,11 @@ mod tests {
                 weight_ms: 0,
                 period_ms: 0,
                 bucket_us: 0,
+                tolerance_us: 0,
+                log_bucket_ms: 0,
+                log_last: 0,
+                log_from: 0,
+                log_units: Vec::new(),
                 adopt: 0,
                 need: 0,
                 spare: 0,
@@ -430,7 +446,8 @@ mod tests {
                 fair: 4,
                 room: 2,
                 held: 1,
-                prev: 0
+                prev: 0,
+                steps: Default::default(),
             }))
         );
         assert_eq!(answers[2], Some(Reply::Count(10)), "one INCRBY, no more");

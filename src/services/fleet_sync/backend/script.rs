@@ -43,9 +43,10 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
 /// all have arrived); the member enforces the cap of each moment itself, from `prev` and
 /// `held` (answered).
 ///
-/// Token buckets: the cap is the tokens in a bucket kept in Redis (`prev_ledger_key`: the time
+/// Buckets: the cap is the tokens in a bucket kept in Redis (`prev_ledger_key`: the time
 /// at which it is full again of what the members admitted, in µs, which may lie in the past),
-/// less what the members hold leased and unused, in this window's ledger and in the previous
+/// of `ARGV[17]` µs (a token bucket's period; a leaky bucket's queue and one turn) less what the
+/// members hold leased and unused, in this window's ledger and in the previous
 /// window's (`prev_key`: its records hold their leases until they move here). Tokens are
 /// charged as the members report them admitted. Those a member admitted beyond what was
 /// charged (out of a lease, on credit, or while Redis was out of reach; after a restart of Redis,
@@ -59,7 +60,8 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
 /// while the (weighted) count is under `direct_cap`, what they may still report (the cap less
 /// what they reported: the total less the members' counts) is kept out of leases.
 ///
-/// Answer: `{total, ceiling, fair, room, held, prev}`.
+/// Answer: `{total, ceiling, fair, room, held, prev}`, and for a sliding log the previous
+/// window's first `LOG_STEPS` buckets still in the span (bucket, units, ...).
 pub const LEDGER_SCRIPT: &str = r#"
 local me = ARGV[1]
 local used, want, cap, now = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -79,14 +81,43 @@ local u, c, e, d, t = fields(KEYS[2])
 local adopt, adopted = tonumber(ARGV[11]), false
 if adopt > 0 and not c[me] then c[me] = adopt; e[me] = tonumber(ARGV[6]); adopted = true end
 local mine = u[me] or 0
+local lb = tonumber(ARGV[18])
 if used > mine then
   redis.call('INCRBY', KEYS[1], used - mine)
   redis.call('HSET', KEYS[2], 'u:' .. me, used)
+  if lb > 0 then
+    -- a sliding log: the growth by bucket, the newest units named first; what is not named
+    -- goes to the oldest bucket named (or the window's last), later than it came
+    local g, j, at = used - mine, #ARGV - 1, ARGV[19]
+    while g > 0 and j >= 21 do
+      local n = math.min(tonumber(ARGV[j + 1]), g)
+      at = ARGV[j]
+      redis.call('HINCRBY', KEYS[2], 'b:' .. at, n)
+      g, j = g - n, j - 2
+    end
+    if g > 0 then redis.call('HINCRBY', KEYS[2], 'b:' .. at, g) end
+  end
   mine = used
 end
 local total = tonumber(redis.call('GET', KEYS[1]) or '0')
-local prev, prevw = 0, 0
-if w > 0 then
+local prev, prevw, steps = 0, 0, {}
+if lb > 0 and KEYS[3] ~= KEYS[2] then
+  -- a sliding log: what of the previous window is still in the span (its buckets from
+  -- ARGV[20]) and what its members hold leased, all of it
+  local f = redis.call('HGETALL', KEYS[3])
+  local from = tonumber(ARGV[20])
+  for i = 1, #f, 2 do
+    if string.sub(f[i], 1, 2) == 'b:' and tonumber(string.sub(f[i], 3)) >= from then
+      prev = prev + tonumber(f[i + 1])
+      steps[#steps + 1] = {tonumber(string.sub(f[i], 3)), tonumber(f[i + 1])}
+    end
+  end
+  table.sort(steps, function(a, b) return a[1] < b[1] end)
+  local pu, pc = fields(KEYS[3])
+  for id, v in pairs(pc) do prev = prev + math.max(v - (pu[id] or 0), 0) end
+  prevw = prev
+  cap = cap - prevw
+elseif w > 0 then
   local pu, pc = fields(KEYS[3])
   prev = tonumber(redis.call('GET', KEYS[4]) or '0')
   for id, v in pairs(pc) do prev = prev + math.max(v - (pu[id] or 0), 0) end
@@ -136,7 +167,7 @@ if tb > 0 then
     if (pe[id] or 0) > now then held = held + math.max(ceiling - (pu[id] or 0), 0) end
   end
   if charge > 0 then tat = math.max(tat, from) + charge * tb end
-  avail = math.floor((nowus + p * 1000 - math.max(tat, nowus)) / tb) - held
+  avail = math.floor((nowus + tonumber(ARGV[17]) - math.max(tat, nowus)) / tb) - held
 else
   avail = cap - total - held - reserve
 end
@@ -157,7 +188,12 @@ if tb > 0 then
 end
 redis.call('PEXPIREAT', KEYS[1], ARGV[7])
 redis.call('PEXPIREAT', KEYS[2], ARGV[7])
-return {total, ceiling, math.max(fair, 0), math.max(left, 0), held, prev}
+local out = {total, ceiling, math.max(fair, 0), math.max(left, 0), held, prev}
+for k = 1, math.min(#steps, 8) do
+  out[#out + 1] = steps[k][1]
+  out[#out + 1] = steps[k][2]
+end
+return out
 "#;
 
 /// The script call for one update, by the script's hash (pipelined in rounds; alone in tests,
@@ -185,7 +221,14 @@ pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
         .arg(u.spare)
         .arg(u.confirmed)
         .arg(u.direct_cap)
-        .arg(u.since_ms);
+        .arg(u.since_ms)
+        .arg(u.tolerance_us)
+        .arg(u.log_bucket_ms)
+        .arg(u.log_last)
+        .arg(u.log_from);
+    for &(b, n) in &u.log_units {
+        c.arg(b).arg(n);
+    }
     c
 }
 
@@ -201,8 +244,25 @@ pub fn ledger_model(
     let get =
         |h: &HashMap<String, i64>, kind: &str, id: &str| h.get(&format!("{kind}:{id}")).copied();
     let (mut prev, mut prevw) = (0, 0);
+    let mut steps: Vec<(u64, u64)> = Vec::new();
     let mut cap = as_i(up.cap);
-    if up.weight_ms > 0 {
+    if up.log_bucket_ms > 0 && up.prev_ledger_key != up.ledger_key {
+        if let Some(ph) = hashes.get(&up.prev_ledger_key) {
+            for (name, &v) in ph {
+                if let Some(b) = name.strip_prefix("b:") {
+                    if let Some(b) = b.parse::<u64>().ok().filter(|&b| b >= up.log_from) {
+                        prev += v;
+                        steps.push((b, v.max(0) as u64));
+                    }
+                } else if let Some(id) = name.strip_prefix("c:") {
+                    prev += (v - get(ph, "u", id).unwrap_or(0)).max(0);
+                }
+            }
+        }
+        prevw = prev;
+        cap -= prevw;
+        steps.sort_unstable();
+    } else if up.weight_ms > 0 {
         prev = strings.get(&up.prev_key).copied().unwrap_or(0);
         if let Some(ph) = hashes.get(&up.prev_ledger_key) {
             for (name, &c) in ph {
@@ -236,6 +296,22 @@ pub fn ledger_model(
     if used > mine {
         *strings.entry(up.key.clone()).or_insert(0) += used - mine;
         h.insert(format!("u:{}", up.member), used);
+        if up.log_bucket_ms > 0 {
+            let mut g = used - mine;
+            let mut at = up.log_last;
+            for &(b, n) in up.log_units.iter().rev() {
+                if g <= 0 {
+                    break;
+                }
+                let n = as_i(n).min(g);
+                at = b;
+                *h.entry(format!("b:{b}")).or_insert(0) += n;
+                g -= n;
+            }
+            if g > 0 {
+                *h.entry(format!("b:{at}")).or_insert(0) += g;
+            }
+        }
         mine = used;
     }
     let total = strings.get(&up.key).copied().unwrap_or(0);
@@ -293,7 +369,7 @@ pub fn ledger_model(
         if charge > 0 {
             tat = tat.max(from) + charge * tb;
         }
-        (now_us + as_i(up.period_ms) * 1000 - tat.max(now_us)).div_euclid(tb) - held
+        (now_us + as_i(up.tolerance_us) - tat.max(now_us)).div_euclid(tb) - held
     } else {
         cap - total - held - reserve
     };
@@ -327,6 +403,7 @@ pub fn ledger_model(
         room: u(left),
         held: u(held),
         prev: u(prev),
+        steps: std::array::from_fn(|k| steps.get(k).copied().unwrap_or_default()),
     }
 }
 
