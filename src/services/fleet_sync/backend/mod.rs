@@ -64,7 +64,10 @@ impl std::fmt::Display for RoundError {
 
 /// What one window record of one counter sends in a round: a lease ask (the script), or a
 /// plain increment (a direct record far from its limit, see `limits::ledger`).
+/// (A round's updates are built once and live in one `Vec` while it runs: a lease ask's size,
+/// next to its own strings, costs nothing worth a box each.)
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)]
 pub enum Update {
     Lease(LedgerUpdate),
     Count(CountUpdate),
