@@ -77,7 +77,14 @@ fn ensure_upstream_built() {
     });
 }
 
-fn config(up: &Upstream, redis: &RedisServer, period_s: u64, threshold: u64) -> String {
+/// The same fleet on `algorithm` (and any further rule lines after it), a tier of `period`.
+fn config_with(
+    up: &Upstream,
+    redis: &RedisServer,
+    algorithm: &str,
+    period: &str,
+    threshold: u64,
+) -> String {
     format!(
         r#"{head}tenant:
   from:
@@ -87,8 +94,8 @@ fn config(up: &Upstream, redis: &RedisServer, period_s: u64, threshold: u64) -> 
 limits:
   - id: {RULE}
     pathPattern: /**
-    algorithm: fixed_window
-    tiers: [{{ period: {period_s}, threshold: {threshold} }}]
+    algorithm: {algorithm}
+    tiers: [{{ period: {period}, threshold: {threshold} }}]
 redis:
   url: {url}
   sync_interval: 1s
@@ -214,8 +221,14 @@ fn contract_keys(redis: &RedisServer) -> Vec<(String, u64, u64)> {
 }
 
 fn run_case(threshold: u64, shape: Shape, start: Start) {
+    run_case_on("fixed_window", threshold, shape, start)
+}
+
+/// A case on `algorithm`, a fixed window or a sliding log: the load fits in one window of a
+/// period from 30 s, so every span of one period that holds the load holds all of it.
+fn run_case_on(algorithm: &str, threshold: u64, shape: Shape, start: Start) {
     let _turn = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let label = format!("T={threshold} {shape:?} {start:?}");
+    let label = format!("{algorithm} T={threshold} {shape:?} {start:?}");
     ensure_upstream_built();
     let redis = RedisServer::start();
     let up = Upstream::start("u");
@@ -224,7 +237,7 @@ fn run_case(threshold: u64, shape: Shape, start: Start) {
     // a fixed-window period from 30 s up whose window has the room: the run fits in one
     // window without waiting
     let period_s = period_with_room(30, WINDOW_ROOM_S);
-    let cfg = config(&up, &redis, period_s, threshold);
+    let cfg = config_with(&up, &redis, algorithm, &format!("{period_s}"), threshold);
 
     let mut gws = Vec::new();
     let mut started = Vec::new();
@@ -394,4 +407,84 @@ fn t300_load_on_one_instance_of_three_reaches_the_threshold_and_no_more() {
 #[test]
 fn t3000_load_on_one_instance_of_three_reaches_the_threshold_and_no_more() {
     run_case(3000, Shape::Single, Start::Warm);
+}
+
+/// docs/fleet.md "Sliding logs": the exact log fleet-wide, under the same load.
+#[test]
+fn sliding_log_t3000_even_load_from_a_cold_start_stays_within_2_percent() {
+    run_case_on("sliding_log", 3000, Shape::Even, Start::Cold);
+}
+
+#[test]
+fn sliding_log_t300_load_on_one_instance_of_three_reaches_the_threshold_and_no_more() {
+    run_case_on("sliding_log", 300, Shape::Single, Start::Warm);
+}
+
+/// docs/fleet.md "Leaky buckets": three gateways share one leaky bucket of 1,000 a second
+/// (10,000 per 10 s, so that the window's key outlives the test) whose queue is smaller than
+/// wrk's 4 connections per gateway, so that requests are refused: over the load the fleet
+/// admits no more than its bucket (the queue and the turn leaving now, or 2% of the
+/// threshold if more), the outflow and a credit per instance allow, and at least 98% of the
+/// outflow after the first second; Redis holds every window's count.
+#[test]
+fn leaky_bucket_even_load_stays_within_its_queue_and_outflow() {
+    let _turn = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    ensure_upstream_built();
+    let (threshold, queue, period_s) = (10_000u64, 2u64, 10.0);
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let dir = TempDir::new();
+    let script = wrk_script(&dir);
+    let cfg = config_with(&up, &redis, "leaky_bucket", "10", threshold).replace(
+        "    algorithm: leaky_bucket\n",
+        &format!("    algorithm: leaky_bucket\n    queue: {queue}\n"),
+    );
+    let gws: Vec<Gateway> = (0..3).map(|_| Gateway::start(&cfg)).collect();
+    for g in &gws {
+        assert!(wait_redis_state(g, "connected"), "log:\n{}", g.log());
+    }
+    let load_started = Instant::now();
+    let wrk = run_wrk(&script, &gws.iter().collect::<Vec<_>>());
+    let load_s = load_started.elapsed().as_secs_f64();
+    let rounds_after: Vec<f64> = gws.iter().map(rounds).collect();
+    let synced = eventually(Duration::from_secs(5), || {
+        gws.iter()
+            .zip(&rounds_after)
+            .all(|(g, &r)| rounds(g) >= r + 2.0)
+    });
+    assert!(
+        synced,
+        "the gateways did not complete two rounds after the load"
+    );
+    let per_instance: Vec<u64> = gws.iter().map(allowed).collect();
+    let admitted: u64 = per_instance.iter().sum();
+    let offered: u64 = wrk.iter().map(|w| w.requests).sum();
+    let in_redis: i64 = contract_keys(&redis)
+        .iter()
+        .map(|(k, _, _)| redis.int(&["GET", k]))
+        .sum();
+    let rate = threshold as f64 / period_s;
+    // the fleet's bucket (`algorithm::fleet_tolerance_ns`), its outflow, a credit per instance
+    let most = (queue + 1).max(threshold / 50) as f64 + rate * load_s + 3.0;
+    let least = rate * (load_s - 1.0);
+    eprintln!(
+        "[leaky_bucket {rate}/s queue {queue}] admitted {admitted} (per instance \
+         {per_instance:?}) in {load_s:.2} s: {:.3} of the queue and outflow ({most:.0}), {:.3} of \
+         the outflow after the first second ({least:.0}); offered {offered}; redis {in_redis}",
+        admitted as f64 / most,
+        admitted as f64 / least,
+    );
+    assert!(
+        offered as f64 >= 1.5 * most,
+        "harness: offered only {offered}"
+    );
+    assert!(admitted as f64 <= most, "admitted {admitted} > {most:.0}");
+    assert!(
+        admitted as f64 >= 0.98 * least,
+        "admitted {admitted} < 0.98 x {least:.0}"
+    );
+    assert_eq!(
+        in_redis, admitted as i64,
+        "Redis holds what the fleet admitted"
+    );
 }

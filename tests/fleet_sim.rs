@@ -241,9 +241,11 @@ impl Scenario {
     }
 
     /// What the fleet's one bucket holds when full: a token bucket's threshold, a leaky
-    /// bucket's queue and the turn leaving now.
+    /// bucket's queue and the turn leaving now, or a fiftieth of its threshold if that is more
+    /// (so that leases flow however small the queue: `algorithm::fleet_tolerance_ns`).
     fn capacity(&self) -> f64 {
-        self.queue.map_or(self.threshold, |q| q + 1) as f64
+        self.queue
+            .map_or(self.threshold, |q| (q + 1).max(self.threshold / 50)) as f64
     }
 
     /// The window holding `now`: start and end.
@@ -1071,7 +1073,10 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     // docs/fleet.md, "The bound": 2%, or one request on credit per instance but the one
     // that filled it
     // (with costs: one of the largest requests on credit per instance)
-    let slack = if t < 100 {
+    // (a leaky bucket: one request on credit per instance, see `capacity`)
+    let slack = if s.queue.is_some() {
+        n * s.units()
+    } else if t < 100 {
         t / 50 + n * s.units()
     } else {
         (t / 50).max((n - 1) * s.units())

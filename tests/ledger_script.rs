@@ -90,7 +90,7 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
             expire_at_ms: 9_999_999_999_999,
             weight_ms: if sliding { 1 + rng.below(1000) } else { 0 },
             period_ms: 1000,
-            bucket_us: if bucket { 1_000_000 / 300 } else { 0 },
+            bucket_ns: if bucket { 1_000_000_000 / 300 } else { 0 },
             // a token bucket's period, or a leaky bucket's queue of 0 to 299 and its turn
             tolerance_us: match (bucket, rng.below(2)) {
                 (false, _) => 0,
@@ -218,7 +218,7 @@ fn window_update(key: &str, member: &str, used: u64, want: u64, cap: u64) -> Led
         expire_at_ms: 9_999_999_999_999,
         weight_ms: 0,
         period_ms: 1000,
-        bucket_us: 0,
+        bucket_ns: 0,
         tolerance_us: 0,
         log_bucket_ms: 0,
         log_last: 0,
@@ -312,7 +312,7 @@ fn a_token_bucket_lease_takes_tokens_and_gives_back_what_is_unused() {
         now_ms: NOW + at_ms,
         lease_until_ms: NOW + 20_000,
         period_ms: 10_000,
-        bucket_us: 100_000,
+        bucket_ns: 100_000_000,
         tolerance_us: 10_000_000,
         ..window_update("t:{p}:b:0:10000", member, used, want, 100)
     };

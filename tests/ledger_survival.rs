@@ -384,7 +384,7 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
             expire_at_ms: end + 60_000,
             weight_ms: 0,
             period_ms: 3_600_000,
-            bucket_us: 0,
+            bucket_ns: 0,
             tolerance_us: 0,
             log_bucket_ms: 0,
             log_last: 0,

@@ -105,6 +105,18 @@ pub fn tolerance_ns(tier: &Quota) -> u128 {
     }
 }
 
+/// How far ahead the fleet's bucket in Redis may be booked, in ns: a token bucket's period; a
+/// leaky bucket's queue and turn, or a fiftieth of its threshold if that is more, so that
+/// leases can flow between sync rounds however small the queue (each instance keeps its own
+/// queue exact; the fleet admits at most `threshold + max(queue + 1, threshold / 50)` a
+/// period, and a request on credit per instance).
+pub fn fleet_tolerance_ns(tier: &Quota) -> u128 {
+    match tier.queue {
+        Some(q) => (q + 1).max(tier.threshold / 50) as u128 * interval_ns(tier),
+        None => tolerance_ns(tier),
+    }
+}
+
 /// A leaky bucket: how long a request admitted now waits for its slot (call before `commit`).
 pub fn queue_wait_ns(state: &TierState, now_ns: u64) -> u64 {
     state.tat_ns.saturating_sub(now_ns)

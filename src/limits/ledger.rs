@@ -377,7 +377,13 @@ pub fn ceiling(
         let credit = if l.fair == 0 {
             // no answer yet in this window: a few, so that a burst on a fresh window does not
             // wait for the first round
-            l.used + l.pending + units <= cold_credit(tier.threshold, n)
+            // (a leaky bucket: one; its requests wait their turn anyway, and its fleet bucket
+            // may be no larger than its queue)
+            let cold = match tier.queue {
+                Some(_) => 1,
+                None => cold_credit(tier.threshold, n),
+            };
+            l.used + l.pending + units <= cold
         } else {
             // one at a time while the window had room for every instance's credit at the
             // last answer (a bucket: tokens); a request charged late holds its credit until

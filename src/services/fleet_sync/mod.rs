@@ -394,13 +394,13 @@ impl Accounts {
             need: ask.need,
             spare: ledger::spare(threshold),
             confirmed: ask.confirmed.saturating_sub(direct),
-            bucket_us: if bucket {
-                (p * 1000 / threshold.max(1)).max(1)
+            bucket_ns: if bucket {
+                u64::try_from(crate::limits::algorithm::interval_ns(quota)).unwrap_or(u64::MAX)
             } else {
                 0
             },
             tolerance_us: if bucket {
-                u64::try_from(crate::limits::algorithm::tolerance_ns(quota) / 1000)
+                u64::try_from(crate::limits::algorithm::fleet_tolerance_ns(quota) / 1000)
                     .unwrap_or(u64::MAX)
             } else {
                 0

@@ -173,8 +173,9 @@ pub struct LedgerUpdate {
     /// the end of the lease's horizon; 0 for fixed windows.
     pub weight_ms: u64,
     pub period_ms: u64,
-    /// Token buckets: µs per token (`period / threshold`); 0 for windows.
-    pub bucket_us: u64,
+    /// Buckets: ns per token (`period / threshold`; the script takes µs to the ns,
+    /// `bucket_arg`); 0 for windows.
+    pub bucket_ns: u64,
     /// Buckets: how far ahead the bucket may be booked, in µs (`algorithm::tolerance_ns`).
     pub tolerance_us: u64,
     /// Sliding logs: the length of one of the window's buckets (ms; 0: not a log), its last
@@ -415,7 +416,7 @@ mod tests {
                 expire_at_ms: 0,
                 weight_ms: 0,
                 period_ms: 0,
-                bucket_us: 0,
+                bucket_ns: 0,
                 tolerance_us: 0,
                 log_bucket_ms: 0,
                 log_last: 0,
