@@ -1347,6 +1347,8 @@ fn a_leaky_bucket_queues_a_burst_and_refuses_past_its_queue() {
         .map(|r| r.header("x-ratelimit-remaining").unwrap())
         .collect();
     assert_eq!(remaining, ["3", "2", "1", "0"], "places left in the queue");
+    // the queue is empty again 800 ms after the last took its turn: in whole seconds, 1
+    assert_eq!(burst[3].header("x-ratelimit-reset"), Some("1"));
     let r = rig.get("/a", "acme");
     assert_eq!(r.status, 429, "a fourth would wait past the queue");
     assert_eq!(
@@ -1388,4 +1390,70 @@ fn a_leaky_buckets_queue_defaults_to_its_threshold_and_zero_means_no_waiting() {
     let r = rig.get("/s", "acme");
     assert!(r.forwarded);
     assert_eq!(r.wait_ms, 0);
+}
+
+/// docs/configuration.md "Sliding log": every tier, action, `cost` and `count_when` works with
+/// it: two tiers must both pass, a request takes its cost from each, and `count_when` counts
+/// only the answers it names (`action: delay`: the next test).
+#[test]
+fn a_sliding_log_takes_tiers_costs_and_counted_answers() {
+    let rig = Rig::new(
+        "  - id: log\n    pathPattern: /c/**\n    algorithm: sliding_log\n    cost: { header: x-cost, max: 5 }\n    tiers: [{ period: 1, threshold: 5 }, { period: 10, threshold: 8 }]\n  - id: fails\n    pathPattern: /f/**\n    algorithm: sliding_log\n    count_when: { status: [5xx] }\n    tiers: [{ period: 10, threshold: 1 }]",
+        "",
+    );
+    rig.clock.set_ms(T0 + 100);
+    let cost = |n: &str| rig.send("GET", "/c/x", &[("x-org-id", "acme"), ("x-cost", n)]);
+    assert!(cost("4").forwarded, "4 of 5 and of 8");
+    assert_eq!(cost("2").status, 429, "6 > 5 in the second");
+    assert!(cost("1").forwarded, "5 of 5");
+    rig.clock.set_ms(T0 + 1_100);
+    assert!(
+        cost("3").forwarded,
+        "the second is empty again: 3 of 5, 8 of 8"
+    );
+    assert_eq!(cost("1").status, 429, "the ten seconds are full");
+    rig.clock.set_ms(T0 + 10_099);
+    assert_eq!(cost("1").status, 429);
+    rig.clock.set_ms(T0 + 10_100);
+    assert!(
+        cost("4").forwarded,
+        "the first 5 units left the ten seconds"
+    );
+    // count_when: a 200 is not counted, a 503 is
+    rig.clock.set_ms(T0 + 30_000);
+    let r = rig.get("/f/x", "acme");
+    rig.answer(&r, 200, &HeaderMap::new());
+    let r = rig.get("/f/x", "acme");
+    assert!(r.forwarded, "the 200 was not counted");
+    rig.answer(&r, 503, &HeaderMap::new());
+    assert_eq!(rig.get("/f/x", "acme").status, 429, "the 503 was");
+}
+
+/// A sliding log under `action: delay`: an over-limit request waits until enough of the span
+/// has left for it, no longer.
+#[tokio::test(start_paused = true)]
+async fn a_sliding_log_delay_waits_until_the_oldest_leaves() {
+    let text = config_text(
+        "  - id: slow\n    pathPattern: /d/**\n    algorithm: sliding_log\n    action: delay\n    max_delay: 2s\n    tiers: [{ period: 1, threshold: 2 }]",
+        "",
+    );
+    let cfg = config::load_str(Path::new("t.yaml"), &text).expect("valid config");
+    let clock = Arc::new(TokioClock {
+        base_ms: T0 + 100,
+        start: tokio::time::Instant::now(),
+    });
+    let rig = Rig::with_clock(cfg, clock, Arc::new(FakeClock::default()));
+    let t = [("x-org-id", "acme")];
+    assert!(rig.send_and_wait("/d/x", &t).await.forwarded);
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert!(rig.send_and_wait("/d/x", &t).await.forwarded);
+    let started = tokio::time::Instant::now();
+    let r = rig.send_and_wait("/d/x", &t).await;
+    assert!(r.forwarded && r.admitted.delayed, "delayed, then admitted");
+    let held = started.elapsed();
+    assert!(
+        held >= std::time::Duration::from_millis(600)
+            && held < std::time::Duration::from_millis(620),
+        "until the first left, 600 ms later: {held:?}"
+    );
 }

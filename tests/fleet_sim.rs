@@ -1271,6 +1271,24 @@ fn seeds_of(var: &str, debug: u64, release: u64) -> Vec<u64> {
 /// window's start and the last answer).
 const REPLAYED: [u64; 9] = [2458, 2523, 2571, 2595, 4223, 4635, 5461, 5598, 5980];
 
+/// The README's "Redis work" of each algorithm: at most this many Redis updates (a script call
+/// or a plain increment) per admitted request over the default seeds of the simulation.
+/// (Held in release builds, on the default seeds: a debug build runs fewer.)
+const REDIS_WORK: [(&str, f64); 5] = [
+    ("fixed_window", 0.01),
+    ("sliding_window", 0.02),
+    ("token_bucket", 0.02),
+    ("leaky_bucket", 0.02),
+    ("sliding_log", 0.05),
+];
+
+/// Whether a run holds the README's `REDIS_WORK` (the default seeds of a release build).
+fn holds_redis_work() -> bool {
+    !cfg!(debug_assertions)
+        && std::env::var("FLEET_SIM_SEED").is_err()
+        && std::env::vars().all(|(k, _)| !k.ends_with("_SEEDS"))
+}
+
 #[test]
 fn the_fleet_holds_its_limits_over_many_seeds() {
     let mut failures = Vec::new();
@@ -1278,9 +1296,20 @@ fn the_fleet_holds_its_limits_over_many_seeds() {
     // per shape: refusals under 0.9 x threshold with Redis answering, the same under
     // on_failure, all refusals, updates sent, requests admitted, the longest hold
     let mut work: BTreeMap<String, [u64; 6]> = BTreeMap::new();
+    // per algorithm (fixed, sliding, token bucket): updates, admitted
+    let mut by_algorithm = [(0u64, 0u64); 3];
     for seed in seeds() {
         let s = Scenario::draw(seed);
         let o = simulate(&s);
+        let k = if s.sliding {
+            1
+        } else if s.bucket {
+            2
+        } else {
+            0
+        };
+        by_algorithm[k].0 += o.updates;
+        by_algorithm[k].1 += o.total_admitted;
         let w = work.entry(format!("{:?}", s.shape)).or_default();
         w[0] += o.false_refusals.len() as u64;
         w[1] += o.failure_refusals;
@@ -1323,6 +1352,18 @@ fn the_fleet_holds_its_limits_over_many_seeds() {
         eprintln!(
             "{shape:>9}: {under} refusal(s) under 0.9x with Redis answering, {under_failure} under on_failure, {refused} in all; {:.4} Redis updates per admitted request; longest hold {hold} ms",
             *updates as f64 / (*admitted).max(1) as f64
+        );
+    }
+    for (k, &(updates, admitted)) in by_algorithm.iter().enumerate() {
+        let w = updates as f64 / admitted.max(1) as f64;
+        eprintln!(
+            "{}: {w:.4} Redis updates per admitted request",
+            REDIS_WORK[k].0
+        );
+        assert!(
+            !holds_redis_work() || w <= REDIS_WORK[k].1,
+            "README: {:?}",
+            REDIS_WORK[k]
         );
     }
     for (shape, (lo, hi, n)) in &by_shape {
@@ -1414,11 +1455,12 @@ fn calendar_days_keep_the_bounds_across_their_end() {
 fn leaky_buckets_keep_the_bounds_over_many_seeds() {
     let seeds = seeds_of("FLEET_SIM_LEAKY_SEEDS", 20, 500);
     let mut failures = Vec::new();
-    let (mut admitted, mut under) = (0u64, 0usize);
+    let (mut admitted, mut under, mut updates) = (0u64, 0usize, 0u64);
     for seed in seeds {
         let s = Scenario::draw_leaky(seed);
         let o = simulate(&s);
         admitted += o.total_admitted;
+        updates += o.updates;
         under += o.false_refusals.len();
         let why = check(&s, &o);
         if !why.is_empty() {
@@ -1426,7 +1468,15 @@ fn leaky_buckets_keep_the_bounds_over_many_seeds() {
             failures.push(seed);
         }
     }
-    eprintln!("leaky buckets: {admitted} admitted, {under} refusals under 0.9x");
+    let work = updates as f64 / admitted.max(1) as f64;
+    eprintln!(
+        "leaky buckets: {admitted} admitted, {under} refusals under 0.9x; {work:.4} Redis updates per admitted request"
+    );
+    assert!(
+        !holds_redis_work() || work <= REDIS_WORK[3].1,
+        "README: {:?}",
+        REDIS_WORK[3]
+    );
     assert!(
         failures.is_empty(),
         "{} leaky seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",
@@ -1445,11 +1495,12 @@ fn leaky_buckets_keep_the_bounds_over_many_seeds() {
 fn sliding_logs_keep_the_bounds_over_many_seeds() {
     let seeds = seeds_of("FLEET_SIM_LOG_SEEDS", 20, 500);
     let mut failures = Vec::new();
-    let (mut admitted, mut under, mut most) = (0u64, 0usize, 0f64);
+    let (mut admitted, mut under, mut most, mut updates) = (0u64, 0usize, 0f64, 0u64);
     for seed in seeds {
         let s = Scenario::draw_log(seed);
         let o = simulate(&s);
         admitted += o.total_admitted;
+        updates += o.updates;
         under += o.false_refusals.len();
         if s.faults == Faults::None {
             for &e in o.estimate.values() {
@@ -1462,7 +1513,13 @@ fn sliding_logs_keep_the_bounds_over_many_seeds() {
             failures.push(seed);
         }
     }
-    eprintln!("sliding logs: {admitted} admitted, {under} refusals under 0.9x; the fullest span {most:.4} x threshold");
+    let work = updates as f64 / admitted.max(1) as f64;
+    eprintln!("sliding logs: {admitted} admitted, {under} refusals under 0.9x; the fullest span {most:.4} x threshold; {work:.4} Redis updates per admitted request");
+    assert!(
+        !holds_redis_work() || work <= REDIS_WORK[4].1,
+        "README: {:?}",
+        REDIS_WORK[4]
+    );
     assert!(
         failures.is_empty(),
         "{} log seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",

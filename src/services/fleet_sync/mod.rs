@@ -400,7 +400,8 @@ impl Accounts {
                 0
             },
             tolerance_us: if bucket {
-                u64::try_from(crate::limits::algorithm::fleet_tolerance_ns(quota) / 1000)
+                // (rounded up: a bucket of one token must hold one)
+                u64::try_from(crate::limits::algorithm::fleet_tolerance_ns(quota).div_ceil(1000))
                     .unwrap_or(u64::MAX)
             } else {
                 0
