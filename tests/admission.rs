@@ -1457,3 +1457,33 @@ async fn a_sliding_log_delay_waits_until_the_oldest_leaves() {
         "until the first left, 600 ms later: {held:?}"
     );
 }
+
+/// The quota endpoint of a sliding log tells its span: what the last period admitted, wherever
+/// the window boundary fell, and until when the oldest stays in it.
+#[test]
+fn the_quota_endpoint_tells_a_sliding_logs_span() {
+    let text = config_text(
+        "  - id: log\n    pathPattern: /**\n    algorithm: sliding_log\n    tiers: [{ period: 10, threshold: 3 }]",
+        "",
+    )
+    .edit(
+        "  listen: [\"127.0.0.1:1\"]\n",
+        "  listen: [\"127.0.0.1:1\"]\n  quota_endpoint: /quota\n",
+    );
+    let rig = Rig::from_text(&text, Arc::new(FakeClock::at_ms(T0 + 9_000)));
+    assert!(rig.get("/x", "acme").forwarded);
+    assert!(rig.get("/x", "acme").forwarded);
+    // the next window: both are still in the span, for 4 s more
+    rig.clock.set_ms(T0 + 15_000);
+    let j = rig.get("/quota", "acme").json();
+    let tier = &j["rules"][0]["tiers"][0];
+    assert_eq!(
+        (&tier["used"], &tier["remaining"]),
+        (&2.into(), &1.into()),
+        "{j}"
+    );
+    assert_eq!(tier["reset"], 4, "{j}");
+    rig.clock.set_ms(T0 + 19_000);
+    let j = rig.get("/quota", "acme").json();
+    assert_eq!(j["rules"][0]["tiers"][0]["remaining"], 3, "{j}");
+}

@@ -83,7 +83,12 @@ impl Limiter {
                         TierView {
                             period_ms: tier.period_ms,
                             threshold: tier.threshold,
-                            used: state.current,
+                            // (a sliding log: its span)
+                            used: if algo == Algorithm::SlidingLog {
+                                tier.threshold.saturating_sub(remaining)
+                            } else {
+                                state.current
+                            },
                             remaining,
                             reset_ms: v.reset_ms,
                             fleet: (l.fair > 0).then_some(FleetView {
@@ -185,7 +190,18 @@ fn tier_now(
         .and_then(|c| c.tiers.get(i).copied())
         .unwrap_or_default();
     algorithm::roll(&mut state, tier, algo, now);
-    let mut v = algorithm::evaluate(&state, tier, algo, now, 1);
+    // a sliding log: its span, not its window's count
+    let log = counter
+        .and_then(|c| c.logs.as_deref())
+        .and_then(|l| l.get(i));
+    let mut v = match log {
+        Some(log) => {
+            let mut log = log.clone();
+            log.prune(tier, now);
+            log.evaluate(tier, now, 1)
+        }
+        None => algorithm::evaluate(&state, tier, algo, now, 1),
+    };
     v.remaining = if v.allowed { v.remaining + 1 } else { 0 };
     (state, v)
 }
