@@ -206,7 +206,8 @@ fn concurrency_limits_requests_in_flight_and_frees_the_slot_however_a_request_en
     let slow: Vec<_> = (0..2)
         .map(|_| {
             std::thread::spawn(move || {
-                request(addr, "GET", "/delay/1000", &[("x-org-id", "hooli")])
+                // (well inside the pool's read_timeout of 1 s, on a busy machine too)
+                request(addr, "GET", "/delay/600", &[("x-org-id", "hooli")])
             })
         })
         .collect();
