@@ -971,8 +971,12 @@ fn simulate(s: &Scenario) -> Outcome {
             // as for the upper bound: under 100, one request per instance; past it, the
             // others' credits (one each) where they are more than 2% of the threshold
             // (a request on credit may be one of the largest costs)
+            // (a log keeps one credit per other instance out of its cap all through the
+            // window, not only where they are more than 2%: see `ledger::ceiling`)
             let small = if s.threshold < 100 {
                 (s.instances as u64 * s.units()) as f64
+            } else if s.log {
+                ((s.instances as u64 - 1) * s.units()) as f64
             } else {
                 ((s.instances as u64 - 1) * s.units()).saturating_sub(s.threshold / 50) as f64
             };

@@ -421,7 +421,14 @@ pub fn ceiling(
             let margin = if on_credit { others } else { 0 };
             if l.used + l.others + margin + units > cap {
                 // the weighted count of this moment is full: no round changes that, time does
-                return Ceiling::FleetFull;
+                // (a log with no answer yet in this window knows the previous window only as
+                // a whole, or as its own answers saw it: the next answer says what is still in
+                // the span, so the request waits for it)
+                return if algorithm == Algorithm::SlidingLog && l.fair == 0 {
+                    Ceiling::LeaseUsed
+                } else {
+                    Ceiling::FleetFull
+                };
             }
         }
     } else if let (Some(n), false) = (shared, bucket) {
