@@ -654,3 +654,45 @@ fn a_client_that_leaves_the_queue_gives_its_turn_back() {
         2.0
     );
 }
+
+/// The same over HTTP/2 (h2c): a client that gives up while its request waits for its turn
+/// (curl's `--max-time`) resets its stream; the request leaves the queue and never reaches the
+/// upstream.
+#[test]
+fn an_http2_client_that_gives_up_leaves_the_queue() {
+    let up = common::recording::RecordingUpstream::start();
+    let limits = "limits:\n  - id: slow\n    pathPattern: /**\n    algorithm: leaky_bucket\n    queue: 5\n    tiers: [{ period: 2, threshold: 1 }]\n";
+    let gw = Gateway::start(&format!(
+        "{}{TENANT}{limits}",
+        one_route_config(up.addr, 2, "  h2c: true")
+    ));
+    let first = read_answer(send_in_turn(&gw, "slow", "/first", "acme"));
+    assert_eq!(first.status, 200);
+    let url = format!("http://{}/leaving", gw.addr);
+    let out = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "--http2-prior-knowledge",
+            "--max-time",
+            "0.5",
+            "-H",
+            "x-org-id: acme",
+            &url,
+        ])
+        .output()
+        .expect("curl");
+    assert!(!out.status.success(), "curl gave up before the turn came");
+    assert!(
+        common::eventually(Duration::from_secs(5), || metric_sum(
+            &gw.metrics(),
+            "tollgate_queue_left_total"
+        ) == 1.0),
+        "the gateway saw the stream go"
+    );
+    let third = read_answer(send_in_turn(&gw, "slow", "/third", "acme"));
+    assert_eq!(third.header("x-ratelimit-remaining"), Some("4"));
+    assert_eq!(
+        up.request_lines(),
+        ["GET /first HTTP/1.1", "GET /third HTTP/1.1"]
+    );
+}
