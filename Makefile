@@ -6,8 +6,9 @@ SHELL := /bin/bash
 BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.h:libssl-dev openssl:openssl /usr/share/zoneinfo/Europe/Berlin:tzdata
 TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk curl:curl chromium:chromium
 BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client
+DEB_DEPS   := dpkg-shlibdeps:dpkg-dev adduser:adduser curl:curl
 
-.PHONY: all deps deps-test deps-bench build release run test conformance lint fmt bench check-configs clean demo-cert fuzz
+.PHONY: all deps deps-test deps-bench build release run test conformance lint fmt bench check-configs clean demo-cert fuzz deb deb-check
 
 all: build
 
@@ -70,6 +71,18 @@ bench: deps-bench deps-test release
 	scripts/bench-edge
 	scripts/bench-memory
 	scripts/bench-fleet
+
+## The Debian package, target/debian/tollgate_<version>_<arch>.deb (cargo-deb, installed if
+## missing; see [package.metadata.deb] in Cargo.toml), and what CI checks of it (as root):
+## install it with dpkg, check and run the config it installed, send a request, purge it.
+deb: deps
+	@scripts/ensure-packages $(DEB_DEPS)
+	@command -v cargo-deb >/dev/null || $(CARGO) install cargo-deb --locked
+	$(CARGO) build --release --bins --examples
+	$(CARGO) deb --no-build --strip
+
+deb-check: deb
+	scripts/deb-check
 
 ## Coverage-guided fuzzing (fuzz/, cargo-fuzz and libFuzzer) of the config loader, path
 ## normalization and globs, X-Forwarded-For, durations and partition keys, FUZZ_SECONDS each.
