@@ -1487,3 +1487,53 @@ fn the_quota_endpoint_tells_a_sliding_logs_span() {
     let j = rig.get("/quota", "acme").json();
     assert_eq!(j["rules"][0]["tiers"][0]["remaining"], 3, "{j}");
 }
+
+/// The new algorithms under the other actions: a `shadow` sliding log or leaky bucket never
+/// refuses nor makes a request wait (it reports what it would have done), and `shadowban` and
+/// `throttle` apply to what they would refuse.
+#[test]
+fn sliding_logs_and_leaky_buckets_take_every_action() {
+    let rule = |id: &str, algo: &str, action: &str| {
+        format!("  - id: {id}\n    pathPattern: /{id}\n    algorithm: {algo}\n    action: {action}\n    tiers: [{{ period: 10, threshold: 1 }}]\n")
+    };
+    let rig = Rig::new(
+        &[
+            rule("log-shadow", "sliding_log", "shadow"),
+            // (queue 0: the second would be refused, not queued)
+            rule("leaky-shadow", "leaky_bucket", "shadow\n    queue: 0"),
+            rule("log-ban", "sliding_log", "shadowban"),
+            rule(
+                "leaky-throttle",
+                "leaky_bucket",
+                "throttle\n    throttle: { rate: 1KiB/s }\n    queue: 0",
+            ),
+        ]
+        .concat(),
+        "",
+    );
+    rig.clock.set_ms(T0 + 1_000);
+    for path in ["/log-shadow", "/leaky-shadow"] {
+        for _ in 0..3 {
+            let r = rig.get(path, "acme");
+            assert!(r.forwarded, "{path}: a shadow rule never refuses");
+            assert_eq!(r.wait_ms, 0, "{path}: nor makes a request wait");
+        }
+    }
+    let m = rig.metrics();
+    for rule in ["log-shadow", "leaky-shadow"] {
+        assert!(
+            m.contains(&format!(
+                r#"decision="shadow_denied",rule="{rule}",tier="10s"}} 2"#
+            )),
+            "{rule}: {m}"
+        );
+    }
+    assert!(rig.get("/log-ban", "acme").forwarded);
+    let r = rig.get("/log-ban", "acme");
+    assert_eq!(r.admitted.action, Some("shadowbanned"));
+    assert!(rig.get("/leaky-throttle", "acme").forwarded);
+    let r = rig.get("/leaky-throttle", "acme");
+    assert!(r.forwarded);
+    assert_eq!(r.admitted.action, Some("throttled"));
+    assert_eq!(r.admitted.throttle_bps, 1024);
+}
