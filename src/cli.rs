@@ -266,6 +266,12 @@ fn add_background_services(
     let reload_status = Arc::new(ReloadStatus::default());
     let rates = Arc::new(DecisionRates::default());
     let ready = Arc::new(AtomicBool::new(false));
+    if let Some(t) = &shared.load().config.tracing {
+        server.add_service(background_service(
+            "trace export",
+            crate::request::trace::TraceExport(t.clone()),
+        ));
+    }
     // runs always: idle without a `redis` section, so that a reload can add one
     server.add_service(background_service(
         "redis sync",
@@ -346,6 +352,7 @@ fn add_background_services(
             listen_tls: server_cfg.listen_tls.clone(),
             ready,
             fleet: rt.fleet.clone(),
+            tracing: shared.load().config.tracing.is_some(),
         },
     ));
 }

@@ -1033,3 +1033,39 @@ fn sliding_log_thresholds_and_leaky_bucket_queues_are_checked() {
         assert_eq!(code, 0, "{text}\n{err}");
     }
 }
+
+/// docs/configuration.md "`tracing`": the collector's URL, the share of requests traced and
+/// how spans name the tenant are checked.
+#[test]
+fn tracing_settings_are_checked() {
+    let with_tracing = |lines: &str| format!("{BASE}tracing:\n{lines}");
+    assert_error(
+        &with_tracing("  otlp: 127.0.0.1:4318\n"),
+        25,
+        9,
+        &[
+            "tracing.otlp",
+            "not an OTLP/HTTP endpoint",
+            "http://127.0.0.1:4318",
+        ],
+    );
+    assert_error(
+        &with_tracing("  otlp: http://127.0.0.1:4318\n  sample: 1.5\n"),
+        26,
+        11,
+        &["tracing.sample", "0 to 1", "1.5"],
+    );
+    assert_error(
+        &with_tracing("  otlp: http://127.0.0.1:4318\n  tenant: maybe\n"),
+        26,
+        11,
+        &["tracing.tenant", "plain or hash"],
+    );
+    let dir = TempDir::new();
+    let path = dir.write(
+        "gateway.yaml",
+        &with_tracing("  otlp: http://127.0.0.1:4318\n  sample: 0.01\n  tenant: hash\n"),
+    );
+    let (code, _, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+    assert_eq!(code, 0, "{err}");
+}

@@ -24,6 +24,24 @@ pub struct FileConfig {
     pub redis: Option<RedisFile>,
     #[serde(default)]
     pub headers: Option<HeadersFile>,
+    /// OpenTelemetry traces of the requests.
+    #[serde(default)]
+    pub tracing: Option<TracingFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingFile {
+    /// The collector's OTLP/HTTP endpoint, such as `http://127.0.0.1:4318`.
+    pub otlp: String,
+    /// The share of requests traced (0 to 1); a client's sampled traceparent is always kept.
+    #[serde(default)]
+    pub sample: Option<f64>,
+    #[serde(default)]
+    pub service_name: Option<String>,
+    /// `plain` (default) or `hash`: how spans name the tenant.
+    #[serde(default)]
+    pub tenant: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -24,6 +24,8 @@ pub struct Config {
     pub rules: Vec<Arc<Rule>>,
     pub redis: Option<RedisSettings>,
     pub headers: HeaderSettings,
+    /// OpenTelemetry traces (`tracing`); none without the section.
+    pub tracing: Option<TracingSettings>,
     /// Certificates of the TLS listeners and of `server.certificates`, read and checked.
     pub tls: crate::config::certificates::Certificates,
     /// `FILE:LINE:COL: warning: ...`: accepted, but probably not meant.
@@ -458,4 +460,16 @@ impl Default for HeaderSettings {
             ietf: true,
         }
     }
+}
+
+/// `tracing`: where spans go and how many requests are traced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingSettings {
+    /// The collector's OTLP/HTTP base URL (spans go to `<otlp>/v1/traces`).
+    pub otlp: String,
+    /// The share of requests traced that came without a sampled traceparent.
+    pub sample: f64,
+    pub service_name: String,
+    /// Spans carry a hash of the tenant instead of the tenant.
+    pub hash_tenant: bool,
 }

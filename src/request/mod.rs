@@ -17,3 +17,4 @@ pub mod quota;
 pub mod routing;
 pub mod tenant;
 pub mod tls;
+pub mod trace;

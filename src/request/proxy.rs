@@ -21,6 +21,7 @@ use crate::request::answer::Answer;
 use crate::request::client_addr::X_FORWARDED_FOR;
 use crate::request::client_limits;
 use crate::request::header_deadline;
+use crate::request::trace;
 use crate::snapshot::{SharedSnapshot, Snapshot};
 use async_trait::async_trait;
 use http::header::HeaderValue;
@@ -50,6 +51,15 @@ pub struct RequestCtx {
     body_bytes: u64,
     /// The place in a shaped pool, handed to the next waiter when the request is done.
     gate: Option<crate::upstream::shaping::GateSlot>,
+    /// With `tracing`: the request's span, and its current upstream attempt's.
+    trace: Option<Box<TraceSpans>>,
+}
+
+/// The spans of a traced request (boxed: most requests carry none).
+struct TraceSpans {
+    request: opentelemetry::Context,
+    upstream: Option<opentelemetry::Context>,
+    attempts: u32,
 }
 
 pub struct Gateway {
@@ -278,6 +288,7 @@ impl ProxyHttp for Gateway {
             failures: 0,
             body_bytes: 0,
             gate: None,
+            trace: None,
         }
     }
 
@@ -288,6 +299,13 @@ impl ProxyHttp for Gateway {
         }
         let snap = self.shared.load_full();
         let req = session.req_header();
+        if let Some(t) = trace::traces() {
+            ctx.trace = Some(Box::new(TraceSpans {
+                request: t.server_span(req.method.as_str(), &req.headers),
+                upstream: None,
+                attempts: 0,
+            }));
+        }
         let incoming = Incoming {
             head: req,
             raw_path: req.raw_path(),
@@ -390,6 +408,15 @@ impl ProxyHttp for Gateway {
         match pool.select(&ctx.admitted.tenant) {
             Some(backend) => {
                 ctx.upstream = backend.addr.as_inet().copied();
+                if let (Some(t), Some(spans)) = (trace::traces(), ctx.trace.as_deref_mut()) {
+                    // a retry: the attempt before failed
+                    if let Some(before) = spans.upstream.take() {
+                        trace::end(&before, Some("the attempt failed".into()));
+                    }
+                    spans.attempts += 1;
+                    let server = backend.addr.to_string();
+                    spans.upstream = Some(t.upstream_span(&spans.request, &server, spans.attempts));
+                }
                 Ok(Box::new(pool.peer(backend)))
             }
             None => {
@@ -487,6 +514,13 @@ impl ProxyHttp for Gateway {
                     upstream_request.remove_header(&t.strip_header);
                 }
             }
+        }
+        // the trace goes on to the upstream (what the client sent is replaced)
+        if let (Some(t), Some(spans)) = (trace::traces(), ctx.trace.as_deref()) {
+            let cx = spans.upstream.as_ref().unwrap_or(&spans.request);
+            t.inject(cx, &mut |name, value| {
+                let _ = upstream_request.insert_header(name, value);
+            });
         }
         if let Some(ip) = ctx.admitted.client_ip {
             // one allocation for the common case: no list yet, or a short one
@@ -631,7 +665,93 @@ impl ProxyHttp for Gateway {
         {
             access_log(session, ctx, route, status, took);
         }
+        if let Some(spans) = ctx.trace.take() {
+            end_trace(session, ctx, *spans, route, status);
+        }
     }
+}
+
+/// End a traced request's spans: the HTTP semantic conventions' attributes, the route, the
+/// tenant (or its hash) and each applying rule's decision.
+fn end_trace(
+    session: &Session,
+    ctx: &RequestCtx,
+    spans: TraceSpans,
+    route: &str,
+    status: http::StatusCode,
+) {
+    use opentelemetry::KeyValue;
+    let failed = status.is_server_error() || status == CLIENT_GONE;
+    if let Some(up) = &spans.upstream {
+        trace::end(up, failed.then(|| format!("answered {}", status.as_u16())));
+    }
+    let req = session.req_header();
+    let mut a = vec![
+        KeyValue::new("http.request.method", req.method.as_str().to_string()),
+        KeyValue::new("url.path", req.uri.path().to_string()),
+        KeyValue::new("http.response.status_code", i64::from(status.as_u16())),
+        KeyValue::new("tollgate.route", route.to_string()),
+    ];
+    if let Some(host) = req
+        .headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+    {
+        a.push(KeyValue::new("server.address", host.to_string()));
+    }
+    if let (Some(snap), Some(r)) = (&ctx.snapshot, ctx.admitted.route) {
+        a.push(KeyValue::new(
+            "http.route",
+            snap.config.routes[r].matcher.path.as_str().to_string(),
+        ));
+    }
+    if !ctx.admitted.tenant.is_empty() {
+        let tenant = String::from_utf8_lossy(&ctx.admitted.tenant);
+        let hash = trace::traces().is_some_and(|t| t.hash_tenant);
+        a.push(KeyValue::new(
+            "tollgate.tenant",
+            if hash {
+                trace::tenant_hash(&ctx.admitted.tenant)
+            } else {
+                tenant.into_owned()
+            },
+        ));
+    }
+    if let (Some(snap), Some(d)) = (&ctx.snapshot, &ctx.admitted.decision) {
+        for &(rule, violated) in &d.applied {
+            let Some(cr) = snap.limiter.rules.get(usize::from(rule)) else {
+                continue;
+            };
+            let id = &cr.rule.id;
+            let tiers = || d.tiers.iter().filter(|t| t.rule == rule);
+            let decided = tiers()
+                .find(|t| !t.verdict.allowed)
+                .or_else(|| tiers().next());
+            let decision = match (violated, cr.rule.action) {
+                (false, _) => "allowed",
+                (true, crate::config::model::Action::Shadow) => "shadow_denied",
+                (true, _) => "denied",
+            };
+            a.push(KeyValue::new(
+                format!("tollgate.rule.{id}.decision"),
+                decision,
+            ));
+            if let Some(t) = decided {
+                let mut tier = String::new();
+                crate::config::duration::write_period(&mut tier, t.period_ms, t.calendar);
+                a.push(KeyValue::new(format!("tollgate.rule.{id}.tier"), tier));
+                a.push(KeyValue::new(
+                    format!("tollgate.rule.{id}.remaining"),
+                    i64::try_from(t.verdict.remaining).unwrap_or(i64::MAX),
+                ));
+            }
+        }
+    }
+    trace::set(&spans.request, a);
+    trace::end(
+        &spans.request,
+        failed.then(|| format!("answered {}", status.as_u16())),
+    );
 }
 
 /// Wait for a turn in a leaky bucket on a timer. Returns false when the client left first: an

@@ -251,6 +251,7 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
         }
     };
     let redis = model.redis.as_ref().and_then(|r| check_redis(&mut c, r));
+    let tracing = model.tracing.as_ref().map(|t| check_tracing(&mut c, t));
     let headers = model
         .headers
         .map(|h| HeaderSettings {
@@ -273,7 +274,51 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
         rules,
         redis,
         headers,
+        tracing,
         tls,
         warnings,
     })
+}
+
+/// `tracing`: an `http://` or `https://` collector, a share from 0 to 1, a tenant `plain` or
+/// `hash`.
+fn check_tracing(c: &mut Checker, t: &TracingFile) -> TracingSettings {
+    let otlp = t.otlp.trim_end_matches('/').to_string();
+    let scheme_ok = otlp.starts_with("http://") || otlp.starts_with("https://");
+    if !scheme_ok || otlp.parse::<http::Uri>().is_err() {
+        c.err(
+            "tracing.otlp",
+            format!(
+                "{:?} is not an OTLP/HTTP endpoint: expected a URL such as http://127.0.0.1:4318",
+                t.otlp
+            ),
+        );
+    }
+    let sample = t.sample.unwrap_or(0.01);
+    if !(0.0..=1.0).contains(&sample) {
+        c.err(
+            "tracing.sample",
+            format!("sample is the share of requests traced, 0 to 1, got {sample}"),
+        );
+    }
+    let hash_tenant = match t.tenant.as_deref() {
+        None | Some("plain") => false,
+        Some("hash") => true,
+        Some(other) => {
+            c.err(
+                "tracing.tenant",
+                format!("invalid value {other:?}: expected plain or hash"),
+            );
+            false
+        }
+    };
+    TracingSettings {
+        otlp,
+        sample: sample.clamp(0.0, 1.0),
+        service_name: t
+            .service_name
+            .clone()
+            .unwrap_or_else(|| "tollgate".to_string()),
+        hash_tenant,
+    }
 }

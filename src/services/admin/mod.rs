@@ -215,6 +215,8 @@ pub struct ReadinessProbe {
     pub listen_tls: Vec<bool>,
     pub ready: Arc<AtomicBool>,
     pub fleet: Arc<FleetState>,
+    /// `tracing` is configured: ready once requests are traced (or `FIRST_ROUND_WAIT`).
+    pub tracing: bool,
 }
 
 /// Longest wait for the first sync round before the process says it is ready anyway.
@@ -278,6 +280,15 @@ impl BackgroundService for ReadinessProbe {
         let started = tokio::time::Instant::now();
         while self.fleet.is_configured()
             && self.fleet.link() == Link::Unknown
+            && started.elapsed() < FIRST_ROUND_WAIT
+        {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+        while self.tracing
+            && crate::request::trace::traces().is_none()
             && started.elapsed() < FIRST_ROUND_WAIT
         {
             tokio::select! {

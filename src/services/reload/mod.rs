@@ -102,6 +102,11 @@ impl Reloader {
                 "reload: changes to server.listen (addresses or tls on/off), server.h2c, server.admin or server.threads need a restart or a graceful upgrade (tollgate -u); the running listeners and threads stay (certificates are reloaded)"
             );
         }
+        if old.config.tracing != cfg.tracing {
+            log::warn!(
+                "reload: a changed tracing section needs a restart or a graceful upgrade (tollgate -u); spans go on as the running process started"
+            );
+        }
         let snapshot = match Snapshot::build(cfg, &self.runtime) {
             Ok(s) => s,
             Err(e) => {
