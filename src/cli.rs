@@ -269,7 +269,10 @@ fn add_background_services(
     if let Some(t) = &shared.load().config.tracing {
         server.add_service(background_service(
             "trace export",
-            crate::request::trace::TraceExport(t.clone()),
+            crate::request::trace::TraceExport {
+                settings: t.clone(),
+                dropped: metrics.trace_spans_dropped.clone(),
+            },
         ));
     }
     // runs always: idle without a `redis` section, so that a reload can add one

@@ -34,6 +34,8 @@ pub struct Metrics {
     pub redis_pending: IntGauge,
     /// `tollgate_fleet_held_total`
     pub fleet_held: IntCounter,
+    /// `tollgate_trace_spans_dropped_total`
+    pub trace_spans_dropped: IntCounter,
     /// `tollgate_queue_waited_total`, `tollgate_queue_left_total`
     pub queue_waited: IntCounter,
     pub queue_left: IntCounter,
@@ -175,6 +177,11 @@ impl Metrics {
                 &r,
                 "tollgate_fleet_held_total",
                 "Requests under their limits that waited for a sync round because this instance's lease of the fleet's quota was used (admitted or refused after)",
+            )?,
+            trace_spans_dropped: reg_counter(
+                &r,
+                "tollgate_trace_spans_dropped_total",
+                "Spans dropped because 2,048 already waited for export (a collector down or slow); requests are never held for spans",
             )?,
             queue_waited: reg_counter(
                 &r,

@@ -219,18 +219,23 @@ fn a_request_is_traced_to_the_collector_and_the_trace_goes_on_upstream() {
 }
 
 /// A collector that never answers costs the clients nothing: every request is answered as
-/// usual while the exporter waits on it (spans are dropped, not requests).
+/// usual while the exporter waits on it, and past 2,048 spans waiting, spans are dropped and
+/// counted (`tollgate_trace_spans_dropped_total`), never requests.
 #[test]
 fn a_collector_that_never_answers_changes_nothing_for_clients() {
     let up = RecordingUpstream::start();
     let otlp = Receiver::start(false);
-    let gw = Gateway::start(&config(up.addr, otlp.addr, ""));
-    for i in 0..90 {
+    let cfg = config(up.addr, otlp.addr, "").replace("threshold: 100 }", "threshold: 100000 }");
+    let gw = Gateway::start(&cfg);
+    // two spans a request: 1,500 requests make 3,000, more than one batch and the queue
+    for i in 0..1500 {
         let r =
             request(gw.addr, "GET", &format!("/x/{i}"), &[("x-org-id", "acme")]).expect("answer");
         assert_eq!(r.status, 200, "request {i}");
     }
-    assert_eq!(up.requests().len(), 90);
+    assert_eq!(up.requests().len(), 1500);
+    let dropped = common::metric_sum(&gw.metrics(), "tollgate_trace_spans_dropped_total");
+    assert!(dropped > 0.0, "spans dropped and counted");
 }
 
 /// `sample: 0` traces no request of its own, but a client's sampled traceparent is always kept;

@@ -15,13 +15,79 @@ use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
 };
+use opentelemetry_sdk::trace::{SpanData, SpanExporter, SpanProcessor};
 use opentelemetry_sdk::Resource;
-use std::sync::OnceLock;
+use prometheus::IntCounter;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+/// The most spans waiting for export; past it, spans are dropped (and counted).
+const QUEUE: usize = 2048;
+
+/// The batch processor, behind a count of the spans handed to it and not yet taken for
+/// export: past `QUEUE`, a span is dropped here and counted (the SDK's own queue, as large,
+/// then never fills, and its drops would not be seen).
+#[derive(Debug)]
+struct Gated {
+    inner: BatchSpanProcessor,
+    waiting: Arc<AtomicUsize>,
+    dropped: IntCounter,
+}
+
+impl SpanProcessor for Gated {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+    fn on_end(&self, span: SpanData) {
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= QUEUE {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            self.dropped.inc();
+            return;
+        }
+        self.inner.on_end(span);
+    }
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The OTLP exporter, counting the spans the batch processor takes from its queue.
+#[derive(Debug)]
+struct Counted<E> {
+    inner: E,
+    waiting: Arc<AtomicUsize>,
+}
+
+impl<E: SpanExporter> SpanExporter for Counted<E> {
+    fn export(
+        &self,
+        batch: Vec<SpanData>,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        self.waiting.fetch_sub(batch.len(), Ordering::AcqRel);
+        self.inner.export(batch)
+    }
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
 
 /// The process's traces: the provider (kept for the life of the process) and its tracer.
 pub struct Traces {
@@ -39,23 +105,33 @@ pub fn traces() -> Option<&'static Traces> {
 }
 
 impl Traces {
-    fn make(s: &TracingSettings) -> Result<Traces, String> {
+    fn make(s: &TracingSettings, dropped: IntCounter) -> Result<Traces, String> {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_endpoint(format!("{}/v1/traces", s.otlp))
             .with_timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| format!("tracing.otlp: {e}"))?;
-        // a batch every 500 ms (or of 512 spans), at most 2,048 waiting: the rest dropped
-        let batch = BatchSpanProcessor::builder(exporter)
-            .with_batch_config(
-                BatchConfigBuilder::default()
-                    .with_scheduled_delay(Duration::from_millis(500))
-                    .build(),
-            )
-            .build();
+        // a batch every 500 ms (or of 512 spans), at most `QUEUE` waiting: the rest dropped,
+        // and counted
+        let gate = Arc::new(AtomicUsize::new(0));
+        let batch = BatchSpanProcessor::builder(Counted {
+            inner: exporter,
+            waiting: gate.clone(),
+        })
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                .with_scheduled_delay(Duration::from_millis(500))
+                .with_max_queue_size(QUEUE)
+                .build(),
+        )
+        .build();
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(batch)
+            .with_span_processor(Gated {
+                inner: batch,
+                waiting: gate,
+                dropped,
+            })
             .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
                 s.sample,
             ))))
@@ -163,16 +239,21 @@ pub fn tenant_hash(tenant: &[u8]) -> String {
 }
 
 /// The background service that makes the process's traces and flushes them at shutdown.
-pub struct TraceExport(pub TracingSettings);
+pub struct TraceExport {
+    pub settings: TracingSettings,
+    /// `tollgate_trace_spans_dropped_total`.
+    pub dropped: IntCounter,
+}
 
 #[async_trait::async_trait]
 impl pingora::services::background::BackgroundService for TraceExport {
     async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        let s = self.0.clone();
-        match tokio::task::spawn_blocking(move || Traces::make(&s)).await {
+        let s = self.settings.clone();
+        let dropped = self.dropped.clone();
+        match tokio::task::spawn_blocking(move || Traces::make(&s, dropped)).await {
             Ok(Ok(t)) => {
                 let _ = TRACES.set(t);
-                log::info!("tracing: spans go to {}/v1/traces", self.0.otlp);
+                log::info!("tracing: spans go to {}/v1/traces", self.settings.otlp);
             }
             Ok(Err(e)) => log::error!("tracing: {e}; requests are not traced"),
             Err(e) => log::error!("tracing: {e}; requests are not traced"),
