@@ -251,6 +251,22 @@ fn a_sampled_traceparent_is_kept_at_sample_0_and_tenants_can_be_hashed() {
         let r = request(gw.addr, "GET", "/untraced", &[("x-org-id", "acme")]).expect("answer");
         assert_eq!(r.status, 200);
     }
+    // an unsampled traceparent is not traced, and goes on to the upstream as it came
+    let unsampled = "00-11111111111111111111111111111111-2222222222222222-00";
+    let r = request(
+        gw.addr,
+        "GET",
+        "/unsampled",
+        &[("x-org-id", "acme"), ("traceparent", unsampled)],
+    )
+    .expect("answer");
+    assert_eq!(r.status, 200);
+    let last =
+        String::from_utf8_lossy(up.requests().last().expect("a request")).to_ascii_lowercase();
+    assert!(
+        last.contains(&format!("traceparent: {unsampled}")),
+        "{last}"
+    );
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
     let r = request(
         gw.addr,

@@ -299,7 +299,7 @@ impl ProxyHttp for Gateway {
         }
         let snap = self.shared.load_full();
         let req = session.req_header();
-        if let Some(t) = trace::traces() {
+        if let Some(t) = trace::traces().filter(|t| t.wanted(&req.headers)) {
             ctx.trace = Some(Box::new(TraceSpans {
                 request: t.server_span(req.method.as_str(), &req.headers),
                 upstream: None,
@@ -408,7 +408,11 @@ impl ProxyHttp for Gateway {
         match pool.select(&ctx.admitted.tenant) {
             Some(backend) => {
                 ctx.upstream = backend.addr.as_inet().copied();
-                if let (Some(t), Some(spans)) = (trace::traces(), ctx.trace.as_deref_mut()) {
+                let traced = ctx
+                    .trace
+                    .as_deref_mut()
+                    .filter(|s| trace::recording(&s.request));
+                if let (Some(t), Some(spans)) = (trace::traces(), traced) {
                     // a retry: the attempt before failed
                     if let Some(before) = spans.upstream.take() {
                         trace::end(&before, Some("the attempt failed".into()));
@@ -684,6 +688,11 @@ fn end_trace(
     let failed = status.is_server_error() || status == CLIENT_GONE;
     if let Some(up) = &spans.upstream {
         trace::end(up, failed.then(|| format!("answered {}", status.as_u16())));
+    }
+    if !trace::recording(&spans.request) {
+        // not sampled: nothing is exported, nothing worth describing
+        trace::end(&spans.request, None);
+        return;
     }
     let req = session.req_header();
     let mut a = vec![

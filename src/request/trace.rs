@@ -95,6 +95,7 @@ pub struct Traces {
     tracer: SdkTracer,
     propagator: TraceContextPropagator,
     pub hash_tenant: bool,
+    sample: f64,
 }
 
 static TRACES: OnceLock<Traces> = OnceLock::new();
@@ -147,12 +148,24 @@ impl Traces {
             tracer,
             propagator: TraceContextPropagator::new(),
             hash_tenant: s.hash_tenant,
+            sample: s.sample,
         })
     }
 
     /// Export what is queued (at shutdown).
     pub fn flush(&self) {
         let _ = self.provider.force_flush();
+    }
+
+    /// Whether a request may be traced at all: a client's traceparent says (its sampled flag);
+    /// without one, any `sample` above 0 (the sampler then draws). The others cost a header
+    /// lookup: no span is made, and a traceparent goes on to the upstream as it came.
+    pub fn wanted(&self, headers: &http::HeaderMap) -> bool {
+        match headers.get("traceparent").map(|v| v.as_bytes()) {
+            // version-trace_id-parent_id-flags: the last two hex digits, bit 0 sampled
+            Some(v) if v.len() == 55 => char::from(v[54]).to_digit(16).is_some_and(|d| d & 1 == 1),
+            _ => self.sample > 0.0,
+        }
     }
 
     /// Start the server span of a request, continuing the client's trace if it sent one.
@@ -193,6 +206,11 @@ pub fn end(cx: &Context, failed: Option<String>) {
         span.set_status(Status::error(why));
     }
     span.end();
+}
+
+/// Whether the span of `cx` is recorded (sampled): attributes for it are worth making.
+pub fn recording(cx: &Context) -> bool {
+    cx.span().is_recording()
 }
 
 /// Add attributes to the span of `cx`.
