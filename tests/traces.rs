@@ -335,3 +335,19 @@ fn failed_attempts_and_answers_are_errors_and_a_reload_keeps_the_tracing_it_star
         .log()
         .contains("a changed tracing section needs a restart")));
 }
+
+/// A collector that is down (nothing listens): requests are answered as usual.
+#[test]
+fn a_collector_that_is_down_changes_nothing_for_clients() {
+    let up = RecordingUpstream::start();
+    let nobody: SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap();
+    let gw = Gateway::start(&config(up.addr, nobody, ""));
+    for i in 0..50 {
+        let r =
+            request(gw.addr, "GET", &format!("/y/{i}"), &[("x-org-id", "acme")]).expect("answer");
+        assert_eq!(r.status, 200, "request {i}");
+    }
+    assert_eq!(up.requests().len(), 50);
+}
