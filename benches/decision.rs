@@ -72,7 +72,7 @@ fn bench(c: &mut Criterion) {
     let path = "/v1/organizations/tenant-7/product/42";
     let client_ip = "10.1.2.3".parse().unwrap();
     // the path is split once per request (routing shares it): counted here
-    let decide = |i: usize| {
+    let decide_on = |limiter: &Limiter, plans: &tollgate::config::model::Plans, i: usize| {
         let segments = tollgate::matching::Segments::new(path);
         let req = LimitRequest {
             method: &method,
@@ -82,8 +82,9 @@ fn bench(c: &mut Criterion) {
             client_ip,
             headers: &headers,
         };
-        limiter.decide(&req, &cfg.plans)
+        limiter.decide(&req, plans)
     };
+    let decide = |i: usize| decide_on(&limiter, &cfg.plans, i);
     // warm: create the counters, then count allocations of steady-state decisions
     for i in 0..100 {
         assert_eq!(decide(i).tiers.len(), 4, "3 rules, 4 tiers apply");
@@ -125,18 +126,7 @@ fn bench(c: &mut Criterion) {
             Arc::new(SystemClock),
             Arc::new(tollgate::services::fleet_sync::FleetState::default()),
         );
-        let decide = |i: usize| {
-            let segments = tollgate::matching::Segments::new(path);
-            let req = LimitRequest {
-                method: &method,
-                host: Some("api.example.com"),
-                path: &segments,
-                tenant: &tenants[i % tenants.len()],
-                client_ip,
-                headers: &headers,
-            };
-            limiter.decide(&req, &one.plans)
-        };
+        let decide = |i: usize| decide_on(&limiter, &one.plans, i);
         for i in 0..100 {
             assert!(decide(i).verdict.admits(), "{algo}: allowed");
         }

@@ -540,19 +540,27 @@ impl Clock for TokioClock {
     }
 }
 
+impl Rig {
+    /// A rig on these rules whose clock is tokio's (paused in the test), starting at `base_ms`:
+    /// a held request's wait moves it.
+    fn on_tokio_clock(limits: &str, base_ms: u64) -> Rig {
+        let text = config_text(limits, "");
+        let cfg = config::load_str(Path::new("t.yaml"), &text).expect("valid config");
+        let clock = Arc::new(TokioClock {
+            base_ms,
+            start: tokio::time::Instant::now(),
+        });
+        Rig::with_clock(cfg, clock, Arc::new(FakeClock::default()))
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn delay_holds_a_request_until_it_fits_or_rejects_past_max_delay() {
-    let text = config_text(
-        "  - id: smooth\n    pathPattern: /slow/**\n    action: delay\n    max_delay: 1500ms\n    tiers: [{ period: 1, threshold: 1 }]\n  - id: impatient\n    pathPattern: /fast/**\n    action: delay\n    max_delay: 50ms\n    status: 503\n    tiers: [{ period: 1h, threshold: 1 }]",
-        "",
-    );
-    let cfg = config::load_str(Path::new("t.yaml"), &text).expect("valid config");
     // 100 ms into a second
-    let clock = Arc::new(TokioClock {
-        base_ms: T0 + 100,
-        start: tokio::time::Instant::now(),
-    });
-    let rig = Rig::with_clock(cfg, clock, Arc::new(FakeClock::default()));
+    let rig = Rig::on_tokio_clock(
+        "  - id: smooth\n    pathPattern: /slow/**\n    action: delay\n    max_delay: 1500ms\n    tiers: [{ period: 1, threshold: 1 }]\n  - id: impatient\n    pathPattern: /fast/**\n    action: delay\n    max_delay: 50ms\n    status: 503\n    tiers: [{ period: 1h, threshold: 1 }]",
+        T0 + 100,
+    );
     let t = [("x-org-id", "t")];
     assert!(rig.send_and_wait("/slow/x", &t).await.forwarded);
     let started = tokio::time::Instant::now();
@@ -1433,16 +1441,10 @@ fn a_sliding_log_takes_tiers_costs_and_counted_answers() {
 /// has left for it, no longer.
 #[tokio::test(start_paused = true)]
 async fn a_sliding_log_delay_waits_until_the_oldest_leaves() {
-    let text = config_text(
+    let rig = Rig::on_tokio_clock(
         "  - id: slow\n    pathPattern: /d/**\n    algorithm: sliding_log\n    action: delay\n    max_delay: 2s\n    tiers: [{ period: 1, threshold: 2 }]",
-        "",
+        T0 + 100,
     );
-    let cfg = config::load_str(Path::new("t.yaml"), &text).expect("valid config");
-    let clock = Arc::new(TokioClock {
-        base_ms: T0 + 100,
-        start: tokio::time::Instant::now(),
-    });
-    let rig = Rig::with_clock(cfg, clock, Arc::new(FakeClock::default()));
     let t = [("x-org-id", "acme")];
     assert!(rig.send_and_wait("/d/x", &t).await.forwarded);
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;

@@ -761,7 +761,7 @@ fn simulate(s: &Scenario) -> Outcome {
                             match u {
                                 Update::Lease(u) => eprintln!(
                                     "{step} i{i} round used {} want {} need {} since {} level {level:.0} log {:?} from {} -> {a:?}",
-                                    u.used, u.want, u.need, u.since_ms.saturating_sub(t0), u.log_units, u.log_from
+                                    u.used, u.want, u.need, u.since_ms.saturating_sub(t0), u.log.units, u.log.from
                                 ),
                                 Update::Count(c) => eprintln!(
                                     "{step} i{i} round count {} first {} -> {a:?}",

@@ -10,7 +10,7 @@ use tollgate::limits::ledger::Answer;
 use tollgate::services::fleet_sync::backend::script::{
     count_model, ledger_cmd, ledger_model, load_scripts_blocking,
 };
-use tollgate::services::fleet_sync::backend::{answer, CountUpdate, LedgerUpdate};
+use tollgate::services::fleet_sync::backend::{answer, CountUpdate, LedgerUpdate, LogReport};
 
 /// A time in the future (keys expire at absolute times derived from it).
 const NOW: u64 = 2_000_000_000_000;
@@ -97,10 +97,7 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
                 (true, 0) => 1_000_000,
                 (true, _) => (1 + rng.below(300)) * (1_000_000 / 300),
             },
-            log_bucket_ms: 0,
-            log_last: 0,
-            log_from: 0,
-            log_units: Vec::new(),
+            log: LogReport::default(),
             adopt: if bucket && rng.below(4) == 0 {
                 rng.below(50)
             } else {
@@ -118,7 +115,7 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
         };
         let up = if log {
             // units by bucket of 10 ms (0 to 99), oldest first; the previous window's buckets
-            // from `log_from` in the span (none for the first window: its own ledger)
+            // from `log.from` in the span (none for the first window: its own ledger)
             let mut units = Vec::new();
             let mut b = rng.below(50);
             for _ in 0..rng.below(5) {
@@ -138,10 +135,12 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
                 },
                 weight_ms: 0,
                 direct_cap: 0,
-                log_bucket_ms: 10,
-                log_last: 99,
-                log_from: rng.below(100),
-                log_units: units,
+                log: LogReport {
+                    bucket_ms: 10,
+                    last: 99,
+                    from: rng.below(100),
+                    units,
+                },
                 ..up
             }
         } else if sliding {
@@ -220,10 +219,7 @@ fn window_update(key: &str, member: &str, used: u64, want: u64, cap: u64) -> Led
         period_ms: 1000,
         bucket_ns: 0,
         tolerance_us: 0,
-        log_bucket_ms: 0,
-        log_last: 0,
-        log_from: 0,
-        log_units: Vec::new(),
+        log: LogReport::default(),
         adopt: 0,
         need: 0,
         spare: cap,

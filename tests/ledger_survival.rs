@@ -15,7 +15,9 @@ use tollgate::config::{self, Config};
 use tollgate::limits::fleet::FleetState;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
 use tollgate::services::fleet_sync::backend::script::{ledger_model, update_model};
-use tollgate::services::fleet_sync::backend::{Exchange, LedgerUpdate, RoundError, Update};
+use tollgate::services::fleet_sync::backend::{
+    Exchange, LedgerUpdate, LogReport, RoundError, Update,
+};
 use tollgate::services::fleet_sync::{Accounts, Round};
 
 const T0: u64 = 1_800_000_000_000;
@@ -386,10 +388,7 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
             period_ms: 3_600_000,
             bucket_ns: 0,
             tolerance_us: 0,
-            log_bucket_ms: 0,
-            log_last: 0,
-            log_from: 0,
-            log_units: Vec::new(),
+            log: LogReport::default(),
             adopt: 0,
             need: 100,
             spare: 4,

@@ -127,6 +127,23 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A GET of tenant acme through the gateway, with this traceparent if any: answered 200.
+fn get(gw: &Gateway, path: &str, traceparent: Option<&str>) {
+    let mut headers = vec![("x-org-id", "acme")];
+    headers.extend(traceparent.map(|t| ("traceparent", t)));
+    let r = request(gw.addr, "GET", path, &headers).expect("answer");
+    assert_eq!(r.status, 200, "{path}");
+}
+
+/// The first span of this kind (2: server, 3: client).
+fn of_kind(spans: &[(Vec<(String, String)>, Span)], kind: i32) -> &Span {
+    &spans
+        .iter()
+        .find(|(_, s)| s.kind == kind)
+        .unwrap_or_else(|| panic!("a span of kind {kind}: {spans:?}"))
+        .1
+}
+
 fn config(up: SocketAddr, otlp: SocketAddr, extra: &str) -> String {
     format!(
         "{}tenant:\n  from:\n    - header: x-org-id\n      trusted: true\nlimits:\n  - id: api\n    pathPattern: /**\n    tiers: [{{ period: 60, threshold: 100 }}]\ntracing:\n  otlp: http://{otlp}\n  sample: 1\n  service_name: gw-test\n{extra}",
@@ -144,18 +161,11 @@ fn a_request_is_traced_to_the_collector_and_the_trace_goes_on_upstream() {
     let gw = Gateway::start(&config(up.addr, otlp.addr, ""));
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
-    // the span export starts with the server: wait until requests are traced
-    let r = request(
-        gw.addr,
-        "GET",
+    get(
+        &gw,
         "/v1/items/7",
-        &[
-            ("x-org-id", "acme"),
-            ("traceparent", &format!("00-{trace_id}-{parent}-01")),
-        ],
-    )
-    .expect("answer");
-    assert_eq!(r.status, 200);
+        Some(&format!("00-{trace_id}-{parent}-01")),
+    );
     assert!(
         eventually(Duration::from_secs(10), || otlp.spans().len() >= 2),
         "spans reach the collector: {:?}; log:\n{}",
@@ -163,16 +173,8 @@ fn a_request_is_traced_to_the_collector_and_the_trace_goes_on_upstream() {
         gw.log()
     );
     let spans = otlp.spans();
-    let server = &spans
-        .iter()
-        .find(|(_, s)| s.kind == 2)
-        .expect("a server span")
-        .1;
-    let client = &spans
-        .iter()
-        .find(|(_, s)| s.kind == 3)
-        .expect("a client span")
-        .1;
+    let server = of_kind(&spans, 2);
+    let client = of_kind(&spans, 3);
     assert!(
         spans[0]
             .0
@@ -229,9 +231,7 @@ fn a_collector_that_never_answers_changes_nothing_for_clients() {
     let gw = Gateway::start(&cfg);
     // two spans a request: 1,500 requests make 3,000, more than one batch and the queue
     for i in 0..1500 {
-        let r =
-            request(gw.addr, "GET", &format!("/x/{i}"), &[("x-org-id", "acme")]).expect("answer");
-        assert_eq!(r.status, 200, "request {i}");
+        get(&gw, &format!("/x/{i}"), None);
     }
     assert_eq!(up.requests().len(), 1500);
     let dropped = common::metric_sum(&gw.metrics(), "tollgate_trace_spans_dropped_total");
@@ -248,19 +248,11 @@ fn a_sampled_traceparent_is_kept_at_sample_0_and_tenants_can_be_hashed() {
         config(up.addr, otlp.addr, "  tenant: hash\n").replace("  sample: 1\n", "  sample: 0\n");
     let gw = Gateway::start(&cfg);
     for _ in 0..5 {
-        let r = request(gw.addr, "GET", "/untraced", &[("x-org-id", "acme")]).expect("answer");
-        assert_eq!(r.status, 200);
+        get(&gw, "/untraced", None);
     }
     // an unsampled traceparent is not traced, and goes on to the upstream as it came
     let unsampled = "00-11111111111111111111111111111111-2222222222222222-00";
-    let r = request(
-        gw.addr,
-        "GET",
-        "/unsampled",
-        &[("x-org-id", "acme"), ("traceparent", unsampled)],
-    )
-    .expect("answer");
-    assert_eq!(r.status, 200);
+    get(&gw, "/unsampled", Some(unsampled));
     let last =
         String::from_utf8_lossy(up.requests().last().expect("a request")).to_ascii_lowercase();
     assert!(
@@ -268,28 +260,18 @@ fn a_sampled_traceparent_is_kept_at_sample_0_and_tenants_can_be_hashed() {
         "{last}"
     );
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
-    let r = request(
-        gw.addr,
-        "GET",
+    get(
+        &gw,
         "/traced",
-        &[
-            ("x-org-id", "acme"),
-            ("traceparent", &format!("00-{trace_id}-b7ad6b7169203331-01")),
-        ],
-    )
-    .expect("answer");
-    assert_eq!(r.status, 200);
+        Some(&format!("00-{trace_id}-b7ad6b7169203331-01")),
+    );
     assert!(eventually(Duration::from_secs(10), || otlp.spans().len() >= 2));
     let spans = otlp.spans();
     assert!(
         spans.iter().all(|(_, s)| hex(&s.trace_id) == trace_id),
         "only the sampled request's trace: {spans:?}"
     );
-    let server = &spans
-        .iter()
-        .find(|(_, s)| s.kind == 2)
-        .expect("a server span")
-        .1;
+    let server = of_kind(&spans, 2);
     assert_eq!(attr(server, "url.path").as_deref(), Some("/traced"));
     let hashed = tollgate::request::trace::tenant_hash(b"acme");
     assert_eq!(hashed.len(), 16);
@@ -311,11 +293,7 @@ fn failed_attempts_and_answers_are_errors_and_a_reload_keeps_the_tracing_it_star
     assert_eq!(r.status, 502);
     assert!(eventually(Duration::from_secs(10), || otlp.spans().len() >= 3));
     let spans = otlp.spans();
-    let server = &spans
-        .iter()
-        .find(|(_, s)| s.kind == 2)
-        .expect("a server span")
-        .1;
+    let server = of_kind(&spans, 2);
     let error = |s: &Span| s.status.as_ref().map(|st| st.code) == Some(2);
     assert!(error(server), "{server:?}");
     assert_eq!(
@@ -345,9 +323,7 @@ fn a_collector_that_is_down_changes_nothing_for_clients() {
         .unwrap();
     let gw = Gateway::start(&config(up.addr, nobody, ""));
     for i in 0..50 {
-        let r =
-            request(gw.addr, "GET", &format!("/y/{i}"), &[("x-org-id", "acme")]).expect("answer");
-        assert_eq!(r.status, 200, "request {i}");
+        get(&gw, &format!("/y/{i}"), None);
     }
     assert_eq!(up.requests().len(), 50);
 }

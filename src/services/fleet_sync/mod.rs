@@ -19,7 +19,8 @@ use crate::metrics::Metrics;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
 use backend::{
-    CountUpdate, Exchange, Heartbeat, LedgerUpdate, Reply, RoundError, SyncBackend, Update,
+    CountUpdate, Exchange, Heartbeat, LedgerUpdate, LogReport, Reply, RoundError, SyncBackend,
+    Update,
 };
 use keys::{redis_key, redis_partition};
 use pingora::server::ShutdownWatch;
@@ -373,6 +374,24 @@ impl Accounts {
             .get(usize::from(list))
             .and_then(|l| l.get(tier))
             .map_or(0, |t| t.threshold);
+        let log = if logged {
+            let bucket_ms = sliding_log::bucket_ms(p);
+            LogReport {
+                bucket_ms,
+                // where units Redis hears of without their instants go (lost by a restart of
+                // Redis, or left out by the log): the bucket of now, or the window's last
+                last: (p - 1).min(round.sent_ms.saturating_sub(start)) / bucket_ms,
+                // the previous window's buckets that end after now - p: still in the span
+                from: round
+                    .sent_ms
+                    .saturating_sub(p)
+                    .saturating_sub(start.saturating_sub(p))
+                    / bucket_ms,
+                units: log_units,
+            }
+        } else {
+            LogReport::default()
+        };
         // the script hears of what did not go as plain increments
         let direct = ask.direct.min(ask.used);
         round.updates.push(Update::Lease(LedgerUpdate {
@@ -407,21 +426,7 @@ impl Accounts {
                 0
             },
             direct_cap: ledger::direct_cap(threshold, counters.algorithm(), self.fleet.instances()),
-            log_bucket_ms: if logged { sliding_log::bucket_ms(p) } else { 0 },
-            // where units Redis hears of without their instants go (lost by a restart of
-            // Redis, or left out by the log): the bucket of now, or the window's last
-            log_last: if logged {
-                (p - 1).min(round.sent_ms.saturating_sub(start)) / sliding_log::bucket_ms(p)
-            } else {
-                0
-            },
-            // the previous window's buckets that end after now - p: still in the span
-            log_from: round
-                .sent_ms
-                .saturating_sub(p)
-                .saturating_sub(start.saturating_sub(p))
-                / sliding_log::bucket_ms(p),
-            log_units,
+            log,
 
             since_ms: if bucket { ask.since_ms } else { 0 },
         }));

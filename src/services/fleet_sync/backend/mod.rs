@@ -178,14 +178,8 @@ pub struct LedgerUpdate {
     pub bucket_ns: u64,
     /// Buckets: how far ahead the bucket may be booked, in µs (`algorithm::tolerance_ns`).
     pub tolerance_us: u64,
-    /// Sliding logs: the length of one of the window's buckets (ms; 0: not a log), its last
-    /// bucket, the first bucket of the previous window still in the span at `now_ms`, and the
-    /// units this ask reports past `confirmed` by bucket, oldest first
-    /// (`sliding_log::Log::by_bucket`).
-    pub log_bucket_ms: u64,
-    pub log_last: u64,
-    pub log_from: u64,
-    pub log_units: Vec<(u64, u64)>,
+    /// Sliding logs: what Redis hears of the record's units by instant (default: not a log).
+    pub log: LogReport,
     /// Token buckets: the lease carried over from the previous window's record (which gives
     /// it back in the same round, just before): the member's ceiling if it has none yet.
     pub adopt: u64,
@@ -207,6 +201,20 @@ pub struct LedgerUpdate {
     /// at or after this instant (ms; 0: now). Charged from then, so that tokens admitted
     /// while Redis was out of reach refill as they would have (see `LEDGER_SCRIPT`).
     pub since_ms: u64,
+}
+
+/// What a sliding log's ask tells Redis of its units by instant (`LEDGER_SCRIPT`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogReport {
+    /// The length of one of the window's buckets (ms; 0: not a log).
+    pub bucket_ms: u64,
+    /// Where units named without their instants go: the bucket of now, or the window's last.
+    pub last: u64,
+    /// The first bucket of the previous window still in the span at `now_ms`.
+    pub from: u64,
+    /// The units this ask reports past `confirmed`, by bucket, oldest first
+    /// (`sliding_log::Log::by_bucket`).
+    pub units: Vec<(u64, u64)>,
 }
 
 /// This instance's heartbeat.
@@ -418,10 +426,7 @@ mod tests {
                 period_ms: 0,
                 bucket_ns: 0,
                 tolerance_us: 0,
-                log_bucket_ms: 0,
-                log_last: 0,
-                log_from: 0,
-                log_units: Vec::new(),
+                log: LogReport::default(),
                 adopt: 0,
                 need: 0,
                 spare: 0,

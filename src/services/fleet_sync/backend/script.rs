@@ -223,10 +223,10 @@ pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
         .arg(u.direct_cap)
         .arg(u.since_ms)
         .arg(u.tolerance_us)
-        .arg(u.log_bucket_ms)
-        .arg(u.log_last)
-        .arg(u.log_from);
-    for &(b, n) in &u.log_units {
+        .arg(u.log.bucket_ms)
+        .arg(u.log.last)
+        .arg(u.log.from);
+    for &(b, n) in &u.log.units {
         c.arg(b).arg(n);
     }
     c
@@ -252,11 +252,11 @@ pub fn ledger_model(
     let (mut prev, mut prevw) = (0, 0);
     let mut steps: Vec<(u64, u64)> = Vec::new();
     let mut cap = as_i(up.cap);
-    if up.log_bucket_ms > 0 && up.prev_ledger_key != up.ledger_key {
+    if up.log.bucket_ms > 0 && up.prev_ledger_key != up.ledger_key {
         if let Some(ph) = hashes.get(&up.prev_ledger_key) {
             for (name, &v) in ph {
                 if let Some(b) = name.strip_prefix("b:") {
-                    if let Some(b) = b.parse::<u64>().ok().filter(|&b| b >= up.log_from) {
+                    if let Some(b) = b.parse::<u64>().ok().filter(|&b| b >= up.log.from) {
                         prev += v;
                         steps.push((b, v.max(0) as u64));
                     }
@@ -302,10 +302,10 @@ pub fn ledger_model(
     if used > mine {
         *strings.entry(up.key.clone()).or_insert(0) += used - mine;
         h.insert(format!("u:{}", up.member), used);
-        if up.log_bucket_ms > 0 {
+        if up.log.bucket_ms > 0 {
             let mut g = used - mine;
-            let mut at = up.log_last;
-            for &(b, n) in up.log_units.iter().rev() {
+            let mut at = up.log.last;
+            for &(b, n) in up.log.units.iter().rev() {
                 if g <= 0 {
                     break;
                 }
