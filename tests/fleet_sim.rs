@@ -1383,44 +1383,70 @@ fn the_fleet_holds_its_limits_over_many_seeds() {
     );
 }
 
+/// Simulate and check the scenario `draw` makes of each seed, handing each to `visit`; the
+/// seeds that fail are printed (as `kind`) and returned.
+fn failing_seeds(
+    kind: &str,
+    seeds: Vec<u64>,
+    draw: fn(u64) -> Scenario,
+    mut visit: impl FnMut(&Scenario, &Outcome),
+) -> Vec<u64> {
+    let mut failures = Vec::new();
+    for seed in seeds {
+        let s = draw(seed);
+        let o = simulate(&s);
+        visit(&s, &o);
+        let why = check(&s, &o);
+        if !why.is_empty() {
+            eprintln!("{kind} seed {seed} failed: {s:?}\n  {}", why.join("\n  "));
+            failures.push(seed);
+        }
+    }
+    failures
+}
+
+fn assert_none_failed(kind: &str, failures: &[u64]) {
+    assert!(
+        failures.is_empty(),
+        "{} {kind} seed(s) failed: {failures:?} (replay with FLEET_SIM_SEED=<seed>)",
+        failures.len(),
+    );
+}
+
 /// Late charges (`count_when`, `cost: { response_header }`): the same fleets and loads, each
 /// request charged once its answer comes, 2 to 500 ms after admission: every bound holds with
 /// what the requests in flight owe beside the threshold, and Redis holds exactly the units
 /// charged. `FLEET_SIM_LATE_SEEDS=<n>` runs more seeds.
 #[test]
 fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
-    let seeds = seeds_of("FLEET_SIM_LATE_SEEDS", 20, 500);
-    let mut failures = Vec::new();
     let (mut units, mut under, mut over, mut share_under) = (0u64, 0usize, 0f64, 0usize);
-    for seed in seeds {
-        let s = Scenario::draw_late(seed);
-        let o = simulate(&s);
-        units += o.total_admitted;
-        under += o.false_refusals.len();
-        for (w, &a) in &o.admitted {
-            let owed = o.owed(*w);
-            if s.faults == Faults::None && !s.bucket && !s.sliding && a > s.threshold && owed > 0 {
-                over = over.max((a - s.threshold) as f64 / owed as f64);
+    let failures = failing_seeds(
+        "late",
+        seeds_of("FLEET_SIM_LATE_SEEDS", 20, 500),
+        Scenario::draw_late,
+        |s, o| {
+            units += o.total_admitted;
+            under += o.false_refusals.len();
+            for (w, &a) in &o.admitted {
+                let owed = o.owed(*w);
+                if s.faults == Faults::None
+                    && !s.bucket
+                    && !s.sliding
+                    && a > s.threshold
+                    && owed > 0
+                {
+                    over = over.max((a - s.threshold) as f64 / owed as f64);
+                }
             }
-        }
-        if s.counted_percent < 100 {
-            share_under += o.false_refusals.len();
-        }
-        let why = check(&s, &o);
-        if !why.is_empty() {
-            eprintln!("late seed {seed} failed: {s:?}\n  {}", why.join("\n  "));
-            failures.push(seed);
-        }
-    }
+            if s.counted_percent < 100 {
+                share_under += o.false_refusals.len();
+            }
+        },
+    );
     eprintln!(
         "late charges: {units} units charged, {under} refusals under 0.9x ({share_under} of them by count_when counting a share of the answers); over the threshold by at most {over:.4} x what was in flight"
     );
-    assert!(
-        failures.is_empty(),
-        "{} late seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",
-        failures.len(),
-        failures
-    );
+    assert_none_failed("late", &failures);
 }
 
 /// Calendar days (`period: 1d` with `calendar.tz`): the same fleets and loads on a fixed
@@ -1429,26 +1455,17 @@ fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
 /// end. `FLEET_SIM_CALENDAR_SEEDS=<n>` runs more seeds.
 #[test]
 fn calendar_days_keep_the_bounds_across_their_end() {
-    let seeds = seeds_of("FLEET_SIM_CALENDAR_SEEDS", 10, 200);
-    let mut failures = Vec::new();
     let mut windows = 0;
-    for seed in seeds {
-        let s = Scenario::draw_calendar(seed);
-        let o = simulate(&s);
-        windows += o.admitted.len();
-        let why = check(&s, &o);
-        if !why.is_empty() {
-            eprintln!("calendar seed {seed} failed: {s:?}\n  {}", why.join("\n  "));
-            failures.push(seed);
-        }
-    }
-    eprintln!("calendar days: {windows} windows checked");
-    assert!(
-        failures.is_empty(),
-        "{} calendar seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",
-        failures.len(),
-        failures
+    let failures = failing_seeds(
+        "calendar",
+        seeds_of("FLEET_SIM_CALENDAR_SEEDS", 10, 200),
+        Scenario::draw_calendar,
+        |_, o| {
+            windows += o.admitted.len();
+        },
     );
+    eprintln!("calendar days: {windows} windows checked");
+    assert_none_failed("calendar", &failures);
 }
 
 /// Leaky buckets (`algorithm: leaky_bucket`, the queue its threshold, half or a tenth of it):
@@ -1457,21 +1474,17 @@ fn calendar_days_keep_the_bounds_across_their_end() {
 /// `FLEET_SIM_LEAKY_SEEDS=<n>` runs more seeds.
 #[test]
 fn leaky_buckets_keep_the_bounds_over_many_seeds() {
-    let seeds = seeds_of("FLEET_SIM_LEAKY_SEEDS", 20, 500);
-    let mut failures = Vec::new();
     let (mut admitted, mut under, mut updates) = (0u64, 0usize, 0u64);
-    for seed in seeds {
-        let s = Scenario::draw_leaky(seed);
-        let o = simulate(&s);
-        admitted += o.total_admitted;
-        updates += o.updates;
-        under += o.false_refusals.len();
-        let why = check(&s, &o);
-        if !why.is_empty() {
-            eprintln!("leaky seed {seed} failed: {s:?}\n  {}", why.join("\n  "));
-            failures.push(seed);
-        }
-    }
+    let failures = failing_seeds(
+        "leaky",
+        seeds_of("FLEET_SIM_LEAKY_SEEDS", 20, 500),
+        Scenario::draw_leaky,
+        |_, o| {
+            admitted += o.total_admitted;
+            updates += o.updates;
+            under += o.false_refusals.len();
+        },
+    );
     let work = updates as f64 / admitted.max(1) as f64;
     eprintln!(
         "leaky buckets: {admitted} admitted, {under} refusals under 0.9x; {work:.4} Redis updates per admitted request"
@@ -1481,12 +1494,7 @@ fn leaky_buckets_keep_the_bounds_over_many_seeds() {
         "README: {:?}",
         REDIS_WORK[3]
     );
-    assert!(
-        failures.is_empty(),
-        "{} leaky seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",
-        failures.len(),
-        failures
-    );
+    assert_none_failed("leaky", &failures);
 }
 
 /// Sliding logs (`algorithm: sliding_log`, thresholds up to 10,000): the same fleets and loads;
@@ -1497,26 +1505,22 @@ fn leaky_buckets_keep_the_bounds_over_many_seeds() {
 /// `FLEET_SIM_LOG_SEEDS=<n>` runs more.
 #[test]
 fn sliding_logs_keep_the_bounds_over_many_seeds() {
-    let seeds = seeds_of("FLEET_SIM_LOG_SEEDS", 20, 500);
-    let mut failures = Vec::new();
     let (mut admitted, mut under, mut most, mut updates) = (0u64, 0usize, 0f64, 0u64);
-    for seed in seeds {
-        let s = Scenario::draw_log(seed);
-        let o = simulate(&s);
-        admitted += o.total_admitted;
-        updates += o.updates;
-        under += o.false_refusals.len();
-        if s.faults == Faults::None {
-            for &e in o.estimate.values() {
-                most = most.max(e / s.threshold as f64);
+    let failures = failing_seeds(
+        "log",
+        seeds_of("FLEET_SIM_LOG_SEEDS", 20, 500),
+        Scenario::draw_log,
+        |s, o| {
+            admitted += o.total_admitted;
+            updates += o.updates;
+            under += o.false_refusals.len();
+            if s.faults == Faults::None {
+                for &e in o.estimate.values() {
+                    most = most.max(e / s.threshold as f64);
+                }
             }
-        }
-        let why = check(&s, &o);
-        if !why.is_empty() {
-            eprintln!("log seed {seed} failed: {s:?}\n  {}", why.join("\n  "));
-            failures.push(seed);
-        }
-    }
+        },
+    );
     let work = updates as f64 / admitted.max(1) as f64;
     eprintln!("sliding logs: {admitted} admitted, {under} refusals under 0.9x; the fullest span {most:.4} x threshold; {work:.4} Redis updates per admitted request");
     assert!(
@@ -1524,12 +1528,7 @@ fn sliding_logs_keep_the_bounds_over_many_seeds() {
         "README: {:?}",
         REDIS_WORK[4]
     );
-    assert!(
-        failures.is_empty(),
-        "{} log seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",
-        failures.len(),
-        failures
-    );
+    assert_none_failed("log", &failures);
 }
 
 /// Costs (`cost: { header }`): the same fleets and loads, each request taking 1 to `cost_max`
@@ -1538,25 +1537,16 @@ fn sliding_logs_keep_the_bounds_over_many_seeds() {
 /// `FLEET_SIM_COST_SEEDS=<n>` runs more seeds.
 #[test]
 fn costs_keep_the_bounds_in_units_over_many_seeds() {
-    let seeds = seeds_of("FLEET_SIM_COST_SEEDS", 20, 500);
-    let mut failures = Vec::new();
     let (mut units, mut under) = (0u64, 0usize);
-    for seed in seeds {
-        let s = Scenario::draw_cost(seed);
-        let o = simulate(&s);
-        units += o.total_admitted;
-        under += o.false_refusals.len();
-        let why = check(&s, &o);
-        if !why.is_empty() {
-            eprintln!("cost seed {seed} failed: {s:?}\n  {}", why.join("\n  "));
-            failures.push(seed);
-        }
-    }
-    eprintln!("costs: {units} units admitted, {under} refusals under 0.9x");
-    assert!(
-        failures.is_empty(),
-        "{} cost seed(s) failed: {:?} (replay with FLEET_SIM_SEED=<seed>)",
-        failures.len(),
-        failures
+    let failures = failing_seeds(
+        "cost",
+        seeds_of("FLEET_SIM_COST_SEEDS", 20, 500),
+        Scenario::draw_cost,
+        |_, o| {
+            units += o.total_admitted;
+            under += o.false_refusals.len();
+        },
     );
+    eprintln!("costs: {units} units admitted, {under} refusals under 0.9x");
+    assert_none_failed("cost", &failures);
 }
