@@ -195,11 +195,7 @@ fn tier_now(
         .and_then(|c| c.logs.as_deref())
         .and_then(|l| l.get(i));
     let mut v = match log {
-        Some(log) => {
-            let mut log = log.clone();
-            log.prune(tier, now);
-            log.evaluate(tier, now, 1)
-        }
+        Some(log) => log.evaluate(tier, now, 1),
         None => algorithm::evaluate(&state, tier, algo, now, 1),
     };
     v.remaining = if v.allowed { v.remaining + 1 } else { 0 };

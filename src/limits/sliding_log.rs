@@ -62,17 +62,21 @@ impl Log {
         self.at.is_empty()
     }
 
-    /// Would `units` more pass at `now_ns` (after `prune`)? `reset_ms`: until the oldest unit
+    /// Would `units` more pass at `now_ns`? `reset_ms`: until the oldest unit
     /// of the span (this request's, if it is alone) leaves it; when refused, `retry_after_ms`:
     /// until enough have left for it.
     pub fn evaluate(&self, tier: &Quota, now_ns: u64, units: u64) -> TierVerdict {
         let units = units.max(1);
         let t = tier.threshold;
         let p = period_ns(tier);
-        let count = self.len();
+        // (what `prune` would forget is skipped: a copy need not be pruned to be read)
+        let first = self
+            .at
+            .partition_point(|&at| now_ns.saturating_sub(at) >= p);
+        let count = (self.at.len() - first) as u64;
         let leaves = |i: usize| {
             self.at
-                .get(i)
+                .get(first.saturating_add(i))
                 .map_or(p, |&at| at.saturating_add(p).saturating_sub(now_ns))
         };
         if count.saturating_add(units) <= t {
@@ -282,7 +286,10 @@ mod tests {
             let mut admitted: Vec<u64> = Vec::new(); // one instant per unit
             for (gap_ms, units) in arrivals {
                 now += gap_ms * NANOS_PER_MS / 3 + gap_ms % 7; // ns-level instants too
+                // a log read without pruning answers as one pruned
+                let unpruned = log.evaluate(&q, now, units);
                 let v = hit(&mut log, &q, now, units);
+                proptest::prop_assert_eq!(unpruned, v);
                 let in_span = admitted.iter().filter(|&&t| now - t < p).count() as u64;
                 if v.allowed {
                     admitted.extend(std::iter::repeat_n(now, units as usize));
