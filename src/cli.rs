@@ -13,6 +13,7 @@ use crate::services::admin::{Admin, ReadinessProbe};
 use crate::services::fleet_sync::{Accounts, SyncService};
 use crate::services::reload::{install_sighup, ReloadStatus, Reloader};
 use crate::services::sweeper::Sweeper;
+use crate::services::upgrade::{install_sigusr2, Successor, Upgrader};
 use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
 use crate::upstream::HealthChecker;
 use arc_swap::ArcSwap;
@@ -35,7 +36,7 @@ pub const TLS_GROUPS: &str = "X25519:P-256:P-384";
     name = "tollgate",
     version,
     about = "Edge API gateway with tenant-aware, fleet-wide rate limiting",
-    after_help = "Signals: SIGHUP reloads the config, SIGQUIT hands the listeners to a process started with -u, SIGTERM drains and exits, SIGINT exits at once."
+    after_help = "Signals: SIGHUP reloads the config, SIGUSR2 starts this binary's file anew with -u and hands it the listeners (upgrade in place), SIGQUIT hands the listeners to a process started with -u, SIGTERM drains and exits, SIGINT exits at once."
 )]
 pub struct Args {
     /// The configuration file (YAML)
@@ -55,6 +56,8 @@ pub struct Args {
 /// Run the command line; returns the exit status.
 pub fn main() -> i32 {
     let args = Args::parse();
+    // before anything could replace the file (a package upgrade): what SIGUSR2 starts
+    let exe = Successor::this_binary();
     let cfg = match config::load(&args.conf) {
         Ok(c) => c,
         Err(errors) => {
@@ -102,7 +105,7 @@ pub fn main() -> i32 {
             return 1;
         }
     };
-    run(&args, snapshot, rt)
+    run(&args, snapshot, rt, exe)
 }
 
 /// A name for this process in the fleet's heartbeat set: unique per process start.
@@ -120,7 +123,7 @@ fn init_logging() {
         .try_init();
 }
 
-fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
+fn run(args: &Args, snapshot: Snapshot, rt: Runtime, exe: std::path::PathBuf) -> i32 {
     let server_cfg = snapshot.config.server.clone();
     let (opt, conf) = pingora_settings(args, &server_cfg);
     // before anything can accept a request: SIGHUP would otherwise kill the process
@@ -128,6 +131,13 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         Ok(f) => f,
         Err(e) => {
             eprintln!("cannot install the SIGHUP handler: {e}");
+            return 1;
+        }
+    };
+    let sigusr2 = match install_sigusr2() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("cannot install the SIGUSR2 handler: {e}");
             return 1;
         }
     };
@@ -161,6 +171,18 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime) -> i32 {
         }
     }
     add_background_services(&mut server, args, &rt, &shared, sighup, draining);
+    server.add_service(background_service(
+        "upgrade in place",
+        Upgrader {
+            successor: Successor {
+                conf: std::path::absolute(&args.conf).unwrap_or_else(|_| args.conf.clone()),
+                exe,
+                daemon: args.daemon,
+                upgrade_sock: server_cfg.upgrade_sock.clone().into(),
+            },
+            flag: sigusr2,
+        },
+    ));
     server.run_forever()
 }
 

@@ -12,7 +12,7 @@ fn version_and_help() {
     assert!(out.starts_with("tollgate "), "{out}");
     let (code, out, _) = run_tollgate(&["--help"]);
     assert_eq!(code, 0);
-    for flag in ["-c", "-t", "-d", "-u", "SIGHUP"] {
+    for flag in ["-c", "-t", "-d", "-u", "SIGHUP", "SIGUSR2"] {
         assert!(out.contains(flag), "{flag} missing in help: {out}");
     }
 }

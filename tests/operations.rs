@@ -163,8 +163,10 @@ fn an_invalid_file_keeps_the_running_config_and_is_logged_with_its_position() {
 }
 
 /// Send requests back to back until `stop`; count failures (non-200 or connection errors).
-fn traffic(gw: &Gateway, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(usize, usize)> {
-    let addr = gw.addr;
+fn traffic(
+    addr: std::net::SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(usize, usize)> {
     std::thread::spawn(move || {
         let (mut ok, mut failed) = (0, 0);
         while !stop.load(Ordering::Relaxed) {
@@ -206,7 +208,7 @@ fn reloads_under_load(write: fn(&Gateway, &str), exact: bool) {
     let valid = [config(&a, "", 3), config(&b, "", 3)];
     let gw = Gateway::start(&valid[0]);
     let stop = Arc::new(AtomicBool::new(false));
-    let load = traffic(&gw, stop.clone());
+    let load = traffic(gw.addr, stop.clone());
     let reloads = || {
         let m = gw.metrics();
         metric_sum(&m, "tollgate_config_reloads_total{result=\"ok\"}")
@@ -369,7 +371,7 @@ fn graceful_upgrade_hands_over_listeners_without_refusing_a_connection() {
     let mut gw = Gateway::start(&config(&up, "", 3));
     let stop = Arc::new(AtomicBool::new(false));
     // every request of the traffic counts: a refused connection is a failed request
-    let load = traffic(&gw, stop.clone());
+    let load = traffic(gw.addr, stop.clone());
     // until the traffic is answered by the old process
     assert!(eventually(Duration::from_secs(5), || metric_sum(
         &gw.metrics(),
@@ -531,6 +533,221 @@ fn graceful_upgrade_loses_no_request_of_kept_alive_clients() {
         "wrk lost requests: {wrk_out}"
     );
     assert!(wrk_out.contains("requests in"), "{wrk_out}");
+}
+
+/// Is `pid` a running process (not gone, not a zombie waiting for its parent)?
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    })
+}
+
+/// The file `pid` runs (`/proc/<pid>/exe`; " (deleted)" once the file was replaced).
+fn exe_of(pid: i32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+/// The processes a test started by pid, killed when it ends (passed or not).
+struct Pids(Vec<i32>);
+
+impl Drop for Pids {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: kill(2) on processes this test started.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+/// As the package's unit runs it: `tollgate -d` from a binary file that a package upgrade then
+/// replaces (renamed over, as dpkg does). SIGUSR2 starts the new file with `-u -d`: it takes
+/// the listeners, writes the pid file while the old process still runs (what systemd needs to
+/// follow it as the unit's main process), the old one exits, and no request of the traffic
+/// (a connection per request, and kept-alive clients) is refused or lost.
+#[test]
+fn sigusr2_upgrades_in_place_to_the_replaced_binary_without_losing_a_request() {
+    let up = Upstream::start("a");
+    let dir = common::TempDir::new();
+    let bin = dir.0.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    // a copy (one link): renamed over, the running file is deleted, as after dpkg
+    let exe = bin.join("tollgate");
+    std::fs::copy(common::tollgate_bin(), &exe).unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap();
+    let admin: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
+        .parse()
+        .unwrap();
+    let text = config(&up, "  error_log: {DIR}/error.log\n", 3)
+        .replace("{LISTEN}", &addr.to_string())
+        .replace("{ADMIN}", &admin.to_string())
+        .replace("{DIR}", &dir.0.display().to_string());
+    let conf = dir.write("gateway.yaml", &text);
+    let pid_file = dir.0.join("tollgate.pid");
+    let read_pid = || {
+        std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+    };
+    let status = std::process::Command::new(&exe)
+        .args(["-d", "-c", &conf.display().to_string()])
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(eventually(Duration::from_secs(20), || request(
+        admin,
+        "GET",
+        "/readyz",
+        &[]
+    )
+    .is_ok_and(|r| r.status == 200)));
+    let old = read_pid().expect("the pid file");
+    let mut pids = Pids(vec![old]);
+    let log = || std::fs::read_to_string(dir.0.join("error.log")).unwrap_or_default();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut load: Vec<_> = (0..4)
+        .map(|_| kept_alive_traffic(addr, stop.clone()))
+        .collect();
+    load.push(traffic(addr, stop.clone()));
+    let answered = || {
+        request(admin, "GET", "/metrics", &[])
+            .map_or(0.0, |r| metric_sum(&r.body, "tollgate_requests_total"))
+    };
+    assert!(eventually(Duration::from_secs(5), || answered() >= 50.0));
+
+    // the package upgrade: a new file renamed over the old one
+    let staged = bin.join("tollgate.dpkg-new");
+    std::fs::hard_link(common::tollgate_bin(), &staged)
+        .or_else(|_| std::fs::copy(common::tollgate_bin(), &staged).map(|_| ()))
+        .unwrap();
+    std::fs::rename(&staged, &exe).unwrap();
+    assert!(exe_of(old).ends_with(" (deleted)"), "{}", exe_of(old));
+
+    // SAFETY: kill(2) on the daemon this test started.
+    unsafe {
+        libc::kill(old, libc::SIGUSR2);
+    }
+    let mut new = None;
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            new = read_pid().filter(|&p| p != old && running(p));
+            new.is_some() && running(old)
+        }),
+        "the new process wrote the pid file while the old one ran; log:\n{}",
+        log()
+    );
+    let new = new.unwrap();
+    pids.0.push(new);
+    assert_eq!(
+        exe_of(new),
+        exe.display().to_string(),
+        "it runs the new file"
+    );
+    assert!(
+        eventually(Duration::from_secs(15), || !running(old)),
+        "the old process exited; log:\n{}",
+        log()
+    );
+    // the new process answers the traffic (its own count, from zero)
+    assert!(
+        eventually(Duration::from_secs(5), || answered() >= 50.0),
+        "the new process answers; log:\n{}",
+        log()
+    );
+    stop.store(true, Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, 0);
+    for l in load {
+        let (o, f) = l.join().unwrap();
+        ok += o;
+        failed += f;
+    }
+    assert!(ok > 100, "traffic flowed: {ok}");
+    assert_eq!(failed, 0, "requests refused or lost; log:\n{}", log());
+    assert!(running(new), "the new process runs");
+    assert_eq!(read_pid(), Some(new));
+    let log = log();
+    assert!(
+        log.contains("waits for the listeners; handing them over"),
+        "{log}"
+    );
+}
+
+/// SIGUSR2 when the binary rejects the config, or the new process cannot take the listeners:
+/// the reason is logged and the running process keeps serving, untouched. Then, with the file
+/// fixed, a SIGUSR2 to a process in the foreground (no -d) hands over to a foreground child.
+#[test]
+fn sigusr2_that_cannot_hand_over_keeps_the_running_process() {
+    let up = Upstream::start("a");
+    let mut gw = Gateway::start(&config(&up, "", 3));
+    let good = std::fs::read_to_string(&gw.config).unwrap();
+    std::fs::write(&gw.config, good.replace("routes:", "routes: [")).unwrap();
+    signal(&gw, libc::SIGUSR2);
+    assert!(
+        eventually(Duration::from_secs(10), || gw
+            .log()
+            .contains("this process keeps serving")),
+        "{}",
+        gw.log()
+    );
+    let log = gw.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("keeps serving"))
+        .unwrap_or_default();
+    assert!(line.contains("-t rejects"), "{line}");
+    assert!(
+        line.contains("gateway.yaml:"),
+        "the error names the file: {line}"
+    );
+    assert!(gw.child.try_wait().unwrap().is_none(), "still running");
+    assert_eq!(gw.get("/x", &[]).status, 200);
+    assert_eq!(
+        request(gw.admin, "GET", "/readyz", &[])
+            .map(|r| r.status)
+            .ok(),
+        Some(200),
+        "still ready: nothing was handed over"
+    );
+
+    // fixed: the foreground process hands over to its child and exits
+    std::fs::write(&gw.config, &good).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = traffic(gw.addr, stop.clone());
+    signal(&gw, libc::SIGUSR2);
+    assert!(
+        eventually(Duration::from_secs(15), || gw
+            .child
+            .try_wait()
+            .unwrap()
+            .is_some()),
+        "the old process exited; log:\n{}",
+        gw.log()
+    );
+    let log = gw.log();
+    let new: i32 = log
+        .split("upgrade: pid ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("the new pid is logged: {log}"));
+    let _pids = Pids(vec![new]);
+    assert!(running(new));
+    assert_eq!(gw.get("/x", &[]).status, 200);
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failed) = load.join().unwrap();
+    assert!(ok > 10, "{ok}");
+    assert_eq!(failed, 0, "requests refused or lost");
 }
 
 #[test]

@@ -1,7 +1,9 @@
 //! The background services beside the request path: the [`fleet_sync`] to Redis, the
-//! [`reload`]er, the [`admin`] listener, the counters' [`sweeper`], all on a [`crate::ticker`].
+//! [`reload`]er, the [`upgrade`]r (SIGUSR2), the [`admin`] listener, the counters' [`sweeper`],
+//! all on a [`crate::ticker`].
 
 pub mod admin;
 pub mod fleet_sync;
 pub mod reload;
 pub mod sweeper;
+pub mod upgrade;
