@@ -7,6 +7,8 @@ BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.
 TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk curl:curl chromium:chromium
 BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client
 DEB_DEPS   := dpkg-shlibdeps:dpkg-dev adduser:adduser curl:curl
+# the package under a real systemd in a container (scripts/deb-systemd-check)
+DEB_CHECK_DEPS := systemd-nspawn:systemd-container systemctl:systemd nsenter:util-linux wrk:wrk
 
 .PHONY: all deps deps-test deps-bench build release run test conformance lint fmt bench check-configs clean demo-cert fuzz deb deb-check
 
@@ -74,7 +76,9 @@ bench: deps-bench deps-test release
 
 ## The Debian package, target/debian/tollgate_<version>_<arch>.deb (cargo-deb, installed if
 ## missing; see [package.metadata.deb] in Cargo.toml), and what CI checks of it (as root):
-## install it with dpkg, check and run the config it installed, send a request, purge it.
+## install it with dpkg, check and run the config it installed, send a request, purge it; then
+## the same under a real systemd booted in a container (systemd-nspawn): start, reload, an
+## upgrade to a newer package under traffic with no request lost, remove, purge.
 deb: deps
 	@scripts/ensure-packages $(DEB_DEPS)
 	@command -v cargo-deb >/dev/null || $(CARGO) install cargo-deb --locked
@@ -82,7 +86,9 @@ deb: deps
 	$(CARGO) deb --no-build --strip
 
 deb-check: deb
+	@scripts/ensure-packages $(DEB_CHECK_DEPS)
 	scripts/deb-check
+	scripts/deb-systemd-check
 
 ## Coverage-guided fuzzing (fuzz/, cargo-fuzz and libFuzzer) of the config loader, path
 ## normalization and globs, X-Forwarded-For, durations and partition keys, FUZZ_SECONDS each.
