@@ -179,6 +179,9 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime, exe: std::path::PathBuf) ->
                 exe,
                 daemon: args.daemon,
                 upgrade_sock: server_cfg.upgrade_sock.clone().into(),
+                wait: crate::services::upgrade::wait_for_successor(
+                    std::env::var("TOLLGATE_UPGRADE_WAIT_MS").ok().as_deref(),
+                ),
             },
             flag: sigusr2,
         },

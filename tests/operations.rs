@@ -550,6 +550,20 @@ fn exe_of(pid: i32) -> String {
         .unwrap_or_default()
 }
 
+/// The processes whose parent is `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/status"))
+                .is_ok_and(|s| s.contains(&format!("\nPPid:\t{pid}\n")))
+        })
+        .collect()
+}
+
 /// The processes a test started by pid, killed when it ends (passed or not).
 struct Pids(Vec<i32>);
 
@@ -564,6 +578,69 @@ impl Drop for Pids {
     }
 }
 
+/// A gateway's own binary file (a copy: one link, so that renamed over, the running file is
+/// deleted, as after dpkg) with its config (error log `error.log`, pid file `tollgate.pid`).
+struct OwnBinary {
+    dir: common::TempDir,
+    exe: std::path::PathBuf,
+    conf: std::path::PathBuf,
+    addr: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+}
+
+impl OwnBinary {
+    fn new(up: &Upstream) -> Self {
+        let dir = common::TempDir::new();
+        let bin = dir.0.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let exe = bin.join("tollgate");
+        std::fs::copy(common::tollgate_bin(), &exe).unwrap();
+        let port = || {
+            format!("127.0.0.1:{}", common::free_port())
+                .parse()
+                .unwrap()
+        };
+        let (addr, admin): (std::net::SocketAddr, std::net::SocketAddr) = (port(), port());
+        let text = config(up, "  error_log: {DIR}/error.log\n", 3)
+            .replace("{LISTEN}", &addr.to_string())
+            .replace("{ADMIN}", &admin.to_string())
+            .replace("{DIR}", &dir.0.display().to_string());
+        let conf = dir.write("gateway.yaml", &text);
+        OwnBinary {
+            dir,
+            exe,
+            conf,
+            addr,
+            admin,
+        }
+    }
+
+    fn wait_ready(&self) {
+        assert!(
+            eventually(Duration::from_secs(20), || request(
+                self.admin,
+                "GET",
+                "/readyz",
+                &[]
+            )
+            .is_ok_and(|r| r.status == 200)),
+            "not ready; log:\n{}",
+            self.log()
+        );
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("error.log")).unwrap_or_default()
+    }
+
+    /// Put a new file in place of the binary, as dpkg does: written beside it, renamed over.
+    fn replace(&self, write: impl FnOnce(&std::path::Path) -> std::io::Result<()>) {
+        let staged = self.exe.with_extension("dpkg-new");
+        write(&staged).unwrap();
+        std::fs::rename(&staged, &self.exe).unwrap();
+    }
+}
+
 /// As the package's unit runs it: `tollgate -d` from a binary file that a package upgrade then
 /// replaces (renamed over, as dpkg does). SIGUSR2 starts the new file with `-u -d`: it takes
 /// the listeners, writes the pid file while the old process still runs (what systemd needs to
@@ -572,31 +649,16 @@ impl Drop for Pids {
 #[test]
 fn sigusr2_upgrades_in_place_to_the_replaced_binary_without_losing_a_request() {
     let up = Upstream::start("a");
-    let dir = common::TempDir::new();
-    let bin = dir.0.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    // a copy (one link): renamed over, the running file is deleted, as after dpkg
-    let exe = bin.join("tollgate");
-    std::fs::copy(common::tollgate_bin(), &exe).unwrap();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
-        .parse()
-        .unwrap();
-    let admin: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port())
-        .parse()
-        .unwrap();
-    let text = config(&up, "  error_log: {DIR}/error.log\n", 3)
-        .replace("{LISTEN}", &addr.to_string())
-        .replace("{ADMIN}", &admin.to_string())
-        .replace("{DIR}", &dir.0.display().to_string());
-    let conf = dir.write("gateway.yaml", &text);
-    let pid_file = dir.0.join("tollgate.pid");
+    let own = OwnBinary::new(&up);
+    let (addr, admin, exe) = (own.addr, own.admin, own.exe.clone());
+    let pid_file = own.dir.0.join("tollgate.pid");
     let read_pid = || {
         std::fs::read_to_string(&pid_file)
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
     };
     let status = std::process::Command::new(&exe)
-        .args(["-d", "-c", &conf.display().to_string()])
+        .args(["-d", "-c", &own.conf.display().to_string()])
         .env("RUST_LOG", "info")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -604,16 +666,10 @@ fn sigusr2_upgrades_in_place_to_the_replaced_binary_without_losing_a_request() {
         .status()
         .unwrap();
     assert!(status.success());
-    assert!(eventually(Duration::from_secs(20), || request(
-        admin,
-        "GET",
-        "/readyz",
-        &[]
-    )
-    .is_ok_and(|r| r.status == 200)));
+    own.wait_ready();
     let old = read_pid().expect("the pid file");
     let mut pids = Pids(vec![old]);
-    let log = || std::fs::read_to_string(dir.0.join("error.log")).unwrap_or_default();
+    let log = || own.log();
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut load: Vec<_> = (0..4)
@@ -627,11 +683,10 @@ fn sigusr2_upgrades_in_place_to_the_replaced_binary_without_losing_a_request() {
     assert!(eventually(Duration::from_secs(5), || answered() >= 50.0));
 
     // the package upgrade: a new file renamed over the old one
-    let staged = bin.join("tollgate.dpkg-new");
-    std::fs::hard_link(common::tollgate_bin(), &staged)
-        .or_else(|_| std::fs::copy(common::tollgate_bin(), &staged).map(|_| ()))
-        .unwrap();
-    std::fs::rename(&staged, &exe).unwrap();
+    own.replace(|staged| {
+        std::fs::hard_link(common::tollgate_bin(), staged)
+            .or_else(|_| std::fs::copy(common::tollgate_bin(), staged).map(|_| ()))
+    });
     assert!(exe_of(old).ends_with(" (deleted)"), "{}", exe_of(old));
 
     // SAFETY: kill(2) on the daemon this test started.
@@ -748,6 +803,76 @@ fn sigusr2_that_cannot_hand_over_keeps_the_running_process() {
     let (ok, failed) = load.join().unwrap();
     assert!(ok > 10, "{ok}");
     assert_eq!(failed, 0, "requests refused or lost");
+}
+
+/// SIGUSR2 when the new binary passes `-t` but then exits, or never waits on the upgrade
+/// socket (here within `TOLLGATE_UPGRADE_WAIT_MS`, 30 s by default): the reason is logged, the
+/// new process is stopped, and the running one keeps serving, ready.
+#[test]
+fn sigusr2_with_a_new_binary_that_exits_or_never_waits_keeps_the_running_process() {
+    use std::os::unix::fs::PermissionsExt;
+    let up = Upstream::start("a");
+    let own = OwnBinary::new(&up);
+    let log = std::fs::File::create(own.dir.0.join("error.log")).unwrap();
+    let mut child = std::process::Command::new(&own.exe)
+        .args(["-c", &own.conf.display().to_string()])
+        .env("RUST_LOG", "info")
+        .env("TOLLGATE_UPGRADE_WAIT_MS", "1000")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let _pids = Pids(vec![child.id() as i32]);
+    own.wait_ready();
+    let script = |body: &'static str| {
+        own.replace(|staged| {
+            std::fs::write(
+                staged,
+                format!("#!/bin/sh\ncase \"$1\" in -t) exit 0;; esac\n{body}\n"),
+            )?;
+            std::fs::set_permissions(staged, std::fs::Permissions::from_mode(0o755))
+        })
+    };
+    for (body, why) in [
+        (
+            "exit 3",
+            "the new process exited (exit status: 3) before taking the listeners",
+        ),
+        ("exec sleep 30", "the new process did not wait on"),
+    ] {
+        script(body);
+        let before = own.log().matches("keeps serving").count();
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGUSR2);
+        }
+        assert!(
+            eventually(Duration::from_secs(10), || own
+                .log()
+                .matches("keeps serving")
+                .count()
+                > before),
+            "{}",
+            own.log()
+        );
+        let log = own.log();
+        let line = log
+            .lines()
+            .rfind(|l| l.contains("keeps serving"))
+            .unwrap_or_default();
+        assert!(line.contains(why), "{why}: {line}");
+        assert!(child.try_wait().unwrap().is_none(), "still running");
+        assert_eq!(request(own.addr, "GET", "/x", &[]).unwrap().status, 200);
+        assert_eq!(
+            request(own.admin, "GET", "/readyz", &[]).unwrap().status,
+            200,
+            "still ready: nothing was handed over"
+        );
+    }
+    // the new process that never waited was stopped (and reaped)
+    assert_eq!(children_of(child.id() as i32), Vec::<i32>::new());
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 #[test]

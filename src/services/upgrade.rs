@@ -8,8 +8,9 @@
 //! the signal after an upgrade.
 //!
 //! Nothing changes if the successor cannot take over: its binary rejects the config (`-t`),
-//! it exits, or it does not wait on the upgrade socket within [`WAIT_FOR_SUCCESSOR`]; the
-//! reason is logged and this process keeps serving.
+//! it exits, or it does not wait on the upgrade socket within [`WAIT_FOR_SUCCESSOR`] (the
+//! environment variable `TOLLGATE_UPGRADE_WAIT_MS` gives another limit, for tests); the reason
+//! is logged, a successor still running is stopped, and this process keeps serving.
 
 use crate::ticker::Ticker;
 use async_trait::async_trait;
@@ -23,6 +24,12 @@ use std::time::{Duration, Instant};
 
 /// How long the successor may take to load its config and wait on the upgrade socket.
 pub const WAIT_FOR_SUCCESSOR: Duration = Duration::from_secs(30);
+
+/// [`WAIT_FOR_SUCCESSOR`], or `TOLLGATE_UPGRADE_WAIT_MS` (milliseconds) when set and valid.
+pub fn wait_for_successor(env: Option<&str>) -> Duration {
+    env.and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(WAIT_FOR_SUCCESSOR, Duration::from_millis)
+}
 
 /// Raise the returned flag on SIGUSR2 (whose default action would end the process).
 pub fn install_sigusr2() -> std::io::Result<Arc<AtomicBool>> {
@@ -48,6 +55,8 @@ pub struct Successor {
     pub daemon: bool,
     /// Where this process sends its listeners (its `server.upgrade_sock`).
     pub upgrade_sock: PathBuf,
+    /// How long the successor may take to wait on the socket.
+    pub wait: Duration,
 }
 
 impl Successor {
@@ -102,7 +111,7 @@ impl Successor {
             .spawn()
             .map_err(|e| format!("cannot start {exe}: {e}"))?;
         let pid = child.id();
-        let waiting = wait_for(&self.upgrade_sock, &mut child, WAIT_FOR_SUCCESSOR);
+        let waiting = wait_for(&self.upgrade_sock, &mut child, self.wait);
         if let Err(why) = waiting {
             let _ = child.kill();
             let _ = child.wait();
