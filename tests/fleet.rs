@@ -633,6 +633,74 @@ fn sigterm_sends_the_last_counts_to_redis() {
     );
 }
 
+/// An upgrade in place (SIGUSR2) with Redis: the new process's local counters start empty, but
+/// it goes on from the fleet's count, the old process's last counts included.
+#[test]
+fn an_upgrade_in_place_goes_on_from_the_fleets_count() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}\n  sync_interval: 200ms", redis.url()),
+        &hourly(1000, 90),
+        "",
+    )
+    .edit(
+        "  threads: 1\n",
+        "  threads: 1\n  grace_period: 1s\n  pid_file: {DIR}/tollgate.pid\n  upgrade_sock: {DIR}/upgrade.sock\n",
+    );
+    let mut gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    let t = [("x-org-id", "t")];
+    let old = 30;
+    for _ in 0..old {
+        assert_eq!(gw.get("/x", &t).status, 200);
+    }
+    // SAFETY: a signal to our own child.
+    unsafe {
+        libc::kill(gw.child.id() as i32, libc::SIGUSR2);
+    }
+    assert!(
+        eventually(Duration::from_secs(15), || gw
+            .child
+            .try_wait()
+            .ok()
+            .flatten()
+            .is_some()),
+        "the old process exited; log:\n{}",
+        gw.log()
+    );
+    let log = gw.log();
+    let new: i32 = log
+        .split("upgrade: pid ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("the new pid is logged: {log}"));
+    struct Killed(i32);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            // SAFETY: the process this test's gateway started.
+            unsafe {
+                libc::kill(self.0, libc::SIGKILL);
+            }
+        }
+    }
+    let _new = Killed(new);
+    // the new process's own requests, n, and what it tells: the old one's 30 are in it
+    let mut n = 0;
+    let knows_old = eventually(Duration::from_secs(10), || {
+        n += 1;
+        let r = gw.get("/x", &t);
+        let left: u64 = r
+            .header("x-ratelimit-remaining")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1000);
+        r.status == 200 && left + n <= 1000 - old
+    });
+    assert!(knows_old, "after {n} requests; log:\n{}", gw.log());
+}
+
 #[test]
 fn quota_headers_tell_what_this_instance_knows() {
     let redis = RedisServer::start();

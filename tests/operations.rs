@@ -775,6 +775,12 @@ fn sigusr2_that_cannot_hand_over_keeps_the_running_process() {
         "still ready: nothing was handed over"
     );
 
+    // counted by the old process (3 an hour)
+    for left in ["2", "1"] {
+        let r = gw.get("/limited/1", &[]);
+        assert_eq!(r.header("x-ratelimit-remaining"), Some(left));
+    }
+
     // fixed: the foreground process hands over to its child and exits
     std::fs::write(&gw.config, &good).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -799,6 +805,9 @@ fn sigusr2_that_cannot_hand_over_keeps_the_running_process() {
     let _pids = Pids(vec![new]);
     assert!(running(new));
     assert_eq!(gw.get("/x", &[]).status, 200);
+    // without Redis, the new process counts afresh
+    let r = gw.get("/limited/1", &[]);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("2"), "{r:?}");
     stop.store(true, Ordering::Relaxed);
     let (ok, failed) = load.join().unwrap();
     assert!(ok > 10, "{ok}");
