@@ -641,6 +641,22 @@ impl OwnBinary {
     }
 }
 
+/// Run `start` (a spawn of a file just written) again while it fails with ETXTBSY: a process
+/// forked meanwhile by another test's thread holds the file open for writing until it execs.
+fn fresh_file<T>(mut start: impl FnMut() -> std::io::Result<T>) -> T {
+    let mut result = start();
+    let mut tries = 0;
+    while let Err(e) = &result {
+        if e.raw_os_error() != Some(libc::ETXTBSY) || tries == 100 {
+            break;
+        }
+        tries += 1;
+        std::thread::sleep(Duration::from_millis(20));
+        result = start();
+    }
+    result.expect("start the gateway's own binary")
+}
+
 /// As the package's unit runs it: `tollgate -d` from a binary file that a package upgrade then
 /// replaces (renamed over, as dpkg does). SIGUSR2 starts the new file with `-u -d`: it takes
 /// the listeners, writes the pid file while the old process still runs (what systemd needs to
@@ -657,14 +673,14 @@ fn sigusr2_upgrades_in_place_to_the_replaced_binary_without_losing_a_request() {
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
     };
-    let status = std::process::Command::new(&exe)
+    let mut status = std::process::Command::new(&exe);
+    status
         .args(["-d", "-c", &own.conf.display().to_string()])
         .env("RUST_LOG", "info")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
+        .stderr(std::process::Stdio::null());
+    let status = fresh_file(|| status.status());
     assert!(status.success());
     own.wait_ready();
     let old = read_pid().expect("the pid file");
@@ -823,33 +839,34 @@ fn sigusr2_with_a_new_binary_that_exits_or_never_waits_keeps_the_running_process
     let up = Upstream::start("a");
     let own = OwnBinary::new(&up);
     let log = std::fs::File::create(own.dir.0.join("error.log")).unwrap();
-    let mut child = std::process::Command::new(&own.exe)
+    let mut child = std::process::Command::new(&own.exe);
+    child
         .args(["-c", &own.conf.display().to_string()])
         .env("RUST_LOG", "info")
         .env("TOLLGATE_UPGRADE_WAIT_MS", "1000")
         .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
+        .stderr(log);
+    let mut child = fresh_file(|| child.spawn());
     let _pids = Pids(vec![child.id() as i32]);
-    own.wait_ready();
-    let script = |body: &'static str| {
-        own.replace(|staged| {
-            std::fs::write(
-                staged,
-                format!("#!/bin/sh\ncase \"$1\" in -t) exit 0;; esac\n{body}\n"),
-            )?;
-            std::fs::set_permissions(staged, std::fs::Permissions::from_mode(0o755))
-        })
+    // the new binaries, written well before they run (see `fresh_file`)
+    let script = |name: &str, body: &str| {
+        let path = own.dir.0.join(name);
+        let text = format!("#!/bin/sh\ncase \"$1\" in -t) exit 0;; esac\n{body}\n");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
     };
-    for (body, why) in [
+    let exits = script("exits", "exit 3");
+    let never = script("never", "exec sleep 30");
+    own.wait_ready();
+    for (file, why) in [
         (
-            "exit 3",
+            exits,
             "the new process exited (exit status: 3) before taking the listeners",
         ),
-        ("exec sleep 30", "the new process did not wait on"),
+        (never, "the new process did not wait on"),
     ] {
-        script(body);
+        own.replace(|staged| std::fs::rename(&file, staged));
         let before = own.log().matches("keeps serving").count();
         // SAFETY: sending a signal to our own child process.
         unsafe {
