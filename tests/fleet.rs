@@ -656,37 +656,7 @@ fn an_upgrade_in_place_goes_on_from_the_fleets_count() {
     for _ in 0..old {
         assert_eq!(gw.get("/x", &t).status, 200);
     }
-    // SAFETY: a signal to our own child.
-    unsafe {
-        libc::kill(gw.child.id() as i32, libc::SIGUSR2);
-    }
-    assert!(
-        eventually(Duration::from_secs(15), || gw
-            .child
-            .try_wait()
-            .ok()
-            .flatten()
-            .is_some()),
-        "the old process exited; log:\n{}",
-        gw.log()
-    );
-    let log = gw.log();
-    let new: i32 = log
-        .split("upgrade: pid ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("the new pid is logged: {log}"));
-    struct Killed(i32);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            // SAFETY: the process this test's gateway started.
-            unsafe {
-                libc::kill(self.0, libc::SIGKILL);
-            }
-        }
-    }
-    let _new = Killed(new);
+    let _new = gw.upgrade_in_place();
     // the new process's own requests, n, and what it tells: the old one's 30 are in it
     let mut n = 0;
     let knows_old = eventually(Duration::from_secs(10), || {

@@ -4,7 +4,7 @@
 mod common;
 use common::{
     connections_to, eventually, get_on, metric_sum, period_label, period_with_room, request, Edit,
-    Gateway, Upstream,
+    Gateway, KillOnDrop, Upstream,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -564,20 +564,6 @@ fn children_of(pid: i32) -> Vec<i32> {
         .collect()
 }
 
-/// The processes a test started by pid, killed when it ends (passed or not).
-struct Pids(Vec<i32>);
-
-impl Drop for Pids {
-    fn drop(&mut self) {
-        for &pid in &self.0 {
-            // SAFETY: kill(2) on processes this test started.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
-        }
-    }
-}
-
 /// A gateway's own binary file (a copy: one link, so that renamed over, the running file is
 /// deleted, as after dpkg) with its config (error log `error.log`, pid file `tollgate.pid`).
 struct OwnBinary {
@@ -684,7 +670,7 @@ fn sigusr2_upgrades_in_place_to_the_replaced_binary_without_losing_a_request() {
     assert!(status.success());
     own.wait_ready();
     let old = read_pid().expect("the pid file");
-    let mut pids = Pids(vec![old]);
+    let mut pids = KillOnDrop(vec![old]);
     let log = || own.log();
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -801,24 +787,8 @@ fn sigusr2_that_cannot_hand_over_keeps_the_running_process() {
     std::fs::write(&gw.config, &good).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let load = traffic(gw.addr, stop.clone());
-    signal(&gw, libc::SIGUSR2);
-    assert!(
-        eventually(Duration::from_secs(15), || gw
-            .child
-            .try_wait()
-            .unwrap()
-            .is_some()),
-        "the old process exited; log:\n{}",
-        gw.log()
-    );
-    let log = gw.log();
-    let new: i32 = log
-        .split("upgrade: pid ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("the new pid is logged: {log}"));
-    let _pids = Pids(vec![new]);
+    let new_process = gw.upgrade_in_place();
+    let new = new_process.0[0];
     assert!(running(new));
     assert_eq!(gw.get("/x", &[]).status, 200);
     // without Redis, the new process counts afresh
@@ -847,7 +817,7 @@ fn sigusr2_with_a_new_binary_that_exits_or_never_waits_keeps_the_running_process
         .stdout(std::process::Stdio::null())
         .stderr(log);
     let mut child = fresh_file(|| child.spawn());
-    let _pids = Pids(vec![child.id() as i32]);
+    let _pids = KillOnDrop(vec![child.id() as i32]);
     // the new binaries, written well before they run (see `fresh_file`)
     let script = |name: &str, body: &str| {
         let path = own.dir.0.join(name);

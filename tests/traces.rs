@@ -63,29 +63,21 @@ fn serve(mut s: TcpStream, got: &Mutex<Vec<ExportTraceServiceRequest>>, answer: 
     let mut buf = Vec::new();
     let mut tmp = [0u8; 65536];
     loop {
-        // a head, then Content-Length bytes
-        let head_end = loop {
-            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
+        // a head, then Content-Length bytes (framed as a response is)
+        let end = loop {
+            if let Some(end) = common::response_len(&buf).filter(|&end| buf.len() >= end) {
+                break end;
             }
             match s.read(&mut tmp) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => buf.extend_from_slice(&tmp[..n]),
             }
         };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-        let len: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
-        while buf.len() < head_end + len {
-            match s.read(&mut tmp) {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&tmp[..n]),
-            }
-        }
-        let body: Vec<u8> = buf.drain(..head_end + len).skip(head_end).collect();
+        let head_end = buf
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map_or(0, |i| i + 4);
+        let body: Vec<u8> = buf.drain(..end).skip(head_end).collect();
         match ExportTraceServiceRequest::decode(&body[..]) {
             Ok(req) => got.lock().unwrap().push(req),
             Err(e) => eprintln!("receiver: {} bytes not decoded: {e}", body.len()),

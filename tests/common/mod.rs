@@ -149,6 +149,21 @@ impl Drop for Upstream {
     }
 }
 
+/// Processes a test started that are not its children (daemons, a gateway's successor),
+/// killed when the value drops, whether the test passed or not.
+pub struct KillOnDrop(pub Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: kill(2) on processes this test started.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
 pub struct Gateway {
     pub child: Child,
     pub dir: TempDir,
@@ -247,6 +262,33 @@ impl Gateway {
             "no reload counted"
         );
         count("ok") > before.0
+    }
+
+    /// Upgrade in place: SIGUSR2, then until this process has handed over and exited; the new
+    /// process (its pid from the log, `upgrade: pid N ...`), killed when the value drops.
+    pub fn upgrade_in_place(&mut self) -> KillOnDrop {
+        // SAFETY: a signal to our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGUSR2);
+        }
+        let child = &mut self.child;
+        assert!(
+            eventually(Duration::from_secs(15), || child
+                .try_wait()
+                .ok()
+                .flatten()
+                .is_some()),
+            "the old process exited; log:\n{}",
+            self.log()
+        );
+        let log = self.log();
+        let new = log
+            .split("upgrade: pid ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("the new pid is logged: {log}"));
+        KillOnDrop(vec![new])
     }
 
     pub fn log(&self) -> String {
