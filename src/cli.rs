@@ -4,6 +4,7 @@ use crate::config;
 use crate::limits::fleet::FleetState;
 use crate::limits::{CounterRegistry, SystemClock};
 use crate::metrics::Metrics;
+use crate::request::connections::{self, Connections};
 use crate::request::edge::Edge;
 use crate::request::proxy::Gateway;
 use crate::request::tls::SniCertificates;
@@ -118,9 +119,14 @@ fn instance_id() -> String {
 
 fn init_logging() {
     let env = env_logger::Env::default().default_filter_or("info");
-    let _ = env_logger::Builder::from_env(env)
+    let logger = env_logger::Builder::from_env(env)
         .format_timestamp_millis()
-        .try_init();
+        .build();
+    let max = logger.filter();
+    // warnings and errors a client can cause are bounded per source (`log_limit`)
+    if log::set_boxed_logger(Box::new(crate::log_limit::Limited::new(logger))).is_ok() {
+        log::set_max_level(max);
+    }
 }
 
 fn run(args: &Args, snapshot: Snapshot, rt: Runtime, exe: std::path::PathBuf) -> i32 {
@@ -161,7 +167,8 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime, exe: std::path::PathBuf) ->
         metrics: rt.metrics.clone(),
         draining: draining.clone(),
     };
-    match edge_service(args, &server, gateway, &shared, &server_cfg) {
+    let connections = Arc::new(client_connections(&server_cfg, &rt.metrics));
+    match edge_service(args, &server, gateway, &shared, &server_cfg, &connections) {
         Ok(proxy) => {
             server.add_service(proxy);
         }
@@ -170,7 +177,15 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime, exe: std::path::PathBuf) ->
             return 1;
         }
     }
-    add_background_services(&mut server, args, &rt, &shared, sighup, draining);
+    add_background_services(
+        &mut server,
+        args,
+        &rt,
+        &shared,
+        sighup,
+        draining,
+        connections,
+    );
     server.add_service(background_service(
         "upgrade in place",
         Upgrader {
@@ -232,6 +247,29 @@ fn listeners_free(args: &Args, server_cfg: &config::model::ServerSettings) -> Re
     Ok(())
 }
 
+/// The count of client connections per listener, each listener's limit fitted to the
+/// descriptor limit (raised to the hard limit first).
+fn client_connections(
+    server_cfg: &config::model::ServerSettings,
+    metrics: &Metrics,
+) -> Connections {
+    let n = server_cfg.listen.len();
+    let descriptors = connections::descriptor_limit().unwrap_or(u64::MAX);
+    let limit = connections::fit_to_descriptors(server_cfg.max_connections, n, descriptors);
+    if let Some(asked) = server_cfg.max_connections.filter(|&m| m > limit) {
+        log::warn!(
+            "server.max_connections {asked} lowered to {limit} per listener: the process may open {descriptors} files, each client connection may take two, and {} are kept for the rest",
+            config::defaults::RESERVED_DESCRIPTORS
+        );
+    }
+    Connections::new(
+        &server_cfg.listen,
+        &vec![limit; n],
+        server_cfg.max_connections_per_ip,
+        metrics,
+    )
+}
+
 /// The proxy on every listener (TLS ones pick their certificate by SNI), inside the `Edge`.
 fn edge_service(
     args: &Args,
@@ -239,7 +277,9 @@ fn edge_service(
     gateway: Gateway,
     shared: &SharedSnapshot,
     server_cfg: &config::model::ServerSettings,
+    connections: &Arc<Connections>,
 ) -> Result<Service<Edge<Gateway>>, String> {
+    let metrics = gateway.metrics.clone();
     let mut app = HttpProxy::new(gateway, server.configuration.clone());
     app.handle_init_modules();
     if server_cfg.h2c {
@@ -252,6 +292,8 @@ fn edge_service(
         Edge {
             proxy: Arc::new(app),
             shared: shared.clone(),
+            connections: connections.clone(),
+            metrics: metrics.clone(),
         },
     );
     for (addr, tls) in server_cfg.listen.iter().zip(&server_cfg.listen_tls) {
@@ -273,6 +315,14 @@ fn edge_service(
             .map_err(|e| format!("{}: tls: groups {TLS_GROUPS}: {e}", args.conf.display()))?;
         proxy.add_tls_with_settings(&addr.to_string(), None, settings);
     }
+    // TLS connections are counted, and wait for their first byte, before the handshake
+    proxy
+        .endpoints()
+        .set_pre_tls_callback(Arc::new(connections::BeforeTls {
+            connections: connections.clone(),
+            shared: shared.clone(),
+            metrics,
+        }));
     Ok(proxy)
 }
 
@@ -285,6 +335,7 @@ fn add_background_services(
     shared: &SharedSnapshot,
     sighup: Arc<AtomicBool>,
     draining: Arc<AtomicBool>,
+    connections: Arc<Connections>,
 ) {
     let metrics = &rt.metrics;
     let server_cfg = shared.load().config.server.clone();
@@ -350,6 +401,7 @@ fn add_background_services(
                 ready: ready.clone(),
                 draining,
                 fleet: rt.fleet.clone(),
+                connections,
             },
         );
         admin.add_tcp(&admin_addr.to_string());

@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod config;
 pub mod limits;
+pub mod log_limit;
 pub mod matching;
 pub mod metrics;
 pub mod problem;

@@ -56,6 +56,54 @@ pub struct Metrics {
     pub queue_waits: IntCounterVec,
     /// `tollgate_pool_queue_refused_total{pool,reason}`: 503s of a full queue or a timeout.
     pub queue_refused: IntCounterVec,
+    /// `tollgate_client_errors_total{kind}`: what clients did wrong, counted instead of logged
+    /// one line each ([`ClientError`]).
+    pub client_errors: IntCounterVec,
+    /// `tollgate_connections{listener}`: client connections open now.
+    pub connections: IntGaugeVec,
+    /// `tollgate_connections_refused_total{listener,reason}`: connections closed at once
+    /// (`listener_full`, `per_ip`).
+    pub connections_refused: IntCounterVec,
+}
+
+/// The kinds of `tollgate_client_errors_total`: a small fixed set, never a client's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientError {
+    /// An HTTP/2 stream reset by the client before its answer was complete.
+    Reset,
+    /// A connection closed by the client, or a read or write on it that failed, mid-request.
+    Closed,
+    /// A client too slow: no request header, TLS handshake or HTTP/2 preface in time, or a write
+    /// to it that made no progress for `send_timeout`.
+    Timeout,
+    /// A request or HTTP/2 frame that breaks the protocol.
+    Protocol,
+    /// HTTP/2 streams refused past the connection's `max_streams_per_second`.
+    Refused,
+    /// HTTP/2 connections closed with GOAWAY for too many premature resets.
+    Goaway,
+}
+
+impl ClientError {
+    pub const ALL: [ClientError; 6] = [
+        ClientError::Reset,
+        ClientError::Closed,
+        ClientError::Timeout,
+        ClientError::Protocol,
+        ClientError::Refused,
+        ClientError::Goaway,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ClientError::Reset => "reset",
+            ClientError::Closed => "closed",
+            ClientError::Timeout => "timeout",
+            ClientError::Protocol => "protocol",
+            ClientError::Refused => "refused",
+            ClientError::Goaway => "goaway",
+        }
+    }
 }
 
 fn reg_counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
@@ -252,8 +300,37 @@ impl Metrics {
                     &["result"],
                 ),
             )?,
+            client_errors: registered(
+                &r,
+                counter_vec(
+                    "tollgate_client_errors_total",
+                    "What clients did wrong, by kind (reset: an HTTP/2 stream reset before its answer; closed: gone mid-request; timeout: too slow to send or to read; protocol: a malformed request or frame; refused: HTTP/2 streams past max_streams_per_second; goaway: connections closed for too many premature resets)",
+                    &["kind"],
+                ),
+            )?,
+            connections: registered(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "tollgate_connections",
+                        "Client connections open now, by listener",
+                    ),
+                    &["listener"],
+                ),
+            )?,
+            connections_refused: registered(
+                &r,
+                counter_vec(
+                    "tollgate_connections_refused_total",
+                    "Client connections closed as soon as accepted, by listener and reason (listener_full: max_connections reached; per_ip: max_connections_per_ip reached)",
+                    &["listener", "reason"],
+                ),
+            )?,
             registry: r,
         };
+        for kind in ClientError::ALL {
+            m.client_errors.with_label_values(&[kind.label()]);
+        }
         // series with a fixed set of labels exist from the start (at 0), so that dashboards
         // and alerts see them before the first reload or round
         for result in ["ok", "error"] {
@@ -261,6 +338,11 @@ impl Metrics {
             m.redis_sync.with_label_values(&[result]);
         }
         Ok(m)
+    }
+
+    /// Count what a client did wrong.
+    pub fn client_error(&self, kind: ClientError) {
+        self.client_errors.with_label_values(&[kind.label()]).inc();
     }
 
     /// The text exposition format.

@@ -6,9 +6,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// docs/architecture.md "Layout", in order.
-const LAYERS: [&str; 11] = [
-    "matching", "problem", "ticker", "metrics", "config", "limits", "upstream", "snapshot",
-    "request", "services", "cli",
+const LAYERS: [&str; 12] = [
+    "matching",
+    "problem",
+    "log_limit",
+    "ticker",
+    "metrics",
+    "config",
+    "limits",
+    "upstream",
+    "snapshot",
+    "request",
+    "services",
+    "cli",
 ];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {

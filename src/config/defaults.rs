@@ -10,6 +10,16 @@ pub const DEFAULT_MAX_REQUEST_HEADER_BYTES: usize = 64 * 1024;
 /// Pingora's own limit on a request header.
 pub const MAX_REQUEST_HEADER_BYTES: usize = 1_048_575;
 pub const DEFAULT_CLIENT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Client connections per listener, at most (and less where the descriptor limit is lower).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Descriptors kept out of the client connections' share: upstream pools, Redis, logs, admin.
+pub const RESERVED_DESCRIPTORS: u64 = 1024;
+pub const DEFAULT_H2_MAX_CONCURRENT_STREAMS: u32 = 100;
+pub const MAX_H2_MAX_CONCURRENT_STREAMS: u32 = 10_000;
+pub const DEFAULT_H2_MAX_STREAMS_PER_SECOND: u32 = 5_000;
+pub const DEFAULT_H2_MAX_PREMATURE_RESETS: u32 = 100;
 pub const DEFAULT_PID_FILE: &str = "/tmp/tollgate.pid";
 pub const DEFAULT_UPGRADE_SOCK: &str = "/tmp/tollgate_upgrade.sock";
 pub const MAX_THREADS: usize = 1024;

@@ -63,6 +63,21 @@ pub struct ServerFile {
     /// A client that has not sent its whole request header by then is disconnected (10s).
     #[serde(default)]
     pub client_header_timeout: Option<ConfDuration>,
+    /// A write to a client that makes no progress for this long ends the request (60s).
+    #[serde(default)]
+    pub send_timeout: Option<ConfDuration>,
+    /// A connection with no request in progress is closed after this long (60s).
+    #[serde(default)]
+    pub keepalive_timeout: Option<ConfDuration>,
+    /// Client connections open at once on each listener (default from the descriptor limit).
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Client connections open at once from one address (default: no limit).
+    #[serde(default)]
+    pub max_connections_per_ip: Option<usize>,
+    /// HTTP/2 limits per client connection.
+    #[serde(default)]
+    pub http2: Option<Http2File>,
     #[serde(default)]
     pub admin: Option<String>,
     /// With it, `/api/*` and the status page ask for `Authorization: Bearer <token>`.
@@ -91,6 +106,18 @@ pub struct ServerFile {
     pub pid_file: Option<String>,
     #[serde(default)]
     pub upgrade_sock: Option<String>,
+}
+
+/// `server.http2`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Http2File {
+    #[serde(default)]
+    pub max_concurrent_streams: Option<u32>,
+    #[serde(default)]
+    pub max_streams_per_second: Option<u32>,
+    #[serde(default)]
+    pub max_premature_resets: Option<u32>,
 }
 
 /// One entry of `server.listen`: `"0.0.0.0:8080"`, or `{ addr: ..., tls: { cert, key } }`.

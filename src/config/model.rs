@@ -41,6 +41,15 @@ pub struct ServerSettings {
     pub max_request_header_bytes: usize,
     pub max_body_bytes: Option<u64>,
     pub client_header_timeout: Duration,
+    /// A write to a client that makes no progress for this long ends the request.
+    pub send_timeout: Duration,
+    /// HTTP/1 between requests and HTTP/2 with no stream open: closed after this long.
+    pub keepalive_timeout: Duration,
+    /// Client connections per listener; `None`: the default, fitted to the descriptor limit
+    /// at start.
+    pub max_connections: Option<usize>,
+    pub max_connections_per_ip: Option<usize>,
+    pub http2: Http2Limits,
     pub admin: Option<SocketAddr>,
     pub admin_token: Option<String>,
     pub threads: usize,
@@ -53,6 +62,18 @@ pub struct ServerSettings {
     pub error_log: Option<String>,
     pub pid_file: String,
     pub upgrade_sock: String,
+}
+
+/// `server.http2`: what one client connection may ask of the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Limits {
+    pub max_concurrent_streams: u32,
+    /// Streams a connection may start per second (and at once, after a quiet second); those
+    /// beyond are refused with REFUSED_STREAM.
+    pub max_streams_per_second: u32,
+    /// Streams the client may reset before their answer is complete; one more closes the
+    /// connection with GOAWAY (ENHANCE_YOUR_CALM).
+    pub max_premature_resets: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -15,7 +15,7 @@
 //! Every answer the gateway makes itself goes out through `write_answer`.
 
 use crate::limits::headers;
-use crate::metrics::Metrics;
+use crate::metrics::{ClientError, Metrics};
 use crate::request::admission::{self, Admission, Admitted, Incoming};
 use crate::request::answer::Answer;
 use crate::request::client_addr::X_FORWARDED_FOR;
@@ -298,6 +298,10 @@ impl ProxyHttp for Gateway {
             session.set_keepalive(None);
         }
         let snap = self.shared.load_full();
+        // nginx's send_timeout: a client that stops reading ends its request
+        session
+            .as_downstream_mut()
+            .set_write_timeout(Some(snap.config.server.send_timeout));
         let req = session.req_header();
         if let Some(t) = trace::traces().filter(|t| t.wanted(&req.headers)) {
             ctx.trace = Some(Box::new(TraceSpans {
@@ -636,8 +640,25 @@ impl ProxyHttp for Gateway {
         })
     }
 
-    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
+    /// Errors a client causes are counted (`tollgate_client_errors_total`) and logged at debug
+    /// level, never one error line each: a client could otherwise write the log at its will.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, error: &Error) -> bool {
+        client_error(error).is_some()
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(CLIENT_GONE, |r| r.status);
+        let by_client = e.and_then(client_error);
+        if let (Some(kind), Some(e)) = (by_client, e) {
+            self.metrics.client_error(kind);
+            log::debug!("request ended by its client ({}): {e}", kind.label());
+        }
+        if session.as_downstream().is_http2() {
+            crate::request::edge::stream_ended(
+                matches!(by_client, Some(ClientError::Reset | ClientError::Closed))
+                    && ctx.started.elapsed() < crate::request::edge::PREMATURE,
+            );
+        }
         // what is still owed to rules that charge after the answer (an answer the gateway
         // made itself, say a 502: a cost from the answer is the rule's default)
         if let (Some(snap), Some(d)) = (&ctx.snapshot, &mut ctx.admitted.decision) {
@@ -673,6 +694,22 @@ impl ProxyHttp for Gateway {
             end_trace(session, ctx, *spans, route, status);
         }
     }
+}
+
+/// What the client did wrong, if the error is its doing.
+fn client_error(e: &Error) -> Option<ClientError> {
+    if e.esource() != &ErrorSource::Downstream {
+        return None;
+    }
+    Some(match e.etype() {
+        ErrorType::HTTPStatus(_) => return None,
+        ErrorType::ReadTimedout | ErrorType::WriteTimedout => ClientError::Timeout,
+        ErrorType::H2Error => ClientError::Reset,
+        ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError => {
+            ClientError::Closed
+        }
+        _ => ClientError::Protocol,
+    })
 }
 
 /// End a traced request's spans: the HTTP semantic conventions' attributes, the route, the

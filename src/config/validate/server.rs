@@ -52,6 +52,27 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
         s.client_header_timeout,
         DEFAULT_CLIENT_HEADER_TIMEOUT,
     );
+    let send_timeout = positive(
+        c,
+        "server.send_timeout",
+        s.send_timeout,
+        DEFAULT_SEND_TIMEOUT,
+    );
+    let keepalive_timeout = positive(
+        c,
+        "server.keepalive_timeout",
+        s.keepalive_timeout,
+        DEFAULT_KEEPALIVE_TIMEOUT,
+    );
+    for (key, n) in [
+        ("server.max_connections", s.max_connections),
+        ("server.max_connections_per_ip", s.max_connections_per_ip),
+    ] {
+        if n == Some(0) {
+            c.err(key, "must be at least 1 (leave it out for the default)");
+        }
+    }
+    let http2 = check_http2(c, s.http2.as_ref());
     let admin = s
         .admin
         .as_ref()
@@ -104,6 +125,11 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
         max_request_header_bytes,
         max_body_bytes: s.max_body_bytes,
         client_header_timeout,
+        send_timeout,
+        keepalive_timeout,
+        max_connections: s.max_connections.filter(|&n| n > 0),
+        max_connections_per_ip: s.max_connections_per_ip.filter(|&n| n > 0),
+        http2,
         admin,
         threads,
         trusted_proxies: trusted,
@@ -125,6 +151,34 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
 
 /// `server.listen`: each address once, with its TLS pair (added to `certs`); the addresses,
 /// and whether each terminates TLS.
+fn check_http2(c: &mut Checker, h: Option<&Http2File>) -> Http2Limits {
+    let mut limits = Http2Limits {
+        max_concurrent_streams: DEFAULT_H2_MAX_CONCURRENT_STREAMS,
+        max_streams_per_second: DEFAULT_H2_MAX_STREAMS_PER_SECOND,
+        max_premature_resets: DEFAULT_H2_MAX_PREMATURE_RESETS,
+    };
+    let Some(h) = h else {
+        return limits;
+    };
+    match h.max_concurrent_streams {
+        Some(n) if !(1..=MAX_H2_MAX_CONCURRENT_STREAMS).contains(&n) => c.err(
+            "server.http2.max_concurrent_streams",
+            format!("must be between 1 and {MAX_H2_MAX_CONCURRENT_STREAMS}"),
+        ),
+        Some(n) => limits.max_concurrent_streams = n,
+        None => {}
+    }
+    match h.max_streams_per_second {
+        Some(0) => c.err("server.http2.max_streams_per_second", "must be at least 1"),
+        Some(n) => limits.max_streams_per_second = n,
+        None => {}
+    }
+    if let Some(n) = h.max_premature_resets {
+        limits.max_premature_resets = n;
+    }
+    limits
+}
+
 fn check_listeners(
     c: &mut Checker,
     s: &ServerFile,

@@ -28,6 +28,8 @@ pub struct Admin {
     /// Set by SIGTERM (drain, then exit) and SIGQUIT (hand the listeners over, then exit).
     pub draining: Arc<AtomicBool>,
     pub fleet: Arc<FleetState>,
+    /// Client connections per listener: a full listener makes the process not ready.
+    pub connections: Arc<crate::request::connections::Connections>,
 }
 
 /// A flag raised when the process starts leaving: SIGTERM or SIGQUIT. Pingora handles those
@@ -175,11 +177,19 @@ impl ServeHttp for Admin {
             "/healthz" => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
             "/readyz" => {
                 let draining = self.draining.load(Ordering::SeqCst);
-                let ready = self.ready.load(Ordering::Acquire) && !draining;
+                let full: Vec<String> = self
+                    .connections
+                    .full()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                let ready = self.ready.load(Ordering::Acquire) && !draining && full.is_empty();
                 let last = self.reload.last();
                 let body = serde_json::json!({
                     "ready": ready,
                     "draining": draining,
+                    // listeners at server.max_connections: they close new connections at once
+                    "listeners_full": full,
                     "config": "loaded",
                     "redis": api::redis_state(&self.fleet),
                     // a broken file on disk does not make the running process unready
