@@ -438,3 +438,51 @@ fn one_address_holds_at_most_max_connections_per_ip() {
     )
     .is_ok_and(|r| r.status == 200)));
 }
+
+/// Requests in a shaped pool: in flight to it and waiting in its queue.
+fn in_pool(gw: &Gateway) -> u64 {
+    request(gw.admin, "GET", "/api/status", &[]).map_or(0, |r| {
+        let s = &r.json()["pools"][0]["shaping"];
+        s["in_flight"].as_u64().unwrap_or(0) + s["queue_depth"].as_u64().unwrap_or(0)
+    })
+}
+
+#[test]
+fn a_stream_reset_while_it_waits_for_a_shaped_pool_never_reaches_the_upstream() {
+    let up = Upstream::start("u");
+    let cfg = one_route_config(up.addr, 2, "  h2c: true").replace(
+        "    servers:",
+        "    max_in_flight: 1\n    queue: { max: 10, timeout: 10s }\n    servers:",
+    ) + OPEN;
+    let gw = Gateway::start(&cfg);
+    let rt = runtime();
+    rt.block_on(async {
+        let (client, _conn) = h2_connect(gw.addr, None).await;
+        let mut client = client.ready().await.unwrap();
+        let (first, _) = client.send_request(get("/delay/1500/first"), true).unwrap();
+        let mut waiting = Vec::new();
+        for _ in 0..5 {
+            client = client.ready().await.unwrap();
+            waiting.push(client.send_request(get("/queued"), true).unwrap());
+        }
+        let gw = &gw;
+        assert!(
+            tokio::task::block_in_place(|| eventually(Duration::from_secs(5), || in_pool(gw) == 6)),
+            "the five wait behind the first"
+        );
+        for (_, mut stream) in waiting {
+            stream.send_reset(h2::Reason::CANCEL);
+        }
+        assert!(
+            tokio::task::block_in_place(|| eventually(Duration::from_secs(5), || in_pool(gw) == 1)),
+            "the reset streams left the queue"
+        );
+        assert_eq!(first.await.expect("answered").status(), 200);
+    });
+    assert_eq!(request(gw.addr, "GET", "/after", &[]).unwrap().status, 200);
+    assert_eq!(
+        up.hits(),
+        2,
+        "only the first request and the one after reached it"
+    );
+}

@@ -577,12 +577,21 @@ fn a_leaky_bucket_lets_a_burst_leave_evenly_spaced_in_arrival_order() {
         "{}{TENANT}{limits}",
         one_route_config(up.addr, 2, "")
     ));
+    // another tenant's request first: the gateway then holds a connection to the upstream, and
+    // the burst's first request does not arrive a connect later than those after it (45 ms
+    // after it instead of 50 once, on a busy machine)
+    let warm = common::request(gw.addr, "GET", "/warm", &[("x-org-id", "warm")]);
+    assert_eq!(warm.expect("warm-up").status, 200);
     let streams: Vec<_> = (0..20)
         .map(|i| send_in_turn(&gw, "steady", &format!("/seq/{i}"), "acme"))
         .collect();
     let answers: Vec<u16> = streams.into_iter().map(|s| read_answer(s).status).collect();
     assert!(answers.iter().all(|&s| s == 200), "{answers:?}");
-    let arrivals = up.arrivals();
+    let arrivals: Vec<_> = up
+        .arrivals()
+        .into_iter()
+        .filter(|(_, l)| l.contains("/seq/"))
+        .collect();
     let order: Vec<String> = arrivals.iter().map(|(_, l)| l.clone()).collect();
     let expected: Vec<String> = (0..20).map(|i| format!("GET /seq/{i} HTTP/1.1")).collect();
     assert_eq!(order, expected, "in arrival order");

@@ -347,7 +347,8 @@ where
             let premature = state.premature_resets.load(Ordering::Relaxed);
             if too_many_resets(premature, started, l.http2.max_premature_resets) {
                 self.metrics.client_error(ClientError::Goaway);
-                log::info!(
+                // a warning: at most a few a second however many connections do it (log_limit)
+                log::warn!(
                     "HTTP/2 connection of {peer:?} closed (GOAWAY ENHANCE_YOUR_CALM): {premature} of its {started} streams reset before their answer (server.http2.max_premature_resets: {})",
                     l.http2.max_premature_resets
                 );

@@ -363,7 +363,15 @@ impl ProxyHttp for Gateway {
             return Ok(true);
         };
         let entered = enter_gate(&self.metrics, snap, pool, gate, &ctx.admitted.tenant);
-        ctx.gate = Box::pin(entered).await;
+        // a client that leaves while its request waits takes it out of the queue: it never
+        // reaches the upstream
+        let Some(entered) = Box::pin(unless_client_leaves(session, Box::pin(entered))).await else {
+            return Error::e_explain(
+                ErrorType::ConnectionClosed,
+                "the client left while its request waited for the pool",
+            );
+        };
+        ctx.gate = entered;
         if ctx.gate.is_none() {
             let answer = Answer::problem(
                 503,
@@ -800,30 +808,37 @@ fn end_trace(
     );
 }
 
-/// Wait for a turn in a leaky bucket on a timer. Returns false when the client left first: an
-/// HTTP/2 stream reset, or an HTTP/1 connection closed (watched only when the request has no
-/// body, which must stay unread for the upstream).
+/// Wait for a turn in a leaky bucket on a timer. Returns false when the client left first.
 async fn wait_turn(session: &mut Session, wait: Duration) -> bool {
-    let turn = tokio::time::sleep(wait);
-    tokio::pin!(turn);
+    unless_client_leaves(session, Box::pin(tokio::time::sleep(wait)))
+        .await
+        .is_some()
+}
+
+/// `work`'s outcome, or `None` when the client left first: an HTTP/2 stream reset, or an
+/// HTTP/1 connection closed (watched only when the request has no body, which must stay unread
+/// for the upstream).
+async fn unless_client_leaves<T>(
+    session: &mut Session,
+    mut work: std::pin::Pin<Box<impl std::future::Future<Output = T>>>,
+) -> Option<T> {
     if let Some(reset) = session.as_downstream_mut().watch_h2_stream_close() {
         return tokio::select! {
-            _ = &mut turn => true,
-            _ = reset => false,
+            done = &mut work => Some(done),
+            _ = reset => None,
         };
     }
     if session.as_downstream_mut().is_body_empty() {
         tokio::select! {
-            _ = &mut turn => return true,
+            done = &mut work => return Some(done),
             read = session.as_downstream_mut().read_body_or_idle(true) => {
                 if read.is_err() {
-                    return false;
+                    return None;
                 }
             }
         }
     }
-    turn.await;
-    true
+    Some(work.await)
 }
 
 #[cfg(test)]

@@ -106,7 +106,7 @@ impl Gate {
     /// Get in, waiting in the queue at `priority` if the pool is full. Returns the slot and
     /// whether the request waited.
     pub async fn enter(self: &Arc<Self>, priority: i64) -> Result<(GateSlot, bool), Refused> {
-        let (mut rx, timeout) = {
+        let (rx, timeout) = {
             let mut st = self.state.lock();
             if st.active < st.limits.max_in_flight {
                 st.active += 1;
@@ -123,7 +123,16 @@ impl Gate {
             st.waiters.push(Waiter { priority, seq, tx });
             (rx, st.limits.queue_timeout)
         };
-        match tokio::time::timeout(timeout, &mut rx).await {
+        // a request that goes away while it waits (its client left) gives back a slot handed
+        // to it meanwhile
+        let mut waiting = Waiting {
+            rx: Some(rx),
+            gate: self,
+        };
+        let Some(rx) = waiting.rx.as_mut() else {
+            return Err(Refused::Timeout);
+        };
+        let got = match tokio::time::timeout(timeout, &mut *rx).await {
             Ok(Ok(())) => Ok((self.slot(), true)),
             Ok(Err(_)) => Err(Refused::Timeout),
             Err(_) => {
@@ -134,7 +143,9 @@ impl Gate {
                     Err(_) => Err(Refused::Timeout),
                 }
             }
-        }
+        };
+        waiting.rx = None;
+        got
     }
 
     fn slot(self: &Arc<Self>) -> GateSlot {
@@ -160,6 +171,23 @@ impl Gate {
 /// A request in flight to a shaped pool.
 pub struct GateSlot {
     gate: Arc<Gate>,
+}
+
+/// A place in the queue, while its request waits.
+struct Waiting<'a> {
+    rx: Option<oneshot::Receiver<()>>,
+    gate: &'a Arc<Gate>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            rx.close();
+            if rx.try_recv().is_ok() {
+                self.gate.leave();
+            }
+        }
+    }
 }
 
 impl Drop for GateSlot {
