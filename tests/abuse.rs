@@ -440,11 +440,27 @@ fn one_address_holds_at_most_max_connections_per_ip() {
 }
 
 /// Requests in a shaped pool: in flight to it and waiting in its queue.
-fn in_pool(gw: &Gateway) -> u64 {
-    request(gw.admin, "GET", "/api/status", &[]).map_or(0, |r| {
+fn in_pool(admin: SocketAddr) -> u64 {
+    request(admin, "GET", "/api/status", &[]).map_or(0, |r| {
         let s = &r.json()["pools"][0]["shaping"];
         s["in_flight"].as_u64().unwrap_or(0) + s["queue_depth"].as_u64().unwrap_or(0)
     })
+}
+
+/// Until the shaped pool holds `n` requests (5 s at most), without blocking the runtime.
+async fn pool_holds(admin: SocketAddr, n: u64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if tokio::task::spawn_blocking(move || in_pool(admin))
+            .await
+            .ok()
+            == Some(n)
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
 }
 
 #[test]
@@ -459,22 +475,22 @@ fn a_stream_reset_while_it_waits_for_a_shaped_pool_never_reaches_the_upstream() 
     rt.block_on(async {
         let (client, _conn) = h2_connect(gw.addr, None).await;
         let mut client = client.ready().await.unwrap();
-        let (first, _) = client.send_request(get("/delay/1500/first"), true).unwrap();
+        let (first, _) = client.send_request(get("/delay/4000/first"), true).unwrap();
+        assert!(pool_holds(gw.admin, 1).await, "the first holds the pool");
         let mut waiting = Vec::new();
         for _ in 0..5 {
             client = client.ready().await.unwrap();
             waiting.push(client.send_request(get("/queued"), true).unwrap());
         }
-        let gw = &gw;
         assert!(
-            tokio::task::block_in_place(|| eventually(Duration::from_secs(5), || in_pool(gw) == 6)),
+            pool_holds(gw.admin, 6).await,
             "the five wait behind the first"
         );
         for (_, mut stream) in waiting {
             stream.send_reset(h2::Reason::CANCEL);
         }
         assert!(
-            tokio::task::block_in_place(|| eventually(Duration::from_secs(5), || in_pool(gw) == 1)),
+            pool_holds(gw.admin, 1).await,
             "the reset streams left the queue"
         );
         assert_eq!(first.await.expect("answered").status(), 200);

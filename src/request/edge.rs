@@ -307,16 +307,26 @@ where
         let mut started: u64 = 0;
         let mut malformed: u32 = 0;
         let mut shutdown_rx = shutdown.clone();
-        let mut draining = false;
+        let mut draining = *shutdown_rx.borrow();
+        if draining {
+            conn.graceful_shutdown();
+        }
+        let mut watching = true;
         loop {
             let next = if draining {
                 HttpSession::from_h2_conn(&mut conn, digest.clone()).await
             } else {
                 tokio::select! {
                     biased;
-                    _ = shutdown_rx.changed() => {
-                        conn.graceful_shutdown();
-                        draining = true;
+                    changed = shutdown_rx.changed(), if watching => {
+                        // the watch also says "changed" for its first value (false), and fails
+                        // for good once the server is gone
+                        if changed.is_err() {
+                            watching = false;
+                        } else if *shutdown_rx.borrow() {
+                            conn.graceful_shutdown();
+                            draining = true;
+                        }
                         continue;
                     }
                     next = HttpSession::from_h2_conn(&mut conn, digest.clone()) => next,

@@ -1,0 +1,657 @@
+"""Hostile clients against the release build (`make conformance`; issue 38).
+
+Starts tollgate with a plain listener (h2c) and a TLS listener, a descriptor limit of 4,096
+(so the default `max_connections` is 768 a listener), `client_header_timeout: 3s`,
+`send_timeout: 5s`, `keepalive_timeout: 5s`, in front of the example upstream. An honest client
+sends GETs one after another on a kept-alive HTTP/1.1 connection all along; its p99 while
+idle is the yardstick. Then each attack, written here with the `h2` package (frames by hand
+where the package refuses to misbehave) and raw sockets, with its bound:
+
+- delayed Rapid Reset: 4 attackers for 8 s, streams to a 2 s upstream reset 2-20 ms after
+  their HEADERS, reconnecting after each GOAWAY: at most 300 upstream requests per connection;
+- the same against a fast upstream: at most max_streams_per_second per connection and second;
+- resets right behind HEADERS: GOAWAY, no more than 20 upstream requests;
+- zero-window slow reads, 20 HTTP/2 connections x 50 streams of a 50 MB answer: every stream
+  reset by send_timeout, memory back, peak memory per stream bounded;
+- HTTP/1.1 clients that do not read (200): closed by send_timeout;
+- idle connections to the descriptor limit (h2c and TLS): the listener refuses past its
+  max_connections, /readyz says not ready, the other listener and the admin still answer,
+  then ready again;
+- slowloris on h2c (before and after the 24 bytes of the preface): closed at
+  client_header_timeout;
+- CONTINUATION flood: closed within 100 frames; PING, SETTINGS and PRIORITY floods: memory flat;
+
+and for each: the honest client's p99 within twice its idle p99 (at least 25 ms), and no more
+than 6 log lines a second. Prints a line per check and `N passed, N failed`.
+"""
+
+import asyncio
+import os
+import random
+import resource
+import shutil
+import signal
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import http.client
+import urllib.request
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+from hyperframe.frame import (ContinuationFrame, HeadersFrame, PingFrame, PriorityFrame,
+                              SettingsFrame)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REL = os.path.join(ROOT, "target", "release")
+RESULTS = []
+DESCRIPTORS = 4096
+LISTENER_MAX = (DESCRIPTORS - 1024) // 2 // 2
+STREAMS_PER_SECOND = 2000
+ENHANCE_YOUR_CALM = 11
+
+CONFIG = """server:
+  listen:
+    - "{plain}"
+    - addr: "127.0.0.1:{tls}"
+      tls: {{ cert: gw.pem, key: gw.key }}
+  admin: "{admin}"
+  h2c: true
+  threads: 2
+  client_header_timeout: 3s
+  send_timeout: 5s
+  keepalive_timeout: 5s
+  http2: {{ max_streams_per_second: {rate} }}
+upstreams:
+  app:
+    servers: ["{up}"]
+routes:
+  - id: all
+    path: /**
+    upstream: app
+tenant:
+  required: false
+"""
+
+
+def record(name, ok, detail):
+    RESULTS.append((name, ok))
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def eventually(cond, timeout=20.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            if cond():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def get(url, timeout=10):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def connections_to(addr):
+    """ESTABLISHED TCP connections whose local end is `addr` (the upstream's side)."""
+    host, port = addr.rsplit(":", 1)
+    want = "%08X:%04X" % (int.from_bytes(socket.inet_aton(host), "little"), int(port))
+    n = 0
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            parts = line.split()
+            if parts[1] == want and parts[3] == "01":
+                n += 1
+    return n
+
+
+def metric(admin, prefix):
+    _, body = get(f"http://{admin}/metrics")
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith(prefix):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class Honest(threading.Thread):
+    """GETs one after another on one kept-alive HTTP/1.1 connection; latencies by phase."""
+
+    def __init__(self, addr):
+        super().__init__(daemon=True)
+        self.host, self.port = addr.rsplit(":", 1)
+        self.phase = "idle"
+        self.samples = {}
+        self.failures = {}
+        self.stop = False
+
+    def run(self):
+        conn = None
+        while not self.stop:
+            phase = self.phase
+            t = time.perf_counter()
+            try:
+                if conn is None:
+                    conn = http.client.HTTPConnection(self.host, int(self.port), timeout=5)
+                conn.request("GET", "/honest")
+                r = conn.getresponse()
+                r.read()
+                ok = r.status == 200
+            except (OSError, http.client.HTTPException):
+                ok = False
+                conn = None
+            took = time.perf_counter() - t
+            if ok:
+                self.samples.setdefault(phase, []).append(took)
+            else:
+                self.failures[phase] = self.failures.get(phase, 0) + 1
+            time.sleep(0.005)
+
+    def p99(self, phase):
+        s = sorted(self.samples.get(phase, []))
+        return s[min(len(s) - 1, int(len(s) * 0.99))] if s else float("inf")
+
+
+class H2:
+    """A client HTTP/2 connection over asyncio with the `h2` state machine."""
+
+    @classmethod
+    async def open(cls, addr, window=None):
+        self = cls()
+        host, port = addr.rsplit(":", 1)
+        self.reader, self.writer = await asyncio.open_connection(host, int(port))
+        self.conn = h2.connection.H2Connection(
+            config=h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self.conn.initiate_connection()
+        if window is not None:
+            self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+        self.goaway = None
+        self.closed = False
+        self.resets = 0
+        self.responses = 0
+        self.flush()
+        self.task = asyncio.ensure_future(self.read_loop())
+        return self
+
+    def flush(self):
+        data = self.conn.data_to_send()
+        if data and not self.closed:
+            self.writer.write(data)
+
+    async def read_loop(self):
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    break
+                try:
+                    events = self.conn.receive_data(data)
+                except h2.exceptions.ProtocolError:
+                    break
+                for e in events:
+                    if isinstance(e, h2.events.ConnectionTerminated):
+                        self.goaway = e.error_code
+                    elif isinstance(e, h2.events.StreamReset):
+                        self.resets += 1
+                    elif isinstance(e, h2.events.ResponseReceived):
+                        self.responses += 1
+                    elif isinstance(e, h2.events.DataReceived):
+                        try:
+                            self.conn.acknowledge_received_data(
+                                e.flow_controlled_length, e.stream_id)
+                        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+                            pass
+                self.flush()
+        except (ConnectionError, OSError):
+            pass
+        self.closed = True
+
+    def request(self, path, end=True):
+        sid = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(sid, [(":method", "GET"), (":scheme", "http"),
+                                     (":authority", "localhost"), (":path", path)],
+                               end_stream=end)
+        return sid
+
+    def reset(self, sid):
+        try:
+            self.conn.reset_stream(sid, error_code=8)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            pass
+
+    async def close(self):
+        self.closed = True
+        self.task.cancel()
+        self.writer.close()
+
+
+async def reset_attacker(addr, path, until, delay, stats):
+    """Delayed Rapid Reset, reconnecting after each GOAWAY until `until`."""
+    while time.time() < until:
+        try:
+            c = await H2.open(addr)
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        stats["connections"] += 1
+        try:
+            while time.time() < until and not c.closed and c.goaway is None:
+                ids = []
+                for _ in range(50):
+                    try:
+                        ids.append(c.request(path))
+                    except (h2.exceptions.ProtocolError, h2.exceptions.TooManyStreamsError):
+                        break
+                c.flush()
+                stats["streams"] += len(ids)
+                await asyncio.sleep(random.uniform(*delay))
+                for sid in ids:
+                    c.reset(sid)
+                c.flush()
+                await c.writer.drain()
+                if not ids:
+                    await asyncio.sleep(0.01)
+            if c.goaway == ENHANCE_YOUR_CALM:
+                stats["goaway"] += 1
+        except (ConnectionError, OSError):
+            pass
+        await c.close()
+
+
+class Gateway:
+    def __init__(self, dir_, up_addr):
+        self.plain = f"127.0.0.1:{free_port()}"
+        self.tls_port = free_port()
+        self.admin = f"127.0.0.1:{free_port()}"
+        cfg = os.path.join(dir_, "gateway.yaml")
+        with open(cfg, "w") as f:
+            f.write(CONFIG.format(plain=self.plain, tls=self.tls_port, admin=self.admin,
+                                  up=up_addr, rate=STREAMS_PER_SECOND))
+        self.log_path = os.path.join(dir_, "gateway.log")
+        log = open(self.log_path, "w")
+
+        def limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (DESCRIPTORS, DESCRIPTORS))
+        self.proc = subprocess.Popen([os.path.join(REL, "tollgate"), "-c", cfg], stderr=log,
+                                     stdout=subprocess.DEVNULL, preexec_fn=limit)
+
+    def log_lines(self):
+        with open(self.log_path) as f:
+            return f.read().splitlines()
+
+
+class Phase:
+    """One attack's window: the honest client's phase and the log lines written in it."""
+
+    def __init__(self, gw, honest, name):
+        self.gw, self.honest, self.name = gw, honest, name
+
+    def __enter__(self):
+        self.lines = len(self.gw.log_lines())
+        self.t = time.time()
+        self.honest.phase = self.name
+        return self
+
+    def __exit__(self, *exc):
+        self.honest.phase = "between"
+        took = max(time.time() - self.t, 1.0)
+        lines = self.gw.log_lines()[self.lines:]
+        idle = self.honest.p99("idle")
+        p99 = self.honest.p99(self.name)
+        bound = max(2 * idle, 0.025)
+        n = len(self.honest.samples.get(self.name, []))
+        failed = self.honest.failures.get(self.name, 0)
+        record(f"{self.name}: honest client", p99 <= bound and failed == 0 and n > 0,
+               f"p99 {p99 * 1000:.1f} ms (idle {idle * 1000:.1f} ms, bound {bound * 1000:.1f}"
+               f" ms), {n} answered, {failed} failed")
+        record(f"{self.name}: log lines", len(lines) / took <= 6,
+               f"{len(lines)} in {took:.1f} s" + (f": {lines[:3]}" if lines else ""))
+        return False
+
+
+def attack_delayed_resets(gw, up_addr, honest):
+    hits = lambda: int(get(f"http://{up_addr}/hits")[1].decode().split('"hits":')[1].rstrip("}"))
+    for name, path, bound in (
+            ("delayed resets, 2 s upstream", "/delay/2000/attack", "per_connection"),
+            ("delayed resets, fast upstream", "/attack", "rate")):
+        before = hits()
+        stats = {"connections": 0, "streams": 0, "goaway": 0}
+        with Phase(gw, honest, name):
+            t = time.time()
+            until = t + 8
+
+            async def run():
+                await asyncio.gather(*(reset_attacker(gw.plain, path, until, (0.002, 0.02),
+                                                      stats) for _ in range(4)))
+            asyncio.run(run())
+            took = time.time() - t
+        # every attack request that reached the upstream is counted once an honest one sent
+        # after them, with the same delay, is answered
+        get(f"http://{gw.plain}{path.replace('attack', 'after')}", timeout=30)
+        reached = hits() - before - 1
+        per_conn = reached / max(stats["connections"], 1)
+        if bound == "per_connection":
+            ok = per_conn <= 300 and stats["goaway"] >= 1
+            limit = "at most 300 per connection, GOAWAY ENHANCE_YOUR_CALM"
+        else:
+            # a fast upstream answers before the reset: what bounds the flood is the stream
+            # budget (each connection lives up to the whole attack)
+            ok = reached <= STREAMS_PER_SECOND * 4 * (took + 1)
+            limit = f"at most {STREAMS_PER_SECOND} a second per connection"
+        record(f"{name}: upstream requests", ok,
+               f"{stats['streams']} streams on {stats['connections']} connections in "
+               f"{took:.1f} s, {stats['goaway']} GOAWAY ENHANCE_YOUR_CALM, {reached} reached "
+               f"the upstream ({per_conn:.0f} per connection; {limit})")
+
+
+def attack_immediate_resets(gw, up_addr, honest):
+    hits = lambda: int(get(f"http://{up_addr}/hits")[1].decode().split('"hits":')[1].rstrip("}"))
+    before = hits()
+    name = "resets right behind HEADERS"
+    with Phase(gw, honest, name):
+        async def run():
+            c = await H2.open(gw.plain)
+            sent = 0
+            while sent < 5000 and not c.closed and c.goaway is None:
+                for _ in range(50):
+                    try:
+                        sid = c.request("/delay/2000/immediate")
+                    except h2.exceptions.ProtocolError:
+                        break
+                    c.reset(sid)
+                    sent += 1
+                c.flush()
+                try:
+                    await c.writer.drain()
+                except OSError:
+                    break
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.2)
+            code = c.goaway
+            await c.close()
+            return sent, code
+        sent, code = asyncio.run(run())
+    get(f"http://{gw.plain}/delay/2000/after", timeout=30)
+    reached = hits() - before - 1
+    record(f"{name}: upstream requests", code == ENHANCE_YOUR_CALM and reached <= 20,
+           f"{sent} streams, GOAWAY {code}, {reached} reached the upstream")
+
+
+def attack_slow_readers(gw, up_addr, honest):
+    name = "zero-window HTTP/2 slow readers"
+    base = rss_kib(gw.proc.pid)
+    peak = base
+    with Phase(gw, honest, name):
+        async def run():
+            nonlocal peak
+            conns = [await H2.open(gw.plain, window=0) for _ in range(20)]
+            for c in conns:
+                for _ in range(50):
+                    c.request("/bytes/50000000")
+                c.flush()
+            t = time.time()
+            while time.time() - t < 20 and sum(c.resets for c in conns) < 1000:
+                peak = max(peak, rss_kib(gw.proc.pid))
+                await asyncio.sleep(0.1)
+            took = time.time() - t
+            resets = sum(c.resets for c in conns)
+            for c in conns:
+                await c.close()
+            return resets, took
+        resets, took = asyncio.run(run())
+    released = eventually(lambda: connections_to(up_addr) == 0, 10)
+    per_stream = (peak - base) / 1000
+    record(f"{name}: let go at send_timeout", resets == 1000 and took < 5 + 5 and released,
+           f"{resets} of 1000 streams reset by the gateway in {took:.1f} s (send_timeout 5 s), "
+           f"upstream connections released: {released}")
+    record(f"{name}: memory", per_stream <= 400,
+           f"RSS {base // 1024} MiB -> peak {peak // 1024} MiB: {per_stream:.0f} KiB a stream")
+
+    name = "HTTP/1.1 clients that do not read"
+    base = rss_kib(gw.proc.pid)
+    peak = base
+    open_before = metric(gw.admin, f'tollgate_connections{{listener="{gw.plain}"}}')
+    with Phase(gw, honest, name):
+        socks = []
+        for _ in range(200):
+            s = socket.create_connection(tuple(gw.plain.rsplit(":", 1)))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(b"GET /bytes/50000000 HTTP/1.1\r\nhost: x\r\n\r\n")
+            socks.append(s)
+        t = time.time()
+
+        def all_closed():
+            nonlocal peak
+            peak = max(peak, rss_kib(gw.proc.pid))
+            return metric(gw.admin, f'tollgate_connections{{listener="{gw.plain}"}}') \
+                <= open_before
+        closed = eventually(all_closed, 15)
+        took = time.time() - t
+        for s in socks:
+            s.close()
+    record(f"{name}: let go at send_timeout", closed and took < 10,
+           f"200 connections closed by the gateway in {took:.1f} s (send_timeout 5 s); RSS "
+           f"{base // 1024} -> peak {peak // 1024} MiB ({(peak - base) / 200:.0f} KiB a client)")
+
+
+def closed_now(s):
+    """Whether the peer has closed `s` (without blocking)."""
+    s.setblocking(False)
+    try:
+        while True:
+            if s.recv(65536) == b"":
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def fill_listener(gw, honest, name, addr, hello, listener, other):
+    """Open connections to `addr` past its max_connections, each sending `hello` and then
+    nothing; check the count, the refusals, /readyz and `other`; close them."""
+    with Phase(gw, honest, name):
+        socks = []
+        for _ in range(LISTENER_MAX + 50):
+            s = socket.create_connection(addr)
+            s.sendall(hello)
+            socks.append(s)
+        full = eventually(lambda: get(f"http://{gw.admin}/readyz")[0] == 503, 5)
+        status, body = get(f"http://{gw.admin}/readyz")
+        held = metric(gw.admin, f'tollgate_connections{{listener="{listener}"}}')
+        refused = eventually(lambda: sum(closed_now(s) for s in socks) >= 50, 3)
+        n_refused = sum(closed_now(s) for s in socks)
+        answered = get(other)[0] == 200
+        for s in socks:
+            s.close()
+        ready_again = eventually(lambda: get(f"http://{gw.admin}/readyz")[0] == 200, 10)
+    record(f"{name}: refused past max_connections",
+           full and held == LISTENER_MAX and refused and answered and ready_again
+           and listener.encode() in body,
+           f"{LISTENER_MAX + 50} opened: {held:.0f} held (max_connections {LISTENER_MAX} from "
+           f"{DESCRIPTORS} descriptors), {n_refused} closed at once; /readyz {status} "
+           f"{body[:100]!r}; {other} answered: {answered}; ready again: {ready_again}")
+
+
+def attack_descriptors(gw, honest):
+    tls = f"127.0.0.1:{gw.tls_port}"
+    # the first byte of a ClientHello, then nothing (past the first-byte wait: Pingora gives a
+    # handshake under way 60 s)
+    fill_listener(gw, honest, "idle TLS connections to the descriptor limit",
+                  ("127.0.0.1", gw.tls_port), b"\x16", tls, f"http://{gw.plain}/other")
+    # HTTP/2 connections that sent their preface and SETTINGS (closed at keepalive_timeout)
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize()
+    host, port = gw.plain.rsplit(":", 1)
+    fill_listener(gw, honest, "idle h2c connections to the descriptor limit",
+                  (host, int(port)), preface, gw.plain, f"http://{gw.admin}/healthz")
+
+
+def attack_slowloris(gw, honest):
+    name = "slowloris on h2c"
+    with Phase(gw, honest, name):
+        socks = []
+        for i in range(100):
+            s = socket.create_connection(tuple(gw.plain.rsplit(":", 1)))
+            # half stop within the 24 bytes the preface check reads, half after them
+            s.sendall(b"GET / HTTP/1.1\r\n" if i % 2 else b"GET / HTTP/1.1\r\nhost: x\r\nx-a: 1")
+            socks.append(s)
+        t = time.time()
+        open_ = set(range(100))
+        while open_ and time.time() - t < 10:
+            for i in list(open_):
+                try:
+                    socks[i].sendall(b"a")
+                except OSError:
+                    open_.discard(i)
+            time.sleep(0.5)
+        took = time.time() - t
+        for s in socks:
+            s.close()
+    record(f"{name}: closed at client_header_timeout", not open_ and took < 3 + 2,
+           f"100 connections sending a byte every 500 ms: {100 - len(open_)} closed in "
+           f"{took:.1f} s (client_header_timeout 3 s)")
+
+
+def attack_frame_floods(gw, honest):
+    name = "CONTINUATION flood"
+    with Phase(gw, honest, name):
+        s = socket.create_connection(tuple(gw.plain.rsplit(":", 1)))
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize())
+        h = HeadersFrame(1)
+        h.data = b"\x82\x86\x84\x41\x09localhost"  # :method GET, :scheme http, :path /
+        s.sendall(h.serialize())
+        sent = 0
+        s.settimeout(0.01)
+        closed = False
+        block = ContinuationFrame(1)
+        block.data = b"\x40\x05x-pad\x7f\xe9\x06" + b"a" * 1000
+        frame = block.serialize()
+        while sent < 100000 and not closed:
+            try:
+                s.sendall(frame)
+                sent += 1
+                if s.recv(65536) == b"":
+                    closed = True
+            except socket.timeout:
+                pass
+            except OSError:
+                closed = True
+        s.close()
+    record(f"{name}: closed within 100 frames", closed and sent <= 100,
+           f"closed after {sent} CONTINUATION frames of 1 KB")
+    for kind in ("PING", "SETTINGS", "PRIORITY"):
+        name = f"{kind} flood"
+        base = rss_kib(gw.proc.pid)
+        with Phase(gw, honest, name):
+            s = socket.create_connection(tuple(gw.plain.rsplit(":", 1)))
+            s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + SettingsFrame(0).serialize())
+            if kind == "PING":
+                one = PingFrame(0)
+                one.opaque_data = b"12345678"
+            elif kind == "SETTINGS":
+                one = SettingsFrame(0)
+            else:
+                one = PriorityFrame(1)
+                one.depends_on, one.stream_weight = 0, 16
+            chunk = one.serialize() * 1000
+            s.settimeout(5)
+            sent = 0
+            try:
+                while sent < 200_000:
+                    s.sendall(chunk)  # never read: the answers pile up at the gateway
+                    sent += 1000
+            except OSError:
+                pass
+            peak = rss_kib(gw.proc.pid)
+            s.close()
+        grown = (peak - base) / 1024
+        record(f"{name}: memory flat", grown <= 20,
+               f"{sent} frames sent unread, RSS grew {grown:.1f} MiB")
+
+
+def make_certificates(dir_):
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj",
+                    "/CN=localhost", "-keyout", "gw.key", "-out", "gw.pem"],
+                   check=True, capture_output=True, cwd=dir_)
+
+
+def main():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    dir_ = tempfile.mkdtemp(prefix="tollgate-attacks-")
+    procs = []
+    try:
+        make_certificates(dir_)
+        up = subprocess.Popen([os.path.join(REL, "examples", "upstream"), "127.0.0.1:0"],
+                              stdout=subprocess.PIPE, text=True)
+        procs.append(up)
+        up_addr = up.stdout.readline().strip()[len("listening on "):]
+        gw = Gateway(dir_, up_addr)
+        procs.append(gw.proc)
+        if not eventually(lambda: get(f"http://{gw.admin}/readyz")[0] == 200):
+            print("\n".join(gw.log_lines()))
+            record("gateway starts", False, "not ready in 20 s")
+            return
+        honest = Honest(gw.plain)
+        honest.start()
+        # the honest client measures the idle gateway first
+        eventually(lambda: len(honest.samples.get("idle", [])) >= 300, 30)
+        honest.phase = "between"
+        attack_delayed_resets(gw, up_addr, honest)
+        attack_immediate_resets(gw, up_addr, honest)
+        attack_slow_readers(gw, up_addr, honest)
+        attack_slowloris(gw, honest)
+        attack_frame_floods(gw, honest)
+        attack_descriptors(gw, honest)
+        honest.stop = True
+        alive = gw.proc.poll() is None and get(f"http://{gw.plain}/end")[0] == 200
+        record("the gateway still serves", alive, "after every attack")
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(dir_, ignore_errors=True)
+    passed = sum(1 for _, ok in RESULTS if ok)
+    failed = len(RESULTS) - passed
+    print(f"attacks: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
