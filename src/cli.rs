@@ -314,6 +314,7 @@ fn add_background_services(
             metrics: metrics.clone(),
             slots_down: Default::default(),
             last_error: Default::default(),
+            reply_errors: Default::default(),
         },
     ));
     server.add_service(background_service(

@@ -136,7 +136,11 @@ fn allowed(gw: &Gateway) -> u64 {
 /// The sync rounds Redis applied (`result="ok"`): on a busy machine a round may time out, and
 /// its counts reach Redis only with a later round that succeeds.
 fn rounds(gw: &Gateway) -> f64 {
-    metric(&gw.metrics(), "tollgate_redis_sync_total", &[("result", "ok")])
+    metric(
+        &gw.metrics(),
+        "tollgate_redis_sync_total",
+        &[("result", "ok")],
+    )
 }
 
 /// What one wrk run reports through the script's `done`.
