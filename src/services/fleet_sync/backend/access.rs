@@ -313,6 +313,12 @@ pub fn report(settings: &RedisSettings, algorithms: &[Algorithm], access: &Acces
                 r.warnings
                     .push("redis: the other commands could not be checked without it".into());
             }
+            if r.errors.is_empty() && r.warnings.is_empty() {
+                // only a cluster's commands, and this is one server
+                r.info.push(format!(
+                    "redis: user {user:?} may run every command the gateway sends"
+                ));
+            }
         }
         Access::Unchecked { reason, .. } => r.warnings.push(format!(
             "redis: the ACL of user {user:?} was not checked ({reason})"
