@@ -603,6 +603,14 @@ fn a_user_without_hincrby_is_logged_counted_shown_and_sliding_logs_fall_back_to_
         assert_eq!(status["redis"]["state"], "error");
         assert_eq!(status["redis"]["error"]["kind"], "noperm");
     }
+    // the link gauge says it too: Redis answers, but not as it should
+    assert!(
+        eventually(Duration::from_secs(5), || a
+            .metrics()
+            .contains("tollgate_redis_connected 0")),
+        "{}",
+        a.metrics()
+    );
     // on_failure: local_share: each instance its share of the 20, so the two admit about 20
     // (not 40), and refuse nothing while under it
     let statuses = alternate(&[&a, &b], "/sliding_log/x", 38);
@@ -640,6 +648,9 @@ fn a_user_without_hincrby_is_logged_counted_shown_and_sliding_logs_fall_back_to_
     for gw in [&a, &b] {
         assert!(wait_redis_state(gw, "connected"), "{}", gw.log());
         assert!(readyz(gw)["redis_error"].is_null());
+        assert!(eventually(Duration::from_secs(5), || gw
+            .metrics()
+            .contains("tollgate_redis_connected 1")));
         assert!(
             eventually(Duration::from_secs(5), || gw
                 .log()
