@@ -14,7 +14,7 @@ use crate::services::admin::{Admin, ReadinessProbe};
 use crate::services::fleet_sync::{Accounts, SyncService};
 use crate::services::reload::{install_sighup, ReloadStatus, Reloader};
 use crate::services::sweeper::Sweeper;
-use crate::services::upgrade::{install_sigusr2, Successor, Upgrader};
+use crate::services::upgrade::{install_sigusr2, Successor, Upgrader, OFFLINE_CHECK_ENV};
 use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
 use crate::upstream::HealthChecker;
 use arc_swap::ArcSwap;
@@ -43,9 +43,16 @@ pub struct Args {
     /// The configuration file (YAML)
     #[arg(short = 'c', long = "conf", value_name = "FILE")]
     pub conf: PathBuf,
-    /// Validate the configuration, print a summary and exit (0 valid, 1 invalid)
+    /// Validate the configuration, print a summary and exit (0 valid, 1 invalid); with a
+    /// `redis` section, also ask Redis whether the ACL user may run every command the gateway
+    /// sends (1 when Redis answers that it may not; a Redis that does not answer is only a
+    /// warning)
     #[arg(short = 't', long = "test")]
     pub test: bool,
+    /// With -t: check the files only, without asking Redis (what the systemd unit runs before
+    /// a start or a reload, which a Redis ACL to fix must not prevent)
+    #[arg(long = "offline", requires = "test")]
+    pub offline: bool,
     /// Run in the background (pingora daemon mode)
     #[arg(short = 'd', long = "daemon")]
     pub daemon: bool,
@@ -71,7 +78,11 @@ pub fn main() -> i32 {
             eprintln!("{w}");
         }
         print!("{}", config::summary::summary(&cfg));
-        return 0;
+        let offline = args.offline || std::env::var_os(OFFLINE_CHECK_ENV).is_some();
+        return match &cfg.redis {
+            Some(redis) if !offline => check_redis_access(redis, &cfg),
+            _ => 0,
+        };
     }
     init_logging();
     for w in &cfg.warnings {
@@ -107,6 +118,35 @@ pub fn main() -> i32 {
         }
     };
     run(&args, snapshot, rt, exe)
+}
+
+/// `-t` with a `redis` section: may the ACL user run every command the config needs? Exit 1
+/// when Redis answers that it may not (`redis: user "gateway" may not run HINCRBY (NOPERM):
+/// add +hincrby to its ACL ...`); a Redis that does not answer, or cannot tell (older than
+/// 7.0), is a warning only, since it may come up after the check.
+fn check_redis_access(redis: &config::model::RedisSettings, cfg: &config::model::Config) -> i32 {
+    use crate::services::fleet_sync::backend::access;
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("warning: redis: the ACL was not checked ({e})");
+            return 0;
+        }
+    };
+    let wait = redis.timeout.max(std::time::Duration::from_secs(1));
+    let found = runtime.block_on(access::check(redis, wait));
+    let algorithms: Vec<_> = cfg.rules.iter().map(|r| r.algorithm).collect();
+    let report = access::report(redis, &algorithms, &found);
+    report.info.iter().for_each(|l| println!("{l}"));
+    report
+        .warnings
+        .iter()
+        .for_each(|l| eprintln!("warning: {l}"));
+    report.errors.iter().for_each(|l| eprintln!("error: {l}"));
+    i32::from(!report.errors.is_empty())
 }
 
 /// A name for this process in the fleet's heartbeat set: unique per process start.
@@ -365,6 +405,7 @@ fn add_background_services(
             metrics: metrics.clone(),
             slots_down: Default::default(),
             last_error: Default::default(),
+            reply_errors: Default::default(),
         },
     ));
     server.add_service(background_service(

@@ -28,6 +28,8 @@ pub struct Metrics {
     pub untracked: IntCounter,
     /// `tollgate_redis_sync_total{result}`
     pub redis_sync: IntCounterVec,
+    /// `tollgate_redis_errors_total{kind}`: error replies to sync rounds.
+    pub redis_errors: IntCounterVec,
     /// `tollgate_redis_sync_duration_seconds`
     pub redis_sync_duration: Histogram,
     /// `tollgate_redis_pending_deltas`
@@ -105,6 +107,16 @@ impl ClientError {
         }
     }
 }
+
+/// The `kind` labels of `tollgate_redis_errors_total`, a bounded set.
+pub const REDIS_ERROR_KINDS: [&str; 6] = [
+    "noperm",
+    "oom",
+    "readonly",
+    "wrongtype",
+    "noscript",
+    "other",
+];
 
 fn reg_counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
     registered(r, IntCounter::new(name, help))
@@ -206,6 +218,14 @@ impl Metrics {
                     "tollgate_redis_sync_total",
                     "Redis sync rounds, by result (ok, error)",
                     &["result"],
+                ),
+            )?,
+            redis_errors: registered(
+                &r,
+                counter_vec(
+                    "tollgate_redis_errors_total",
+                    "Error replies to sync rounds' commands, by kind (noperm, oom, readonly, wrongtype, noscript, other); their counters fall back to on_failure",
+                    &["kind"],
                 ),
             )?,
             redis_sync_duration: registered(
@@ -336,6 +356,9 @@ impl Metrics {
         for result in ["ok", "error"] {
             m.reloads.with_label_values(&[result]);
             m.redis_sync.with_label_values(&[result]);
+        }
+        for kind in REDIS_ERROR_KINDS {
+            m.redis_errors.with_label_values(&[kind]);
         }
         Ok(m)
     }

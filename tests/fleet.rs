@@ -986,7 +986,7 @@ fn a_tenant_far_under_its_limit_sees_only_200_while_redis_is_killed_and_restarte
 }
 
 /// `maxmemory-policy noeviction` (docs/operations.md): a full Redis refuses the gateway's
-/// writes, which is Redis failing: `on_failure` applies (here `local`: every request of a
+/// writes (OOM error replies), which is Redis failing: `on_failure` applies (here `local`: every request of a
 /// tenant far under its limit is answered 200), the reason is logged, and once Redis has room
 /// again the counts made meanwhile arrive, each once (a refused write was not applied).
 #[test]
@@ -1028,11 +1028,16 @@ fn a_full_redis_with_noeviction_is_redis_failing_and_its_counts_arrive_once_it_h
             sent += 1;
         }
         if round == 0 {
+            // Redis answers, refusing the writes: an error state naming the kind
             assert!(
-                wait_redis_state(&gw, "disconnected"),
+                wait_redis_state(&gw, "error"),
                 "a full Redis is Redis failing; log:\n{}",
                 gw.log()
             );
+            let ready = common::request(gw.admin, "GET", "/readyz", &[])
+                .expect("readyz")
+                .json();
+            assert_eq!(ready["redis_error"]["kind"], "oom", "{ready}");
         }
     }
     assert!(

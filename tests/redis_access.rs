@@ -8,37 +8,43 @@ mod common;
 use common::*;
 use std::time::Duration;
 
-/// The ACL docs/operations.md "Running Redis" gives for the gateway's user (key prefix `tollgate`).
-/// (redis-server takes each word of a directive as its own argument.)
-const ACL: &[&str] = &[
-    "--user",
-    "default",
-    "on",
-    ">admin-secret",
-    "~*",
-    "&*",
-    "+@all",
-    "--user",
-    "gateway",
-    "on",
-    ">gw-secret",
-    "~tollgate:*",
-    "resetchannels",
-    "-@all",
-    "+evalsha",
-    "+script|load",
-    "+incrby",
-    "+pexpireat",
-    "+ping",
-    "+get",
-    "+set",
-    "+hgetall",
-    "+hset",
-    "+pexpire",
-    "+zadd",
-    "+zcard",
-    "+zremrangebyscore",
-];
+/// The ACL docs/operations.md "Running Redis" gives for the gateway's user (key prefix
+/// `tollgate`), read from the page itself so that the page and the tests cannot drift, as
+/// redis-server's `--user` arguments (it takes each word of a directive as its own argument):
+/// the default user (the test's, with every right) first.
+fn acl() -> Vec<String> {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .expect("docs/operations.md");
+    let line = page
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("ACL SETUSER gateway "))
+        .expect("docs/operations.md gives the gateway's ACL");
+    let mut args: Vec<String> = [
+        "--user",
+        "default",
+        "on",
+        ">admin-secret",
+        "~*",
+        "&*",
+        "+@all",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(["--user".to_string(), "gateway".to_string()]);
+    args.extend(line.split_whitespace().skip(3).map(|w| match w {
+        ">PASSWORD" => ">gw-secret".to_string(),
+        w => w.to_string(),
+    }));
+    args
+}
+
+/// `acl()` without one of its commands (`+hincrby`).
+fn acl_without(command: &str) -> Vec<String> {
+    let acl = acl();
+    assert!(acl.iter().any(|w| w == command), "{command} is in the ACL");
+    acl.into_iter().filter(|w| w != command).collect()
+}
 
 struct TlsRedis {
     server: RedisServer,
@@ -72,7 +78,8 @@ impl TlsRedis {
             "--tls-auth-clients",
             "yes",
         ];
-        args.extend_from_slice(ACL);
+        let acl = acl();
+        args.extend(acl.iter().map(String::as_str));
         // the plain port answers the test (as the default user), the TLS port the gateway
         let server = RedisServer::start_with(&args);
         TlsRedis {
@@ -258,6 +265,7 @@ fn counts_reach_a_tls_redis_cluster_as_an_acl_user_verified_against_the_ca() {
     let (cert, key, ca) = (p("server.pem"), p("server.key"), p("ca.pem"));
     // below the cluster buses' ports (each node's port + 10000), as the nodes' own ports are
     let tls_ports: Vec<String> = (0..3).map(|_| free_port_with_bus().to_string()).collect();
+    let acl = acl();
     let nodes: Vec<RedisServer> = tls_ports
         .iter()
         .map(|tp| {
@@ -288,7 +296,7 @@ fn counts_reach_a_tls_redis_cluster_as_an_acl_user_verified_against_the_ca() {
                 "--masterauth",
                 "admin-secret",
             ];
-            args.extend_from_slice(ACL);
+            args.extend(acl.iter().map(String::as_str));
             args.push("+cluster|slots");
             RedisServer::start_with(&args)
         })
@@ -368,4 +376,428 @@ fn counts_reach_a_tls_redis_cluster_as_an_acl_user_verified_against_the_ca() {
             "ACL refusals: {log:?}"
         );
     }
+}
+
+/// A redis-server on a plain port whose users are `acl` (`--user` arguments): the test logs in
+/// as `default` (`admin`), the gateways as `gateway`.
+fn acl_redis(acl: &[String]) -> RedisServer {
+    let args: Vec<&str> = acl.iter().map(String::as_str).collect();
+    RedisServer::start_with(&args)
+}
+
+/// A command as the test's user (every right).
+fn admin(r: &RedisServer, args: &[&str]) -> redis::Value {
+    let url = format!("redis://:admin-secret@127.0.0.1:{}", r.port);
+    let client = redis::Client::open(url).expect("client");
+    let mut conn = client.get_connection().expect("admin connection");
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut conn)
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+fn admin_keys(r: &RedisServer) -> Vec<String> {
+    match admin(r, &["KEYS", "tollgate:*"]) {
+        redis::Value::Array(v) => v
+            .into_iter()
+            .filter_map(|k| match k {
+                redis::Value::BulkString(b) => String::from_utf8(b).ok(),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn admin_int(r: &RedisServer, args: &[&str]) -> i64 {
+    match admin(r, args) {
+        redis::Value::Int(i) => i,
+        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).parse().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// The algorithms a rule may name (docs/configuration.md).
+const ALGORITHMS: [&str; 5] = [
+    "fixed_window",
+    "sliding_window",
+    "token_bucket",
+    "sliding_log",
+    "leaky_bucket",
+];
+
+/// One rule per algorithm of `algorithms`, each on its own path (`/<algorithm>/...`), and the
+/// gateway's Redis (the plain port of `r`, as the ACL user `gateway`).
+fn acl_config(
+    up: std::net::SocketAddr,
+    r: &RedisServer,
+    algorithms: &[&str],
+    tier: &str,
+    on_failure: &str,
+) -> String {
+    let mut c = one_route_config(up, 1, "");
+    c.push_str("tenant:\n  from: [{ header: x-org-id, trusted: true }]\nlimits:\n");
+    for a in algorithms {
+        c.push_str(&format!(
+            "  - id: {a}\n    algorithm: {a}\n    pathPattern: /{a}/**\n    tiers: [{tier}]\n"
+        ));
+        if *a == "leaky_bucket" {
+            // no waiting for a turn: over the rate is refused at once
+            c.push_str("    queue: 0\n");
+        }
+    }
+    c.push_str(&format!(
+        r#"redis:
+  url: "redis://127.0.0.1:{}"
+  username: gateway
+  password_file: redis.pass
+  sync_interval: 200ms
+  timeout: 1s
+  on_failure: {on_failure}
+"#,
+        r.port
+    ));
+    c
+}
+
+fn acl_gateway(cfg: &str) -> Gateway {
+    Gateway::start_with_files(cfg, &[("redis.pass", "gw-secret\n")])
+}
+
+/// `n` requests of tenant `acme` to `path`, alternating between the gateways: the statuses.
+fn alternate(gws: &[&Gateway], path: &str, n: usize) -> Vec<u16> {
+    (0..n)
+        .map(|i| gws[i % gws.len()].get(path, &[("x-org-id", "acme")]).status)
+        .collect()
+}
+
+/// The error replies a gateway counted (`tollgate_redis_errors_total`), of `kind` or all.
+fn errors_counted(gw: &Gateway, kind: Option<&str>) -> f64 {
+    let prefix = match kind {
+        Some(k) => format!("tollgate_redis_errors_total{{kind=\"{k}\"}}"),
+        None => "tollgate_redis_errors_total".to_string(),
+    };
+    metric_sum(&gw.metrics(), &prefix)
+}
+
+fn readyz(gw: &Gateway) -> serde_json::Value {
+    request(gw.admin, "GET", "/readyz", &[])
+        .expect("readyz")
+        .json()
+}
+
+/// docs/operations.md's ACL, read from the page: two gateways on one Redis, as that user, share
+/// the limit of every algorithm (each rule on its own path, 20 per period; 40 requests
+/// alternating between them), and Redis refuses none of their commands.
+#[test]
+fn the_documented_acl_lets_two_gateways_share_the_limit_of_every_algorithm() {
+    let up = Upstream::start("app");
+    let r = acl_redis(&acl());
+    let p = period_with_room(600, 90);
+    let tier = format!("{{ period: {p}, threshold: 20 }}");
+    let cfg = acl_config(up.addr, &r, &ALGORITHMS, &tier, "local_share");
+    let (a, b) = (acl_gateway(&cfg), acl_gateway(&cfg));
+    for gw in [&a, &b] {
+        assert!(wait_redis_state(gw, "connected"), "{}", gw.log());
+        assert!(
+            eventually(Duration::from_secs(10), || gw
+                .log()
+                .contains("may run every command the gateway sends")),
+            "the access check at start-up: {}",
+            gw.log()
+        );
+    }
+    for alg in ALGORITHMS {
+        let statuses = alternate(&[&a, &b], &format!("/{alg}/x"), 40);
+        let admitted = statuses.iter().filter(|&&s| s == 200).count();
+        assert!(
+            statuses.iter().all(|&s| s == 200 || s == 429),
+            "{alg}: {statuses:?}"
+        );
+        if alg == "leaky_bucket" {
+            // `queue: 0`: one at a time, 1 turn per period / 20, shared: the first turn (plus
+            // at most one per instance on credit), not one per instance and turn
+            assert!((1..=3).contains(&admitted), "{alg}: {statuses:?}");
+        } else {
+            // the fleet's 20, not 20 per instance; nothing refused under 0.9 of it
+            assert!((18..=22).contains(&admitted), "{alg}: {statuses:?}");
+            assert!(
+                statuses[..18].iter().all(|&s| s == 200),
+                "{alg}: {statuses:?}"
+            );
+        }
+    }
+    // every rule's count is in Redis
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let keys = admin_keys(&r);
+            ALGORITHMS
+                .iter()
+                .all(|alg| keys.iter().any(|k| k.contains(&format!(":{alg}:"))))
+        }),
+        "{:?}",
+        admin_keys(&r)
+    );
+    // and no command was refused: by Redis's ACL log, and by the gateways'
+    let log = admin(&r, &["ACL", "LOG"]);
+    assert!(
+        matches!(&log, redis::Value::Array(v) if v.is_empty()),
+        "ACL refusals: {log:?}"
+    );
+    for gw in [&a, &b] {
+        assert_eq!(errors_counted(gw, None), 0.0, "{}", gw.metrics());
+        assert_eq!(readyz(gw)["redis"], "connected");
+        assert!(readyz(gw)["redis_error"].is_null());
+    }
+}
+
+/// A user without `+hincrby` (what docs/operations.md once gave) and a `sliding_log` rule of 20
+/// on two gateways with `on_failure: local_share`: Redis refuses every round of the rule
+/// (NOPERM inside the script). That is logged once, with the command to add, counted, shown on
+/// `/readyz` and `/api/status`, and the rule falls back to `local_share`: the two admit about
+/// 20, not 40, and refuse nothing under it. Once the ACL is fixed (at run time) the error
+/// clears, and the counts made meanwhile reach Redis.
+#[test]
+fn a_user_without_hincrby_is_logged_counted_shown_and_sliding_logs_fall_back_to_on_failure() {
+    let up = Upstream::start("app");
+    let r = acl_redis(&acl_without("+hincrby"));
+    let p = period_with_room(600, 90);
+    let tier = format!("{{ period: {p}, threshold: 20 }}");
+    let cfg = acl_config(up.addr, &r, &["sliding_log"], &tier, "local_share");
+    let (a, b) = (acl_gateway(&cfg), acl_gateway(&cfg));
+    for gw in [&a, &b] {
+        assert!(wait_redis_state(gw, "connected"), "{}", gw.log());
+        // the access check at start-up names the command, and the process runs on
+        let said = "redis: user \"gateway\" may not run HINCRBY (NOPERM): add +hincrby to its ACL";
+        assert!(
+            eventually(Duration::from_secs(10), || gw.log().contains(said)),
+            "{}",
+            gw.log()
+        );
+        assert!(gw
+            .log()
+            .contains(&format!("ERROR tollgate::services::fleet_sync] {said}")));
+    }
+    assert!(eventually(Duration::from_secs(5), || metric_sum(
+        &a.metrics(),
+        "tollgate_redis_live_instances"
+    ) == 2.0));
+    // the first requests find the error: each instance's first round of the rule is refused
+    let first = alternate(&[&a, &b], "/sliding_log/x", 2);
+    assert_eq!(first, [200, 200]);
+    for gw in [&a, &b] {
+        assert!(
+            eventually(Duration::from_secs(10), || readyz(gw)["redis"] == "error"),
+            "{}",
+            gw.log()
+        );
+        let ready = readyz(gw);
+        assert_eq!(ready["redis_error"]["kind"], "noperm", "{ready}");
+        let message = ready["redis_error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains("add +hincrby to its ACL"), "{message}");
+        let status = request(gw.admin, "GET", "/api/status", &[])
+            .expect("status")
+            .json();
+        assert_eq!(status["redis"]["state"], "error");
+        assert_eq!(status["redis"]["error"]["kind"], "noperm");
+    }
+    // the link gauge says it too: Redis answers, but not as it should
+    assert!(
+        eventually(Duration::from_secs(5), || a
+            .metrics()
+            .contains("tollgate_redis_connected 0")),
+        "{}",
+        a.metrics()
+    );
+    // on_failure: local_share: each instance its share of the 20, so the two admit about 20
+    // (not 40), and refuse nothing while under it
+    let statuses = alternate(&[&a, &b], "/sliding_log/x", 38);
+    let admitted = 2 + statuses.iter().filter(|&&s| s == 200).count();
+    assert!((18..=22).contains(&admitted), "{admitted}: {statuses:?}");
+    assert!(statuses[..16].iter().all(|&s| s == 200), "{statuses:?}");
+    for gw in [&a, &b] {
+        // counted: every refused round, and only as NOPERM
+        let m = gw.metrics();
+        assert!(errors_counted(gw, Some("noperm")) >= 2.0, "{m}");
+        assert_eq!(errors_counted(gw, None), errors_counted(gw, Some("noperm")));
+        assert!(metric_sum(&m, "tollgate_redis_sync_total{result=\"error\"}") >= 2.0);
+    }
+    // rounds go on, refused each time; the log says it once per instance, not once a round
+    let rounds = |g: &Gateway| errors_counted(g, Some("noperm"));
+    let before = rounds(&a);
+    assert!(eventually(Duration::from_secs(10), || rounds(&a) >= before + 3.0));
+    for gw in [&a, &b] {
+        assert_eq!(
+            gw.log().matches("redis: error replies (noperm)").count(),
+            1,
+            "{}",
+            gw.log()
+        );
+    }
+    // nothing of the rule reached Redis meanwhile (the script stops at HINCRBY, before writing)
+    assert!(
+        admin_keys(&r).iter().all(|k| !k.contains(":sliding_log:")),
+        "{:?}",
+        admin_keys(&r)
+    );
+    // the ACL is fixed while the gateways run: the error clears, and the counts made meanwhile
+    // reach Redis, each once
+    admin(&r, &["ACL", "SETUSER", "gateway", "+hincrby"]);
+    for gw in [&a, &b] {
+        assert!(wait_redis_state(gw, "connected"), "{}", gw.log());
+        assert!(readyz(gw)["redis_error"].is_null());
+        assert!(eventually(Duration::from_secs(5), || gw
+            .metrics()
+            .contains("tollgate_redis_connected 1")));
+        assert!(
+            eventually(Duration::from_secs(5), || gw
+                .log()
+                .contains("redis: no more error replies")),
+            "{}",
+            gw.log()
+        );
+    }
+    let in_redis = || {
+        admin_keys(&r)
+            .iter()
+            .filter(|k| k.contains(":sliding_log:") && !k.ends_with(":fleet"))
+            .map(|k| admin_int(&r, &["GET", k]))
+            .sum::<i64>()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || in_redis() == admitted as i64),
+        "Redis holds {} of {admitted}",
+        in_redis()
+    );
+}
+
+/// Error replies other than a permission: a key of the wrong type (WRONGTYPE, one tenant's
+/// counter) and a full Redis (OOM, `maxmemory 1` with `noeviction`) are logged, counted and
+/// shown as well, and clear when Redis accepts the commands again.
+#[test]
+fn wrongtype_and_oom_replies_are_logged_counted_and_shown_until_they_clear() {
+    let up = Upstream::start("app");
+    let r = acl_redis(&acl());
+    let p = period_with_room(600, 90);
+    let tier = format!("{{ period: {p}, threshold: 50 }}");
+    let cfg = acl_config(up.addr, &r, &["fixed_window"], &tier, "local");
+    let gw = acl_gateway(&cfg);
+    assert!(wait_redis_state(&gw, "connected"), "{}", gw.log());
+    assert_eq!(
+        gw.get("/fixed_window/x", &[("x-org-id", "acme")]).status,
+        200
+    );
+    let key = || {
+        admin_keys(&r)
+            .into_iter()
+            .find(|k| k.contains("{acme}:fixed_window:") && !k.ends_with(":fleet"))
+    };
+    assert!(eventually(Duration::from_secs(10), || key().is_some()));
+    let Some(k) = key() else { unreachable!() };
+    // WRONGTYPE: the counter's key turned into a hash
+    admin(&r, &["DEL", &k]);
+    admin(&r, &["HSET", &k, "f", "1"]);
+    let mut sent = 1;
+    let wrongtype = || readyz(&gw)["redis_error"]["kind"] == "wrongtype";
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            // `local`: the tenant's requests go on under the instance's own count
+            assert_eq!(
+                gw.get("/fixed_window/x", &[("x-org-id", "acme")]).status,
+                200
+            );
+            sent += 1;
+            wrongtype()
+        }),
+        "{}",
+        gw.log()
+    );
+    assert_eq!(readyz(&gw)["redis"], "error");
+    assert!(errors_counted(&gw, Some("wrongtype")) >= 1.0);
+    assert_eq!(
+        gw.log().matches("redis: error replies (wrongtype)").count(),
+        1
+    );
+    // the key is fixed: the error clears
+    admin(&r, &["DEL", &k]);
+    assert!(wait_redis_state(&gw, "connected"), "{}", gw.log());
+    assert!(gw
+        .log()
+        .contains("redis: the wrongtype error replies stopped"));
+    // OOM: Redis is full, and refuses writes
+    admin(&r, &["CONFIG", "SET", "maxmemory", "1"]);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            assert_eq!(
+                gw.get("/fixed_window/x", &[("x-org-id", "acme")]).status,
+                200
+            );
+            readyz(&gw)["redis_error"]["kind"] == "oom"
+        }),
+        "{}",
+        gw.log()
+    );
+    assert!(errors_counted(&gw, Some("oom")) >= 1.0);
+    assert!(gw
+        .log()
+        .contains("redis: error replies (oom): OOM command not allowed"));
+    admin(&r, &["CONFIG", "SET", "maxmemory", "0"]);
+    assert!(wait_redis_state(&gw, "connected"), "{}", gw.log());
+    assert_eq!(gw.log().matches("redis: error replies (oom)").count(), 1);
+}
+
+/// `tollgate -t` asks Redis whether the ACL user may run the commands the config needs: it
+/// fails (exit 1) naming the command and what to add when Redis refuses one; a command only
+/// other algorithms need is a warning; a Redis that does not answer is a warning (exit 0);
+/// `--offline` checks the files only.
+#[test]
+fn t_says_which_command_the_acl_user_may_not_run() {
+    let up = Upstream::start("app");
+    let r = acl_redis(&acl_without("+hincrby"));
+    let p = period_with_room(600, 10);
+    let tier = format!("{{ period: {p}, threshold: 20 }}");
+    let dir = TempDir::new();
+    dir.write("redis.pass", "gw-secret\n");
+    let t = |algorithms: &[&str], redis: &RedisServer| {
+        let cfg = acl_config(up.addr, redis, algorithms, &tier, "local_share")
+            .replace("{LISTEN}", "127.0.0.1:1")
+            .replace("{ADMIN}", "127.0.0.1:2");
+        let path = dir.write("gateway.yaml", &cfg);
+        let path = path.display().to_string();
+        (
+            run_tollgate(&["-t", "-c", &path]),
+            run_tollgate(&["-t", "--offline", "-c", &path]),
+        )
+    };
+    let said = "redis: user \"gateway\" may not run HINCRBY (NOPERM): add +hincrby to its ACL (sliding_log rules need it)";
+    let ((code, out, err), (offline, _, offline_err)) = t(&["fixed_window", "sliding_log"], &r);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains(&format!("error: {said}")), "{err}");
+    assert!(out.contains("is valid"), "the files are: {out}");
+    assert_eq!(offline, 0, "{offline_err}");
+    assert!(!offline_err.contains("HINCRBY"), "{offline_err}");
+    // no sliding_log rule: a warning (a reload that adds one would need it)
+    let ((code, _, err), _) = t(&["fixed_window"], &r);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&format!("warning: {said}")), "{err}");
+    // the documented ACL: nothing to say
+    let full = acl_redis(&acl());
+    let ((code, out, err), _) = t(&ALGORITHMS, &full);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("may run every command the gateway sends"),
+        "{out}"
+    );
+    assert!(!err.contains("redis:"), "{err}");
+    // Redis down: not checked, a warning only
+    let mut down = acl_redis(&acl());
+    down.kill();
+    let ((code, _, err), _) = t(&ALGORITHMS, &down);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("warning: redis: the ACL of user \"gateway\" was not checked"),
+        "{err}"
+    );
 }

@@ -53,6 +53,19 @@ pub struct FleetState {
     /// Cluster leases everything: a node that does not answer may still apply what it got,
     /// which only idempotent reports survive).
     plain: AtomicBool,
+    /// Redis answers with error replies (NOPERM, OOM, ...): their kind and text, until a
+    /// periodic round has none. Written by the sync service, read by the admin listener only
+    /// (the counters concerned know it each by itself, see `ledger::Ledger::unreachable`).
+    reply_error: parking_lot::Mutex<Option<ReplyErrorState>>,
+}
+
+/// What `/readyz` and `/api/status` show of Redis's error replies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyErrorState {
+    /// `noperm`, `oom`, `readonly`, `wrongtype`, `noscript` or `other`.
+    pub kind: &'static str,
+    /// Redis's text, and what to do about it when known.
+    pub message: String,
 }
 
 /// How long a request whose lease is used may wait for an answer: a round in flight may have
@@ -76,6 +89,7 @@ impl Default for FleetState {
             last_round_us: AtomicU64::new(0),
             hold_ms: AtomicU64::new(hold_limit(crate::config::defaults::DEFAULT_REDIS_TIMEOUT)),
             plain: AtomicBool::new(true),
+            reply_error: parking_lot::Mutex::new(None),
         }
     }
 }
@@ -152,6 +166,17 @@ impl FleetState {
     /// Forget the link state (the sync was switched off or its endpoint changed).
     pub fn reset_link(&self) {
         self.link.store(0, Ordering::Relaxed);
+        *self.reply_error.lock() = None;
+    }
+
+    /// Redis answers with error replies (`Some`), or no longer does (`None`).
+    pub fn set_reply_error(&self, e: Option<ReplyErrorState>) {
+        *self.reply_error.lock() = e;
+    }
+
+    /// The error replies Redis answers with now, if any.
+    pub fn reply_error(&self) -> Option<ReplyErrorState> {
+        self.reply_error.lock().clone()
     }
 
     pub fn set_instances(&self, n: u64) {

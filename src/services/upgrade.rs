@@ -22,6 +22,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Set (to anything) for `-t`: as `--offline`, the files only. The upgrade in place sets it
+/// for the new binary's check, since a binary from before `--offline` would refuse the flag.
+pub const OFFLINE_CHECK_ENV: &str = "TOLLGATE_OFFLINE_CHECK";
+
 /// How long the successor may take to load its config and wait on the upgrade socket.
 pub const WAIT_FOR_SUCCESSOR: Duration = Duration::from_secs(30);
 
@@ -78,6 +82,9 @@ impl Successor {
             .arg("-t")
             .arg("-c")
             .arg(&self.conf)
+            // the files only: a Redis ACL to fix must not stop an upgrade (as `-t --offline`,
+            // which a binary older than that flag would refuse; the variable it ignores)
+            .env(OFFLINE_CHECK_ENV, "1")
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("cannot run {exe}: {e}"))?;

@@ -139,7 +139,7 @@ impl BackgroundService for OpsSampler {
                 })
                 .collect();
             set_series(&self.metrics.queue_depth, depth, &mut pools_seen);
-            let connected = self.fleet.is_configured() && self.fleet.is_connected();
+            let connected = redis_state(&self.fleet) == "connected";
             self.metrics.redis_connected.set(i64::from(connected));
         }
     }
@@ -169,12 +169,23 @@ fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// `not_configured`, `connecting`, `connected`, `disconnected`, or `error`: Redis answers,
+/// with error replies to some commands (see `redis_error`).
 pub fn redis_state(fleet: &FleetState) -> &'static str {
     match (fleet.is_configured(), fleet.link()) {
         (false, _) => "not_configured",
+        (true, Link::Up) if fleet.reply_error().is_some() => "error",
         (true, Link::Up) => "connected",
         (true, Link::Down) => "disconnected",
         (true, Link::Unknown) => "connecting",
+    }
+}
+
+/// The error replies Redis answers with (`null` when none): `{"kind", "message"}`.
+pub fn redis_error(fleet: &FleetState) -> Value {
+    match fleet.reply_error().filter(|_| fleet.link() == Link::Up) {
+        Some(e) => json!({ "kind": e.kind, "message": e.message }),
+        None => Value::Null,
     }
 }
 
@@ -285,6 +296,7 @@ pub fn status(
             let last = fleet.last_round();
             json!({
                 "state": redis_state(fleet),
+                "error": redis_error(fleet),
                 "on_failure": r.on_failure.to_string(),
                 "sync_interval_ms": r.sync_interval.as_millis() as u64,
                 "last_round_end_ms": last.map(|(end, _)| end),

@@ -192,6 +192,8 @@ impl ServeHttp for Admin {
                     "listeners_full": full,
                     "config": "loaded",
                     "redis": api::redis_state(&self.fleet),
+                    // Redis answers, refusing some commands: which kind, and why
+                    "redis_error": api::redis_error(&self.fleet),
                     // a broken file on disk does not make the running process unready
                     "last_reload": last.map(|l| if l.ok { "ok" } else { "failed" }),
                 });

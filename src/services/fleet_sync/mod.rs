@@ -11,6 +11,7 @@ pub mod keys;
 
 use crate::config::model::{Algorithm, RedisSettings};
 use crate::limits::clock::{Clock, NANOS_PER_MS};
+use crate::limits::fleet::ReplyErrorState;
 pub use crate::limits::fleet::{FleetMode, FleetState, Link, MIN_ROUND_GAP_MS};
 use crate::limits::ledger::{self, Ask};
 use crate::limits::sliding_log;
@@ -19,8 +20,8 @@ use crate::metrics::Metrics;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
 use backend::{
-    CountUpdate, Exchange, Heartbeat, LedgerUpdate, LogReport, Reply, RoundError, SyncBackend,
-    Update,
+    CountUpdate, ErrorKind, Exchange, Heartbeat, LedgerUpdate, LogReport, Reply, ReplyError,
+    RoundError, SyncBackend, Update,
 };
 use keys::{redis_key, redis_partition};
 use pingora::server::ShutdownWatch;
@@ -531,6 +532,72 @@ pub struct SyncService {
     /// The last failure logged: while Redis stays unreachable, a new reason is logged (a
     /// certificate refused, a password wrong), the same one not again.
     pub last_error: parking_lot::Mutex<Option<String>>,
+    /// The kinds of error replies Redis answers with now (see `ReplyErrors`).
+    pub reply_errors: parking_lot::Mutex<ReplyErrors>,
+}
+
+/// The kinds of error replies Redis answers with now, each with its first text (and what to do
+/// about it, when known). A kind starts with the first round that has it (logged once, at
+/// ERROR), and stops at the first periodic round that ends without it (logged once): a
+/// periodic round sends again every count a refused update did not deliver, so it has the
+/// kind as long as Redis still refuses them. Early rounds, which carry only some counters,
+/// add kinds but never remove one, so that the log does not change with each round's mix.
+#[derive(Debug, Default)]
+pub struct ReplyErrors {
+    kinds: Vec<(ErrorKind, String)>,
+}
+
+/// What changed in the error replies after a round, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyChange {
+    Started(ErrorKind, String),
+    Stopped(ErrorKind),
+}
+
+impl ReplyErrors {
+    /// Take in a round's error replies (`complete`: a periodic round that Redis answered
+    /// whole). Returns what started and what stopped.
+    pub fn note(&mut self, refused: &[ReplyError], complete: bool) -> Vec<ReplyChange> {
+        let mut changes = Vec::new();
+        if complete {
+            self.kinds.retain(|(k, _)| {
+                let still = refused.iter().any(|r| r.kind == *k);
+                if !still {
+                    changes.push(ReplyChange::Stopped(*k));
+                }
+                still
+            });
+        }
+        for r in refused {
+            if !self.kinds.iter().any(|(k, _)| *k == r.kind) {
+                self.kinds.push((r.kind, r.message.clone()));
+                changes.push(ReplyChange::Started(r.kind, r.message.clone()));
+            }
+        }
+        // the first of `ErrorKind::ALL` first: what `/readyz` names
+        self.kinds
+            .sort_by_key(|(k, _)| ErrorKind::ALL.iter().position(|a| a == k));
+        changes
+    }
+
+    /// The kind `/readyz` names (the first of `ErrorKind::ALL` among them), with its text.
+    pub fn shown(&self) -> Option<(ErrorKind, &str)> {
+        self.kinds.first().map(|(k, m)| (*k, m.as_str()))
+    }
+
+    /// Add what to do about a kind to its text (the access check's advice).
+    pub fn advise(&mut self, kind: ErrorKind, advice: &str) {
+        if let Some((_, m)) = self.kinds.iter_mut().find(|(k, _)| *k == kind) {
+            if !m.contains(advice) {
+                m.push_str(" -- ");
+                m.push_str(advice);
+            }
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
 }
 
 impl SyncService {
@@ -544,30 +611,125 @@ impl SyncService {
         periodic: bool,
     ) -> bool {
         let mut from = None;
+        let mut refused = Vec::new();
         loop {
             let part = self
                 .accounts
                 .begin_part(settings, periodic, from, ROUND_PART_UPDATES);
             let rest = part.rest;
-            let ok = self.exchange(settings, backend, part).await;
+            let ok = self.exchange(settings, backend, part, &mut refused).await;
             match rest {
                 Some(next) if ok => from = Some(next),
                 _ => {
                     // once a round, not per part: it reads every counter
                     let unsent = self.accounts.outstanding();
                     self.metrics.redis_pending.set(unsent as i64);
+                    if ok || !refused.is_empty() {
+                        self.note_refusals(settings, &refused, periodic && ok).await;
+                    }
                     return ok;
                 }
             }
         }
     }
 
-    /// Send one round (or part) and apply its answers; returns whether Redis answered.
+    /// Log, count and show the error replies of a round (`complete`: a periodic round Redis
+    /// answered whole, which may end a kind).
+    async fn note_refusals(
+        &self,
+        settings: &RedisSettings,
+        refused: &[ReplyError],
+        complete: bool,
+    ) {
+        for r in refused {
+            self.metrics
+                .redis_errors
+                .with_label_values(&[r.kind.label()])
+                .inc();
+        }
+        let changes = self.reply_errors.lock().note(refused, complete);
+        if changes.is_empty() {
+            return;
+        }
+        let on_failure = settings.on_failure;
+        for change in &changes {
+            match change {
+                ReplyChange::Started(kind, message) => {
+                    // a permission: say which command, and what to add
+                    let advice = if *kind == ErrorKind::NoPerm {
+                        self.access_advice(settings).await
+                    } else {
+                        None
+                    };
+                    if let Some(a) = &advice {
+                        self.reply_errors.lock().advise(*kind, a);
+                    }
+                    let advice = advice.map(|a| format!("; {a}")).unwrap_or_default();
+                    log::error!(
+                        "redis: error replies ({}): {message}{advice}; the counters they concern fall back to on_failure ({on_failure}) until Redis accepts their commands, and their counts go again then",
+                        kind.label()
+                    );
+                }
+                ReplyChange::Stopped(kind) => {
+                    log::info!("redis: the {} error replies stopped", kind.label());
+                }
+            }
+        }
+        let errors = self.reply_errors.lock();
+        match errors.shown() {
+            Some((kind, message)) => self.accounts.fleet.set_reply_error(Some(ReplyErrorState {
+                kind: kind.label(),
+                message: message.to_string(),
+            })),
+            None => {
+                self.accounts.fleet.set_reply_error(None);
+                log::info!("redis: no more error replies; the fleet's limits apply again");
+            }
+        }
+    }
+
+    /// What the access check says of a NOPERM: the commands the user may not run, and what
+    /// to add to its ACL (`None`: it could not tell).
+    async fn access_advice(&self, settings: &RedisSettings) -> Option<String> {
+        let wait = settings.timeout.max(Duration::from_secs(1));
+        let access = backend::access::check(settings, wait).await;
+        let report = backend::access::report(settings, &self.algorithms(), &access);
+        let lines: Vec<&str> = report
+            .errors
+            .iter()
+            .map(|l| l.strip_prefix("redis: ").unwrap_or(l))
+            .collect();
+        (!lines.is_empty()).then(|| lines.join("; "))
+    }
+
+    /// The algorithms of the running config's rules.
+    fn algorithms(&self) -> Vec<Algorithm> {
+        let snap = self.shared.load();
+        snap.config.rules.iter().map(|r| r.algorithm).collect()
+    }
+
+    /// The access check once a new backend first reaches Redis (start-up, a reload that
+    /// changed the `redis` section): a command the user may not run is logged at ERROR
+    /// (rounds go on, and the counters it concerns fall back to `on_failure` when Redis
+    /// refuses it; a fixed ACL needs no restart).
+    async fn check_access(&self, settings: &RedisSettings) {
+        let wait = settings.timeout.max(Duration::from_secs(1));
+        let access = backend::access::check(settings, wait).await;
+        let algorithms = self.algorithms();
+        let report = backend::access::report(settings, &algorithms, &access);
+        report.info.iter().for_each(|l| log::info!("{l}"));
+        report.warnings.iter().for_each(|l| log::warn!("{l}"));
+        report.errors.iter().for_each(|l| log::error!("{l}"));
+    }
+
+    /// Send one round (or part) and apply its answers; returns whether Redis answered (its
+    /// error replies go to `refused`).
     async fn exchange(
         &self,
         settings: &RedisSettings,
         backend: &dyn SyncBackend,
         round: Round,
+        refused: &mut Vec<ReplyError>,
     ) -> bool {
         let started = Instant::now();
         // nothing to send, nothing to ask: no I/O (an empty cluster round would find no node
@@ -610,9 +772,11 @@ impl SyncService {
         let done = self.accounts.finish(round, &outcome);
         let instances = self.accounts.fleet.instances();
         match (&outcome, done.changed_from) {
-            (Ok(_), changed) => {
+            (Ok(ex), changed) => {
                 self.last_error.lock().take();
-                self.metrics.redis_sync.with_label_values(&["ok"]).inc();
+                refused.extend(ex.refused.iter().map(|r| r.error.clone()));
+                let result = if ex.refused.is_empty() { "ok" } else { "error" };
+                self.metrics.redis_sync.with_label_values(&[result]).inc();
                 self.metrics.redis_instances.set(instances as i64);
                 if changed.is_some() {
                     log::info!("redis: connected; {instances} instance(s) share the limits");
@@ -728,6 +892,8 @@ impl BackgroundService for SyncService {
         let at = |ms: u64| base + Duration::from_millis(ms);
         let mut current: Option<(RedisSettings, Box<dyn SyncBackend>)> = None;
         let mut schedule = Schedule::new(0);
+        // the access check of the current backend is still to come
+        let mut unchecked = false;
         loop {
             // follow the running config's `redis` section
             let want = self.shared.load().config.redis.clone();
@@ -741,6 +907,8 @@ impl BackgroundService for SyncService {
                 });
                 self.accounts.registry.set_syncing(current.is_some());
                 fleet.reset_link();
+                *self.reply_errors.lock() = ReplyErrors::default();
+                unchecked = current.is_some();
                 schedule = Schedule::new(ms());
             }
             let interval = current
@@ -777,6 +945,10 @@ impl BackgroundService for SyncService {
             let ok = self.round(settings, backend.as_ref(), periodic).await;
             fleet.round_ended(began.elapsed());
             schedule.finished(ok, interval, periodic);
+            if ok && unchecked {
+                unchecked = false;
+                self.check_access(settings).await;
+            }
         }
     }
 }
@@ -784,6 +956,44 @@ impl BackgroundService for SyncService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_reply_is_noted_when_it_starts_and_when_a_periodic_round_ends_without_it() {
+        let noperm = ReplyError::new("NOPERM", "no permissions to run the 'hincrby' command");
+        let oom = ReplyError::new("OOM", "command not allowed when used memory > 'maxmemory'.");
+        let mut e = ReplyErrors::default();
+        assert_eq!(
+            e.note(std::slice::from_ref(&noperm), false),
+            [ReplyChange::Started(
+                ErrorKind::NoPerm,
+                noperm.message.clone()
+            )]
+        );
+        // again and again: nothing new (one line when it starts, not one per round)
+        assert!(e.note(&[noperm.clone(), noperm.clone()], true).is_empty());
+        // an early round without it (it carries some counters only) ends nothing
+        assert!(e.note(&[], false).is_empty());
+        assert_eq!(e.shown().map(|(k, _)| k), Some(ErrorKind::NoPerm));
+        // another kind starts; the first kind of `ErrorKind::ALL` is the one shown
+        assert_eq!(
+            e.note(std::slice::from_ref(&oom), false),
+            [ReplyChange::Started(ErrorKind::Oom, oom.message.clone())]
+        );
+        assert_eq!(e.shown().map(|(k, _)| k), Some(ErrorKind::NoPerm));
+        // a periodic round with only OOM: NOPERM stopped
+        assert_eq!(
+            e.note(std::slice::from_ref(&oom), true),
+            [ReplyChange::Stopped(ErrorKind::NoPerm)]
+        );
+        assert_eq!(e.shown().map(|(k, _)| k), Some(ErrorKind::Oom));
+        e.advise(ErrorKind::Oom, "make room");
+        assert!(e.shown().is_some_and(|(_, m)| m.ends_with(" -- make room")));
+        assert_eq!(e.note(&[], true), [ReplyChange::Stopped(ErrorKind::Oom)]);
+        assert!(e.is_empty());
+        // the kinds are the metric's labels
+        let labels: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.label()).collect();
+        assert_eq!(labels, crate::metrics::REDIS_ERROR_KINDS);
+    }
 
     #[test]
     fn rounds_come_every_interval_sooner_when_asked_and_back_off_on_failure() {

@@ -2,9 +2,10 @@
 //! masters at once, and a node that does not answer holds up only its own slots.
 
 use super::script::{no_script, LEDGER_SCRIPT};
+use super::single::refused_load;
 use super::{
-    finish_counts, first_replies, int, pipeline, Exchange, Heartbeat, RoundError, SyncBackend,
-    Update, HEARTBEAT_REPLIES,
+    finish_counts, first_replies, heartbeat_reply, pipeline, Exchange, Heartbeat, Refusal,
+    ReplyError, RoundError, SyncBackend, Update, HEARTBEAT_REPLIES,
 };
 use crate::config::model::{RedisEndpoint, RedisSettings};
 use crate::config::redis_client::tls_crypto;
@@ -105,8 +106,16 @@ async fn query_slot(
             // a script that was not known ran nothing: the pipeline goes again whole
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(LEDGER_SCRIPT);
-            conn.route_command(load, RoutingInfo::SingleNode(to()))
-                .await?;
+            if let Err(e) = conn
+                .route_command(load, RoutingInfo::SingleNode(to()))
+                .await
+            {
+                // refused (an ACL without `+script|load`): the round says why
+                return match ReplyError::of_redis(&e) {
+                    Some(refusal) => Ok(refused_load(values, &refusal)),
+                    None => Err(e),
+                };
+            }
             conn.route_pipeline(p.clone(), 0, n, to()).await
         }
         r => r,
@@ -154,10 +163,22 @@ impl SyncBackend for ClusterRedis {
                         return Err(format!("expected {n} answers, got {}", values.len()).into());
                     }
                     let mut answers = vec![None; mine.len()];
-                    let pending = first_replies(&mine, 0..mine.len(), &values, &mut answers)?;
-                    finish_counts(&mut conn, &mine, pending, &mut answers).await?;
-                    let instances = values.get(mine.len() + HEARTBEAT_REPLIES - 1).and_then(int);
-                    Ok::<_, RoundError>((answers, instances))
+                    let mut refused = Vec::new();
+                    let (values, beat) = values.split_at(mine.len());
+                    let pending =
+                        first_replies(&mine, 0..mine.len(), values, &mut answers, &mut refused)?;
+                    finish_counts(&mut conn, &mine, pending, &mut answers, &mut refused).await?;
+                    let instances = match heartbeat_reply(beat) {
+                        Ok(n) => n,
+                        Err(error) => {
+                            refused.push(Refusal {
+                                update: None,
+                                error,
+                            });
+                            None
+                        }
+                    };
+                    Ok::<_, RoundError>((answers, instances, refused))
                 };
                 tokio::time::timeout(timeout, run)
                     .await
@@ -178,12 +199,17 @@ impl SyncBackend for ClusterRedis {
                 .map_err(|e| RoundError::from(e.to_string()))
                 .and_then(|r| r);
             match result {
-                Ok((answers, instances)) => {
+                Ok((answers, instances, refused)) => {
                     for (k, &i) in idxs.iter().enumerate() {
                         out.answers[i] = answers.get(k).copied().flatten();
                     }
+                    // the slot's own indexes, back to the round's
+                    out.refused.extend(refused.into_iter().map(|r| Refusal {
+                        update: r.update.and_then(|k| idxs.get(k).copied()),
+                        error: r.error,
+                    }));
                     if with_hb {
-                        out.instances = instances.map(|i| i.max(1) as u64);
+                        out.instances = instances;
                     }
                     out.slots_answered += 1;
                     heard.push((slot, true));

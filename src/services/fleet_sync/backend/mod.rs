@@ -10,6 +10,7 @@
 //! pipeline, and [`make`], which picks the backend: [`single`] (one server) or [`cluster`] (a
 //! Redis Cluster). [`script`] holds the ledger script and its Rust twin.
 
+pub mod access;
 pub mod cluster;
 pub mod script;
 pub mod single;
@@ -60,6 +61,123 @@ impl std::fmt::Display for RoundError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
     }
+}
+
+/// The kind of an error reply, a bounded set (the label of `tollgate_redis_errors_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The ACL user may not run a command (or touch a key), the script's own calls included.
+    NoPerm,
+    /// A full Redis with `noeviction` refuses writes.
+    Oom,
+    /// A replica refuses writes.
+    ReadOnly,
+    /// A key holds another type than the command needs.
+    WrongType,
+    /// The server does not know the script (and loading it failed).
+    NoScript,
+    /// Any other error reply, an error raised in the script included.
+    Other,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 6] = [
+        ErrorKind::NoPerm,
+        ErrorKind::Oom,
+        ErrorKind::ReadOnly,
+        ErrorKind::WrongType,
+        ErrorKind::NoScript,
+        ErrorKind::Other,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::NoPerm => "noperm",
+            ErrorKind::Oom => "oom",
+            ErrorKind::ReadOnly => "readonly",
+            ErrorKind::WrongType => "wrongtype",
+            ErrorKind::NoScript => "noscript",
+            ErrorKind::Other => "other",
+        }
+    }
+
+    /// The kind of an error reply from its code (`NOPERM`) and text. Inside a script, Redis
+    /// 7.0 answers a command the user may not run with `ERR The user executing the script
+    /// can't run this command`, 7.2 on with `NOPERM`; the other codes come through as they are.
+    pub fn of(code: &str, detail: &str) -> ErrorKind {
+        match code {
+            "NOPERM" => ErrorKind::NoPerm,
+            "OOM" => ErrorKind::Oom,
+            "READONLY" => ErrorKind::ReadOnly,
+            "WRONGTYPE" => ErrorKind::WrongType,
+            "NOSCRIPT" => ErrorKind::NoScript,
+            _ if detail.contains("can't run this command")
+                || detail.contains("no permissions to")
+                || detail.contains("No permissions to") =>
+            {
+                ErrorKind::NoPerm
+            }
+            _ if detail.starts_with("OOM ") || detail.contains(": OOM ") => ErrorKind::Oom,
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
+/// An error reply: its kind and Redis's text (`CODE detail`; no key of ours is in it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+/// The longest error text kept (a script's error names its hash and line).
+const MAX_ERROR_TEXT: usize = 300;
+
+impl ReplyError {
+    pub fn new(code: &str, detail: &str) -> ReplyError {
+        let mut message = format!("{code} {detail}").trim().to_string();
+        if message.len() > MAX_ERROR_TEXT {
+            let mut end = MAX_ERROR_TEXT;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str("...");
+        }
+        ReplyError {
+            kind: ErrorKind::of(code, detail),
+            message,
+        }
+    }
+
+    pub fn of_server(e: &redis::ServerError) -> ReplyError {
+        ReplyError::new(e.code(), e.details().unwrap_or(""))
+    }
+
+    /// The error reply inside a client error, if it is one (not an I/O error, a timeout).
+    pub fn of_redis(e: &redis::RedisError) -> Option<ReplyError> {
+        match e.kind() {
+            redis::ErrorKind::Server(_) | redis::ErrorKind::Extension => {
+                let code = e.code()?;
+                Some(ReplyError::new(code, e.detail().unwrap_or("")))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ReplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// What a round's update (or its heartbeat) got instead of an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The update (its index in the round); `None`: the heartbeat.
+    pub update: Option<usize>,
+    pub error: ReplyError,
 }
 
 /// What one window record of one counter sends in a round: a lease ask (the script), or a
@@ -128,7 +246,8 @@ pub fn count_start(_: &CountUpdate) -> u8 {
 /// After a step's reply: `Ok(Ok(total))` done, `Ok(Err((stage, total)))` the next step.
 pub type CountStep = Result<Result<u64, (u8, u64)>, String>;
 
-/// What a plain increment's step answered (`total`: what an earlier step found).
+/// What a plain increment's step answered (`total`: what an earlier step found). An error
+/// reply is not an answer here: the callers take it as a refusal first (`Refused`).
 pub fn count_reply(c: &CountUpdate, stage: u8, total: u64, v: &redis::Value) -> CountStep {
     match (stage, v) {
         (1, redis::Value::Int(t)) => {
@@ -242,6 +361,9 @@ pub struct Exchange {
     pub slot_error: Option<String>,
     /// Cluster: the slots whose last round did not answer, after this one.
     pub slots_down: usize,
+    /// The error replies: updates (and the heartbeat) Redis refused. A refused update has no
+    /// answer (a later round sends it again), and its counter falls back to `on_failure`.
+    pub refused: Vec<Refusal>,
 }
 
 impl Exchange {
@@ -298,6 +420,17 @@ fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
 /// How many replies the heartbeat adds to a pipeline.
 pub const HEARTBEAT_REPLIES: usize = 4;
 
+/// The heartbeat's replies (the last `HEARTBEAT_REPLIES` of a pipeline): the live instance
+/// count, or the first error reply among them.
+pub fn heartbeat_reply(values: &[redis::Value]) -> Result<Option<u64>, ReplyError> {
+    for v in values {
+        if let redis::Value::ServerError(e) = v {
+            return Err(ReplyError::of_server(e));
+        }
+    }
+    Ok(values.last().and_then(int).map(|i| i.max(1) as u64))
+}
+
 /// The round's pipeline for one server: every update (a plain increment's first step), then
 /// the heartbeat (periodic rounds).
 pub fn pipeline<'a>(
@@ -313,15 +446,26 @@ pub fn pipeline<'a>(
 }
 
 /// The first replies to the updates `idxs` (in pipeline order): their answers where they are
-/// done; the plain increments that take another step are returned.
+/// done; the plain increments that take another step are returned. An error reply (the
+/// command was refused: NOPERM, OOM, READONLY, WRONGTYPE, an error raised in the script) is
+/// no answer: the update goes in `refused`, under the index `idxs` gives it, and the others'
+/// answers still count.
 fn first_replies(
     updates: &[Update],
     idxs: impl Iterator<Item = usize>,
     values: &[redis::Value],
     answers: &mut [Option<Reply>],
+    refused: &mut Vec<Refusal>,
 ) -> Result<Vec<(usize, u8, u64)>, RoundError> {
     let mut pending = Vec::new();
     for (i, v) in idxs.zip(values) {
+        if let redis::Value::ServerError(e) = v {
+            refused.push(Refusal {
+                update: Some(i),
+                error: ReplyError::of_server(e),
+            });
+            continue;
+        }
         match updates.get(i) {
             Some(Update::Lease(_)) => {
                 let a = answer(v).ok_or_else(|| format!("unexpected answer {v:?}"))?;
@@ -338,15 +482,19 @@ fn first_replies(
 }
 
 /// Run the later steps of plain increments (`pending`: update index, stage, total so far) on
-/// one connection, one pipeline a step; fills `answers` where they end.
+/// one connection, one pipeline a step; fills `answers` where they end. A later step refused
+/// (the `PEXPIREAT` after an applied `INCRBY`) still answers the total, which Redis applied,
+/// and goes in `refused` (the key may be left without its expiry until a later round sets it).
 async fn finish_counts<C: redis::aio::ConnectionLike>(
     conn: &mut C,
     updates: &[Update],
     mut pending: Vec<(usize, u8, u64)>,
     answers: &mut [Option<Reply>],
+    refused: &mut Vec<Refusal>,
 ) -> Result<(), RoundError> {
     while !pending.is_empty() {
         let mut p = redis::pipe();
+        p.ignore_errors();
         for &(i, stage, _) in &pending {
             if let Some(Update::Count(c)) = updates.get(i) {
                 p.add_command(count_cmd(c, stage));
@@ -358,6 +506,14 @@ async fn finish_counts<C: redis::aio::ConnectionLike>(
             let Some(Update::Count(c)) = updates.get(i) else {
                 continue;
             };
+            if let redis::Value::ServerError(e) = v {
+                refused.push(Refusal {
+                    update: Some(i),
+                    error: ReplyError::of_server(e),
+                });
+                answers[i] = Some(Reply::Count(total));
+                continue;
+            }
             match count_reply(c, stage, total, v)? {
                 Ok(t) => answers[i] = Some(Reply::Count(t)),
                 Err(step) => next.push((i, step.0, step.1)),
@@ -446,7 +602,9 @@ mod tests {
         let updates = [lease("a"), count(true), count(false), count(false)];
         let mut answers = vec![None; updates.len()];
         let replies = [a(5, 9), Int(10), Int(10), Int(3)];
-        let pending = first_replies(&updates, 0..4, &replies, &mut answers).unwrap();
+        let mut refused = Vec::new();
+        let pending = first_replies(&updates, 0..4, &replies, &mut answers, &mut refused).unwrap();
+        assert!(refused.is_empty());
         assert_eq!(
             answers[0],
             Some(Reply::Lease(Answer {
@@ -473,8 +631,78 @@ mod tests {
         assert!(cmd(1).contains("INCRBY $1 k $1 3"), "{}", cmd(1));
         assert!(cmd(2).contains("PEXPIREAT $1 k $2 99"));
         assert!(
-            first_replies(&updates, 0..1, &[Int(5)], &mut answers).is_err(),
+            first_replies(&updates, 0..1, &[Int(5)], &mut answers, &mut refused).is_err(),
             "not a script answer"
         );
+        // an error reply is a refusal of that update alone: the others' answers count
+        let mut answers = vec![None; updates.len()];
+        let mut refused = Vec::new();
+        let noperm = redis::parse_redis_value(b"-NOPERM this user has no permissions\r\n")
+            .unwrap_or(redis::Value::Nil);
+        let pending = first_replies(
+            &updates,
+            0..4,
+            &[noperm.clone(), Int(10), noperm, Int(3)],
+            &mut answers,
+            &mut refused,
+        )
+        .unwrap();
+        assert_eq!(answers[0], None);
+        assert_eq!(answers[2], None);
+        assert_eq!(pending, vec![(1, 2, 10), (3, 2, 3)]);
+        assert_eq!(
+            refused
+                .iter()
+                .map(|r| (r.update, r.error.kind))
+                .collect::<Vec<_>>(),
+            [(Some(0), ErrorKind::NoPerm), (Some(2), ErrorKind::NoPerm)]
+        );
+        assert_eq!(
+            refused[0].error.message,
+            "NOPERM this user has no permissions"
+        );
+    }
+
+    #[test]
+    fn error_replies_are_sorted_into_a_bounded_set_of_kinds() {
+        let k = |code: &str, detail: &str| ErrorKind::of(code, detail).label();
+        assert_eq!(
+            k(
+                "NOPERM",
+                "this user has no permissions to run the 'zadd' command"
+            ),
+            "noperm"
+        );
+        // Redis 7.0, a command the script calls
+        assert_eq!(
+            k("ERR", "The user executing the script can't run this command or subcommand script: 63ce, on @user_script:31."),
+            "noperm"
+        );
+        assert_eq!(
+            k("OOM", "command not allowed when used memory > 'maxmemory'."),
+            "oom"
+        );
+        assert_eq!(
+            k("READONLY", "You can't write against a read only replica."),
+            "readonly"
+        );
+        assert_eq!(
+            k(
+                "WRONGTYPE",
+                "Operation against a key holding the wrong kind of value script: 86"
+            ),
+            "wrongtype"
+        );
+        assert_eq!(k("NOSCRIPT", "No matching script."), "noscript");
+        assert_eq!(
+            k("ERR", "user_script:1: attempt to compare nil with number"),
+            "other"
+        );
+        assert_eq!(k("BUSY", "Redis is busy running a script."), "other");
+        let long = ReplyError::new("ERR", &"x".repeat(1000));
+        assert!(long.message.len() < 320, "{}", long.message.len());
+        let labels: std::collections::HashSet<_> =
+            ErrorKind::ALL.iter().map(|k| k.label()).collect();
+        assert_eq!(labels.len(), 6);
     }
 }

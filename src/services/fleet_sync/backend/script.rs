@@ -83,8 +83,9 @@ if adopt > 0 and not c[me] then c[me] = adopt; e[me] = tonumber(ARGV[6]); adopte
 local mine = u[me] or 0
 local lb = tonumber(ARGV[18])
 if used > mine then
-  redis.call('INCRBY', KEYS[1], used - mine)
-  redis.call('HSET', KEYS[2], 'u:' .. me, used)
+  -- (a script is not undone when a command in it fails: the sliding log's own command comes
+  -- first, so that a user who may not run it gets an error before anything is written, and
+  -- the count goes again, whole, once it may)
   if lb > 0 then
     -- a sliding log: the growth by bucket, the newest units named first; what is not named
     -- goes to the oldest bucket named (or the window's last), later than it came
@@ -97,6 +98,8 @@ if used > mine then
     end
     if g > 0 then redis.call('HINCRBY', KEYS[2], 'b:' .. at, g) end
   end
+  redis.call('INCRBY', KEYS[1], used - mine)
+  redis.call('HSET', KEYS[2], 'u:' .. me, used)
   mine = used
 end
 local total = tonumber(redis.call('GET', KEYS[1]) or '0')

@@ -3,8 +3,8 @@
 
 use super::script::{load_scripts, no_script};
 use super::{
-    finish_counts, first_replies, int, pipeline, Exchange, Heartbeat, RoundError, SyncBackend,
-    Update, HEARTBEAT_REPLIES,
+    finish_counts, first_replies, heartbeat_reply, pipeline, Exchange, Heartbeat, Refusal,
+    ReplyError, RoundError, SyncBackend, Update, HEARTBEAT_REPLIES,
 };
 use crate::config::model::{RedisEndpoint, RedisSettings};
 use crate::config::redis_client::client;
@@ -15,17 +15,41 @@ use std::time::Duration;
 /// Run a round's pipeline (its errors come back in place, as replies); if the server does not
 /// know the scripts (first use, a restart, a failover, `SCRIPT FLUSH`), load them and run it
 /// once more. A script that was not known ran nothing, so running the pipeline again counts
-/// nothing twice.
+/// nothing twice. When Redis refuses to load them (an ACL without `+script|load`), that
+/// refusal takes the place of each NOSCRIPT reply, so that the round says why.
 async fn query_round<C: redis::aio::ConnectionLike>(
     p: &redis::Pipeline,
     conn: &mut C,
 ) -> redis::RedisResult<Vec<redis::Value>> {
     let values: Vec<redis::Value> = p.query_async(conn).await?;
     if no_script(&values) {
-        load_scripts(conn).await?;
+        if let Err(e) = load_scripts(conn).await {
+            let Some(refusal) = ReplyError::of_redis(&e) else {
+                return Err(e);
+            };
+            return Ok(refused_load(values, &refusal));
+        }
         return p.query_async(conn).await;
     }
     Ok(values)
+}
+
+/// The replies of a round whose scripts Redis would not load: each NOSCRIPT reply becomes the
+/// load's own error reply.
+pub(super) fn refused_load(values: Vec<redis::Value>, refusal: &ReplyError) -> Vec<redis::Value> {
+    let text = format!("-{}\r\n", refusal.message.replace(['\r', '\n'], " "));
+    let replacement = redis::parse_redis_value(text.as_bytes()).ok();
+    values
+        .into_iter()
+        .map(|v| match (&v, &replacement) {
+            (redis::Value::ServerError(e), Some(r))
+                if e.kind() == Some(redis::ServerErrorKind::NoScript) =>
+            {
+                r.clone()
+            }
+            _ => v,
+        })
+        .collect()
 }
 
 /// One Redis server, through a connection manager that reconnects by itself.
@@ -64,45 +88,42 @@ impl SyncBackend for SingleRedis {
         let mut conn = self.conn.clone();
         let mut p = pipeline(updates.iter(), hb);
         // each command's error in its place: a command Redis refused (a full Redis with
-        // `noeviction`: OOM; a replica: READONLY) was not applied, the others were
+        // `noeviction`: OOM; a replica: READONLY; an ACL: NOPERM; an error in the script) was
+        // not applied, the others were
         p.ignore_errors();
         let mut values = query_round(&p, &mut conn).await?;
         let n = updates.len() + if hb.is_some() { HEARTBEAT_REPLIES } else { 0 };
         if values.len() != n {
             return Err(format!("expected {n} answers, got {}", values.len()).into());
         }
-        let instances = match hb {
-            Some(_) => values.pop().as_ref().and_then(int).map(|i| i.max(1) as u64),
+        let mut refused = Vec::new();
+        let beat = values.split_off(updates.len());
+        let instances = match hb.map(|_| heartbeat_reply(&beat)) {
+            Some(Ok(n)) => n,
+            Some(Err(error)) => {
+                refused.push(Refusal {
+                    update: None,
+                    error,
+                });
+                None
+            }
             None => None,
         };
-        values.truncate(updates.len());
-        let mut refused = None;
-        let mut answered = Vec::with_capacity(values.len());
-        let mut replies = Vec::with_capacity(values.len());
-        for (i, v) in values.into_iter().enumerate() {
-            match v {
-                redis::Value::ServerError(e) => refused = Some(format!("{e:?}")),
-                v => {
-                    answered.push(i);
-                    replies.push(v);
-                }
-            }
-        }
-        if let Some(message) = refused.as_ref().filter(|_| answered.is_empty()) {
-            // Redis refused every update: nothing of the round was applied
-            return Err(RoundError {
-                message: message.clone(),
-                unapplied: true,
-            });
-        }
         // the refused updates have no answer: they go again with a later round, and their
         // counters fall back to `on_failure` meanwhile
         let mut answers = vec![None; updates.len()];
-        let pending = first_replies(updates, answered.into_iter(), &replies, &mut answers)?;
-        finish_counts(&mut conn, updates, pending, &mut answers).await?;
+        let pending = first_replies(
+            updates,
+            0..updates.len(),
+            &values,
+            &mut answers,
+            &mut refused,
+        )?;
+        finish_counts(&mut conn, updates, pending, &mut answers, &mut refused).await?;
         Ok(Exchange {
             answers,
             instances,
+            refused,
             ..Exchange::default()
         })
     }
