@@ -9,7 +9,7 @@
 //! listener with [`metrics`].
 //!
 //! The modules form layers, each using only those before it (no cycle, checked by
-//! `tests/layout.rs`): `matching`, `problem`, `ticker`, `metrics` -> `config` -> `limits` ->
+//! `tests/layout.rs`): `matching`, `problem`, `log_limit`, `ticker`, `metrics` -> `config` -> `limits` ->
 //! `upstream` -> `snapshot` -> `request` -> `services` -> `cli`.
 
 pub mod cli;
