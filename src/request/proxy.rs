@@ -608,14 +608,20 @@ impl ProxyHttp for Gateway {
                     | ErrorType::WriteTimedout => 504,
                     _ => 502,
                 },
+                // a client gone, or too slow to read its answer (send_timeout): nothing to send
                 ErrorSource::Downstream => match etype {
-                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                    ErrorType::WriteError
+                    | ErrorType::ReadError
+                    | ErrorType::ConnectionClosed
+                    | ErrorType::WriteTimedout
+                    | ErrorType::H2Error => 0,
                     _ => 400,
                 },
                 ErrorSource::Internal | ErrorSource::Unset => 500,
             },
         };
-        if code > 0 {
+        // an answer already begun cannot be replaced by another
+        if code > 0 && session.response_written().is_none() {
             let detail = match code {
                 502 => "the upstream service could not be reached",
                 504 => "the upstream service did not answer in time",
