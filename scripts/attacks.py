@@ -30,12 +30,8 @@ import os
 import random
 import resource
 import shutil
-import signal
 import socket
-import ssl
-import statistics
 import subprocess
-import sys
 import tempfile
 import multiprocessing
 import time
@@ -50,9 +46,7 @@ import h2.settings
 from hyperframe.frame import (ContinuationFrame, HeadersFrame, PingFrame, PriorityFrame,
                               SettingsFrame)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REL = os.path.join(ROOT, "target", "release")
-RESULTS = []
+from harness import REL, eventually, finish, free_port, record, spawn_listening, stop
 DESCRIPTORS = 4096
 LISTENER_MAX = (DESCRIPTORS - 1024) // 2 // 3
 STREAMS_PER_SECOND = 2000
@@ -88,29 +82,7 @@ tenant:
 """
 
 
-def record(name, ok, detail):
-    RESULTS.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def eventually(cond, timeout=20.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            if cond():
-                return True
-        except OSError:
-            pass
-        time.sleep(0.05)
-    return False
 
 
 def get(url, timeout=10):
@@ -151,13 +123,13 @@ def metric(admin, prefix):
     return total
 
 
-def honest_loop(addr, out_path, stop):
+def honest_loop(addr, out_path, done):
     """GETs one after another on one kept-alive HTTP/1.1 connection, in a process of its own
     (the attackers' interpreter lock never delays it): a line `start latency ok` a request."""
     host, port = addr.rsplit(":", 1)
     conn = None
     with open(out_path, "w", buffering=1) as out:
-        while not stop.is_set():
+        while not done.is_set():
             start = time.time()
             t = time.perf_counter()
             try:
@@ -643,10 +615,9 @@ def main():
         make_certificates(dir_)
         ups = []
         for _ in range(2):
-            up = subprocess.Popen([os.path.join(REL, "examples", "upstream"), "127.0.0.1:0"],
-                                  stdout=subprocess.PIPE, text=True)
+            up, addr = spawn_listening([os.path.join(REL, "examples", "upstream"), "127.0.0.1:0"])
             procs.append(up)
-            ups.append(up.stdout.readline().strip()[len("listening on "):])
+            ups.append(addr)
         up_addr, honest_up = ups
         gw = Gateway(dir_, up_addr, honest_up)
         procs.append(gw.proc)
@@ -672,18 +643,9 @@ def main():
         alive = gw.proc.poll() is None and get(f"http://{gw.plain}/end")[0] == 200
         record("the gateway still serves", alive, "after every attack")
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
         shutil.rmtree(dir_, ignore_errors=True)
-    passed = sum(1 for _, ok in RESULTS if ok)
-    failed = len(RESULTS) - passed
-    print(f"attacks: {passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    finish("attacks")
 
 
 if __name__ == "__main__":

@@ -19,49 +19,16 @@ import asyncio
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REL = os.path.join(ROOT, "target", "release")
-RESULTS = []
+from harness import REL, eventually, finish, free_port, record, spawn_listening, stop
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
-def spawn_listening(cmd):
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    line = p.stdout.readline().strip()
-    assert line.startswith("listening on "), line
-    return p, line[len("listening on "):]
-
-
-def eventually(cond, timeout=20.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            if cond():
-                return True
-        except OSError:
-            pass
-        time.sleep(0.05)
-    return False
-
-
-def record(name, ok, detail):
-    RESULTS.append((name, ok))
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
 
 
 def get(url, headers=None):
@@ -271,18 +238,9 @@ def main():
         record("no error logged by the gateway", not errors, f"{len(errors)} error lines"
                + (f": {errors[:3]}" if errors else ""))
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
         shutil.rmtree(dir_, ignore_errors=True)
-    passed = sum(1 for _, ok in RESULTS if ok)
-    failed = len(RESULTS) - passed
-    print(f"conformance: {passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    finish("conformance")
 
 
 if __name__ == "__main__":

@@ -399,16 +399,7 @@ fn admin(r: &RedisServer, args: &[&str]) -> redis::Value {
 }
 
 fn admin_keys(r: &RedisServer) -> Vec<String> {
-    match admin(r, &["KEYS", "tollgate:*"]) {
-        redis::Value::Array(v) => v
-            .into_iter()
-            .filter_map(|k| match k {
-                redis::Value::BulkString(b) => String::from_utf8(b).ok(),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    }
+    common::strings(admin(r, &["KEYS", "tollgate:*"]))
 }
 
 fn admin_int(r: &RedisServer, args: &[&str]) -> i64 {

@@ -570,16 +570,7 @@ impl RedisServer {
     }
 
     pub fn keys(&self, pattern: &str) -> Vec<String> {
-        match self.cmd(&["KEYS", pattern]) {
-            redis::Value::Array(v) => v
-                .into_iter()
-                .filter_map(|k| match k {
-                    redis::Value::BulkString(b) => String::from_utf8(b).ok(),
-                    _ => None,
-                })
-                .collect(),
-            _ => Vec::new(),
-        }
+        strings(self.cmd(&["KEYS", pattern]))
     }
 
     /// Stop (`STOP`) or resume (`CONT`) the server process: it keeps its connections, and what
@@ -614,6 +605,20 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The strings of an array reply (a `KEYS` answer, say); nothing for any other reply.
+pub fn strings(reply: redis::Value) -> Vec<String> {
+    match reply {
+        redis::Value::Array(v) => v
+            .into_iter()
+            .filter_map(|k| match k {
+                redis::Value::BulkString(b) => String::from_utf8(b).ok(),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
     }
 }
 

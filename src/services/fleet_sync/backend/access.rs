@@ -166,14 +166,7 @@ pub fn advice(user: &str, c: &Command) -> String {
 }
 
 fn algorithm_name(a: Algorithm) -> String {
-    match a {
-        Algorithm::FixedWindow => "fixed_window",
-        Algorithm::SlidingWindow => "sliding_window",
-        Algorithm::TokenBucket => "token_bucket",
-        Algorithm::SlidingLog => "sliding_log",
-        Algorithm::LeakyBucket => "leaky_bucket",
-    }
-    .to_string()
+    crate::config::summary::algorithm_text(a).to_string()
 }
 
 /// Ask Redis (the server, or the first cluster seed that answers) whether the user may run
