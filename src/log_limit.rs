@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 /// Warnings and errors written per source and second, at most.
-pub const PER_SECOND: u32 = 5;
+pub const PER_SECOND: u32 = 3;
 
 /// What one source wrote in its current second.
 #[derive(Debug, Clone, Copy)]
