@@ -332,6 +332,7 @@ fn edge_service(
         Edge {
             proxy: Arc::new(app),
             shared: shared.clone(),
+            h2c: server_cfg.h2c,
             connections: connections.clone(),
             metrics: metrics.clone(),
         },

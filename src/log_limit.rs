@@ -1,9 +1,11 @@
 //! A bound on the log lines anyone outside can cause: warnings and errors of one source (a
-//! module's log target) are written at most [`PER_SECOND`] a second; the rest of that second's
-//! are counted, and the first line of a later second says how many were left out. A client
-//! that makes a dependency log an error per connection or per stream (a failed TLS handshake,
-//! a reset HTTP/2 stream) thus writes a few lines a second, not megabytes. Lines below warning
-//! (the access log among them) pass untouched.
+//! module's log target) that clients can reach, the libraries' and the request path's
+//! ([`client_reachable`]), are written at most [`PER_SECOND`] a second; the rest of that
+//! second's are counted, and the first line of a later second says how many were left out. A
+//! client that makes a dependency log an error per connection or per stream (a failed TLS
+//! handshake, a reset HTTP/2 stream) thus writes a few lines a second, not megabytes. Lines
+//! below warning (the access log among them), and what the operator's own acts cause (a reload,
+//! the start, the Redis sync), pass untouched.
 
 use log::{Level, Log, Metadata, Record};
 use parking_lot::Mutex;
@@ -66,6 +68,11 @@ impl Budget {
     }
 }
 
+/// Whether clients can make `target` log: every library, and the gateway's request path.
+pub fn client_reachable(target: &str) -> bool {
+    !target.starts_with("tollgate") || target.starts_with("tollgate::request")
+}
+
 /// A logger that passes lines to `inner`, warnings and errors within their [`Budget`].
 pub struct Limited<L> {
     pub inner: L,
@@ -87,7 +94,10 @@ impl<L: Log> Log for Limited<L> {
     }
 
     fn log(&self, record: &Record) {
-        if record.level() > Level::Warn || !self.inner.enabled(record.metadata()) {
+        if record.level() > Level::Warn
+            || !client_reachable(record.target())
+            || !self.inner.enabled(record.metadata())
+        {
             self.inner.log(record);
             return;
         }
@@ -140,5 +150,23 @@ mod tests {
         let t1 = t0 + Duration::from_secs(1);
         assert_eq!(b.judge("pingora", t1), Verdict::Write { left_out: 500 });
         assert_eq!(b.judge("pingora", t1), Verdict::Write { left_out: 0 });
+    }
+
+    #[test]
+    fn only_what_clients_can_reach_is_bounded() {
+        for t in [
+            "pingora_core::services::listening",
+            "h2::proto",
+            "tollgate::request::edge",
+        ] {
+            assert!(client_reachable(t), "{t}");
+        }
+        for t in [
+            "tollgate::services::reload",
+            "tollgate::cli",
+            "tollgate::services::fleet_sync",
+        ] {
+            assert!(!client_reachable(t), "{t}");
+        }
     }
 }

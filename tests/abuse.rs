@@ -398,6 +398,18 @@ fn a_full_listener_refuses_new_connections_and_is_not_ready_until_one_closes() {
         "{}",
         gw.metrics()
     );
+    // the limit is the process's: a reload that changes it says so and keeps it
+    let raised = one_route_config(
+        up.addr,
+        2,
+        "  max_connections: 5\n  client_header_timeout: 30s",
+    ) + OPEN;
+    assert!(gw.reload(&raised));
+    assert!(gw
+        .log()
+        .contains("server.max_connections or server.max_connections_per_ip need a restart"));
+    let mut still_refused = TcpStream::connect(gw.addr).unwrap();
+    assert!(closed_within(&mut still_refused, Duration::from_secs(2)));
     drop(held);
     assert!(eventually(Duration::from_secs(5), || ready(&gw).0 == 200));
     assert_eq!(request(gw.addr, "GET", "/ok", &[]).unwrap().status, 200);

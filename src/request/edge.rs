@@ -62,6 +62,8 @@ pub const DRAIN_WINDOW: Duration = Duration::from_secs(1);
 pub struct Edge<SV: ProxyHttp> {
     pub proxy: Arc<HttpProxy<SV>>,
     pub shared: SharedSnapshot,
+    /// `server.h2c` as the process started (a change needs a restart, like the listeners).
+    pub h2c: bool,
     pub connections: Arc<Connections>,
     pub metrics: Arc<Metrics>,
 }
@@ -196,7 +198,7 @@ where
             let snap = self.shared.load();
             let s = &snap.config.server;
             Limits {
-                h2c: s.h2c,
+                h2c: self.h2c,
                 header_timeout: s.client_header_timeout,
                 keepalive: s.keepalive_timeout,
                 http2: s.http2,

@@ -97,9 +97,11 @@ impl Reloader {
             || a.h2c != b.h2c
             || a.admin != b.admin
             || a.threads != b.threads
+            || a.max_connections != b.max_connections
+            || a.max_connections_per_ip != b.max_connections_per_ip
         {
             log::warn!(
-                "reload: changes to server.listen (addresses or tls on/off), server.h2c, server.admin or server.threads need a restart or a graceful upgrade (tollgate -u); the running listeners and threads stay (certificates are reloaded)"
+                "reload: changes to server.listen (addresses or tls on/off), server.h2c, server.admin, server.threads, server.max_connections or server.max_connections_per_ip need a restart or a graceful upgrade (tollgate -u); the running listeners, their limits and threads stay (certificates are reloaded)"
             );
         }
         if old.config.tracing != cfg.tracing {
