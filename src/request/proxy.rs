@@ -365,7 +365,7 @@ impl ProxyHttp for Gateway {
         let entered = enter_gate(&self.metrics, snap, pool, gate, &ctx.admitted.tenant);
         // a client that leaves while its request waits takes it out of the queue: it never
         // reaches the upstream
-        let Some(entered) = Box::pin(unless_client_leaves(session, Box::pin(entered))).await else {
+        let Some(entered) = Box::pin(unless_client_leaves(session, entered)).await else {
             return Error::e_explain(
                 ErrorType::ConnectionClosed,
                 "the client left while its request waited for the pool",
@@ -816,7 +816,7 @@ fn end_trace(
 
 /// Wait for a turn in a leaky bucket on a timer. Returns false when the client left first.
 async fn wait_turn(session: &mut Session, wait: Duration) -> bool {
-    unless_client_leaves(session, Box::pin(tokio::time::sleep(wait)))
+    unless_client_leaves(session, tokio::time::sleep(wait))
         .await
         .is_some()
 }
@@ -826,8 +826,9 @@ async fn wait_turn(session: &mut Session, wait: Duration) -> bool {
 /// for the upstream).
 async fn unless_client_leaves<T>(
     session: &mut Session,
-    mut work: std::pin::Pin<Box<impl std::future::Future<Output = T>>>,
+    work: impl std::future::Future<Output = T>,
 ) -> Option<T> {
+    tokio::pin!(work);
     if let Some(reset) = session.as_downstream_mut().watch_h2_stream_close() {
         return tokio::select! {
             done = &mut work => Some(done),
