@@ -1069,3 +1069,23 @@ fn tracing_settings_are_checked() {
     let (code, _, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
     assert_eq!(code, 0, "{err}");
 }
+
+#[test]
+fn a_pool_protocol_must_fit_its_transport() {
+    let pool = "    servers: [\"127.0.0.1:9001\"]\n    health_check: { interval: 1s }";
+    // line 8 is the pool's `protocol`, column 15 its value
+    let t = with(pool, &format!("{pool}\n    protocol: h2"));
+    assert_error(&t, 8, 15, &["upstreams.products.protocol", "tls", "h2c"]);
+    let t = with(pool, &format!("{pool}\n    protocol: http3"));
+    assert_error(&t, 8, 15, &["unknown protocol", "http1, h2 or h2c"]);
+    let t = with(
+        pool,
+        &format!("{pool}\n    protocol: h2c\n    tls: {{ sni: api.internal }}"),
+    );
+    assert_error(&t, 8, 15, &["h2c is HTTP/2 over plain TCP", "use h2"]);
+    let t = with(
+        pool,
+        &format!("{pool}\n    protocol: h2c\n    max_streams_per_connection: 0"),
+    );
+    assert_error(&t, 9, 33, &["max_streams_per_connection", "between 1 and"]);
+}

@@ -198,3 +198,109 @@ fn a_dead_server_without_health_check_costs_no_request() {
     let seen = hits(&gw, 20, "t");
     assert_eq!(seen.get("a"), Some(&20), "{seen:?}");
 }
+
+/// A gateway speaking h2c (`server.h2c`) in front of `up`: an HTTP/2 server for the pool under
+/// test, whose listener counts the connections it is given.
+fn h2c_server(up: &Upstream) -> Gateway {
+    Gateway::start(&format!(
+        "{}tenant:\n  required: false\n",
+        common::one_route_config(up.addr, 2, "  h2c: true")
+    ))
+}
+
+/// The most connections `server` held at once while `n` requests for `path` went through
+/// `gw` together, after one request alone (which leaves a connection to reuse, as a gateway in
+/// service has); every answer must be 200.
+fn connections_for(gw: &Gateway, server: &Gateway, n: usize, path: &str) -> f64 {
+    assert_eq!(gw.get("/warm", &[]).status, 200);
+    let addr = gw.addr;
+    let path = path.to_string();
+    let clients: Vec<_> = (0..n)
+        .map(|_| {
+            let path = path.clone();
+            std::thread::spawn(move || common::request(addr, "GET", &path, &[]).map(|r| r.status))
+        })
+        .collect();
+    let mut most: f64 = 0.0;
+    let series = format!("tollgate_connections{{listener=\"{}\"}}", server.addr);
+    while clients.iter().any(|c| !c.is_finished()) {
+        most = most.max(common::metric_sum(&server.metrics(), &series));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for c in clients {
+        assert_eq!(c.join().expect("client").expect("answer"), 200);
+    }
+    most
+}
+
+#[test]
+fn an_h2c_pool_multiplexes_requests_on_few_connections() {
+    let up = Upstream::start("u");
+    let server = h2c_server(&up);
+    let target = vec![server.addr.to_string()];
+    let h2c = Gateway::start(&config(&target, "    protocol: h2c"));
+    let over_h2c = connections_for(&h2c, &server, 20, "/delay/800/h2c");
+    drop(h2c);
+    let http1 = Gateway::start(&config(&target, ""));
+    let over_http1 = connections_for(&http1, &server, 20, "/delay/800/http1");
+    drop(http1);
+    eprintln!("20 requests at once: {over_h2c} connections over h2c, {over_http1} over HTTP/1.1");
+    assert!(over_h2c <= 2.0, "h2c used {over_h2c} connections");
+    assert!(over_http1 >= 15.0, "HTTP/1.1 used {over_http1} connections");
+    // one stream per connection at most: as many connections as requests again
+    let one = Gateway::start(&config(
+        &target,
+        "    protocol: h2c\n    max_streams_per_connection: 1",
+    ));
+    let over_one = connections_for(&one, &server, 10, "/delay/800/one");
+    assert!(over_one >= 8.0, "one stream a connection used {over_one}");
+}
+
+#[test]
+fn an_h2c_pool_whose_server_speaks_only_http1_answers_502_at_once() {
+    let up = Upstream::start("u");
+    let gw = Gateway::start(&config(
+        &[up.addr.to_string()],
+        "    protocol: h2c\n    retries: 0",
+    ));
+    let t = std::time::Instant::now();
+    let r = gw.get("/x", &[]);
+    assert_eq!(r.status, 502, "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+#[test]
+fn an_h2_pool_speaks_http2_over_tls_by_alpn() {
+    let up = Upstream::start("u");
+    let dir = common::TempDir::new();
+    common::make_cert(&dir.0, "srv", "localhost");
+    let tls_port = free_port();
+    let server = Gateway::start(&format!(
+        "server:\n  listen:\n    - \"{{LISTEN}}\"\n    - addr: \"127.0.0.1:{tls_port}\"\n      tls: {{ cert: {d}/srv.pem, key: {d}/srv.key }}\n  admin: \"{{ADMIN}}\"\n  threads: 2\nupstreams:\n  app:\n    servers: [\"{up}\"]\nroutes:\n  - id: all\n    path: /**\n    upstream: app\ntenant:\n  required: false\n",
+        d = dir.0.display(),
+        up = up.addr
+    ));
+    let gw = Gateway::start(&config(
+        &[format!("127.0.0.1:{tls_port}")],
+        &format!(
+            "    protocol: h2\n    tls: {{ sni: localhost, ca: {}/srv.pem }}",
+            dir.0.display()
+        ),
+    ));
+    assert_eq!(gw.get("/warm", &[]).status, 200);
+    let addr = gw.addr;
+    let clients: Vec<_> = (0..20)
+        .map(|_| std::thread::spawn(move || common::request(addr, "GET", "/delay/800/h2", &[])))
+        .collect();
+    let series = format!("tollgate_connections{{listener=\"127.0.0.1:{tls_port}\"}}");
+    let mut most: f64 = 0.0;
+    while clients.iter().any(|c| !c.is_finished()) {
+        most = most.max(common::metric_sum(&server.metrics(), &series));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for c in clients {
+        let r = c.join().expect("client").expect("answer");
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    assert!((1.0..=2.0).contains(&most), "h2 used {most} connections");
+}

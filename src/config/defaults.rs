@@ -32,6 +32,9 @@ pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_HEALTH_HOST: &str = "localhost";
 pub const DEFAULT_RETRIES: usize = 2;
 pub const MAX_RETRIES: usize = 16;
+/// HTTP/2 pools: streams on one upstream connection (Pingora's own default is one).
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: usize = 100;
+pub const MAX_STREAMS_PER_CONNECTION: usize = 10_000;
 
 // limits
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_millis(500);

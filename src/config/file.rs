@@ -262,6 +262,12 @@ pub struct UpstreamFile {
     /// Where requests wait while the pool is full, by plan priority.
     #[serde(default)]
     pub queue: Option<QueueFile>,
+    /// `http1` (default), `h2` (over `tls`, by ALPN) or `h2c` (HTTP/2 with prior knowledge).
+    #[serde(default)]
+    pub protocol: Option<String>,
+    /// HTTP/2 pools: requests multiplexed on one connection at most (default 100).
+    #[serde(default)]
+    pub max_streams_per_connection: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -89,6 +89,30 @@ pub struct UpstreamSpec {
     pub tls: Option<UpstreamTls>,
     /// Priority shaping: at most this many requests in flight, the others queued.
     pub shaping: Option<Shaping>,
+    /// What the gateway speaks to the pool's servers.
+    pub protocol: UpstreamProtocol,
+    /// HTTP/2 pools: streams multiplexed on one connection at most.
+    pub max_streams_per_connection: usize,
+}
+
+/// `upstreams.NAME.protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    Http1,
+    /// HTTP/2 over TLS, chosen by ALPN.
+    H2,
+    /// HTTP/2 over plain TCP with prior knowledge.
+    H2c,
+}
+
+impl UpstreamProtocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamProtocol::Http1 => "http1",
+            UpstreamProtocol::H2 => "h2",
+            UpstreamProtocol::H2c => "h2c",
+        }
+    }
 }
 
 /// A pool's `max_in_flight` and `queue`.

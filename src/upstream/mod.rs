@@ -4,7 +4,7 @@
 
 pub mod shaping;
 
-use crate::config::model::{Balance, UpstreamSpec, UpstreamTls};
+use crate::config::model::{Balance, UpstreamProtocol, UpstreamSpec, UpstreamTls};
 use crate::ticker::Ticker;
 use async_trait::async_trait;
 use pingora::http::RequestHeader;
@@ -245,6 +245,12 @@ impl Pool {
         peer.options.read_timeout = Some(self.spec.read_timeout);
         peer.options.write_timeout = Some(self.spec.read_timeout);
         peer.options.idle_timeout = Some(UPSTREAM_IDLE_TIMEOUT);
+        if self.spec.protocol != UpstreamProtocol::Http1 {
+            // HTTP/2 only: ALPN h2 over TLS; over plain TCP, prior knowledge (h2c), which
+            // Pingora speaks to a peer whose lowest version is 2
+            peer.options.set_http_version(2, 2);
+            peer.options.max_h2_streams = self.spec.max_streams_per_connection;
+        }
         peer
     }
 

@@ -162,6 +162,56 @@ fn check_shaping(c: &mut Checker, base: &str, u: &UpstreamFile) -> Option<Shapin
     }
 }
 
+/// `upstreams.NAME.protocol` and `max_streams_per_connection`.
+fn check_protocol(c: &mut Checker, base: &str, u: &UpstreamFile) -> (UpstreamProtocol, usize) {
+    let path = format!("{base}.protocol");
+    let protocol = match u.protocol.as_deref() {
+        None | Some("http1") => UpstreamProtocol::Http1,
+        Some("h2") => {
+            if u.tls.is_none() {
+                c.err(
+                    &path,
+                    "h2 is HTTP/2 over TLS: give the pool a `tls` section, or use h2c for HTTP/2 over plain TCP",
+                );
+            }
+            UpstreamProtocol::H2
+        }
+        Some("h2c") => {
+            if u.tls.is_some() {
+                c.err(&path, "h2c is HTTP/2 over plain TCP: with `tls`, use h2");
+            }
+            UpstreamProtocol::H2c
+        }
+        Some(other) => {
+            c.err(
+                &path,
+                format!("unknown protocol {other:?}: expected http1, h2 or h2c"),
+            );
+            UpstreamProtocol::Http1
+        }
+    };
+    let streams = match u.max_streams_per_connection {
+        Some(n) if !(1..=MAX_STREAMS_PER_CONNECTION).contains(&n) => {
+            c.err(
+                &format!("{base}.max_streams_per_connection"),
+                format!("must be between 1 and {MAX_STREAMS_PER_CONNECTION}"),
+            );
+            DEFAULT_MAX_STREAMS_PER_CONNECTION
+        }
+        Some(n) => {
+            if protocol == UpstreamProtocol::Http1 {
+                c.warn(
+                    &format!("{base}.max_streams_per_connection"),
+                    "applies to HTTP/2 pools only (protocol h2 or h2c): an HTTP/1.1 connection carries one request at a time",
+                );
+            }
+            n
+        }
+        None => DEFAULT_MAX_STREAMS_PER_CONNECTION,
+    };
+    (protocol, streams)
+}
+
 pub(super) fn check_upstreams(
     c: &mut Checker,
     ups: &BTreeMap<String, UpstreamFile>,
@@ -202,7 +252,10 @@ pub(super) fn check_upstreams(
         };
         let tls = u.tls.as_ref().map(|t| check_upstream_tls(c, &base, t));
         let shaping = check_shaping(c, &base, u);
+        let (protocol, max_streams_per_connection) = check_protocol(c, &base, u);
         out.push(UpstreamSpec {
+            protocol,
+            max_streams_per_connection,
             shaping,
             name: name.clone(),
             servers,
