@@ -61,6 +61,9 @@ pub struct Metrics {
     /// `tollgate_client_errors_total{kind}`: what clients did wrong, counted instead of logged
     /// one line each ([`ClientError`]).
     pub client_errors: IntCounterVec,
+    /// Its series, one per [`ClientError`] (in `ClientError::ALL` order), resolved once: a flood
+    /// of client errors costs an atomic add each, not a label lookup.
+    client_error_series: Vec<IntCounter>,
     /// `tollgate_connections{listener}`: client connections open now.
     pub connections: IntGaugeVec,
     /// `tollgate_connections_refused_total{listener,reason}`: connections closed at once
@@ -147,7 +150,7 @@ fn histogram(name: &str, help: &str, buckets: &[f64]) -> prometheus::Result<Hist
 impl Metrics {
     pub fn new() -> Result<Self, prometheus::Error> {
         let r = Registry::new();
-        let m = Metrics {
+        let mut m = Metrics {
             requests: registered(
                 &r,
                 counter_vec(
@@ -346,11 +349,13 @@ impl Metrics {
                     &["listener", "reason"],
                 ),
             )?,
+            client_error_series: Vec::new(),
             registry: r,
         };
-        for kind in ClientError::ALL {
-            m.client_errors.with_label_values(&[kind.label()]);
-        }
+        m.client_error_series = ClientError::ALL
+            .iter()
+            .map(|k| m.client_errors.with_label_values(&[k.label()]))
+            .collect();
         // series with a fixed set of labels exist from the start (at 0), so that dashboards
         // and alerts see them before the first reload or round
         for result in ["ok", "error"] {
@@ -365,7 +370,9 @@ impl Metrics {
 
     /// Count what a client did wrong.
     pub fn client_error(&self, kind: ClientError) {
-        self.client_errors.with_label_values(&[kind.label()]).inc();
+        if let Some(c) = self.client_error_series.get(kind as usize) {
+            c.inc();
+        }
     }
 
     /// The text exposition format.
@@ -373,5 +380,21 @@ impl Metrics {
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_client_error_counts_in_its_own_series() {
+        let m = Metrics::new().expect("metrics");
+        for (i, kind) in ClientError::ALL.iter().enumerate() {
+            assert_eq!(*kind as usize, i, "ALL is in declaration order");
+            m.client_error(*kind);
+            m.client_error(*kind);
+            assert_eq!(m.client_errors.with_label_values(&[kind.label()]).get(), 2);
+        }
     }
 }

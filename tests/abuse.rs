@@ -386,6 +386,9 @@ fn a_full_listener_refuses_new_connections_and_is_not_ready_until_one_closes() {
         "{:?}",
         ready(&gw)
     );
+    // up to the limit, every connection is held, none refused
+    assert_eq!(metric(&gw, "tollgate_connections{"), 3.0);
+    assert_eq!(metric(&gw, "tollgate_connections_refused_total{"), 0.0);
     let (_, body) = ready(&gw);
     assert_eq!(body["listeners_full"][0], gw.addr.to_string());
     let mut refused = TcpStream::connect(gw.addr).unwrap();

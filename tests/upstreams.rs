@@ -208,10 +208,10 @@ fn h2c_server(up: &Upstream) -> Gateway {
     ))
 }
 
-/// The most connections `server` held at once while `n` requests for `path` went through
-/// `gw` together, after one request alone (which leaves a connection to reuse, as a gateway in
-/// service has); every answer must be 200.
-fn connections_for(gw: &Gateway, server: &Gateway, n: usize, path: &str) -> f64 {
+/// The most connections `server`'s `listener` held at once while `n` requests for `path` went
+/// through `gw` together, after one request alone (which leaves a connection to reuse, as a
+/// gateway in service has); every answer must be 200.
+fn connections_on(gw: &Gateway, server: &Gateway, listener: &str, n: usize, path: &str) -> f64 {
     assert_eq!(gw.get("/warm", &[]).status, 200);
     let addr = gw.addr;
     let path = path.to_string();
@@ -222,7 +222,7 @@ fn connections_for(gw: &Gateway, server: &Gateway, n: usize, path: &str) -> f64 
         })
         .collect();
     let mut most: f64 = 0.0;
-    let series = format!("tollgate_connections{{listener=\"{}\"}}", server.addr);
+    let series = format!("tollgate_connections{{listener=\"{listener}\"}}");
     while clients.iter().any(|c| !c.is_finished()) {
         most = most.max(common::metric_sum(&server.metrics(), &series));
         std::thread::sleep(Duration::from_millis(10));
@@ -231,6 +231,11 @@ fn connections_for(gw: &Gateway, server: &Gateway, n: usize, path: &str) -> f64 
         assert_eq!(c.join().expect("client").expect("answer"), 200);
     }
     most
+}
+
+/// `connections_on` the server's plain listener.
+fn connections_for(gw: &Gateway, server: &Gateway, n: usize, path: &str) -> f64 {
+    connections_on(gw, server, &server.addr.to_string(), n, path)
 }
 
 #[test]
@@ -287,20 +292,7 @@ fn an_h2_pool_speaks_http2_over_tls_by_alpn() {
             dir.0.display()
         ),
     ));
-    assert_eq!(gw.get("/warm", &[]).status, 200);
-    let addr = gw.addr;
-    let clients: Vec<_> = (0..20)
-        .map(|_| std::thread::spawn(move || common::request(addr, "GET", "/delay/800/h2", &[])))
-        .collect();
-    let series = format!("tollgate_connections{{listener=\"127.0.0.1:{tls_port}\"}}");
-    let mut most: f64 = 0.0;
-    while clients.iter().any(|c| !c.is_finished()) {
-        most = most.max(common::metric_sum(&server.metrics(), &series));
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for c in clients {
-        let r = c.join().expect("client").expect("answer");
-        assert_eq!(r.status, 200, "{r:?}");
-    }
+    let tls = format!("127.0.0.1:{tls_port}");
+    let most = connections_on(&gw, &server, &tls, 20, "/delay/800/h2");
     assert!((1.0..=2.0).contains(&most), "h2 used {most} connections");
 }

@@ -181,11 +181,11 @@ where
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let tls = stream.get_ssl_digest().is_some();
+        let (local, peer) = connections::addresses(&*stream);
         // a TLS connection was counted before its handshake (`connections::BeforeTls`)
         let _held = if tls {
             None
         } else {
-            let (local, peer) = connections::addresses(&*stream);
             match self.connections.open(local, peer) {
                 Ok(held) => held,
                 Err(why) => {
@@ -218,7 +218,7 @@ where
             }
         }
         if h2 {
-            self.serve_h2(stream, shutdown, &limits).await;
+            self.serve_h2(stream, peer, shutdown, &limits).await;
         } else {
             self.serve_h1(stream, shutdown, &limits).await;
         }
@@ -275,8 +275,13 @@ where
     }
 
     /// HTTP/2: accept streams within the connection's budgets, each served on a task of its own.
-    async fn serve_h2(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch, l: &Limits) {
-        let peer = connections::addresses(&*stream).1;
+    async fn serve_h2(
+        self: &Arc<Self>,
+        stream: Stream,
+        peer: Option<std::net::IpAddr>,
+        shutdown: &ShutdownWatch,
+        l: &Limits,
+    ) {
         let digest = Arc::new(Digest {
             ssl_digest: stream.get_ssl_digest(),
             timing_digest: stream.get_timing_digest(),
