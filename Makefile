@@ -19,6 +19,7 @@ deps:
 
 deps-test: deps
 	@scripts/ensure-packages $(TEST_DEPS)
+	@scripts/grpc-venv
 
 deps-bench: deps
 	@scripts/ensure-packages $(BENCH_DEPS)
