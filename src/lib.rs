@@ -9,11 +9,12 @@
 //! listener with [`metrics`].
 //!
 //! The modules form layers, each using only those before it (no cycle, checked by
-//! `tests/layout.rs`): `matching`, `problem`, `log_limit`, `ticker`, `metrics` -> `config` -> `limits` ->
+//! `tests/layout.rs`): `matching`, `problem`, `grpc`, `log_limit`, `ticker`, `metrics` -> `config` -> `limits` ->
 //! `upstream` -> `snapshot` -> `request` -> `services` -> `cli`.
 
 pub mod cli;
 pub mod config;
+pub mod grpc;
 pub mod limits;
 pub mod log_limit;
 pub mod matching;

@@ -64,6 +64,9 @@ pub struct Metrics {
     /// Its series, one per [`ClientError`] (in `ClientError::ALL` order), resolved once: a flood
     /// of client errors costs an atomic add each, not a label lookup.
     client_error_series: Vec<IntCounter>,
+    /// `tollgate_grpc_requests_total{route,grpc_status}`: gRPC calls by the status they ended
+    /// with (`CANCELLED` when the client left first).
+    pub grpc_requests: IntCounterVec,
     /// `tollgate_connections{listener}`: client connections open now.
     pub connections: IntGaugeVec,
     /// `tollgate_connections_refused_total{listener,reason}`: connections closed at once
@@ -329,6 +332,14 @@ impl Metrics {
                     "tollgate_client_errors_total",
                     "What clients did wrong, by kind (reset: an HTTP/2 stream reset before its answer; closed: gone mid-request; timeout: too slow to send or to read; protocol: a malformed request or frame; refused: HTTP/2 streams past max_streams_per_second; goaway: connections closed for too many premature resets)",
                     &["kind"],
+                ),
+            )?,
+            grpc_requests: registered(
+                &r,
+                counter_vec(
+                    "tollgate_grpc_requests_total",
+                    "gRPC calls (content-type application/grpc) by route and the gRPC status they ended with (the upstream's, or that of the answer the gateway made; CANCELLED: the client left first)",
+                    &["route", "grpc_status"],
                 ),
             )?,
             connections: registered(

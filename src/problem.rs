@@ -42,6 +42,17 @@ pub fn plain(status: u16, detail: &str) -> Bytes {
     body(status, title, detail, "about:blank", &[])
 }
 
+/// The `detail` of a problem body (`None` when the body is not one).
+pub fn detail(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Detail {
+        detail: String,
+    }
+    serde_json::from_slice::<Detail>(body)
+        .ok()
+        .map(|d| d.detail)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,5 +74,7 @@ mod tests {
         assert_eq!(v["detail"], "no route for \"/x\"");
         assert_eq!(v["retry_after"], 1);
         assert_eq!(v["odd \"key\""], "a\nline </script>");
+        assert_eq!(detail(&b).as_deref(), Some("no route for \"/x\""));
+        assert_eq!(detail(b"hello"), None);
     }
 }

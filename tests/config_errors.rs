@@ -825,6 +825,31 @@ fn count_when_is_checked() {
         &["limits[0].count_when.status", "at least one status"],
     );
     assert_error(
+        &rule("{ grpc_status: [UNAVAILABLE, 17] }"),
+        24,
+        46,
+        &[
+            "limits[0].count_when.grpc_status[1]",
+            "17 is not a gRPC status",
+            "0 to 16",
+        ],
+    );
+    assert_error(
+        &rule("{ grpc_status: [UNAVAILABEL] }"),
+        24,
+        33,
+        &[
+            "limits[0].count_when.grpc_status[0]",
+            "\"UNAVAILABEL\" is not a gRPC status",
+        ],
+    );
+    assert_error(
+        &rule("{ grpc_status: [] }"),
+        24,
+        17,
+        &["limits[0].count_when.status", "grpc_status"],
+    );
+    assert_error(
         &format!("{BASE}    action: delay\n    count_when: {{ status: [401] }}\n"),
         25,
         17,
@@ -886,8 +911,20 @@ fn cost_is_checked() {
         11,
         &[
             "limits[0].cost",
-            "either a request `header` or a `response_header`",
+            "one of a request `header`, a `response_header` or a `response_trailer`",
         ],
+    );
+    assert_error(
+        &rule("{ response_header: x-usage, response_trailer: x-usage }"),
+        24,
+        11,
+        &["limits[0].cost", "exactly one"],
+    );
+    assert_error(
+        &rule("{ response_trailer: \"bad name\" }"),
+        24,
+        31,
+        &["limits[0].cost.response_trailer"],
     );
     assert_error(
         &rule("{ response_header: x-usage, max: 11 }"),

@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// docs/architecture.md "Layout", in order.
-const LAYERS: [&str; 12] = [
+const LAYERS: [&str; 13] = [
     "matching",
     "problem",
+    "grpc",
     "log_limit",
     "ticker",
     "metrics",

@@ -698,10 +698,13 @@ pub struct CostHeaderFile {
     /// The request header that carries the cost, set by a trusted source.
     #[serde(default)]
     pub header: Option<String>,
-    /// Or the response header (or trailer) of the upstream's answer that carries it: the
-    /// cost is charged once the answer is known.
+    /// Or the response header of the upstream's answer that carries it: the cost is charged
+    /// once the answer is known.
     #[serde(default)]
     pub response_header: Option<String>,
+    /// Or its trailer (gRPC's `x-usage-tokens`, say): charged once the answer has ended.
+    #[serde(default)]
+    pub response_trailer: Option<String>,
     /// A larger request cost is a bad request (400); a larger response cost is charged `max`.
     #[serde(default)]
     pub max: Option<i64>,
@@ -714,7 +717,12 @@ pub struct CostHeaderFile {
 #[serde(deny_unknown_fields)]
 pub struct CountWhenFile {
     /// Statuses (`401`) and classes (`5xx`).
+    #[serde(default)]
     pub status: Vec<StatusFile>,
+    /// gRPC statuses, by name (`UNAVAILABLE`) or number (`14`), read from the answer's
+    /// `grpc-status` (its trailers, or a trailers-only answer's headers).
+    #[serde(default)]
+    pub grpc_status: Vec<StatusFile>,
 }
 
 /// A status as written: a number, or a class such as `"5xx"`.

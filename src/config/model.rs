@@ -337,7 +337,7 @@ pub struct Rule {
     pub exempt: Exempt,
     /// `count_when`: the rule counts a request only when its answer has one of these statuses
     /// (checked before forwarding, counted once the status is known).
-    pub count_when: Option<StatusSet>,
+    pub count_when: Option<CountWhen>,
     /// The units a request takes from every tier.
     pub cost: Cost,
     /// What the quota counts, when not requests (`RateLimit-Policy`'s `qu`).
@@ -349,6 +349,29 @@ impl Rule {
     /// answer carries), not at admission.
     pub fn charges_late(&self) -> bool {
         self.count_when.is_some() || matches!(self.cost, Cost::Response { .. })
+    }
+
+    /// The rule's late charge needs the end of the answer: a gRPC status (`count_when`'s
+    /// `grpc_status`) or a cost in the trailers (`response_trailer`).
+    pub fn waits_for_trailers(&self) -> bool {
+        self.count_when.is_some_and(|c| c.grpc != 0)
+            || matches!(self.cost, Cost::Response { trailer: true, .. })
+    }
+}
+
+/// The answers a `count_when` rule counts: HTTP statuses, and gRPC statuses (bit `n`: code
+/// `n`) read from the answer's `grpc-status`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CountWhen {
+    pub status: StatusSet,
+    pub grpc: u32,
+}
+
+impl CountWhen {
+    /// An answer with HTTP status `status` and gRPC status `grpc` (if it is a gRPC answer) is
+    /// counted: either is listed.
+    pub fn counts(&self, status: u16, grpc: Option<u8>) -> bool {
+        self.status.contains(status) || grpc.is_some_and(|g| g < 32 && self.grpc & (1 << g) != 0)
     }
 }
 
@@ -366,13 +389,15 @@ pub enum Cost {
         max: u64,
         default: u64,
     },
-    /// From the upstream's answer: its response header, or a trailer of that name. Admission
-    /// checks that the tiers have room for one unit; the cost is charged when the answer
-    /// brings it (over `max`: `max`; missing or malformed: `default`).
+    /// From the upstream's answer: its response header (`response_header`), or its trailer
+    /// (`response_trailer`: the trailers of an HTTP/2 answer, or the headers of a gRPC
+    /// trailers-only one). Admission checks that the tiers have room for one unit; the cost is
+    /// charged when the answer brings it (over `max`: `max`; missing or malformed: `default`).
     Response {
         name: HeaderName,
         max: u64,
         default: u64,
+        trailer: bool,
     },
 }
 
@@ -403,7 +428,9 @@ impl Cost {
     /// when they do not carry the cost.
     pub fn of_answer(&self, headers: &http::HeaderMap) -> Option<u64> {
         match self {
-            Cost::Response { name, max, default } => {
+            Cost::Response {
+                name, max, default, ..
+            } => {
                 headers.get(name)?;
                 Some(match units_in(headers, name) {
                     None | Some(0) => *default,

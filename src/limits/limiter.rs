@@ -185,6 +185,19 @@ pub struct Queued {
     tats: SmallVec<[u64; 2]>,
 }
 
+/// What is known of an answer when late charges are taken from it.
+#[derive(Debug)]
+pub struct Answered<'a> {
+    /// Its HTTP status.
+    pub status: u16,
+    /// Its gRPC status (from `grpc-status`), for a gRPC answer that has it.
+    pub grpc: Option<u8>,
+    /// The fields the costs are read from: its headers, or its trailers.
+    pub fields: &'a HeaderMap,
+    /// The answer has ended (its trailers, or its end, are known).
+    pub ended: bool,
+}
+
 /// A charge owed by a forwarded request to a rule that charges late.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Late {
@@ -942,9 +955,25 @@ impl Limiter {
     /// units it checked). Late: the count may pass a threshold by what the requests in flight
     /// when it filled are charged.
     pub fn charge_late(&self, d: &mut Decision, status: u16, headers: &HeaderMap) {
+        self.charge_answer(
+            d,
+            &Answered {
+                status,
+                grpc: crate::grpc::status_in(headers),
+                fields: headers,
+                ended: true,
+            },
+        );
+    }
+
+    /// [`Limiter::charge_late`] with what is known of the answer so far: before it has ended
+    /// (`ended` false: its head), the rules that wait for its trailers
+    /// (`Rule::waits_for_trailers`) stay owed.
+    pub fn charge_answer(&self, d: &mut Decision, answer: &Answered<'_>) {
         if d.late.is_empty() {
             return;
         }
+        let (status, headers) = (answer.status, answer.fields);
         let now = self.clock.now_ns();
         let leased = match self.fleet.mode() {
             FleetMode::Leased { instances } => Some(instances),
@@ -956,7 +985,11 @@ impl Limiter {
                 continue;
             };
             let r = &cr.rule;
-            let charge = if r.count_when.is_some_and(|s| !s.contains(status)) {
+            if !answer.ended && r.waits_for_trailers() {
+                d.late.push(late);
+                continue;
+            }
+            let charge = if r.count_when.is_some_and(|c| !c.counts(status, answer.grpc)) {
                 0
             } else {
                 match &r.cost {

@@ -174,7 +174,9 @@ fn limit(
                 );
                 let x_ratelimit = snap.config.headers.x_ratelimit;
                 return ControlFlow::Break(Admission::Answer(
-                    Answer::problem(refusal.status, &detail).retry_after(1, x_ratelimit),
+                    Answer::problem(refusal.status, &detail)
+                        .retry_after(1, x_ratelimit)
+                        .by_limit(),
                 ));
             }
         }
@@ -292,7 +294,9 @@ fn finish(snap: &Snapshot, admitted: &mut Admitted, d: Decision, delayed: bool) 
             let mut answer =
                 Answer::problem_body(status, headers::denial_body(limiter, &d, status));
             headers::apply(&mut answer.headers, limiter, &d, cfg.headers, true);
-            let answer = answer.retry_after(headers::retry_after_secs(&d), cfg.headers.x_ratelimit);
+            let answer = answer
+                .retry_after(headers::retry_after_secs(&d), cfg.headers.x_ratelimit)
+                .by_limit();
             return Admission::Answer(answer);
         }
         Verdict::Shadowban { rule } => {

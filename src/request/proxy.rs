@@ -14,7 +14,10 @@
 //!
 //! Every answer the gateway makes itself goes out through `write_answer`.
 
+use crate::config::model::UpstreamProtocol;
+use crate::grpc;
 use crate::limits::headers;
+use crate::limits::limiter::Answered;
 use crate::metrics::{ClientError, Metrics};
 use crate::request::admission::{self, Admission, Admitted, Incoming};
 use crate::request::answer::Answer;
@@ -27,6 +30,7 @@ use async_trait::async_trait;
 use http::header::HeaderValue;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
+use pingora::protocols::http::HttpTask;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use std::net::{IpAddr, Ipv4Addr};
@@ -53,6 +57,14 @@ pub struct RequestCtx {
     gate: Option<crate::upstream::shaping::GateSlot>,
     /// With `tracing`: the request's span, and its current upstream attempt's.
     trace: Option<Box<TraceSpans>>,
+    /// A gRPC call (`content-type: application/grpc*`).
+    grpc: bool,
+    /// Its deadline (`grpc-timeout`), counted from its arrival.
+    deadline: Option<Instant>,
+    /// The upstream answer's HTTP status (its gRPC status comes later, in its trailers).
+    answer_status: u16,
+    /// The gRPC status of the upstream's answer (trailers, or a trailers-only head).
+    grpc_status: Option<u8>,
 }
 
 /// The spans of a traced request (boxed: most requests carry none).
@@ -77,6 +89,15 @@ const CLIENT_GONE: http::StatusCode = match http::StatusCode::from_u16(499) {
     Ok(s) => s,
     Err(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
 };
+
+const DEADLINE_BEFORE_TURN: &str =
+    "the call's deadline (grpc-timeout) passes before its turn in the leaky bucket";
+const DEADLINE_IN_QUEUE: &str =
+    "the call's deadline (grpc-timeout) passed while it waited for the pool";
+const DEADLINE_PASSED: &str = "the call's deadline (grpc-timeout) passed at the gateway";
+const GRPC_TO_HTTP1: &str =
+    "this route's pool speaks HTTP/1.1, which cannot carry gRPC: its protocol must be h2 or h2c";
+const TRAILERS: HeaderValue = HeaderValue::from_static("trailers");
 
 /// Get into a shaped pool (`max_in_flight`), by the plan priority of `tenant`: the place, freed
 /// when the request is done, or `None` when the request is refused (a full queue, or it waited
@@ -138,8 +159,13 @@ fn pace(owed: &mut Duration, bytes: usize, bytes_per_sec: u64) -> Option<Duratio
     (*owed >= Duration::from_millis(1)).then(|| std::mem::take(owed))
 }
 
-/// Write an answer made here (a refusal, a denial, a shadowban's reply), whole.
-async fn write_answer(session: &mut Session, answer: Answer) -> Result<()> {
+/// Write an answer made here (a refusal, a denial, a shadowban's reply), whole; to a gRPC
+/// call, as a trailers-only gRPC answer (`Answer::to_grpc`).
+async fn write_answer(session: &mut Session, mut answer: Answer) -> Result<()> {
+    if grpc::is_grpc(&session.req_header().headers) {
+        answer = answer.to_grpc(!session.as_downstream().is_http2());
+    }
+    let end_in_head = answer.body.is_empty();
     if answer.close {
         session.set_keepalive(None);
     }
@@ -147,8 +173,27 @@ async fn write_answer(session: &mut Session, answer: Answer) -> Result<()> {
     parts.status = http::StatusCode::from_u16(answer.status)
         .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
     parts.headers = answer.headers;
-    let resp = ResponseHeader::from(parts);
-    session.write_response_header(Box::new(resp), false).await?;
+    let mut resp = Box::new(ResponseHeader::from(parts));
+    if end_in_head && session.as_downstream().is_http2() {
+        // A head that ends the stream (a gRPC trailers-only answer) must carry END_STREAM:
+        // pingora-core 0.9's `HttpSession::write_response_header` passes `end = false` to an
+        // HTTP/2 session whatever it is told, and ends the stream with an empty DATA frame,
+        // which a gRPC client reads as an answer without a status (tests/grpc.rs). The
+        // session's own task writer keeps the flag.
+        session
+            .downstream_modules_ctx
+            .response_header_filter(&mut resp, true)
+            .await?;
+        session
+            .as_downstream_mut()
+            .response_duplex_vec(vec![HttpTask::Header(resp, true)])
+            .await?;
+        return Ok(());
+    }
+    session.write_response_header(resp, end_in_head).await?;
+    if end_in_head {
+        return Ok(());
+    }
     session.write_response_body(Some(answer.body), true).await
 }
 
@@ -208,6 +253,7 @@ fn access_log(
     route: &str,
     status: http::StatusCode,
     took: Duration,
+    grpc_status: Option<&str>,
 ) {
     let req = session.req_header();
     let decision = match (
@@ -250,6 +296,10 @@ fn access_log(
         line.push_str(" shadow_denied_by=");
         line.push_str(rule_id(ctx.admitted.shadow_by));
     }
+    if let Some(code) = grpc_status {
+        line.push_str(" grpc_status=");
+        line.push_str(code);
+    }
     log::info!(target: "tollgate::access", "{line}");
 }
 
@@ -289,6 +339,10 @@ impl ProxyHttp for Gateway {
             body_bytes: 0,
             gate: None,
             trace: None,
+            grpc: false,
+            deadline: None,
+            answer_status: 0,
+            grpc_status: None,
         }
     }
 
@@ -303,6 +357,10 @@ impl ProxyHttp for Gateway {
             .as_downstream_mut()
             .set_write_timeout(Some(snap.config.server.send_timeout));
         let req = session.req_header();
+        if grpc::is_grpc(&req.headers) {
+            ctx.grpc = true;
+            ctx.deadline = grpc::timeout(&req.headers).map(|t| ctx.started + t);
+        }
         if let Some(t) = trace::traces().filter(|t| t.wanted(&req.headers)) {
             ctx.trace = Some(Box::new(TraceSpans {
                 request: t.server_span(req.method.as_str(), &req.headers),
@@ -330,6 +388,15 @@ impl ProxyHttp for Gateway {
                 Ok(true)
             }
             Admission::Queue(wait) => {
+                if ctx.deadline.is_some_and(|d| Instant::now() + wait > d) {
+                    // a gRPC call whose deadline passes before its turn: the turn goes back
+                    if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision.as_mut()) {
+                        snap.limiter.leave_queue(d);
+                    }
+                    let answer = Answer::problem(504, DEADLINE_BEFORE_TURN);
+                    Box::pin(write_answer(session, answer)).await?;
+                    return Ok(true);
+                }
                 self.metrics.queue_waited.inc();
                 if Box::pin(wait_turn(session, wait)).await {
                     return Ok(false);
@@ -359,10 +426,29 @@ impl ProxyHttp for Gateway {
             return Ok(true);
         };
         let pool = snap.config.routes[route].upstream;
+        if ctx.grpc
+            && snap
+                .config
+                .upstreams
+                .get(pool)
+                .is_some_and(|u| u.protocol == UpstreamProtocol::Http1)
+        {
+            // HTTP/1.1 cannot carry gRPC (trailers): said at once, never a hang
+            Box::pin(write_answer(session, Answer::problem(500, GRPC_TO_HTTP1))).await?;
+            return Ok(false);
+        }
         let Some(gate) = snap.gates.get(pool).and_then(Option::as_ref) else {
             return Ok(true);
         };
+        let deadline = ctx.deadline;
         let entered = enter_gate(&self.metrics, snap, pool, gate, &ctx.admitted.tenant);
+        let entered = async move {
+            match deadline {
+                // a gRPC call waits no longer than its deadline
+                Some(d) => tokio::time::timeout_at(d, entered).await.ok(),
+                None => Some(entered.await),
+            }
+        };
         // a client that leaves while its request waits takes it out of the queue: it never
         // reaches the upstream
         let Some(entered) = Box::pin(unless_client_leaves(session, entered)).await else {
@@ -370,6 +456,11 @@ impl ProxyHttp for Gateway {
                 ErrorType::ConnectionClosed,
                 "the client left while its request waited for the pool",
             );
+        };
+        let Some(entered) = entered else {
+            let answer = Answer::problem(504, DEADLINE_IN_QUEUE);
+            Box::pin(write_answer(session, answer)).await?;
+            return Ok(false);
         };
         ctx.gate = entered;
         if ctx.gate.is_none() {
@@ -390,20 +481,56 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut RequestCtx,
     ) -> Result<()> {
+        ctx.answer_status = upstream_response.status.as_u16();
+        if ctx.grpc {
+            // a trailers-only answer says its status in its head
+            ctx.grpc_status = grpc::status_in(&upstream_response.headers);
+        }
         if let Some(snap) = &ctx.snapshot {
             if let Some(decision) = &mut ctx.admitted.decision {
                 // rules that charge once the answer is known: its status, a cost its headers
-                // carry (the quota headers below show the charge). Not from trailers: the
-                // upstream speaks HTTP/1.1, whose trailers Pingora 0.9 does not pass on.
-                snap.limiter.charge_late(
+                // carry (the quota headers below show the charge); those waiting for its
+                // trailers (a gRPC status, `response_trailer`) are charged in
+                // `upstream_response_trailer_filter`, or at its end. (An HTTP/1.1 upstream's
+                // trailers: Pingora 0.9 does not pass them on.)
+                snap.limiter.charge_answer(
                     decision,
-                    upstream_response.status.as_u16(),
-                    &upstream_response.headers,
+                    &Answered {
+                        status: ctx.answer_status,
+                        grpc: ctx.grpc_status,
+                        fields: &upstream_response.headers,
+                        ended: ctx.grpc_status.is_some(),
+                    },
                 );
                 with_header_map(upstream_response, |h| {
                     headers::apply(h, &snap.limiter, decision, snap.config.headers, false)
                 })?;
             }
+        }
+        Ok(())
+    }
+
+    /// The upstream's trailers (an HTTP/2 upstream's): a gRPC answer's status, and what the
+    /// rules waiting for them are charged (`count_when.grpc_status`, `response_trailer`).
+    fn upstream_response_trailer_filter(
+        &self,
+        _session: &mut Session,
+        trailers: &mut http::HeaderMap,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        if ctx.grpc {
+            ctx.grpc_status = grpc::status_in(trailers).or(ctx.grpc_status);
+        }
+        if let (Some(snap), Some(d)) = (&ctx.snapshot, &mut ctx.admitted.decision) {
+            snap.limiter.charge_answer(
+                d,
+                &Answered {
+                    status: ctx.answer_status,
+                    grpc: ctx.grpc_status,
+                    fields: trailers,
+                    ended: true,
+                },
+            );
         }
         Ok(())
     }
@@ -433,7 +560,17 @@ impl ProxyHttp for Gateway {
                     let server = backend.addr.to_string();
                     spans.upstream = Some(t.upstream_span(&spans.request, &server, spans.attempts));
                 }
-                Ok(Box::new(pool.peer(backend)))
+                let mut peer = pool.peer(backend);
+                if let Some(deadline) = ctx.deadline {
+                    // a gRPC call: its answer waited for no longer than its deadline
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Error::e_explain(ErrorType::HTTPStatus(504), DEADLINE_PASSED);
+                    }
+                    let read = peer.options.read_timeout.map_or(left, |r| r.min(left));
+                    peer.options.read_timeout = Some(read);
+                }
+                Ok(Box::new(peer))
             }
             None => {
                 let mut e = Error::new_up(ErrorType::ConnectNoRoute);
@@ -531,6 +668,15 @@ impl ProxyHttp for Gateway {
                 }
             }
         }
+        if ctx.grpc {
+            // the deadline goes on, less the time spent here; `te: trailers` (gRPC servers
+            // require it), also when an HTTP/1.1 client's was stripped as hop-by-hop
+            if let Some(deadline) = ctx.deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                upstream_request.insert_header(grpc::GRPC_TIMEOUT, grpc::timeout_value(left))?;
+            }
+            upstream_request.insert_header(http::header::TE, TRAILERS)?;
+        }
         // the trace goes on to the upstream (what the client sent is replaced)
         if let (Some(t), Some(spans)) = (trace::traces(), ctx.trace.as_deref()) {
             let cx = spans.upstream.as_ref().unwrap_or(&spans.request);
@@ -584,10 +730,14 @@ impl ProxyHttp for Gateway {
         if let (Some(max), Some(chunk), false) = (max, body.as_ref(), session.was_upgraded()) {
             ctx.body_bytes += chunk.len() as u64;
             if ctx.body_bytes > max {
-                return Error::e_explain(
+                // the client's doing: Pingora stops the upstream request at once (an error of
+                // no side would leave an HTTP/2 upstream's stream waiting for its answer, a
+                // gRPC stream until the read timeout)
+                return Err(Error::explain(
                     ErrorType::HTTPStatus(413),
                     "request body larger than server.max_body_bytes",
-                );
+                )
+                .into_down());
             }
         }
         Ok(())
@@ -673,11 +823,29 @@ impl ProxyHttp for Gateway {
                     && ctx.started.elapsed() < crate::request::edge::PREMATURE,
             );
         }
+        // a gRPC call's status: the upstream's, or that of the answer made here
+        let grpc_status = if ctx.grpc {
+            ctx.grpc_status.or_else(|| {
+                session
+                    .response_written()
+                    .and_then(|r| grpc::status_in(&r.headers))
+            })
+        } else {
+            None
+        };
         // what is still owed to rules that charge after the answer (an answer the gateway
-        // made itself, say a 502: a cost from the answer is the rule's default)
+        // made itself, say a 502, or one whose trailers never came: a cost from the answer is
+        // the rule's default)
         if let (Some(snap), Some(d)) = (&ctx.snapshot, &mut ctx.admitted.decision) {
-            snap.limiter
-                .charge_late(d, status.as_u16(), &http::HeaderMap::new());
+            snap.limiter.charge_answer(
+                d,
+                &Answered {
+                    status: status.as_u16(),
+                    grpc: grpc_status,
+                    fields: &http::HeaderMap::new(),
+                    ended: true,
+                },
+            );
         }
         let took = ctx.started.elapsed();
         let route = match (&ctx.snapshot, ctx.admitted.route) {
@@ -697,12 +865,27 @@ impl ProxyHttp for Gateway {
                     .observe(took.as_secs_f64());
             }
         }
+        // a call that ended with no status: the client cancelled it (or it never got one)
+        let grpc_name = ctx.grpc.then(|| match grpc_status {
+            Some(code) => grpc::NAMES
+                .get(usize::from(code))
+                .copied()
+                .unwrap_or("UNKNOWN"),
+            None if by_client.is_some() || status == CLIENT_GONE => "CANCELLED",
+            None => "UNKNOWN",
+        });
+        if let Some(code) = grpc_name {
+            self.metrics
+                .grpc_requests
+                .with_label_values(&[route, code])
+                .inc();
+        }
         if ctx
             .snapshot
             .as_ref()
             .is_some_and(|s| s.config.server.access_log)
         {
-            access_log(session, ctx, route, status, took);
+            access_log(session, ctx, route, status, took, grpc_name);
         }
         if let Some(spans) = ctx.trace.take() {
             end_trace(session, ctx, *spans, route, status);

@@ -140,6 +140,7 @@ fn report(
         headers: h,
         body,
         close: false,
+        by_limit: false,
     }
 }
 

@@ -271,9 +271,10 @@ fn check_unit(c: &mut Checker, base: &str, r: &RuleFile) -> Option<Box<str>> {
     (unit != "request").then(|| unit.into())
 }
 
-/// A rule's `count_when`: statuses (`401`) and classes (`"5xx"`); not with `action: delay`
-/// (a delayed request would wait for a count taken after its answer), nor without tiers.
-fn check_count_when(c: &mut Checker, base: &str, r: &RuleFile) -> Option<StatusSet> {
+/// A rule's `count_when`: statuses (`401`), classes (`"5xx"`) and gRPC statuses (`UNAVAILABLE`
+/// or `14`); not with `action: delay` (a delayed request would wait for a count taken after
+/// its answer), nor without tiers.
+fn check_count_when(c: &mut Checker, base: &str, r: &RuleFile) -> Option<CountWhen> {
     let cw = r.count_when.as_ref()?;
     let path = format!("{base}.count_when");
     if r.action == Action::Delay {
@@ -288,29 +289,50 @@ fn check_count_when(c: &mut Checker, base: &str, r: &RuleFile) -> Option<StatusS
             "count_when applies to `tiers` (a rate), not to `concurrency` alone",
         );
     }
-    if cw.status.is_empty() {
+    if cw.status.is_empty() && cw.grpc_status.is_empty() {
         c.err_key(
             &format!("{path}.status"),
-            "lists at least one status (401) or class (\"5xx\")",
+            "lists at least one status (401) or class (\"5xx\"), or count_when lists grpc_status",
         );
     }
-    let mut set = StatusSet::default();
+    let mut set = CountWhen::default();
     for (i, st) in cw.status.iter().enumerate() {
         match st {
-            StatusFile::Code(n) if (100..=599).contains(n) => set.insert(*n as u16),
+            StatusFile::Code(n) if (100..=599).contains(n) => set.status.insert(*n as u16),
             StatusFile::Class(class)
                 if class.len() == 3
                     && matches!(class.as_bytes()[0], b'1'..=b'5')
                     && class[1..].eq_ignore_ascii_case("xx") =>
             {
                 let first = u16::from(class.as_bytes()[0] - b'0') * 100;
-                (first..first + 100).for_each(|s| set.insert(s));
+                (first..first + 100).for_each(|s| set.status.insert(s));
             }
             other => c.err(
                 &format!("{path}.status[{i}]"),
                 format!(
                     "{} is not a status: expected 100 to 599, or a class such as \"5xx\"",
                     match other {
+                        StatusFile::Code(n) => n.to_string(),
+                        StatusFile::Class(s) => format!("{s:?}"),
+                    }
+                ),
+            ),
+        }
+    }
+    for (i, st) in cw.grpc_status.iter().enumerate() {
+        let code = match st {
+            StatusFile::Code(n) => u8::try_from(*n)
+                .ok()
+                .and_then(|n| crate::grpc::code_of(&n.to_string())),
+            StatusFile::Class(name) => crate::grpc::code_of(name),
+        };
+        match code {
+            Some(code) => set.grpc |= 1 << code,
+            None => c.err(
+                &format!("{path}.grpc_status[{i}]"),
+                format!(
+                    "{} is not a gRPC status: expected 0 to 16 or a name such as UNAVAILABLE or RESOURCE_EXHAUSTED",
+                    match st {
                         StatusFile::Code(n) => n.to_string(),
                         StatusFile::Class(s) => format!("{s:?}"),
                     }
@@ -485,16 +507,26 @@ fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
         }
         CostFile::Header(h) => h,
     };
-    let (name, at_answer) = match (&h.header, &h.response_header) {
-        (Some(name), None) => (header_name(c, &format!("{path}.header"), name), false),
-        (None, Some(name)) => (
+    let (name, at_answer, trailer) = match (&h.header, &h.response_header, &h.response_trailer) {
+        (Some(name), None, None) => (
+            header_name(c, &format!("{path}.header"), name),
+            false,
+            false,
+        ),
+        (None, Some(name), None) => (
             header_name(c, &format!("{path}.response_header"), name),
+            true,
+            false,
+        ),
+        (None, None, Some(name)) => (
+            header_name(c, &format!("{path}.response_trailer"), name),
+            true,
             true,
         ),
         _ => {
             c.err(
                 &path,
-                "cost names either a request `header` or a `response_header` (the upstream's answer carries the cost), exactly one of them",
+                "cost names one of a request `header`, a `response_header` or a `response_trailer` (the upstream's answer carries the cost), exactly one of them",
             );
             return Cost::One;
         }
@@ -536,7 +568,12 @@ fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
     };
     match (name, at_answer) {
         (Some(name), false) => Cost::Header { name, max, default },
-        (Some(name), true) => Cost::Response { name, max, default },
+        (Some(name), true) => Cost::Response {
+            name,
+            max,
+            default,
+            trailer,
+        },
         (None, _) => Cost::One,
     }
 }

@@ -55,6 +55,17 @@ pub(super) fn check_routes(
                 0
             }
         };
+        if let Some(pool) = ups.get(upstream).filter(|u| {
+            u.protocol == UpstreamProtocol::Http1 && crate::grpc::names_service(&r.path)
+        }) {
+            c.warn(
+                &format!("{base}.path"),
+                format!(
+                    "{} names gRPC methods, but pool {:?} speaks HTTP/1.1, which cannot carry gRPC (its calls are answered INTERNAL): set the pool's protocol to h2 or h2c",
+                    r.path, pool.name
+                ),
+            );
+        }
         out.push(Route {
             id: r.id.clone(),
             matcher: RequestMatch {

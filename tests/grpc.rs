@@ -1,0 +1,409 @@
+//! gRPC through the gateway (issue 39), with a real grpcio server and client from PyPI
+//! (`tests/grpc/peer.py`, `tests/grpc/client.py`, in `target/grpc-venv`: `make deps-test`):
+//! the four RPC kinds, metadata both ways, trailers, deadlines, the answers the gateway makes
+//! as gRPC statuses, limits on methods, `count_when.grpc_status`, a cost from the trailers,
+//! a stream under reload and under the limits meant for plain requests.
+
+mod common;
+
+use common::Gateway;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The venv's Python with grpcio (made by `scripts/grpc-venv`, which `make deps-test` runs).
+fn python() -> PathBuf {
+    let p = root().join("target/grpc-venv/bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/grpc-venv (make deps-test does)",
+        p.display()
+    );
+    p
+}
+
+/// The grpcio test server (`tests/grpc/peer.py`), killed on drop.
+struct Peer {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Peer {
+    fn start() -> Peer {
+        let mut cmd = Command::new(python());
+        cmd.arg(root().join("tests/grpc/peer.py"));
+        let (child, addr) = common::spawn_listening(cmd);
+        Peer { child, addr }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Run the grpcio client on `spec` (see `tests/grpc/client.py`): one result per call.
+fn run(spec: Value) -> Vec<Value> {
+    let out = Command::new(python())
+        .arg(root().join("tests/grpc/client.py"))
+        .arg(spec.to_string())
+        .output()
+        .expect("run the grpc client");
+    assert!(
+        out.status.success(),
+        "grpc client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    match serde_json::from_slice::<Value>(&out.stdout) {
+        Ok(Value::Array(v)) => v,
+        other => panic!("grpc client printed {other:?}"),
+    }
+}
+
+/// The calls in `calls`, over h2c to `target`.
+fn calls(target: SocketAddr, calls: Value) -> Vec<Value> {
+    run(json!({ "target": target.to_string(), "calls": calls }))
+}
+
+/// One call.
+fn call(target: SocketAddr, c: Value) -> Value {
+    calls(target, json!([c])).remove(0)
+}
+
+/// A gateway speaking h2c, its one pool `grpc` (h2c) on `peer`, routes and the rest in `tail`
+/// (`routes` default to one catch-all), tenants from `x-api-key` metadata or `x-org-id`.
+fn config(peer: SocketAddr, server_extra: &str, pool_extra: &str, tail: &str) -> String {
+    let routes = if tail.contains("routes:") {
+        ""
+    } else {
+        "routes:\n  - id: all\n    path: /**\n    upstream: grpc\n"
+    };
+    format!(
+        "server:\n  listen: [\"{{LISTEN}}\"]\n  admin: \"{{ADMIN}}\"\n  threads: 2\n  h2c: true\n{server_extra}upstreams:\n  grpc:\n    servers: [\"{peer}\"]\n    protocol: h2c\n{pool_extra}{routes}tenant:\n  from:\n    - api_key: {{ header: x-api-key, keys: {{ \"k-acme\": acme }} }}\n    - header: x-org-id\n      trusted: true\n  required: false\n{tail}"
+    )
+}
+
+fn metrics_line(gw: &Gateway, series: &str) -> f64 {
+    common::metric_sum(&gw.metrics(), series)
+}
+
+#[test]
+fn the_four_kinds_of_call_pass_with_metadata_and_trailers_over_h2c_and_tls() {
+    let peer = Peer::start();
+    let tls_port = common::free_port();
+    let demo = root().join("target/demo-tls");
+    let listen = format!(
+        "  listen:\n    - \"{{LISTEN}}\"\n    - addr: \"127.0.0.1:{tls_port}\"\n      tls: {{ cert: {}, key: {} }}\n",
+        demo.join("localhost.pem").display(),
+        demo.join("localhost.key").display()
+    );
+    let cfg = config(peer.addr, "", "", "")
+        .replace("  listen: [\"{LISTEN}\"]\n", &listen)
+        .replace("  h2c: true\n", "  h2c: true\n  access_log: true\n");
+    let gw = Gateway::start(&cfg);
+    let kinds = json!([
+        {"method": "/test.Echo/Unary", "messages": ["hello"],
+         "metadata": [["x-echo-one", "1"], ["x-usage", "7"]], "timeout": 10},
+        {"method": "/test.Echo/ServerStream", "kind": "server_stream",
+         "metadata": [["x-count", "4"]]},
+        {"method": "/test.Echo/ClientStream", "kind": "client_stream",
+         "messages": ["a", "b", "c"]},
+        {"method": "/test.Echo/Bidi", "kind": "bidi", "messages": ["x", "y"]},
+        {"method": "/test.Echo/Unary", "metadata": [["x-status", "9"], ["x-message", "not now"]]},
+    ]);
+    let over_tls = run(json!({
+        "target": format!("localhost:{tls_port}"),
+        "ca": demo.join("localhost.pem"),
+        "calls": kinds,
+    }));
+    for results in [calls(gw.addr, kinds.clone()), over_tls] {
+        let [unary, server, client, bidi, failed] = &results[..] else {
+            panic!("{results:?}")
+        };
+        assert_eq!(unary["code"], "OK", "{unary}");
+        assert_eq!(unary["responses"], json!(["hello"]));
+        // metadata both ways, custom trailers back, the deadline passed on
+        assert_eq!(unary["initial"]["x-echo-one"], "1", "{unary}");
+        assert_eq!(unary["trailing"]["x-trailer"], "yes", "{unary}");
+        assert_eq!(unary["trailing"]["x-usage-tokens"], "7", "{unary}");
+        let left: u64 = unary["initial"]["x-seen-timeout-ms"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("the server saw a deadline");
+        assert!((5_000..=10_000).contains(&left), "{unary}");
+        assert_eq!(server["code"], "OK", "{server}");
+        assert_eq!(server["responses"], json!(["0", "1", "2", "3"]));
+        assert_eq!(server["trailing"]["x-trailer"], "yes");
+        assert_eq!(client["responses"], json!(["3"]), "{client}");
+        assert_eq!(bidi["responses"], json!(["x", "y"]), "{bidi}");
+        assert_eq!(bidi["code"], "OK");
+        // the upstream's own status and message reach the client
+        assert_eq!(failed["code"], "FAILED_PRECONDITION", "{failed}");
+        assert_eq!(failed["details"], "not now");
+    }
+    assert_eq!(
+        metrics_line(
+            &gw,
+            "tollgate_grpc_requests_total{grpc_status=\"OK\",route=\"all\"}"
+        ),
+        8.0
+    );
+    assert!(common::eventually(Duration::from_secs(5), || gw
+        .log()
+        .contains("grpc_status=FAILED_PRECONDITION")));
+}
+
+#[test]
+fn a_deadline_that_passes_at_the_gateway_is_deadline_exceeded() {
+    let peer = Peer::start();
+    // one call a second per tenant, in a leaky bucket: the second waits its turn
+    let tail = "limits:\n  - id: steady\n    pathPattern: /test.Echo/*\n    algorithm: leaky_bucket\n    tiers: [{ period: 10, threshold: 1 }]\n";
+    let gw = Gateway::start(&config(peer.addr, "", "", tail));
+    // the upstream takes longer than the deadline
+    let t0 = Instant::now();
+    let slow = call(
+        gw.addr,
+        json!({"method": "/test.Echo/Slow", "metadata": [["x-sleep-ms", "5000"], ["x-org-id", "a"]], "timeout": 0.5}),
+    );
+    assert_eq!(slow["code"], "DEADLINE_EXCEEDED", "{slow}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{slow}");
+    // the next call's turn comes after its deadline: refused at once by the gateway, never
+    // forwarded (the upstream would have said so in its initial metadata)
+    let t0 = Instant::now();
+    let queued = call(
+        gw.addr,
+        json!({"method": "/test.Echo/Unary", "metadata": [["x-org-id", "a"]], "timeout": 2}),
+    );
+    assert_eq!(queued["code"], "DEADLINE_EXCEEDED", "{queued}");
+    assert!(
+        queued["details"]
+            .as_str()
+            .is_some_and(|d| d.contains("grpc-timeout")),
+        "{queued}"
+    );
+    assert!(queued["initial"].get("x-seen-method").is_none(), "{queued}");
+    assert!(t0.elapsed() < Duration::from_millis(1500), "{queued}");
+    // without a deadline, the same call waits its turn and passes
+    let patient = call(
+        gw.addr,
+        json!({"method": "/test.Echo/Unary", "metadata": [["x-org-id", "b"]]}),
+    );
+    assert_eq!(patient["code"], "OK", "{patient}");
+}
+
+#[test]
+fn answers_made_by_the_gateway_are_grpc_statuses() {
+    let peer = Peer::start();
+    let dead = format!("127.0.0.1:{}", common::free_port());
+    let pools = format!(
+        "  gone:\n    servers: [\"{dead}\"]\n    protocol: h2c\n    retries: 0\n  plain:\n    servers: [\"{}\"]\n",
+        peer.addr
+    );
+    let tail = "routes:\n  - id: echo\n    path: /test.Echo/*\n    upstream: grpc\n  - id: down\n    path: /down.Service/*\n    upstream: gone\n  - id: plain\n    path: /plain.Service/*\n    upstream: plain\n  - id: closed\n    path: /closed.Service/*\n    upstream: grpc\n    deny: [127.0.0.1/32]\n  - id: keyed\n    path: /keyed.Service/*\n    upstream: grpc\n    tenant: required\nlimits:\n  - id: unary\n    pathPattern: /test.Echo/Unary\n    tiers: [{ period: 1h, threshold: 2 }]\n";
+    let gw = Gateway::start(&config(peer.addr, "  max_body_bytes: 2000\n", &pools, tail));
+    let me = json!([["x-api-key", "k-acme"]]);
+    let r = calls(
+        gw.addr,
+        json!([
+            {"method": "/test.Echo/Unary", "metadata": me, "repeat": 3},
+            {"method": "/test.Echo/ServerStream", "kind": "server_stream", "metadata": me},
+            {"method": "/nowhere.Service/Call"},
+            {"method": "/down.Service/Call"},
+            {"method": "/plain.Service/Call"},
+            {"method": "/closed.Service/Call"},
+            {"method": "/keyed.Service/Call"},
+            {"method": "/test.Echo/Unary", "messages": ["x".repeat(3000)], "metadata": [["x-org-id", "other"]]},
+            // a stream whose answer has begun is reset, at once
+            {"method": "/test.Echo/Bidi", "kind": "bidi", "messages": ["x".repeat(3000)], "timeout": 5},
+        ]),
+    );
+    // a method's limit: the third call is refused, another method is not limited
+    assert_eq!(r[0]["code"], "OK");
+    assert_eq!(r[1]["code"], "OK");
+    let refused = &r[2];
+    assert_eq!(refused["code"], "RESOURCE_EXHAUSTED", "{refused}");
+    assert!(
+        refused["details"].as_str().is_some_and(|d| !d.is_empty()),
+        "{refused}"
+    );
+    // the quota as metadata (trailers-only: grpcio reads the head as the trailers)
+    let md = &refused["trailing"];
+    assert_eq!(md["x-ratelimit-limit"], "2", "{refused}");
+    assert_eq!(md["x-ratelimit-remaining"], "0", "{refused}");
+    let retry: u64 = md["retry-after"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("retry-after");
+    assert!(retry > 0, "{refused}");
+    assert_eq!(
+        md["grpc-retry-pushback-ms"].as_str(),
+        Some((retry * 1000).to_string().as_str()),
+        "{refused}"
+    );
+    assert!(md.get("ratelimit-policy").is_some(), "{refused}");
+    assert_eq!(r[3]["code"], "OK", "{}", r[3]);
+    for (i, code) in [
+        (4, "UNIMPLEMENTED"),
+        (5, "UNAVAILABLE"),
+        (6, "INTERNAL"),
+        (7, "PERMISSION_DENIED"),
+        (8, "UNAUTHENTICATED"),
+    ] {
+        assert_eq!(r[i]["code"], code, "{}", r[i]);
+        assert!(
+            r[i]["details"].as_str().is_some_and(|d| !d.is_empty()),
+            "{}",
+            r[i]
+        );
+    }
+    // a client limit: a body past server.max_body_bytes
+    assert_eq!(r[9]["code"], "RESOURCE_EXHAUSTED", "{}", r[9]);
+    assert_ne!(r[10]["code"], "OK", "{}", r[10]);
+    assert!(
+        r[10]["ms"].as_f64().unwrap_or(f64::MAX) < 2000.0,
+        "{}",
+        r[10]
+    );
+    assert!(r[6]["details"]
+        .as_str()
+        .is_some_and(|d| d.contains("h2 or h2c")));
+    let m = gw.metrics();
+    for (route, code, n) in [
+        // the limit's refusal and the body too large
+        ("echo", "RESOURCE_EXHAUSTED", 2.0),
+        ("none", "UNIMPLEMENTED", 1.0),
+        ("down", "UNAVAILABLE", 1.0),
+        ("plain", "INTERNAL", 1.0),
+    ] {
+        let series =
+            format!("tollgate_grpc_requests_total{{grpc_status=\"{code}\",route=\"{route}\"}}");
+        assert_eq!(common::metric_sum(&m, &series), n, "{series}\n{m}");
+    }
+    // said at -t: the route names gRPC methods, its pool speaks HTTP/1.1
+    let (code, out, err) = common::run_tollgate(&["-t", "-c", gw.config.to_str().expect("path")]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        (out.clone() + &err).contains("routes[2].path: /plain.Service/* names gRPC methods, but pool \"plain\" speaks HTTP/1.1"),
+        "{out}{err}"
+    );
+}
+
+#[test]
+fn a_refused_call_waits_the_pushback_its_retry_policy_obeys() {
+    let peer = Peer::start();
+    let tail = "limits:\n  - id: unary\n    pathPattern: /test.Echo/Unary\n    tiers: [{ period: 2, threshold: 1 }]\n";
+    let gw = Gateway::start(&config(peer.addr, "", "", tail));
+    let retry = json!({"methodConfig": [{
+        "name": [{"service": "test.Echo"}],
+        "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
+                         "backoffMultiplier": 1, "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}
+    }]});
+    let r = run(json!({
+        "target": gw.addr.to_string(),
+        "service_config": retry.to_string(),
+        "calls": [{"method": "/test.Echo/Unary", "metadata": [["x-org-id", "a"]], "repeat": 2}],
+    }));
+    // the second call is refused, waits the pushback (the window's end), is retried and passes
+    assert_eq!(r[0]["code"], "OK", "{r:?}");
+    assert_eq!(r[1]["code"], "OK", "{r:?}");
+    let refused = metrics_line(
+        &gw,
+        "tollgate_grpc_requests_total{grpc_status=\"RESOURCE_EXHAUSTED\"",
+    );
+    assert!(refused >= 1.0, "the retry was not refused first");
+    let waited = r[1]["ms"].as_f64().unwrap_or(0.0);
+    assert!(
+        waited >= 500.0,
+        "retried after {waited} ms, before the pushback"
+    );
+}
+
+#[test]
+fn count_when_grpc_status_and_a_cost_from_the_trailers() {
+    let peer = Peer::start();
+    let tail = "limits:\n  - id: failures\n    pathPattern: /test.Echo/Unary\n    tiers: [{ period: 1h, threshold: 2 }]\n    count_when: { grpc_status: [UNAUTHENTICATED, 14] }\n  - id: tokens\n    pathPattern: /test.Echo/ServerStream\n    tiers: [{ period: 1h, threshold: 10 }]\n    cost: { response_trailer: x-usage-tokens }\n    unit: tokens\n";
+    let gw = Gateway::start(&config(peer.addr, "", "", tail));
+    let a = json!(["x-org-id", "a"]);
+    let r = calls(
+        gw.addr,
+        json!([
+            // successes are not counted; two failures are; then the method is refused
+            {"method": "/test.Echo/Unary", "metadata": [a], "repeat": 4},
+            {"method": "/test.Echo/Unary", "metadata": [a, ["x-status", "16"]]},
+            {"method": "/test.Echo/Unary", "metadata": [a, ["x-status", "14"]]},
+            {"method": "/test.Echo/Unary", "metadata": [a]},
+            // tokens from the trailers: 4 each
+            {"method": "/test.Echo/ServerStream", "kind": "server_stream", "metadata": [a, ["x-usage", "4"]], "repeat": 4},
+        ]),
+    );
+    let codes: Vec<&str> = r.iter().map(|c| c["code"].as_str().unwrap_or("")).collect();
+    assert_eq!(
+        codes,
+        [
+            "OK",
+            "OK",
+            "OK",
+            "OK",
+            "UNAUTHENTICATED",
+            "UNAVAILABLE",
+            "RESOURCE_EXHAUSTED",
+            "OK",
+            "OK",
+            "OK",
+            "RESOURCE_EXHAUSTED"
+        ],
+        "{r:?}"
+    );
+    // each stream's quota: admission's one unit on what the trailers charged before it
+    let remaining = |c: &Value| c["initial"]["x-ratelimit-remaining"].clone();
+    assert_eq!(remaining(&r[7]), "9", "{}", r[7]);
+    assert_eq!(remaining(&r[8]), "5", "{}", r[8]);
+    assert_eq!(remaining(&r[9]), "1", "{}", r[9]);
+}
+
+#[test]
+fn a_stream_outlives_the_limits_meant_for_requests_and_a_reload() {
+    let peer = Peer::start();
+    // every limit of a plain request at 1 s; the stream lasts 4 s, a message each 400 ms
+    let server = "  send_timeout: 1s\n  keepalive_timeout: 1s\n  client_header_timeout: 1s\n";
+    let pool = "    read_timeout: 1s\n";
+    let tail = "limits:\n  - id: one-stream\n    pathPattern: /test.Echo/ServerStream\n    concurrency: 1\n";
+    let gw = Gateway::start(&config(peer.addr, server, pool, tail));
+    let addr = gw.addr;
+    let stream = std::thread::spawn(move || {
+        call(
+            addr,
+            json!({"method": "/test.Echo/ServerStream", "kind": "server_stream",
+                   "metadata": [["x-org-id", "a"], ["x-count", "10"], ["x-interval-ms", "400"]]}),
+        )
+    });
+    // the open stream holds the tenant's one place: a second is refused meanwhile
+    let probe = json!({"method": "/test.Echo/ServerStream", "kind": "server_stream",
+                       "metadata": [["x-org-id", "a"]]});
+    assert!(
+        common::eventually(Duration::from_secs(10), || call(addr, probe.clone())
+            ["code"]
+            == "RESOURCE_EXHAUSTED"),
+        "the open stream was not counted"
+    );
+    let text = std::fs::read_to_string(&gw.config).expect("config");
+    assert!(gw.reload(&text.replace("concurrency: 1", "concurrency: 1\n    enabled: true")));
+    let done = stream.join().expect("stream");
+    assert_eq!(done["code"], "OK", "{done}");
+    assert_eq!(
+        done["responses"].as_array().map(Vec::len),
+        Some(10),
+        "{done}"
+    );
+    assert!(done["ms"].as_f64().unwrap_or(0.0) >= 3500.0, "{done}");
+    // closed, the stream gave its place back
+    assert_eq!(call(addr, probe)["code"], "OK");
+}
