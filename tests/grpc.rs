@@ -407,3 +407,91 @@ fn a_stream_outlives_the_limits_meant_for_requests_and_a_reload() {
     // closed, the stream gave its place back
     assert_eq!(call(addr, probe)["code"], "OK");
 }
+
+/// What the actions mean for a call (docs/configuration.md, "gRPC"): each decides once, when
+/// the call starts. `shadow` counts and never refuses; `delay` holds the call's start;
+/// `throttle` paces the answer's messages; `leaky_bucket` (above, with deadlines) spaces the
+/// calls' starts; `concurrency` (above) counts a stream while it is open.
+#[test]
+fn actions_on_calls_and_streams() {
+    let peer = Peer::start();
+    let tail = "limits:\n  - id: watch\n    pathPattern: /test.Echo/Unary\n    tiers: [{ period: 1h, threshold: 1 }]\n    action: shadow\n  - id: hold\n    pathPattern: /test.Echo/ClientStream\n    algorithm: token_bucket\n    tiers: [{ period: 1, threshold: 1 }]\n    action: delay\n    max_delay: 5s\n  - id: slow\n    pathPattern: /test.Echo/ServerStream\n    tiers: [{ period: 1h, threshold: 1 }]\n    action: throttle\n    throttle: { rate: 40B/s }\n";
+    let gw = Gateway::start(&config(peer.addr, "", "", tail));
+    let a = json!(["x-org-id", "a"]);
+    let stream = json!({"method": "/test.Echo/ServerStream", "kind": "server_stream",
+                        "metadata": [a, ["x-count", "10"]]});
+    let r = calls(
+        gw.addr,
+        json!([
+            {"method": "/test.Echo/Unary", "metadata": [a], "repeat": 3},
+            {"method": "/test.Echo/ClientStream", "kind": "client_stream", "messages": ["m"], "metadata": [a], "repeat": 2},
+            stream,
+            stream,
+        ]),
+    );
+    let codes: Vec<&str> = r.iter().map(|c| c["code"].as_str().unwrap_or("")).collect();
+    assert_eq!(codes, ["OK"; 7], "{r:?}");
+    let m = gw.metrics();
+    assert!(
+        common::metric_sum(
+            &m,
+            "tollgate_ratelimit_decisions_total{decision=\"shadow_denied\""
+        ) >= 2.0,
+        "{m}"
+    );
+    // the second client stream waited for the bucket's next token (1 a second)
+    let ms = |c: &Value| c["ms"].as_f64().unwrap_or(0.0);
+    assert!(ms(&r[4]) >= 500.0, "{}", r[4]);
+    // the second server stream: 10 messages of 6 bytes at 40 bytes a second
+    assert!(ms(&r[5]) < 1000.0, "{}", r[5]);
+    assert_eq!(r[6]["responses"].as_array().map(Vec::len), Some(10));
+    assert!(ms(&r[6]) >= 1000.0, "{}", r[6]);
+}
+
+/// A cost from the trailers across a fleet: two gateways sharing Redis, each charging what
+/// its calls' trailers say; Redis holds the sum, and both refuse once it is full.
+#[test]
+fn a_fleet_takes_the_trailers_cost() {
+    let redis = common::RedisServer::start();
+    let peer = Peer::start();
+    let period = common::period_with_room(3600, 30);
+    let tail = format!(
+        "limits:\n  - id: tokens\n    pathPattern: /test.Echo/*\n    cost: {{ response_trailer: x-usage-tokens }}\n    tiers: [{{ period: {period}, threshold: 40 }}]\nredis:\n  url: {}\n  key_prefix: tg\n  sync_interval: 50ms\n",
+        redis.url()
+    );
+    let cfg = config(peer.addr, "", "", &tail);
+    let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
+    for gw in [&a, &b] {
+        assert!(common::wait_redis_state(gw, "connected"));
+    }
+    let unary = json!({"method": "/test.Echo/Unary", "metadata": [["x-org-id", "acme"], ["x-usage", "10"]]});
+    for gw in [&a, &b] {
+        assert_eq!(call(gw.addr, unary.clone())["code"], "OK");
+    }
+    let stored = || {
+        redis
+            .counter_keys("tg:{acme}:tokens:*")
+            .first()
+            .map(|k| redis.int(&["GET", k]))
+    };
+    assert!(
+        common::eventually(Duration::from_secs(5), || stored() == Some(20)),
+        "Redis holds {:?} of the 20 charged",
+        stored()
+    );
+    // each instance then knows the other's charge: two more calls fill the 40
+    for gw in [&a, &b] {
+        assert_eq!(call(gw.addr, unary.clone())["code"], "OK");
+    }
+    assert!(common::eventually(Duration::from_secs(5), || {
+        stored() == Some(40)
+    }));
+    for gw in [&a, &b] {
+        assert!(
+            common::eventually(Duration::from_secs(5), || call(gw.addr, unary.clone())
+                ["code"]
+                == "RESOURCE_EXHAUSTED"),
+            "the fleet's 40 tokens are spent"
+        );
+    }
+}
