@@ -240,5 +240,12 @@ mod tests {
         assert_eq!(status_for(403, false), PERMISSION_DENIED);
         assert_eq!(status_for(400, false), INVALID_ARGUMENT);
         assert_eq!(status_for(418, false), UNKNOWN);
+        assert_eq!(status_for(405, false), UNIMPLEMENTED);
+        assert_eq!(status_for(408, false), DEADLINE_EXCEEDED);
+        for s in [413, 414, 431] {
+            assert_eq!(status_for(s, false), RESOURCE_EXHAUSTED);
+        }
+        assert_eq!(status_for(500, false), INTERNAL);
+        assert_eq!(status_for(204, false), OK);
     }
 }

@@ -86,6 +86,11 @@ fn config(peer: SocketAddr, server_extra: &str, pool_extra: &str, tail: &str) ->
     } else {
         "routes:\n  - id: all\n    path: /**\n    upstream: grpc\n"
     };
+    // an hour's window with room for the test: none of its counts crosses an edge
+    let tail = tail.replace(
+        "period: 1h",
+        &format!("period: {}", common::period_with_room(3600, 60)),
+    );
     format!(
         "server:\n  listen: [\"{{LISTEN}}\"]\n  admin: \"{{ADMIN}}\"\n  threads: 2\n  h2c: true\n{server_extra}upstreams:\n  grpc:\n    servers: [\"{peer}\"]\n    protocol: h2c\n{pool_extra}{routes}tenant:\n  from:\n    - api_key: {{ header: x-api-key, keys: {{ \"k-acme\": acme }} }}\n    - header: x-org-id\n      trusted: true\n  required: false\n{tail}"
     )
@@ -191,6 +196,45 @@ fn a_deadline_that_passes_at_the_gateway_is_deadline_exceeded() {
     );
     assert!(queued["initial"].get("x-seen-method").is_none(), "{queued}");
     assert!(t0.elapsed() < Duration::from_millis(1500), "{queued}");
+    // a deadline the gateway keeps itself (curl sets no deadline of its own): the server
+    // has begun its answer (its initial metadata), so the status comes in trailers
+    let t0 = Instant::now();
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "--http2-prior-knowledge",
+            "-o",
+            "/dev/null",
+            "-D",
+            "-",
+        ])
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .args([
+            "-H",
+            "grpc-timeout: 300m",
+            "-H",
+            "x-sleep-ms: 5000",
+            "-H",
+            "x-org-id: c",
+        ])
+        .args(["--data-binary", "@-"])
+        .arg(format!("http://{}/test.Echo/Slow", gw.addr))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin
+                .take()
+                .expect("stdin")
+                .write_all(b"\0\0\0\0\x02hi")?;
+            c.wait_with_output()
+        })
+        .expect("curl");
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(head.contains("x-seen-method: yes"), "{head}");
+    assert!(head.contains("grpc-status: 4"), "{head}");
+    assert!(t0.elapsed() < Duration::from_secs(3), "{head}");
     // without a deadline, the same call waits its turn and passes
     let patient = call(
         gw.addr,
@@ -221,7 +265,7 @@ fn answers_made_by_the_gateway_are_grpc_statuses() {
             {"method": "/closed.Service/Call"},
             {"method": "/keyed.Service/Call"},
             {"method": "/test.Echo/Unary", "messages": ["x".repeat(3000)], "metadata": [["x-org-id", "other"]]},
-            // a stream whose answer has begun is reset, at once
+            // a stream whose answer has begun: its status in trailers, at once
             {"method": "/test.Echo/Bidi", "kind": "bidi", "messages": ["x".repeat(3000)], "timeout": 5},
         ]),
     );
@@ -266,7 +310,7 @@ fn answers_made_by_the_gateway_are_grpc_statuses() {
     }
     // a client limit: a body past server.max_body_bytes
     assert_eq!(r[9]["code"], "RESOURCE_EXHAUSTED", "{}", r[9]);
-    assert_ne!(r[10]["code"], "OK", "{}", r[10]);
+    assert_eq!(r[10]["code"], "RESOURCE_EXHAUSTED", "{}", r[10]);
     assert!(
         r[10]["ms"].as_f64().unwrap_or(f64::MAX) < 2000.0,
         "{}",
@@ -277,8 +321,8 @@ fn answers_made_by_the_gateway_are_grpc_statuses() {
         .is_some_and(|d| d.contains("h2 or h2c")));
     let m = gw.metrics();
     for (route, code, n) in [
-        // the limit's refusal and the body too large
-        ("echo", "RESOURCE_EXHAUSTED", 2.0),
+        // the limit's refusal and the bodies too large
+        ("echo", "RESOURCE_EXHAUSTED", 3.0),
         ("none", "UNIMPLEMENTED", 1.0),
         ("down", "UNAVAILABLE", 1.0),
         ("plain", "INTERNAL", 1.0),
@@ -299,8 +343,10 @@ fn answers_made_by_the_gateway_are_grpc_statuses() {
 #[test]
 fn a_refused_call_waits_the_pushback_its_retry_policy_obeys() {
     let peer = Peer::start();
-    let tail = "limits:\n  - id: unary\n    pathPattern: /test.Echo/Unary\n    tiers: [{ period: 2, threshold: 1 }]\n";
-    let gw = Gateway::start(&config(peer.addr, "", "", tail));
+    // both calls in one window (its end at most a few seconds away)
+    let period = common::period_with_room(2, 1);
+    let tail = format!("limits:\n  - id: unary\n    pathPattern: /test.Echo/Unary\n    tiers: [{{ period: {period}, threshold: 1 }}]\n");
+    let gw = Gateway::start(&config(peer.addr, "", "", &tail));
     let retry = json!({"methodConfig": [{
         "name": [{"service": "test.Echo"}],
         "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.01s",
@@ -388,12 +434,20 @@ fn a_stream_outlives_the_limits_meant_for_requests_and_a_reload() {
     // the open stream holds the tenant's one place: a second is refused meanwhile
     let probe = json!({"method": "/test.Echo/ServerStream", "kind": "server_stream",
                        "metadata": [["x-org-id", "a"]]});
+    let in_flight = || {
+        common::request(gw.admin, "GET", "/api/tenants/a", &[])
+            .map(|r| r.json()["in_flight"][0]["now"].as_u64().unwrap_or(0))
+            .unwrap_or(0)
+    };
+    let open = common::eventually(Duration::from_secs(10), || {
+        stream.is_finished() || in_flight() == 1
+    });
     assert!(
-        common::eventually(Duration::from_secs(10), || call(addr, probe.clone())
-            ["code"]
-            == "RESOURCE_EXHAUSTED"),
-        "the open stream was not counted"
+        open && !stream.is_finished(),
+        "the stream never held its place: {:?}",
+        stream.join()
     );
+    assert_eq!(call(addr, probe.clone())["code"], "RESOURCE_EXHAUSTED");
     let text = std::fs::read_to_string(&gw.config).expect("config");
     assert!(gw.reload(&text.replace("concurrency: 1", "concurrency: 1\n    enabled: true")));
     let done = stream.join().expect("stream");

@@ -747,7 +747,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         e: &Error,
-        _ctx: &mut RequestCtx,
+        ctx: &mut RequestCtx,
     ) -> FailToProxy {
         let code = match e.etype() {
             ErrorType::HTTPStatus(code) => *code,
@@ -770,15 +770,22 @@ impl ProxyHttp for Gateway {
                 ErrorSource::Internal | ErrorSource::Unset => 500,
             },
         };
-        // an answer already begun cannot be replaced by another
-        if code > 0 && session.response_written().is_none() {
-            let detail = match code {
-                502 => "the upstream service could not be reached",
-                504 => "the upstream service did not answer in time",
-                400 => "the request could not be read",
-                413 => client_limits::BODY_TOO_LARGE,
-                _ => "the gateway could not handle this request",
-            };
+        // an answer already begun cannot be replaced by another; a gRPC call's (over
+        // HTTP/2) still gets its status, in trailers that end it
+        if code > 0 && session.response_written().is_some() && ctx.grpc {
+            if session.as_downstream().is_http2() {
+                let mut trailers = http::HeaderMap::with_capacity(2);
+                let status = grpc::status_for(code, false);
+                ctx.grpc_status = Some(status);
+                trailers.insert(grpc::GRPC_STATUS, HeaderValue::from(u16::from(status)));
+                trailers.insert(grpc::GRPC_MESSAGE, grpc::message(failure_detail(code)));
+                let end = vec![HttpTask::Trailer(Some(Box::new(trailers)))];
+                if let Err(err) = session.as_downstream_mut().response_duplex_vec(end).await {
+                    log::debug!("could not end the call with its status: {err}");
+                }
+            }
+        } else if code > 0 && session.response_written().is_none() {
+            let detail = failure_detail(code);
             if let Err(err) = write_answer(session, Answer::problem(code, detail)).await {
                 log::debug!("could not send the error answer: {err}");
             }
@@ -890,6 +897,17 @@ impl ProxyHttp for Gateway {
         if let Some(spans) = ctx.trace.take() {
             end_trace(session, ctx, *spans, route, status);
         }
+    }
+}
+
+/// What an answer of `fail_to_proxy` says went wrong.
+fn failure_detail(code: u16) -> &'static str {
+    match code {
+        502 => "the upstream service could not be reached",
+        504 => "the upstream service did not answer in time",
+        400 => "the request could not be read",
+        413 => client_limits::BODY_TOO_LARGE,
+        _ => "the gateway could not handle this request",
     }
 }
 
