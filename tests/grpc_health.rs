@@ -212,9 +212,10 @@ fn a_named_service_must_be_known_and_serving() {
 
 #[test]
 fn a_server_that_does_not_speak_grpc_is_unhealthy_at_once() {
-    // an HTTP/1.1-only server, and an HTTP/2 one that is not gRPC (a gateway speaking h2c in
-    // front of that server, answering the check's POST with its JSON): both fail their check
-    // at once, long before the check's 30 s timeout
+    // an HTTP/1.1-only server, and an HTTP/2 one that is not a gRPC health server (a gateway
+    // speaking h2c in front of that server: its answer to the check is not SERVING, whether
+    // the server's JSON without a grpc-status or a gRPC error of its own): both fail their
+    // check at once, long before the check's 30 s timeout
     let up = Upstream::start("u");
     let h2 = Gateway::start(&format!(
         "{}tenant:\n  required: false\n",
@@ -227,7 +228,7 @@ fn a_server_that_does_not_speak_grpc_is_unhealthy_at_once() {
         "    protocol: h2c\n    health_check: { interval: 200ms, timeout: 30s, grpc: {} }",
     ));
     wait_health(&gw, "app", &up.addr.to_string(), false, "HTTP/2");
-    wait_health(&gw, "app", &h2.addr.to_string(), false, "no grpc-status");
+    wait_health(&gw, "app", &h2.addr.to_string(), false, "gRPC health check");
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     assert!(!gw.log().contains("no answer within"), "{}", gw.log());
 }
