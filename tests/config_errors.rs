@@ -1126,3 +1126,60 @@ fn a_pool_protocol_must_fit_its_transport() {
     );
     assert_error(&t, 9, 33, &["max_streams_per_connection", "between 1 and"]);
 }
+
+#[test]
+fn a_grpc_health_check_needs_an_http2_pool_and_is_not_an_http_check() {
+    let pool = "    servers: [\"127.0.0.1:9001\"]\n    health_check: { interval: 1s }";
+    let check = |hc: &str, extra: &str| {
+        with(
+            pool,
+            &format!("    servers: [\"127.0.0.1:9001\"]\n    health_check: {{ interval: 1s, {hc} }}{extra}"),
+        )
+    };
+    // line 7 is the health check; column 35 its `grpc` key
+    let over_http1 = [
+        "",
+        "\n    protocol: http1",
+        "\n    protocol: http1\n    tls: { sni: api.internal }",
+    ];
+    for extra in over_http1 {
+        let t = check("grpc: { service: \"\" }", extra);
+        assert_error(
+            &t,
+            7,
+            35,
+            &[
+                "upstreams.products.health_check.grpc",
+                "HTTP/2",
+                "protocol: h2c",
+                "protocol: h2",
+            ],
+        );
+    }
+    // one kind of check, as Envoy's grpc_health_check and http_health_check
+    let t = check("http: { path: /healthz }, grpc: {}", "\n    protocol: h2c");
+    assert_error(&t, 7, 61, &["health_check.grpc", "http or grpc, not both"]);
+    // `service` is the one key
+    let t = check("grpc: { path: /healthz }", "\n    protocol: h2c");
+    assert_error(&t, 7, 43, &["unknown field `path`", "service"]);
+    // on an HTTP/2 pool it is valid, with or without a service
+    for (hc, extra) in [
+        ("grpc: {}", "\n    protocol: h2c"),
+        (
+            "grpc: { service: billing.v1.Billing }",
+            "\n    protocol: h2c",
+        ),
+        (
+            "grpc: { service: \"\" }",
+            "\n    protocol: h2\n    tls: { sni: api.internal }",
+        ),
+    ] {
+        let dir = TempDir::new();
+        let p = dir
+            .write("gateway.yaml", &check(hc, extra))
+            .display()
+            .to_string();
+        let (code, _, err) = run_tollgate(&["-t", "-c", &p]);
+        assert_eq!(code, 0, "{hc} {extra}: {err}");
+    }
+}

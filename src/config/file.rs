@@ -297,8 +297,19 @@ pub struct HealthCheckFile {
     pub interval: ConfDuration,
     #[serde(default)]
     pub http: Option<HttpCheckFile>,
+    /// A gRPC check (`grpc.health.v1.Health/Check`), for HTTP/2 pools; not with `http`.
+    #[serde(default)]
+    pub grpc: Option<GrpcCheckFile>,
     #[serde(default)]
     pub timeout: Option<ConfDuration>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcCheckFile {
+    /// The service asked about; empty (the default): the server as a whole.
+    #[serde(default)]
+    pub service: String,
 }
 
 #[derive(Debug, Deserialize)]

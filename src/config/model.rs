@@ -137,8 +137,19 @@ pub struct UpstreamTls {
 pub struct HealthCheckSpec {
     pub interval: Duration,
     pub timeout: Duration,
-    /// `Some((path, host))` for an HTTP check (a 2xx answer is healthy); `None` for TCP connect.
-    pub http: Option<(String, String)>,
+    pub probe: HealthProbe,
+}
+
+/// What a health check asks of each server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthProbe {
+    /// A connection (with a TLS pool, its handshake too).
+    Tcp,
+    /// `GET path` with `Host: host`: a 2xx answer is healthy.
+    Http { path: String, host: String },
+    /// `grpc.health.v1.Health/Check` of `service` (empty: the server) over HTTP/2: SERVING is
+    /// healthy.
+    Grpc { service: String },
 }
 
 #[derive(Debug)]

@@ -90,10 +90,21 @@ fn write_upstreams(s: &mut String, cfg: &Config) {
         let servers: Vec<String> = u.servers.iter().map(|a| a.to_string()).collect();
         let hc = match &u.health_check {
             None => "no health check".to_string(),
-            Some(h) => match &h.http {
-                Some((path, _)) => format!("http {path} every {}", format_duration(h.interval)),
-                None => format!("tcp every {}", format_duration(h.interval)),
-            },
+            Some(h) => {
+                let every = format_duration(h.interval);
+                match &h.probe {
+                    HealthProbe::Tcp => format!("tcp every {every}"),
+                    HealthProbe::Http { path, .. } => format!("http {path} every {every}"),
+                    HealthProbe::Grpc { service } if service.is_empty() => {
+                        format!("grpc every {every}")
+                    }
+                    HealthProbe::Grpc { service } => format!("grpc {service:?} every {every}"),
+                }
+            }
+        };
+        let protocol = match u.protocol {
+            UpstreamProtocol::Http1 => String::new(),
+            p => format!(" {}", p.as_str()),
         };
         let shaping = u.shaping.map_or_else(String::new, |sh| {
             format!(
@@ -105,7 +116,7 @@ fn write_upstreams(s: &mut String, cfg: &Config) {
         });
         let _ = writeln!(
             s,
-            "  {:<16} {} [{}] {hc}{shaping}",
+            "  {:<16} {}{protocol} [{}] {hc}{shaping}",
             u.name,
             u.balance,
             servers.join(", ")

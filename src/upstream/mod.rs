@@ -1,10 +1,12 @@
 //! Upstream pools: a pingora load balancer per pool (round robin, random, or consistent hash of
-//! the tenant), TCP or HTTP health checks, and the peer options (timeouts, keepalive) that
-//! every proxied request uses; a pool with `max_in_flight` has a priority queue (`shaping`).
+//! the tenant), TCP, HTTP or gRPC (`grpc_health`) health checks, and the peer options
+//! (timeouts, keepalive) that every proxied request uses; a pool with `max_in_flight` has a
+//! priority queue (`shaping`).
 
+pub mod grpc_health;
 pub mod shaping;
 
-use crate::config::model::{Balance, UpstreamProtocol, UpstreamSpec, UpstreamTls};
+use crate::config::model::{Balance, HealthProbe, UpstreamProtocol, UpstreamSpec, UpstreamTls};
 use crate::ticker::Ticker;
 use async_trait::async_trait;
 use pingora::http::RequestHeader;
@@ -51,7 +53,7 @@ pub struct Pool {
 
 /// Verification of a TLS pool's servers: against `ca` (or the system's roots), by name, unless
 /// `verify: false`.
-fn tls_options(options: &mut pingora::upstreams::peer::PeerOptions, tls: &UpstreamTls) {
+pub(crate) fn tls_options(options: &mut pingora::upstreams::peer::PeerOptions, tls: &UpstreamTls) {
     options.verify_cert = tls.verify;
     options.verify_hostname = tls.verify;
     options.ca = tls.ca.clone();
@@ -86,8 +88,8 @@ impl HealthCheck for Named {
 
 fn health_check(spec: &UpstreamSpec) -> Option<Box<dyn HealthCheck + Send + Sync>> {
     let hc = spec.health_check.as_ref()?;
-    match &hc.http {
-        None => {
+    match &hc.probe {
+        HealthProbe::Tcp => {
             // a TLS pool's check completes the handshake, verified as requests are
             let mut tcp = match &spec.tls {
                 Some(tls) => {
@@ -100,7 +102,7 @@ fn health_check(spec: &UpstreamSpec) -> Option<Box<dyn HealthCheck + Send + Sync
             tcp.peer_template.options.connection_timeout = Some(hc.timeout);
             Some(tcp)
         }
-        Some((path, host)) => {
+        HealthProbe::Http { path, host } => {
             let mut http = HttpHealthCheck::new(host, spec.tls.is_some());
             if let Some(tls) = &spec.tls {
                 http.peer_template.sni = tls.sni.clone();
@@ -125,6 +127,9 @@ fn health_check(spec: &UpstreamSpec) -> Option<Box<dyn HealthCheck + Send + Sync
             }));
             Some(Box::new(http))
         }
+        HealthProbe::Grpc { service } => Some(Box::new(grpc_health::GrpcHealthCheck::new(
+            spec, hc, service,
+        ))),
     }
 }
 

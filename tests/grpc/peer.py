@@ -1,8 +1,11 @@
 """A gRPC server for the tests (grpcio, messages as raw bytes: no generated code).
 
-Prints `listening on 127.0.0.1:PORT` once it serves, then serves until killed.
+`peer.py [ADDR] [--tls CERT KEY]` (ADDR default 127.0.0.1:0; with `--tls`, gRPC over TLS with
+that PEM certificate and key, ALPN h2). Prints `listening on 127.0.0.1:PORT` once it serves,
+then serves until killed.
 
 Methods (service `test.Echo`), each answering with initial metadata `x-seen-method`,
+`x-peer` (`127.0.0.1:PORT`, which server answered),
 `x-seen-timeout-ms` (the time left, when the call had a deadline) and echoing
 every request metadata `x-echo-*` back; trailers `x-trailer: yes`, `x-usage-tokens` (the
 request's `x-usage` metadata) and, with request metadata `x-status: CODE`, that status and
@@ -29,9 +32,12 @@ def meta(context):
     return dict(context.invocation_metadata())
 
 
+PEER = {"addr": ""}
+
+
 def start(context):
     m = meta(context)
-    initial = [("x-seen-method", "yes")]
+    initial = [("x-seen-method", "yes"), ("x-peer", PEER["addr"])]
     remaining = context.time_remaining()
     if remaining is not None and remaining < 1e6:
         initial.append(("x-seen-timeout-ms", str(int(remaining * 1000))))
@@ -92,7 +98,13 @@ def slow(request, context):
 
 
 def main():
-    addr = sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:0"
+    args = sys.argv[1:]
+    tls = None
+    if "--tls" in args:
+        i = args.index("--tls")
+        tls = args[i + 1:i + 3]
+        del args[i:i + 3]
+    addr = args[0] if args else "127.0.0.1:0"
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     h = health.HealthServicer()
     h.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -115,7 +127,13 @@ def main():
             "SetHealth": grpc.unary_unary_rpc_method_handler(set_health),
         }),
     ))
-    port = server.add_insecure_port(addr)
+    if tls:
+        with open(tls[0], "rb") as cert, open(tls[1], "rb") as key:
+            creds = grpc.ssl_server_credentials([(key.read(), cert.read())])
+        port = server.add_secure_port(addr, creds)
+    else:
+        port = server.add_insecure_port(addr)
+    PEER["addr"] = f"127.0.0.1:{port}"
     server.start()
     print(f"listening on 127.0.0.1:{port}", flush=True)
     server.wait_for_termination()

@@ -81,7 +81,7 @@ fn check_servers(c: &mut Checker, base: &str, u: &UpstreamFile) -> Vec<SocketAdd
     servers
 }
 
-/// A pool's `health_check`: TCP, or HTTP on a path.
+/// A pool's `health_check`: TCP, HTTP on a path, or gRPC (HTTP/2 pools only).
 fn check_health(c: &mut Checker, base: &str, u: &UpstreamFile) -> Option<HealthCheckSpec> {
     u.health_check.as_ref().map(|h| {
         let interval = positive(
@@ -103,17 +103,36 @@ fn check_health(c: &mut Checker, base: &str, u: &UpstreamFile) -> Option<HealthC
                     format!("invalid path {:?}: must start with '/'", hc.path),
                 );
             }
-            (
-                hc.path.clone(),
-                hc.host
+            HealthProbe::Http {
+                path: hc.path.clone(),
+                host: hc
+                    .host
                     .clone()
                     .unwrap_or_else(|| DEFAULT_HEALTH_HOST.to_string()),
-            )
+            }
+        });
+        let grpc = h.grpc.as_ref().map(|g| {
+            let path = format!("{base}.health_check.grpc");
+            if h.http.is_some() {
+                // as Envoy's one of http_health_check / grpc_health_check: one kind of check
+                c.err_key(
+                    &path,
+                    "a check is http or grpc, not both: the gRPC check asks grpc.health.v1.Health/Check, it has no path or host",
+                );
+            } else if matches!(u.protocol.as_deref(), None | Some("http1")) {
+                c.err_key(
+                    &path,
+                    "the gRPC check speaks HTTP/2: give the pool `protocol: h2c` (plain TCP) or `protocol: h2` (with `tls`)",
+                );
+            }
+            HealthProbe::Grpc {
+                service: g.service.clone(),
+            }
         });
         HealthCheckSpec {
             interval,
             timeout,
-            http,
+            probe: http.or(grpc).unwrap_or(HealthProbe::Tcp),
         }
     })
 }
