@@ -300,7 +300,8 @@ fn the_summary_prints_a_grpc_check_and_the_pool_protocol() {
         &format!(
             "server:\n  listen: [\"127.0.0.1:8080\"]\nupstreams:\n{}{}routes:\n  - id: all\n    path: /**\n    upstream: app\ntenant:\n  required: false\n",
             pool("app", &["127.0.0.1:9001".into()], "    protocol: h2c\n    health_check: { interval: 2s, grpc: {} }"),
-            pool("billing", &["127.0.0.1:9002".into()], "    protocol: h2c\n    health_check: { interval: 1s, grpc: { service: billing.v1 } }"),
+            // the contract's own form: the interval is 1s unless given
+            pool("billing", &["127.0.0.1:9002".into()], "    protocol: h2c\n    health_check: { grpc: { service: billing.v1 } }"),
         ),
     );
     let (code, out, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);

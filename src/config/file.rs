@@ -294,7 +294,9 @@ pub struct UpstreamTlsFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheckFile {
-    pub interval: ConfDuration,
+    /// How often each server is checked (1s by default).
+    #[serde(default)]
+    pub interval: Option<ConfDuration>,
     #[serde(default)]
     pub http: Option<HttpCheckFile>,
     /// A gRPC check (`grpc.health.v1.Health/Check`), for HTTP/2 pools; not with `http`.

@@ -87,7 +87,7 @@ fn check_health(c: &mut Checker, base: &str, u: &UpstreamFile) -> Option<HealthC
         let interval = positive(
             c,
             &format!("{base}.health_check.interval"),
-            Some(h.interval),
+            h.interval,
             DEFAULT_HEALTH_INTERVAL,
         );
         let timeout = positive(
