@@ -35,7 +35,7 @@ demo-cert: deps
 	@scripts/demo-cert
 
 ## Build, start the demo upstreams and run the gateway on conf/gateway.yaml (no Redis needed):
-## HTTP/1.1 on 8080, HTTPS with HTTP/2 on 8443.
+## HTTP/1.1 and h2c on 8080, HTTPS with HTTP/2 on 8443, a gRPC upstream on 9004.
 run: release demo-cert
 	scripts/run-demo
 

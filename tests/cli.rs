@@ -74,7 +74,8 @@ fn summary_lists_listeners_upstreams_routes_rules_and_redis_mode() {
     let (code, out, _) = run_tollgate(&["-t", "-c", &conf.display().to_string()]);
     assert_eq!(code, 0);
     for want in [
-        "listeners: 127.0.0.1:8080, 127.0.0.1:8443 (tls, h2)",
+        "listeners: 127.0.0.1:8080 (h2c), 127.0.0.1:8443 (tls, h2)",
+        "greeter          round_robin h2c [127.0.0.1:9004]",
         "products",
         "round_robin",
         "get-product",

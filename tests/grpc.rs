@@ -549,3 +549,85 @@ fn a_fleet_takes_the_trailers_cost() {
         );
     }
 }
+
+/// README "A curl session through the demo": the demo config (ports moved to free ones) with
+/// the gRPC upstream `make run` starts, and the README's grpcio command, run as written: five
+/// calls pass, the sixth is RESOURCE_EXHAUSTED with its pushback.
+#[test]
+fn the_readmes_grpc_demo_holds() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let line = readme
+        .lines()
+        .find(|l| {
+            l.starts_with(
+                "$ scripts/grpc-venv && target/grpc-venv/bin/python tests/grpc/client.py '",
+            )
+        })
+        .expect("the README's gRPC command");
+    let spec: Value = line
+        .split('\'')
+        .nth(1)
+        .and_then(|s| serde_json::from_str(s).ok())
+        .expect("its JSON spec");
+    let mut up = Command::new(root().join("target/debug/examples/grpc_upstream"));
+    up.arg("127.0.0.1:0");
+    let (child, grpc_addr) = common::spawn_listening(up);
+    let _up = common::KillOnDrop(vec![child.id() as i32]);
+    // the demo's files, its ports moved: the gateway's, the admin's, the gRPC upstream's
+    let dir = common::TempDir::new();
+    for f in ["keys.yaml", "plans.yaml", "limits.yaml"] {
+        let text = std::fs::read_to_string(root().join("conf").join(f)).expect("conf file");
+        dir.write(f, &text);
+    }
+    let listen = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let admin = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let tls = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let conf = std::fs::read_to_string(root().join("conf/gateway.yaml"))
+        .expect("conf/gateway.yaml")
+        .replace("127.0.0.1:8080", &listen.to_string())
+        .replace("127.0.0.1:8443", &tls.to_string())
+        .replace("127.0.0.1:9090", &admin.to_string())
+        .replace("127.0.0.1:9004", &grpc_addr.to_string())
+        .replace(
+            "../target/demo-tls",
+            &root().join("target/demo-tls").display().to_string(),
+        );
+    let path = dir.write("gateway.yaml", &conf);
+    let mut gw = Command::new(common::tollgate_bin())
+        .arg("-c")
+        .arg(&path)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("tollgate");
+    let ready = common::eventually(Duration::from_secs(20), || {
+        common::request(admin, "GET", "/readyz", &[]).is_ok_and(|r| r.status == 200)
+    });
+    let mut spec = spec;
+    spec["target"] = json!(listen.to_string());
+    // the six calls in one of the rule's 10 s windows (aligned to the clock)
+    assert!(common::eventually(Duration::from_secs(5), || {
+        common::now_ms() % 10_000 < 8_000
+    }));
+    let results = if ready { run(spec) } else { Vec::new() };
+    let _ = gw.kill();
+    let _ = gw.wait();
+    assert!(ready, "the demo gateway did not start");
+    let codes: Vec<&str> = results
+        .iter()
+        .map(|c| c["code"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        codes,
+        ["OK", "OK", "OK", "OK", "OK", "RESOURCE_EXHAUSTED"],
+        "{results:?}"
+    );
+    assert_eq!(results[0]["responses"], json!(["hi"]));
+    assert!(
+        results[5]["trailing"]["grpc-retry-pushback-ms"]
+            .as_str()
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|ms| ms > 0 && ms <= 10_000),
+        "{}",
+        results[5]
+    );
+}
