@@ -313,3 +313,23 @@ fn the_summary_prints_a_grpc_check_and_the_pool_protocol() {
         assert!(out.contains(want), "{want:?} missing in:\n{out}");
     }
 }
+
+/// An HTTP check on an HTTP/2 pool speaks HTTP/2: a server that speaks nothing else (the
+/// benchmarks' gRPC server, which answers any path) is healthy by it. The server is down
+/// first (unhealthy), then starts on its address and must become healthy.
+#[test]
+fn an_http_check_of_an_http2_pool_speaks_http2() {
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let gw = gateway(&pool(
+        "app",
+        std::slice::from_ref(&addr),
+        "    protocol: h2c\n    health_check: { interval: 200ms, http: { path: /healthz } }",
+    ));
+    wait_health(&gw, "app", &addr, false, "");
+    let mut up = std::process::Command::new(repo().join("target/debug/examples/grpc_upstream"));
+    up.arg(&addr);
+    let (child, _) = common::spawn_listening(up);
+    let _up = common::KillOnDrop(vec![child.id() as i32]);
+    wait_health(&gw, "app", &addr, true, "");
+}

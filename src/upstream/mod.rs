@@ -113,6 +113,10 @@ fn health_check(spec: &UpstreamSpec) -> Option<Box<dyn HealthCheck + Send + Sync
                 let _ = req.insert_header("User-Agent", "tollgate-health-check");
                 http.req = req;
             }
+            if spec.protocol != UpstreamProtocol::Http1 {
+                // in the pool's own protocol: an HTTP/2-only server is checked over HTTP/2
+                http.peer_template.options.set_http_version(2, 2);
+            }
             http.peer_template.options.connection_timeout = Some(hc.timeout);
             http.peer_template.options.read_timeout = Some(hc.timeout);
             http.validator = Some(Box::new(|resp| {
