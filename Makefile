@@ -65,13 +65,16 @@ conformance: deps
 ## Criterion benchmark of the decision; the cost per request against a bare Pingora
 ## passthrough (callgrind instructions, wrk throughput, latency, nginx + limit_req); the whole
 ## gateway under wrk (rules vs no rules); the fleet's accuracy and the seed scenario of three
-## instances sharing limits through Redis; HTTP/2 over TLS next to nginx (h2load); memory
-## under a million tenant ids. Tables and charts go to BENCHMARKS.md.
+## instances sharing limits through Redis; HTTP/2 over TLS next to nginx (h2load); unary gRPC
+## over h2c direct, through the gateway (no rules, 3 rules) and through nginx grpc_pass
+## (h2load, callgrind, connections to the server); memory under a million tenant ids. Tables
+## and charts go to BENCHMARKS.md.
 bench: deps-bench deps-test release
 	$(CARGO) bench --bench decision
 	scripts/bench-cost
 	scripts/bench-gateway
 	scripts/bench-edge
+	scripts/bench-grpc
 	scripts/bench-memory
 	scripts/bench-fleet
 
