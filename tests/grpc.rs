@@ -9,63 +9,14 @@ mod common;
 use common::Gateway;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use common::grpc::{repo as root, Peer};
 
-/// The venv's Python with grpcio (made by `scripts/grpc-venv`, which `make deps-test` runs).
-fn python() -> PathBuf {
-    let p = root().join("target/grpc-venv/bin/python");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/grpc-venv (make deps-test does)",
-        p.display()
-    );
-    p
-}
-
-/// The grpcio test server (`tests/grpc/peer.py`), killed on drop.
-struct Peer {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Peer {
-    fn start() -> Peer {
-        let mut cmd = Command::new(python());
-        cmd.arg(root().join("tests/grpc/peer.py"));
-        let (child, addr) = common::spawn_listening(cmd);
-        Peer { child, addr }
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Run the grpcio client on `spec` (see `tests/grpc/client.py`): one result per call.
+/// Run the grpcio client on `spec`: one result per call.
 fn run(spec: Value) -> Vec<Value> {
-    let out = Command::new(python())
-        .arg(root().join("tests/grpc/client.py"))
-        .arg(spec.to_string())
-        .output()
-        .expect("run the grpc client");
-    assert!(
-        out.status.success(),
-        "grpc client failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    match serde_json::from_slice::<Value>(&out.stdout) {
-        Ok(Value::Array(v)) => v,
-        other => panic!("grpc client printed {other:?}"),
-    }
+    common::grpc::run(&spec)
 }
 
 /// The calls in `calls`, over h2c to `target`.
@@ -102,7 +53,7 @@ fn metrics_line(gw: &Gateway, series: &str) -> f64 {
 
 #[test]
 fn the_four_kinds_of_call_pass_with_metadata_and_trailers_over_h2c_and_tls() {
-    let peer = Peer::start();
+    let peer = Peer::start_with(&[]);
     let tls_port = common::free_port();
     let demo = root().join("target/demo-tls");
     let listen = format!(
@@ -168,7 +119,7 @@ fn the_four_kinds_of_call_pass_with_metadata_and_trailers_over_h2c_and_tls() {
 
 #[test]
 fn a_deadline_that_passes_at_the_gateway_is_deadline_exceeded() {
-    let peer = Peer::start();
+    let peer = Peer::start_with(&[]);
     // one call a second per tenant, in a leaky bucket: the second waits its turn
     let tail = "limits:\n  - id: steady\n    pathPattern: /test.Echo/*\n    algorithm: leaky_bucket\n    tiers: [{ period: 10, threshold: 1 }]\n";
     let gw = Gateway::start(&config(peer.addr, "", "", tail));
@@ -245,7 +196,7 @@ fn a_deadline_that_passes_at_the_gateway_is_deadline_exceeded() {
 
 #[test]
 fn answers_made_by_the_gateway_are_grpc_statuses() {
-    let peer = Peer::start();
+    let peer = Peer::start_with(&[]);
     let dead = format!("127.0.0.1:{}", common::free_port());
     let pools = format!(
         "  gone:\n    servers: [\"{dead}\"]\n    protocol: h2c\n    retries: 0\n  plain:\n    servers: [\"{}\"]\n",
@@ -342,7 +293,7 @@ fn answers_made_by_the_gateway_are_grpc_statuses() {
 
 #[test]
 fn a_refused_call_waits_the_pushback_its_retry_policy_obeys() {
-    let peer = Peer::start();
+    let peer = Peer::start_with(&[]);
     // both calls in one window (its end at most a few seconds away)
     let period = common::period_with_room(2, 1);
     let tail = format!("limits:\n  - id: unary\n    pathPattern: /test.Echo/Unary\n    tiers: [{{ period: {period}, threshold: 1 }}]\n");
@@ -374,7 +325,7 @@ fn a_refused_call_waits_the_pushback_its_retry_policy_obeys() {
 
 #[test]
 fn count_when_grpc_status_and_a_cost_from_the_trailers() {
-    let peer = Peer::start();
+    let peer = Peer::start_with(&[]);
     let tail = "limits:\n  - id: failures\n    pathPattern: /test.Echo/Unary\n    tiers: [{ period: 1h, threshold: 2 }]\n    count_when: { grpc_status: [UNAUTHENTICATED, 14] }\n  - id: tokens\n    pathPattern: /test.Echo/ServerStream\n    tiers: [{ period: 1h, threshold: 10 }]\n    cost: { response_trailer: x-usage-tokens }\n    unit: tokens\n";
     let gw = Gateway::start(&config(peer.addr, "", "", tail));
     let a = json!(["x-org-id", "a"]);
@@ -417,7 +368,7 @@ fn count_when_grpc_status_and_a_cost_from_the_trailers() {
 
 #[test]
 fn a_stream_outlives_the_limits_meant_for_requests_and_a_reload() {
-    let peer = Peer::start();
+    let peer = Peer::start_with(&[]);
     // every limit of a plain request at 1 s; the stream lasts 4 s, a message each 400 ms
     let server = "  send_timeout: 1s\n  keepalive_timeout: 1s\n  client_header_timeout: 1s\n";
     let pool = "    read_timeout: 1s\n";
@@ -468,7 +419,7 @@ fn a_stream_outlives_the_limits_meant_for_requests_and_a_reload() {
 /// calls' starts; `concurrency` (above) counts a stream while it is open.
 #[test]
 fn actions_on_calls_and_streams() {
-    let peer = Peer::start();
+    let peer = Peer::start_with(&[]);
     let tail = "limits:\n  - id: watch\n    pathPattern: /test.Echo/Unary\n    tiers: [{ period: 1h, threshold: 1 }]\n    action: shadow\n  - id: hold\n    pathPattern: /test.Echo/ClientStream\n    algorithm: token_bucket\n    tiers: [{ period: 1, threshold: 1 }]\n    action: delay\n    max_delay: 5s\n  - id: slow\n    pathPattern: /test.Echo/ServerStream\n    tiers: [{ period: 1h, threshold: 1 }]\n    action: throttle\n    throttle: { rate: 40B/s }\n";
     let gw = Gateway::start(&config(peer.addr, "", "", tail));
     let a = json!(["x-org-id", "a"]);
@@ -507,7 +458,7 @@ fn actions_on_calls_and_streams() {
 #[test]
 fn a_fleet_takes_the_trailers_cost() {
     let redis = common::RedisServer::start();
-    let peer = Peer::start();
+    let peer = Peer::start_with(&[]);
     let period = common::period_with_room(3600, 30);
     let tail = format!(
         "limits:\n  - id: tokens\n    pathPattern: /test.Echo/*\n    cost: {{ response_trailer: x-usage-tokens }}\n    tiers: [{{ period: {period}, threshold: 40 }}]\nredis:\n  url: {}\n  key_prefix: tg\n  sync_interval: 50ms\n",

@@ -6,36 +6,23 @@
 mod common;
 use common::{eventually, free_port, run_tollgate, Gateway, TempDir, Upstream};
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 /// How long a health check may take to notice a change (checks every 200 ms here).
 const NOTICE: Duration = Duration::from_secs(10);
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+use common::grpc::{repo, Peer};
+
+/// The health tests' ways with a server.
+trait HealthPeer: Sized {
+    fn start() -> Self;
+    fn start_tls(dir: &TempDir, name: &str) -> Self;
+    fn name(&self) -> String;
+    fn set_health(&self, setting: &str, ca: Option<&PathBuf>);
 }
 
-/// The venv's Python, with grpcio (made by `scripts/grpc-venv`, `make deps-test`).
-fn python() -> PathBuf {
-    let p = repo().join("target/grpc-venv/bin/python");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/grpc-venv (make deps-test)",
-        p.display()
-    );
-    p
-}
-
-/// A grpcio server (tests/grpc/peer.py), killed on drop.
-struct Peer {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Peer {
+impl HealthPeer for Peer {
     fn start() -> Self {
         Self::start_with(&[])
     }
@@ -45,13 +32,6 @@ impl Peer {
         let cert = dir.0.join(format!("{name}.pem")).display().to_string();
         let key = dir.0.join(format!("{name}.key")).display().to_string();
         Self::start_with(&["--tls", &cert, &key])
-    }
-
-    fn start_with(args: &[&str]) -> Self {
-        let mut cmd = Command::new(python());
-        cmd.arg(repo().join("tests/grpc/peer.py")).args(args);
-        let (child, addr) = common::spawn_listening(cmd);
-        Peer { child, addr }
     }
 
     fn name(&self) -> String {
@@ -72,26 +52,9 @@ impl Peer {
     }
 }
 
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Run tests/grpc/client.py on `spec`; its results.
 fn grpc(spec: &Value) -> Vec<Value> {
-    let out = Command::new(python())
-        .arg(repo().join("tests/grpc/client.py"))
-        .arg(spec.to_string())
-        .output()
-        .expect("run tests/grpc/client.py");
-    assert!(
-        out.status.success(),
-        "client.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice::<Vec<Value>>(&out.stdout).expect("client.py prints a JSON list")
+    common::grpc::run(spec)
 }
 
 /// `n` `/test.Echo/Unary` calls through the gateway: each must answer OK with its message

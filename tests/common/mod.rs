@@ -3,6 +3,7 @@
 //! `request` is a small HTTP/1.1 client over a plain TCP socket.
 #![allow(dead_code)]
 
+pub mod grpc;
 pub mod recording;
 
 use std::io::{BufRead, BufReader, Read, Write};
