@@ -190,10 +190,7 @@ async fn write_answer(session: &mut Session, mut answer: Answer) -> Result<()> {
             .await?;
         return Ok(());
     }
-    session.write_response_header(resp, end_in_head).await?;
-    if end_in_head {
-        return Ok(());
-    }
+    session.write_response_header(resp, false).await?;
     session.write_response_body(Some(answer.body), true).await
 }
 
