@@ -582,3 +582,30 @@ fn the_readmes_grpc_demo_holds() {
         results[5]
     );
 }
+
+/// Redis out of reach under `on_failure: deny` refuses the call for want of the fleet's
+/// counts, not by a limit: UNAVAILABLE (docs/configuration.md "gRPC": the table), while a call
+/// on a route no rule limits passes.
+#[test]
+fn redis_out_of_reach_under_deny_is_unavailable() {
+    let peer = Peer::start_with(&[]);
+    let nobody = common::free_port();
+    let tail = format!(
+        "limits:\n  - id: unary\n    pathPattern: /test.Echo/Unary\n    tiers: [{{ period: 1h, threshold: 100 }}]\nredis:\n  url: redis://127.0.0.1:{nobody}\n  timeout: 100ms\n  on_failure: deny\n"
+    );
+    let gw = Gateway::start(&config(peer.addr, "", "", &tail));
+    let r = calls(
+        gw.addr,
+        json!([
+            {"method": "/test.Echo/Unary", "metadata": [["x-org-id", "a"]]},
+            {"method": "/test.Echo/ServerStream", "kind": "server_stream", "metadata": [["x-org-id", "a"]]},
+        ]),
+    );
+    assert_eq!(r[0]["code"], "UNAVAILABLE", "{}", r[0]);
+    assert!(
+        r[0]["trailing"].get("grpc-retry-pushback-ms").is_some(),
+        "{}",
+        r[0]
+    );
+    assert_eq!(r[1]["code"], "OK", "{}", r[1]);
+}

@@ -161,9 +161,15 @@ pub fn retry_after_secs(d: &Decision) -> u64 {
     ceil_secs(d.retry_after_ms()).max(1)
 }
 
+/// A denial by a limit: an enforcing tier was exceeded. Otherwise the request was refused
+/// for want of the fleet's counts (`on_failure: deny`, Redis out of reach).
+pub fn limit_exceeded(d: &Decision) -> bool {
+    d.tiers.iter().any(|t| !t.shadow && !t.verdict.allowed)
+}
+
 /// The problem+json body of a denial.
 pub fn denial_body(limiter: &Limiter, d: &Decision, status: u16) -> Bytes {
-    if !d.tiers.iter().any(|t| !t.shadow && !t.verdict.allowed) {
+    if !limit_exceeded(d) {
         // `on_failure: deny` with the shared counts out of reach: no limit was exceeded
         return problem::body(
             503,

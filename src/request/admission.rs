@@ -294,10 +294,14 @@ fn finish(snap: &Snapshot, admitted: &mut Admitted, d: Decision, delayed: bool) 
             let mut answer =
                 Answer::problem_body(status, headers::denial_body(limiter, &d, status));
             headers::apply(&mut answer.headers, limiter, &d, cfg.headers, true);
-            let answer = answer
-                .retry_after(headers::retry_after_secs(&d), cfg.headers.x_ratelimit)
-                .by_limit();
-            return Admission::Answer(answer);
+            let answer = answer.retry_after(headers::retry_after_secs(&d), cfg.headers.x_ratelimit);
+            // Redis out of reach under `on_failure: deny` is no limit's refusal (UNAVAILABLE
+            // to a gRPC client, not RESOURCE_EXHAUSTED)
+            return Admission::Answer(if headers::limit_exceeded(&d) {
+                answer.by_limit()
+            } else {
+                answer
+            });
         }
         Verdict::Shadowban { rule } => {
             // the rule's own answer, as if served: no upstream, no quota headers
