@@ -28,6 +28,7 @@ pub const NAMES: [&str; 17] = [
 ];
 
 pub const OK: u8 = 0;
+pub const CANCELLED: u8 = 1;
 pub const INVALID_ARGUMENT: u8 = 3;
 pub const DEADLINE_EXCEEDED: u8 = 4;
 pub const PERMISSION_DENIED: u8 = 7;
@@ -156,7 +157,8 @@ pub fn timeout_value(left: Duration) -> HeaderValue {
         s.push_str(itoa::Buffer::new().format(left.as_secs().min(99_999_999)));
         s.push('S');
     }
-    HeaderValue::from_str(&s).unwrap_or(HeaderValue::from_static("1m"))
+    // the String's buffer becomes the value's (one allocation)
+    HeaderValue::try_from(s).unwrap_or(HeaderValue::from_static("1m"))
 }
 
 #[cfg(test)]

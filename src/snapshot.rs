@@ -3,6 +3,7 @@
 //! so a reload is a swap: in-flight requests finish under the old snapshot.
 
 use crate::config::Config;
+use crate::grpc;
 use crate::limits::fleet::FleetState;
 use crate::limits::probe::ProbeLimit;
 use crate::limits::{Clock, CounterRegistry, Limiter};
@@ -27,7 +28,7 @@ pub struct Snapshot {
     pub probes: Arc<ProbeLimit>,
 }
 
-/// Statuses 100 to 599 of one route.
+/// Statuses 100 to 599 (or gRPC's 0 to 16) of one route.
 type ByStatus = Box<[OnceLock<IntCounter>]>;
 
 /// `tollgate_requests_total{route,status}` handles, looked up once per (route, status) instead
@@ -36,13 +37,21 @@ pub struct RequestCounters {
     vec: IntCounterVec,
     /// Indexed like `config.routes`, then one for requests no route matched.
     routes: Vec<(String, ByStatus)>,
+    /// `tollgate_grpc_requests_total{route,grpc_status}`, indexed like `routes`, then by code.
+    grpc_vec: IntCounterVec,
+    grpc: Vec<ByStatus>,
     /// `tollgate_request_duration_seconds{route}`, indexed like `routes`.
     durations: Vec<Histogram>,
 }
 
 impl RequestCounters {
-    fn new(vec: &IntCounterVec, durations: &HistogramVec, routes: Vec<String>) -> Self {
-        let slots = || (100..600).map(|_| OnceLock::new()).collect::<ByStatus>();
+    fn new(
+        vec: &IntCounterVec,
+        grpc_vec: &IntCounterVec,
+        durations: &HistogramVec,
+        routes: Vec<String>,
+    ) -> Self {
+        let slots = |n| (0..n).map(|_| OnceLock::new()).collect::<ByStatus>();
         let routes: Vec<String> = routes
             .into_iter()
             .chain(std::iter::once("none".to_string()))
@@ -53,7 +62,31 @@ impl RequestCounters {
                 .iter()
                 .map(|r| durations.with_label_values(&[r.as_str()]))
                 .collect(),
-            routes: routes.into_iter().map(|r| (r, slots())).collect(),
+            grpc_vec: grpc_vec.clone(),
+            grpc: routes.iter().map(|_| slots(grpc::NAMES.len())).collect(),
+            routes: routes.into_iter().map(|r| (r, slots(500))).collect(),
+        }
+    }
+
+    /// Count one gRPC call of `route` that ended with `code` (its number; past the known
+    /// ones, UNKNOWN).
+    pub fn grpc_done(&self, route: Option<usize>, code: u8) {
+        let none = self.routes.len() - 1;
+        let i = route.unwrap_or(none).min(none);
+        let code = if usize::from(code) < grpc::NAMES.len() {
+            code
+        } else {
+            grpc::UNKNOWN
+        };
+        if let (Some((name, _)), Some(slot)) = (
+            self.routes.get(i),
+            self.grpc.get(i).and_then(|s| s.get(usize::from(code))),
+        ) {
+            slot.get_or_init(|| {
+                self.grpc_vec
+                    .with_label_values(&[name.as_str(), grpc::NAMES[usize::from(code)]])
+            })
+            .inc();
         }
     }
 
@@ -120,6 +153,7 @@ impl Snapshot {
         );
         let requests = RequestCounters::new(
             &rt.metrics.requests,
+            &rt.metrics.grpc_requests,
             &rt.metrics.request_duration,
             config.routes.iter().map(|r| r.id.clone()).collect(),
         );

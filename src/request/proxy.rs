@@ -160,9 +160,9 @@ fn pace(owed: &mut Duration, bytes: usize, bytes_per_sec: u64) -> Option<Duratio
 }
 
 /// Write an answer made here (a refusal, a denial, a shadowban's reply), whole; to a gRPC
-/// call, as a trailers-only gRPC answer (`Answer::to_grpc`).
-async fn write_answer(session: &mut Session, mut answer: Answer) -> Result<()> {
-    if grpc::is_grpc(&session.req_header().headers) {
+/// call (`grpc`), as a trailers-only gRPC answer (`Answer::to_grpc`).
+async fn write_answer(session: &mut Session, mut answer: Answer, grpc: bool) -> Result<()> {
+    if grpc {
         answer = answer.to_grpc(!session.as_downstream().is_http2());
     }
     let end_in_head = answer.body.is_empty();
@@ -381,7 +381,7 @@ impl ProxyHttp for Gateway {
         ctx.snapshot = Some(snap);
         match admission {
             Admission::Answer(answer) => {
-                Box::pin(write_answer(session, answer)).await?;
+                Box::pin(write_answer(session, answer, ctx.grpc)).await?;
                 Ok(true)
             }
             Admission::Queue(wait) => {
@@ -391,7 +391,7 @@ impl ProxyHttp for Gateway {
                         snap.limiter.leave_queue(d);
                     }
                     let answer = Answer::problem(504, DEADLINE_BEFORE_TURN);
-                    Box::pin(write_answer(session, answer)).await?;
+                    Box::pin(write_answer(session, answer, ctx.grpc)).await?;
                     return Ok(true);
                 }
                 self.metrics.queue_waited.inc();
@@ -431,7 +431,12 @@ impl ProxyHttp for Gateway {
                 .is_some_and(|u| u.protocol == UpstreamProtocol::Http1)
         {
             // HTTP/1.1 cannot carry gRPC (trailers): said at once, never a hang
-            Box::pin(write_answer(session, Answer::problem(500, GRPC_TO_HTTP1))).await?;
+            Box::pin(write_answer(
+                session,
+                Answer::problem(500, GRPC_TO_HTTP1),
+                true,
+            ))
+            .await?;
             return Ok(false);
         }
         let Some(gate) = snap.gates.get(pool).and_then(Option::as_ref) else {
@@ -456,7 +461,7 @@ impl ProxyHttp for Gateway {
         };
         let Some(entered) = entered else {
             let answer = Answer::problem(504, DEADLINE_IN_QUEUE);
-            Box::pin(write_answer(session, answer)).await?;
+            Box::pin(write_answer(session, answer, ctx.grpc)).await?;
             return Ok(false);
         };
         ctx.gate = entered;
@@ -466,7 +471,7 @@ impl ProxyHttp for Gateway {
                 "the upstream is busy: its queue is full or the wait timed out",
             )
             .retry_after(crate::upstream::shaping::RETRY_AFTER.as_secs(), false);
-            Box::pin(write_answer(session, answer)).await?;
+            Box::pin(write_answer(session, answer, ctx.grpc)).await?;
             return Ok(false);
         }
         Ok(true)
@@ -783,7 +788,7 @@ impl ProxyHttp for Gateway {
             }
         } else if code > 0 && session.response_written().is_none() {
             let detail = failure_detail(code);
-            if let Err(err) = write_answer(session, Answer::problem(code, detail)).await {
+            if let Err(err) = write_answer(session, Answer::problem(code, detail), ctx.grpc).await {
                 log::debug!("could not send the error answer: {err}");
             }
         }
@@ -870,19 +875,20 @@ impl ProxyHttp for Gateway {
             }
         }
         // a call that ended with no status: the client cancelled it (or it never got one)
-        let grpc_name = ctx.grpc.then(|| match grpc_status {
-            Some(code) => grpc::NAMES
-                .get(usize::from(code))
-                .copied()
-                .unwrap_or("UNKNOWN"),
-            None if by_client.is_some() || status == CLIENT_GONE => "CANCELLED",
-            None => "UNKNOWN",
+        let grpc_code = ctx.grpc.then(|| match grpc_status {
+            Some(code) if usize::from(code) < grpc::NAMES.len() => code,
+            None if by_client.is_some() || status == CLIENT_GONE => grpc::CANCELLED,
+            _ => grpc::UNKNOWN,
         });
-        if let Some(code) = grpc_name {
-            self.metrics
+        let grpc_name = grpc_code.map(|c| grpc::NAMES[usize::from(c)]);
+        match (&ctx.snapshot, grpc_code) {
+            (Some(s), Some(code)) => s.requests.grpc_done(ctx.admitted.route, code),
+            (None, Some(code)) => self
+                .metrics
                 .grpc_requests
-                .with_label_values(&[route, code])
-                .inc();
+                .with_label_values(&[route, grpc::NAMES[usize::from(code)]])
+                .inc(),
+            (_, None) => {}
         }
         if ctx
             .snapshot
