@@ -117,6 +117,40 @@ fn the_four_kinds_of_call_pass_with_metadata_and_trailers_over_h2c_and_tls() {
         .contains("grpc_status=FAILED_PRECONDITION")));
 }
 
+/// One unary call with curl over h2c (curl keeps no deadline of its own), its message `hi`
+/// and `headers`; the answer's head and trailers, in lower case.
+fn curl_call(addr: SocketAddr, path: &str, headers: &[&str]) -> String {
+    let mut cmd = Command::new("curl");
+    cmd.args([
+        "-s",
+        "--http2-prior-knowledge",
+        "-o",
+        "/dev/null",
+        "-D",
+        "-",
+    ])
+    .args(["-H", "content-type: application/grpc", "-H", "te: trailers"]);
+    for h in headers {
+        cmd.args(["-H", h]);
+    }
+    let out = cmd
+        .args(["--data-binary", "@-"])
+        .arg(format!("http://{addr}{path}"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin
+                .take()
+                .expect("stdin")
+                .write_all(b"\0\0\0\0\x02hi")?;
+            c.wait_with_output()
+        })
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).to_lowercase()
+}
+
 #[test]
 fn a_deadline_that_passes_at_the_gateway_is_deadline_exceeded() {
     let peer = Peer::start_with(&[]);
@@ -150,42 +184,21 @@ fn a_deadline_that_passes_at_the_gateway_is_deadline_exceeded() {
     // a deadline the gateway keeps itself (curl sets no deadline of its own): the server
     // has begun its answer (its initial metadata), so the status comes in trailers
     let t0 = Instant::now();
-    let out = Command::new("curl")
-        .args([
-            "-s",
-            "--http2-prior-knowledge",
-            "-o",
-            "/dev/null",
-            "-D",
-            "-",
-        ])
-        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
-        .args([
-            "-H",
-            "grpc-timeout: 300m",
-            "-H",
-            "x-sleep-ms: 5000",
-            "-H",
-            "x-org-id: c",
-        ])
-        .args(["--data-binary", "@-"])
-        .arg(format!("http://{}/test.Echo/Slow", gw.addr))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin
-                .take()
-                .expect("stdin")
-                .write_all(b"\0\0\0\0\x02hi")?;
-            c.wait_with_output()
-        })
-        .expect("curl");
-    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    let head = curl_call(
+        gw.addr,
+        "/test.Echo/Slow",
+        &["grpc-timeout: 300m", "x-sleep-ms: 5000", "x-org-id: c"],
+    );
     assert!(head.contains("x-seen-method: yes"), "{head}");
     assert!(head.contains("grpc-status: 4"), "{head}");
     assert!(t0.elapsed() < Duration::from_secs(3), "{head}");
+    // the longest deadline a client can write is no deadline to worry about
+    let head = curl_call(
+        gw.addr,
+        "/test.Echo/Unary",
+        &["grpc-timeout: 99999999H", "x-org-id: d"],
+    );
+    assert!(head.contains("grpc-status: 0"), "{head}");
     // without a deadline, the same call waits its turn and passes
     let patient = call(
         gw.addr,

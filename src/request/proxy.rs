@@ -356,7 +356,8 @@ impl ProxyHttp for Gateway {
         let req = session.req_header();
         if grpc::is_grpc(&req.headers) {
             ctx.grpc = true;
-            ctx.deadline = grpc::timeout(&req.headers).map(|t| ctx.started + t);
+            // (99999999H is a client's to send: no deadline past what an instant can hold)
+            ctx.deadline = grpc::timeout(&req.headers).and_then(|t| ctx.started.checked_add(t));
         }
         if let Some(t) = trace::traces().filter(|t| t.wanted(&req.headers)) {
             ctx.trace = Some(Box::new(TraceSpans {
