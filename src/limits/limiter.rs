@@ -980,14 +980,16 @@ impl Limiter {
             _ => None,
         };
         let mut wake = false;
-        for late in std::mem::take(&mut d.late) {
+        // charged entries leave; those waiting for the trailers stay where they are (no new
+        // list for them)
+        let mut owed = std::mem::take(&mut d.late);
+        owed.retain(|late| {
             let Some(cr) = self.rules.get(usize::from(late.rule)) else {
-                continue;
+                return false;
             };
             let r = &cr.rule;
             if !answer.ended && r.waits_for_trailers() {
-                d.late.push(late);
-                continue;
+                return true;
             }
             let charge = if r.count_when.is_some_and(|c| !c.counts(status, answer.grpc)) {
                 0
@@ -1002,8 +1004,10 @@ impl Limiter {
                     .saturating_sub(charge)
                     .min(t.threshold);
             }
-            wake |= self.charge(cr, &late, charge, now, leased);
-        }
+            wake |= self.charge(cr, late, charge, now, leased);
+            false
+        });
+        d.late = owed;
         if wake {
             self.fleet.want_round();
         }
