@@ -433,7 +433,7 @@ fn a_stream_outlives_the_limits_meant_for_requests_and_a_reload() {
 #[test]
 fn actions_on_calls_and_streams() {
     let peer = Peer::start_with(&[]);
-    let tail = "limits:\n  - id: watch\n    pathPattern: /test.Echo/Unary\n    tiers: [{ period: 1h, threshold: 1 }]\n    action: shadow\n  - id: hold\n    pathPattern: /test.Echo/ClientStream\n    algorithm: token_bucket\n    tiers: [{ period: 1, threshold: 1 }]\n    action: delay\n    max_delay: 5s\n  - id: slow\n    pathPattern: /test.Echo/ServerStream\n    tiers: [{ period: 1h, threshold: 1 }]\n    action: throttle\n    throttle: { rate: 40B/s }\n";
+    let tail = "limits:\n  - id: watch\n    pathPattern: /test.Echo/Unary\n    tiers: [{ period: 1h, threshold: 1 }]\n    action: shadow\n  - id: hold\n    pathPattern: /test.Echo/ClientStream\n    algorithm: token_bucket\n    tiers: [{ period: 1, threshold: 1 }]\n    action: delay\n    max_delay: 5s\n  - id: slow\n    pathPattern: /test.Echo/ServerStream\n    tiers: [{ period: 1h, threshold: 1 }]\n    action: throttle\n    throttle: { rate: 40B/s }\n  - id: hold-long\n    pathPattern: /test.Echo/Bidi\n    algorithm: token_bucket\n    tiers: [{ period: 10, threshold: 1 }]\n    action: delay\n    max_delay: 15s\n";
     let gw = Gateway::start(&config(peer.addr, "", "", tail));
     let a = json!(["x-org-id", "a"]);
     let stream = json!({"method": "/test.Echo/ServerStream", "kind": "server_stream",
@@ -460,6 +460,19 @@ fn actions_on_calls_and_streams() {
     // the second client stream waited for the bucket's next token (1 a second)
     let ms = |c: &Value| c["ms"].as_f64().unwrap_or(0.0);
     assert!(ms(&r[4]) >= 500.0, "{}", r[4]);
+    // a delay longer than the call's deadline: DEADLINE_EXCEEDED when the deadline passes,
+    // not once the delay is over (curl keeps no deadline of its own)
+    let first = curl_call(gw.addr, "/test.Echo/Bidi", &["x-org-id: a"]);
+    assert!(first.contains("grpc-status: 0"), "{first}");
+    let t0 = Instant::now();
+    let held = curl_call(
+        gw.addr,
+        "/test.Echo/Bidi",
+        &["x-org-id: a", "grpc-timeout: 300m"],
+    );
+    assert!(held.contains("grpc-status: 4"), "{held}");
+    assert!(!held.contains("x-seen-method"), "never forwarded: {held}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     // the second server stream: 10 messages of 6 bytes at 40 bytes a second
     assert!(ms(&r[5]) < 1000.0, "{}", r[5]);
     assert_eq!(r[6]["responses"].as_array().map(Vec::len), Some(10));

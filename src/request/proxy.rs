@@ -92,6 +92,7 @@ const CLIENT_GONE: http::StatusCode = match http::StatusCode::from_u16(499) {
 
 const DEADLINE_BEFORE_TURN: &str =
     "the call's deadline (grpc-timeout) passes before its turn in the leaky bucket";
+const DEADLINE_IN_HOLD: &str = "the call's deadline (grpc-timeout) passed while a delay held it";
 const DEADLINE_IN_QUEUE: &str =
     "the call's deadline (grpc-timeout) passed while it waited for the pool";
 const DEADLINE_PASSED: &str = "the call's deadline (grpc-timeout) passed at the gateway";
@@ -377,7 +378,16 @@ impl ProxyHttp for Gateway {
         let mut admission = admission::admit(&snap, &incoming, &self.metrics, &mut ctx.admitted);
         if let Admission::Hold(held) = admission {
             // rare: boxed, so that the request's future stays small for the common case
-            admission = Box::pin(held.wait(&snap, &incoming, &mut ctx.admitted)).await;
+            let deadline = ctx.deadline;
+            let wait = Box::pin(held.wait(&snap, &incoming, &mut ctx.admitted));
+            admission = match deadline {
+                // a gRPC call is held no longer than its deadline (nothing is counted for it
+                // until the hold ends)
+                Some(d) => tokio::time::timeout_at(d, wait)
+                    .await
+                    .unwrap_or_else(|_| Admission::Answer(Answer::problem(504, DEADLINE_IN_HOLD))),
+                None => wait.await,
+            };
         }
         ctx.snapshot = Some(snap);
         match admission {
