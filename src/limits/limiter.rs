@@ -1085,7 +1085,7 @@ impl Limiter {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     //! The limiter alone, on a fake clock: which rules apply, check then commit, plans, the
     //! verdict of several actions. (The request path around it: `tests/admission.rs`.)
     use super::*;
@@ -1095,14 +1095,14 @@ mod tests {
 
     const T0: u64 = 1_800_000_000_000;
 
-    struct Rig {
-        limiter: Limiter,
-        cfg: crate::config::Config,
+    pub(crate) struct Rig {
+        pub(crate) limiter: Limiter,
+        pub(crate) cfg: crate::config::Config,
         clock: Arc<FakeClock>,
         _metrics: crate::metrics::Metrics,
     }
 
-    fn rig(limits: &str) -> Rig {
+    pub(crate) fn rig(limits: &str) -> Rig {
         let text = format!(
             "server: {{ listen: [\"127.0.0.1:1\"] }}\n\
              upstreams: {{ app: {{ servers: [\"127.0.0.1:2\"] }} }}\n\
@@ -1145,7 +1145,7 @@ mod tests {
             self.limiter.decide(&req, &self.cfg.plans)
         }
 
-        fn decide(&self, path: &str, tenant: &str) -> Decision {
+        pub(crate) fn decide(&self, path: &str, tenant: &str) -> Decision {
             self.decide_with(path, tenant, &HeaderMap::new())
         }
 
@@ -1158,7 +1158,7 @@ mod tests {
         }
     }
 
-    fn rule(id: &str, extra: &str, period: &str, threshold: u64) -> String {
+    pub(crate) fn rule(id: &str, extra: &str, period: &str, threshold: u64) -> String {
         format!(
             "  - id: {id}\n    pathPattern: /**\n{extra}    tiers: [{{ period: {period}, threshold: {threshold} }}]\n"
         )

@@ -138,6 +138,10 @@ impl PathPattern {
         loop {
             if p < self.segs.len() {
                 if self.segs[p] == Seg::Any {
+                    if p + 1 == self.segs.len() {
+                        // a last `**` takes whatever is left
+                        return Some(capture);
+                    }
                     star = Some((p + 1, s));
                     p += 1;
                     continue;
