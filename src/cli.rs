@@ -37,12 +37,13 @@ pub const TLS_GROUPS: &str = "X25519:P-256:P-384";
     name = "tollgate",
     version,
     about = "Edge API gateway with tenant-aware, fleet-wide rate limiting",
-    after_help = "Signals: SIGHUP reloads the config, SIGUSR2 starts this binary's file anew with -u and hands it the listeners (upgrade in place), SIGQUIT hands the listeners to a process started with -u, SIGTERM drains and exits, SIGINT exits at once."
+    after_help = "Signals: SIGHUP reloads the config, SIGUSR2 starts this binary's file anew with -u and hands it the listeners (upgrade in place), SIGQUIT hands the listeners to a process started with -u, SIGTERM drains and exits, SIGINT exits at once.",
+    subcommand_negates_reqs = true
 )]
 pub struct Args {
     /// The configuration file (YAML)
-    #[arg(short = 'c', long = "conf", value_name = "FILE")]
-    pub conf: PathBuf,
+    #[arg(short = 'c', long = "conf", value_name = "FILE", required = true)]
+    pub conf: Option<PathBuf>,
     /// Validate the configuration, print a summary and exit (0 valid, 1 invalid); with a
     /// `redis` section, also ask Redis whether the ACL user may run every command the gateway
     /// sends (1 when Redis answers that it may not; a Redis that does not answer is only a
@@ -59,14 +60,60 @@ pub struct Args {
     /// Take over the listeners of a running instance (graceful upgrade, with SIGQUIT to the old one)
     #[arg(short = 'u', long = "upgrade")]
     pub upgrade: bool,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+impl Args {
+    /// The configuration file (required unless a subcommand is given).
+    pub fn conf(&self) -> &std::path::Path {
+        self.conf.as_deref().unwrap_or(std::path::Path::new(""))
+    }
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Print the line that stores an API key as its digest in a keys file
+    /// (`sha256:<hex>`, the key's SHA-256). The key is read from standard input (one line;
+    /// so that it stays out of the shell's history), or given as the argument.
+    HashKey {
+        /// The key (default: read from standard input)
+        key: Option<String>,
+    },
+}
+
+/// `tollgate hash-key`: the digest of a key, for a keys file.
+fn hash_key(key: Option<String>) -> i32 {
+    let key = match key {
+        Some(k) => k,
+        None => {
+            let mut line = String::new();
+            if let Err(e) = std::io::stdin().read_line(&mut line) {
+                eprintln!("cannot read the key from standard input: {e}");
+                return 1;
+            }
+            line.trim_end_matches(['\r', '\n']).to_string()
+        }
+    };
+    let key = key.trim();
+    if key.is_empty() {
+        eprintln!("the key is empty: give it as the argument or on standard input");
+        return 1;
+    }
+    println!("{}", config::model::key_digest_text(key));
+    0
 }
 
 /// Run the command line; returns the exit status.
 pub fn main() -> i32 {
     let args = Args::parse();
+    if let Some(Command::HashKey { key }) = &args.command {
+        return hash_key(key.clone());
+    }
+    let conf = args.conf().to_path_buf();
     // before anything could replace the file (a package upgrade): what SIGUSR2 starts
     let exe = Successor::this_binary();
-    let cfg = match config::load(&args.conf) {
+    let cfg = match config::load(&conf) {
         Ok(c) => c,
         Err(errors) => {
             eprintln!("{errors}");
@@ -112,7 +159,7 @@ pub fn main() -> i32 {
         Err(e) => {
             eprintln!(
                 "{}:1:1: cannot build upstream pools: {e}",
-                args.conf.display()
+                args.conf().display()
             );
             return 1;
         }
@@ -230,7 +277,8 @@ fn run(args: &Args, snapshot: Snapshot, rt: Runtime, exe: std::path::PathBuf) ->
         "upgrade in place",
         Upgrader {
             successor: Successor {
-                conf: std::path::absolute(&args.conf).unwrap_or_else(|_| args.conf.clone()),
+                conf: std::path::absolute(args.conf())
+                    .unwrap_or_else(|_| args.conf().to_path_buf()),
                 exe,
                 daemon: args.daemon,
                 upgrade_sock: server_cfg.upgrade_sock.clone().into(),
@@ -280,7 +328,7 @@ fn listeners_free(args: &Args, server_cfg: &config::model::ServerSettings) -> Re
         if let Err(e) = std::net::TcpListener::bind(addr) {
             return Err(format!(
                 "{}: cannot listen on {addr}: {e}",
-                args.conf.display()
+                args.conf().display()
             ));
         }
     }
@@ -347,13 +395,13 @@ fn edge_service(
             listener: *addr,
         });
         let mut settings = TlsSettings::with_callbacks(callbacks)
-            .map_err(|e| format!("{}: tls: {e}", args.conf.display()))?;
+            .map_err(|e| format!("{}: tls: {e}", args.conf().display()))?;
         settings.enable_h2();
         // Mozilla's "intermediate" profile: X25519, prime256v1 and secp384r1 only (OpenSSL 3
         // also offers X448 and secp521r1, which sslyze's intermediate check refuses)
         settings
             .set_groups_list(TLS_GROUPS)
-            .map_err(|e| format!("{}: tls: groups {TLS_GROUPS}: {e}", args.conf.display()))?;
+            .map_err(|e| format!("{}: tls: groups {TLS_GROUPS}: {e}", args.conf().display()))?;
         proxy.add_tls_with_settings(&addr.to_string(), None, settings);
     }
     // TLS connections are counted, and wait for their first byte, before the handshake
@@ -413,7 +461,7 @@ fn add_background_services(
         "config reloader",
         Reloader {
             status: reload_status.clone(),
-            path: args.conf.clone(),
+            path: args.conf().to_path_buf(),
             shared: shared.clone(),
             runtime: rt.clone(),
             metrics: metrics.clone(),

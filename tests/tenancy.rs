@@ -250,3 +250,83 @@ fn the_tenant_lookup_knows_tenants_by_key_and_plan_before_any_request() {
     assert_eq!(status("planned"), 200, "a plan names it");
     assert_eq!(status("nobody"), 404);
 }
+
+/// Keys stored as digests (`tollgate hash-key`): the gateway knows a key by its SHA-256, the
+/// digest itself is no key, `-t` warns of keys stored as they are, and a malformed digest is
+/// an error at its line.
+#[test]
+fn api_keys_may_be_stored_as_their_digests() {
+    let up = Upstream::start("u");
+    // the digest as the subcommand prints it, from standard input and from the argument
+    let mut child = std::process::Command::new(common::tollgate_bin())
+        .arg("hash-key")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"k-globex-secret\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    // sha256("k-globex-secret"), as any SHA-256 tool gives it
+    assert_eq!(
+        digest,
+        "sha256:5aa52e5c7b17590cc1471ba62e9b4b5734932481d8f63ac8205fca502487657d"
+    );
+    let (code, by_arg, _) = run_tollgate(&["hash-key", "k-globex-secret"]);
+    assert_eq!((code, by_arg.trim()), (0, digest.as_str()));
+    let (code, _, err) = run_tollgate(&["hash-key", " "]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("the key is empty"), "{err}");
+    let gw = with_files(
+        &up,
+        "premium: [globex]\n",
+        &format!("\"k-acme\": acme\n\"{digest}\": globex\n"),
+    );
+    let get = |key: &str| gw.get("/v1/x", &[("x-api-key", key)]);
+    let r = get("k-globex-secret");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.upstream_headers("x-tenant-id"),
+        vec!["globex".to_string()]
+    );
+    assert_eq!(r.header("x-ratelimit-limit"), Some("50"));
+    assert_eq!(
+        get("k-acme").upstream_headers("x-tenant-id"),
+        vec!["acme".to_string()]
+    );
+    // whoever reads the file holds the digest, not the key
+    assert_eq!(get(&digest).status, 401);
+    // -t: the plain key is a warning, the summary says how the keys are stored
+    let conf = gw.config.to_str().unwrap();
+    let (code, out, err) = run_tollgate(&["-t", "--offline", "-c", conf]);
+    assert_eq!(code, 0, "{err}");
+    let keys = gw.dir.0.join("keys.yaml").display().to_string();
+    assert!(
+        err.contains(&format!(
+            "{keys}:1:11: warning: keys_file.k-acme: this API key is stored as it is"
+        )),
+        "{err}"
+    );
+    assert!(out.contains("2 keys, 1 as digests"), "{out}");
+    // a digest of the wrong length, at its line and column
+    std::fs::write(
+        gw.dir.0.join("keys.yaml"),
+        "\"k-acme\": acme\n\"sha256:abc\": globex\n",
+    )
+    .unwrap();
+    let (code, _, err) = run_tollgate(&["-t", "--offline", "-c", conf]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!(
+            "{keys}:2:1: keys_file.sha256:abc: sha256: must be followed by the 64 hex digits"
+        )),
+        "{err}"
+    );
+}

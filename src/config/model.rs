@@ -261,20 +261,84 @@ impl Default for TenantSettings {
 /// them); `path` and `header` only when `trusted`, or for requests from `trusted_proxies`.
 #[derive(Debug)]
 pub enum TenantSource {
-    ApiKey {
-        header: HeaderName,
-        /// key -> tenant
-        keys: HashMap<String, String>,
-    },
-    Path {
-        pattern: PathPattern,
-        trusted: bool,
-    },
-    Header {
-        name: HeaderName,
-        trusted: bool,
-    },
+    ApiKey { header: HeaderName, keys: ApiKeys },
+    Path { pattern: PathPattern, trusted: bool },
+    Header { name: HeaderName, trusted: bool },
     ClientIp,
+}
+
+/// The keys of an `api_key` source, each mapped to its tenant: written as the key itself, or
+/// as `sha256:<hex>`, the SHA-256 digest of the key (`tollgate hash-key` prints one), so that
+/// the file does not hand out the keys it names.
+#[derive(Debug, Default)]
+pub struct ApiKeys {
+    /// key -> tenant
+    pub plain: HashMap<String, String>,
+    /// SHA-256 of the key -> tenant
+    pub hashed: HashMap<[u8; 32], String>,
+}
+
+/// How a key's digest is written in a keys file.
+pub const KEY_DIGEST_PREFIX: &str = "sha256:";
+
+impl ApiKeys {
+    /// The tenant of a presented key. A digest is computed only when some key is stored as one.
+    pub fn tenant_of(&self, key: &str) -> Option<&str> {
+        if let Some(t) = self.plain.get(key) {
+            return Some(t);
+        }
+        if self.hashed.is_empty() {
+            return None;
+        }
+        self.hashed.get(&key_digest(key)).map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.plain.len() + self.hashed.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every tenant a key maps to.
+    pub fn tenants(&self) -> impl Iterator<Item = &str> {
+        self.plain
+            .values()
+            .chain(self.hashed.values())
+            .map(String::as_str)
+    }
+}
+
+/// The SHA-256 digest of a key.
+pub fn key_digest(key: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(key.as_bytes()).into()
+}
+
+/// A key as a keys file stores it: `sha256:` and the digest's 64 lowercase hex digits.
+pub fn key_digest_text(key: &str) -> String {
+    let mut out = String::with_capacity(KEY_DIGEST_PREFIX.len() + 64);
+    out.push_str(KEY_DIGEST_PREFIX);
+    for b in key_digest(key) {
+        out.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+        out.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
+    }
+    out
+}
+
+/// A digest written as 64 hex digits (either case); `None` for anything else.
+pub fn parse_key_digest(hex: &str) -> Option<[u8; 32]> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let digit = |c: u8| char::from(c).to_digit(16);
+        *o = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
+    }
+    Some(out)
 }
 
 /// Named groups of tenants with their own tiers.

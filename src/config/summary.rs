@@ -157,7 +157,12 @@ fn write_tenant(s: &mut String, cfg: &Config) {
                 } else {
                     ""
                 };
-                format!("api_key({header}, {} keys{hide})", keys.len())
+                let hashed = match keys.hashed.len() {
+                    0 => String::new(),
+                    n if n == keys.len() => " as digests".to_string(),
+                    n => format!(", {n} as digests"),
+                };
+                format!("api_key({header}, {} keys{hashed}{hide})", keys.len())
             }
             TenantSource::Path { pattern, trusted } => {
                 format!("path({}{})", pattern.as_str(), trust_text(*trusted))

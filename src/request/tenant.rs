@@ -44,7 +44,7 @@ pub fn resolve(settings: &TenantSettings, mode: TenantMode, req: &RequestFacts) 
         let found = match source {
             TenantSource::ApiKey { header, keys } => match req.headers.get(header) {
                 None => None,
-                Some(v) => match v.to_str().ok().and_then(|k| keys.get(k.trim())) {
+                Some(v) => match v.to_str().ok().and_then(|k| keys.tenant_of(k.trim())) {
                     Some(t) => Some(t.as_bytes().to_vec()),
                     None => return Resolved::UnknownKey,
                 },
@@ -77,6 +77,7 @@ pub fn resolve(settings: &TenantSettings, mode: TenantMode, req: &RequestFacts) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::model::{key_digest, ApiKeys};
     use crate::matching::PathPattern;
     use http::header::HeaderName;
     use http::HeaderValue;
@@ -86,7 +87,10 @@ mod tests {
             sources: vec![
                 TenantSource::ApiKey {
                     header: HeaderName::from_static("x-api-key"),
-                    keys: [("k1".to_string(), "acme".to_string())].into(),
+                    keys: ApiKeys {
+                        plain: [("k1".to_string(), "acme".to_string())].into(),
+                        hashed: [(key_digest("k2"), "initech".to_string())].into(),
+                    },
                 },
                 TenantSource::Path {
                     pattern: PathPattern::compile("/v1/organizations/{tenant}/**").unwrap(),
@@ -123,6 +127,15 @@ mod tests {
         h.insert("x-org-id", HeaderValue::from_static("spoofed"));
         let r = resolve(&s, req, &facts(&h, "/v1/organizations/other/x", false));
         assert_eq!(r, tenant(b"acme"));
+        // a key stored as its digest
+        h.insert("x-api-key", HeaderValue::from_static("k2"));
+        let r = resolve(&s, req, &facts(&h, "/x", false));
+        assert_eq!(r, tenant(b"initech"));
+        // its digest is not a key
+        let digest = crate::config::model::key_digest_text("k2");
+        h.insert("x-api-key", HeaderValue::from_str(&digest).unwrap());
+        let r = resolve(&s, req, &facts(&h, "/x", false));
+        assert_eq!(r, Resolved::UnknownKey);
         // an unknown key is refused, never passed on to the next source
         h.insert("x-api-key", HeaderValue::from_static("nope"));
         let r = resolve(&s, TenantMode::Optional, &facts(&h, "/x", false));

@@ -108,14 +108,27 @@ fn check_keys(
     keys: &BTreeMap<String, KeyFile>,
     plans: &mut Plans,
     key_tenants: &mut HashSet<String>,
-) -> HashMap<String, String> {
-    let mut out = HashMap::new();
+) -> ApiKeys {
+    let mut out = ApiKeys::default();
     for (key, entry) in keys {
         let base = format!("{prefix}{key}");
         if key.is_empty() || entry.tenant.is_empty() {
             c.err(&base, "keys and tenants must not be empty");
             continue;
         }
+        let digest = match key.strip_prefix(KEY_DIGEST_PREFIX) {
+            None => None,
+            Some(hex) => match parse_key_digest(hex) {
+                Some(d) => Some(d),
+                None => {
+                    c.err_key(
+                        &base,
+                        format!("{KEY_DIGEST_PREFIX} must be followed by the 64 hex digits of the key's SHA-256 digest (`tollgate hash-key` prints it), got {} characters", hex.len()),
+                    );
+                    continue;
+                }
+            },
+        };
         key_tenants.insert(entry.tenant.clone());
         if let Some(plan) = &entry.plan {
             match plans.names.iter().position(|n| n == plan) {
@@ -143,7 +156,45 @@ fn check_keys(
                 }
             }
         }
-        out.insert(key.clone(), entry.tenant.clone());
+        let tenant = entry.tenant.clone();
+        match digest {
+            Some(d) => {
+                if let Some(prev) = out.hashed.insert(d, tenant) {
+                    if prev != entry.tenant {
+                        c.err_key(
+                            &base,
+                            "this digest is written twice (in other case) with different tenants",
+                        );
+                    }
+                }
+            }
+            None => {
+                out.plain.insert(key.clone(), tenant);
+            }
+        }
+    }
+    // the same key both as itself and as its digest: one tenant, or the file contradicts itself
+    for (key, tenant) in &out.plain {
+        match out.hashed.get(&key_digest(key)) {
+            Some(other) if other != tenant => c.err_key(
+                &format!("{prefix}{key}"),
+                format!("this key's digest is also in the file, for tenant {other:?}: a key has one tenant"),
+            ),
+            _ => {}
+        }
+    }
+    // one warning, at the first key stored as it is
+    if let Some(first) = keys.keys().find(|k| out.plain.contains_key(*k)) {
+        let more = match out.plain.len() - 1 {
+            0 => String::new(),
+            n => format!(" (and {n} more)"),
+        };
+        c.warn(
+            &format!("{prefix}{first}"),
+            format!(
+                "this API key{more} is stored as it is: anyone who reads the file can use it; store the key's digest instead (`tollgate hash-key` prints it: `sha256:...`)"
+            ),
+        );
     }
     out
 }

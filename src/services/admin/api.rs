@@ -347,7 +347,7 @@ pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Opt
         .collect();
     let keyed = cfg.tenant.sources.iter().any(|s| match s {
         crate::config::model::TenantSource::ApiKey { keys, .. } => {
-            keys.values().any(|t| t.as_bytes() == tenant)
+            keys.tenants().any(|t| t.as_bytes() == tenant)
         }
         _ => false,
     });
