@@ -19,7 +19,7 @@ deps:
 
 deps-test: deps
 	@scripts/ensure-packages $(TEST_DEPS)
-	@scripts/grpc-venv
+	@scripts/test-venv
 
 deps-bench: deps
 	@scripts/ensure-packages $(BENCH_DEPS)

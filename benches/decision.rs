@@ -79,6 +79,7 @@ fn bench(c: &mut Criterion) {
             host: Some("api.example.com"),
             path: &segments,
             tenant: &tenants[i % tenants.len()],
+            plan: None,
             client_ip,
             headers: &headers,
         };

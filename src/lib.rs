@@ -9,7 +9,7 @@
 //! listener with [`metrics`].
 //!
 //! The modules form layers, each using only those before it (no cycle, checked by
-//! `tests/layout.rs`): `matching`, `problem`, `grpc`, `log_limit`, `ticker`, `metrics` -> `config` -> `limits` ->
+//! `tests/layout.rs`): `matching`, `problem`, `grpc`, `log_limit`, `ticker`, `tokens`, `metrics` -> `config` -> `limits` ->
 //! `upstream` -> `snapshot` -> `request` -> `services` -> `cli`.
 
 pub mod cli;
@@ -24,4 +24,5 @@ pub mod request;
 pub mod services;
 pub mod snapshot;
 pub mod ticker;
+pub mod tokens;
 pub mod upstream;

@@ -1,6 +1,7 @@
 //! Prometheus metrics, served by the admin listener. No label carries a tenant, a key or a
 //! client address: label values come from the config (route and rule ids) or small fixed sets.
 
+use crate::tokens::Refusal;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -64,6 +65,10 @@ pub struct Metrics {
     /// Its series, one per [`ClientError`] (in `ClientError::ALL` order), resolved once: a flood
     /// of client errors costs an atomic add each, not a label lookup.
     client_error_series: Vec<IntCounter>,
+    /// `tollgate_tokens_refused_total{reason}`: bearer tokens refused (401), by why.
+    pub tokens_refused: IntCounterVec,
+    /// Its series, one per [`Refusal`] (in `Refusal::ALL` order), resolved once.
+    token_refusal_series: Vec<IntCounter>,
     /// `tollgate_grpc_requests_total{route,grpc_status}`: gRPC calls by the status they ended
     /// with (`CANCELLED` when the client left first).
     pub grpc_requests: IntCounterVec,
@@ -334,6 +339,15 @@ impl Metrics {
                     &["kind"],
                 ),
             )?,
+            tokens_refused: registered(
+                &r,
+                counter_vec(
+                    "tollgate_tokens_refused_total",
+                    "Bearer tokens refused with 401, by reason (malformed, json, algorithm, issuer, key, signature, expired, not_yet_valid, audience, claims)",
+                    &["reason"],
+                ),
+            )?,
+            token_refusal_series: Vec::new(),
             grpc_requests: registered(
                 &r,
                 counter_vec(
@@ -367,6 +381,10 @@ impl Metrics {
             .iter()
             .map(|k| m.client_errors.with_label_values(&[k.label()]))
             .collect();
+        m.token_refusal_series = Refusal::ALL
+            .iter()
+            .map(|r| m.tokens_refused.with_label_values(&[r.code()]))
+            .collect();
         // series with a fixed set of labels exist from the start (at 0), so that dashboards
         // and alerts see them before the first reload or round
         for result in ["ok", "error"] {
@@ -382,6 +400,13 @@ impl Metrics {
     /// Count what a client did wrong.
     pub fn client_error(&self, kind: ClientError) {
         if let Some(c) = self.client_error_series.get(kind as usize) {
+            c.inc();
+        }
+    }
+
+    /// Count a refused bearer token.
+    pub fn token_refused(&self, why: Refusal) {
+        if let Some(c) = self.token_refusal_series.get(why.index()) {
             c.inc();
         }
     }

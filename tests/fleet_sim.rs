@@ -621,6 +621,7 @@ fn simulate(s: &Scenario) -> Outcome {
         host: None,
         path: &segments,
         tenant: b"acme",
+        plan: None,
         client_ip: ip,
         headers: &headers,
     };

@@ -1,5 +1,5 @@
 //! gRPC through the gateway (issue 39), with a real grpcio server and client from PyPI
-//! (`tests/grpc/peer.py`, `tests/grpc/client.py`, in `target/grpc-venv`: `make deps-test`):
+//! (`tests/grpc/peer.py`, `tests/grpc/client.py`, in `target/test-venv`: `make deps-test`):
 //! the four RPC kinds, metadata both ways, trailers, deadlines, the answers the gateway makes
 //! as gRPC statuses, limits on methods, `count_when.grpc_status`, a cost from the trailers,
 //! a stream under reload and under the limits meant for plain requests.
@@ -537,7 +537,7 @@ fn the_readmes_grpc_demo_holds() {
         .lines()
         .find(|l| {
             l.starts_with(
-                "$ scripts/grpc-venv && target/grpc-venv/bin/python tests/grpc/client.py '",
+                "$ scripts/test-venv && target/test-venv/bin/python tests/grpc/client.py '",
             )
         })
         .expect("the README's gRPC command");

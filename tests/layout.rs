@@ -6,12 +6,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// docs/architecture.md "Layout", in order.
-const LAYERS: [&str; 13] = [
+const LAYERS: [&str; 14] = [
     "matching",
     "problem",
     "grpc",
     "log_limit",
     "ticker",
+    "tokens",
     "metrics",
     "config",
     "limits",

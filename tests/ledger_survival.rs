@@ -111,6 +111,7 @@ impl Fleet {
             host: None,
             path: &segments,
             tenant: tenant.as_bytes(),
+            plan: None,
             client_ip: "10.0.0.1".parse().expect("ip"),
             headers: &headers,
         };

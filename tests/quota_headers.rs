@@ -58,6 +58,7 @@ impl Rig {
             host: None,
             path: &segments,
             tenant: b"acme",
+            plan: None,
             client_ip: "10.0.0.1".parse().unwrap(),
             headers: &headers,
         };

@@ -47,3 +47,7 @@ pub const DEFAULT_KEY_PREFIX: &str = "tollgate";
 
 /// How long a request waits in a full pool's queue before 503 (`queue.timeout`).
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `jwt.leeway`: the clock skew allowed on a token's `exp` and `nbf`, and its most.
+pub const DEFAULT_JWT_LEEWAY: Duration = Duration::from_secs(30);
+pub const MAX_JWT_LEEWAY: Duration = Duration::from_secs(300);

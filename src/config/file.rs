@@ -405,6 +405,7 @@ impl<'de> Deserialize<'de> for ForwardHeaderFile {
 #[serde(try_from = "TenantSourceMap")]
 pub enum TenantSourceFile {
     ApiKey(ApiKeyFile),
+    Jwt(JwtFile),
     /// The pattern, and whether any client may claim a tenant with it (`trusted: true`).
     Path(String, bool),
     Header(String, bool),
@@ -418,6 +419,8 @@ pub enum TenantSourceFile {
 pub struct TenantSourceMap {
     #[serde(default)]
     api_key: Option<ApiKeyFile>,
+    #[serde(default)]
+    jwt: Option<JwtFile>,
     #[serde(default)]
     path: Option<String>,
     #[serde(default)]
@@ -437,6 +440,9 @@ impl TryFrom<TenantSourceMap> for TenantSourceFile {
         if let Some(k) = m.api_key {
             found.push(TenantSourceFile::ApiKey(k));
         }
+        if let Some(j) = m.jwt {
+            found.push(TenantSourceFile::Jwt(j));
+        }
         if let Some(p) = m.path {
             found.push(TenantSourceFile::Path(p, trusted));
         }
@@ -447,13 +453,19 @@ impl TryFrom<TenantSourceMap> for TenantSourceFile {
             found.push(TenantSourceFile::ClientIp(c));
         }
         match (found.pop(), found.is_empty()) {
-            (Some(TenantSourceFile::ApiKey(_) | TenantSourceFile::ClientIp(_)), true)
-                if m.trusted.is_some() =>
-            {
-                Err("`trusted` applies to header and path sources; api_key and client_ip are always trusted".to_string())
-            }
+            (
+                Some(
+                    TenantSourceFile::ApiKey(_)
+                    | TenantSourceFile::Jwt(_)
+                    | TenantSourceFile::ClientIp(_),
+                ),
+                true,
+            ) if m.trusted.is_some() => Err(
+                "`trusted` applies to header and path sources; api_key, jwt and client_ip are always trusted"
+                    .to_string(),
+            ),
             (Some(one), true) => Ok(one),
-            _ => Err("each tenant source has exactly one of api_key: {...}, path: PATTERN, header: NAME or client_ip: {} (and, for header and path, trusted: true|false)".to_string()),
+            _ => Err("each tenant source has exactly one of api_key: {...}, jwt: {...}, path: PATTERN, header: NAME or client_ip: {} (and, for header and path, trusted: true|false)".to_string()),
         }
     }
 }
@@ -471,6 +483,47 @@ pub struct ApiKeyFile {
     /// `hide_credentials`.
     #[serde(default)]
     pub hide: Option<bool>,
+}
+
+/// `jwt`: tenants from signed tokens.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtFile {
+    pub issuers: Vec<JwtIssuerFile>,
+    #[serde(default)]
+    pub tenant_claim: Option<String>,
+    #[serde(default)]
+    pub plan_claim: Option<String>,
+    #[serde(default)]
+    pub algorithms: Option<Vec<String>>,
+    #[serde(default)]
+    pub leeway: Option<ConfDuration>,
+    #[serde(default)]
+    pub header: Option<String>,
+    /// claim path -> header name
+    #[serde(default)]
+    pub forward_claims: BTreeMap<String, String>,
+    /// Remove the token's header before the upstream (default true).
+    #[serde(default)]
+    pub hide: Option<bool>,
+}
+
+/// One issuer of a `jwt` source.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtIssuerFile {
+    pub issuer: String,
+    #[serde(default)]
+    pub audiences: Vec<String>,
+    #[serde(default)]
+    pub jwks_uri: Option<String>,
+    #[serde(default)]
+    pub jwks_file: Option<String>,
+    #[serde(default)]
+    pub ca: Option<String>,
+    /// The HMAC secret (HS256/384/512), a file of its own.
+    #[serde(default)]
+    pub secret_file: Option<String>,
 }
 
 /// What an API key maps to: a tenant, or `{ tenant, plan }`.

@@ -257,13 +257,44 @@ impl Default for TenantSettings {
     }
 }
 
+impl TenantSource {
+    /// The headers a `jwt` source sets from its tokens' claims.
+    pub fn claim_headers(&self) -> impl Iterator<Item = &HeaderName> {
+        let forward = match self {
+            TenantSource::Jwt(j) => &j.forward[..],
+            _ => &[],
+        };
+        forward.iter().map(|(_, h)| h)
+    }
+}
+
+impl TenantSettings {
+    /// Some source reads signed tokens.
+    pub fn has_tokens(&self) -> bool {
+        self.sources
+            .iter()
+            .any(|s| matches!(s, TenantSource::Jwt(_)))
+    }
+}
+
 /// Where a tenant comes from. `api_key` and `client_ip` are trusted (a client cannot choose
 /// them); `path` and `header` only when `trusted`, or for requests from `trusted_proxies`.
 #[derive(Debug)]
 pub enum TenantSource {
-    ApiKey { header: HeaderName, keys: ApiKeys },
-    Path { pattern: PathPattern, trusted: bool },
-    Header { name: HeaderName, trusted: bool },
+    ApiKey {
+        header: HeaderName,
+        keys: ApiKeys,
+    },
+    /// Signed tokens (JWT).
+    Jwt(Arc<crate::tokens::JwtSource>),
+    Path {
+        pattern: PathPattern,
+        trusted: bool,
+    },
+    Header {
+        name: HeaderName,
+        trusted: bool,
+    },
     ClientIp,
 }
 

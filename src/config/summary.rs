@@ -164,6 +164,16 @@ fn write_tenant(s: &mut String, cfg: &Config) {
                 };
                 format!("api_key({header}, {} keys{hashed}{hide})", keys.len())
             }
+            TenantSource::Jwt(j) => {
+                let issuers: Vec<&str> = j.issuers.iter().map(|i| i.issuer.as_str()).collect();
+                let hide = if j.hide { ", hidden" } else { "" };
+                format!(
+                    "jwt({}, tenant from claim {}, issuers {}{hide})",
+                    j.header,
+                    j.tenant_claim.as_str(),
+                    issuers.join(" ")
+                )
+            }
             TenantSource::Path { pattern, trusted } => {
                 format!("path({}{})", pattern.as_str(), trust_text(*trusted))
             }

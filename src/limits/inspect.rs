@@ -130,7 +130,7 @@ impl Limiter {
         let mut d = Decision::none();
         let applying: SmallVec<[(u16, u16, std::ops::Range<usize>); 4]> = if every_tenant_rule {
             // every rule counting per tenant, under the tenant's one key
-            let plan = plans.plan_of(req.tenant);
+            let plan = req.plan_in(plans);
             let mut key = [0u8; KEY_BUF];
             let n = PartitionValue::Bytes(req.tenant).store_key(&mut key);
             arena.extend_from_slice(&key[..n]);

@@ -95,8 +95,21 @@ pub struct LimitRequest<'a> {
     /// The normalized path, split into segments.
     pub path: &'a Segments<'a>,
     pub tenant: &'a [u8],
+    /// The plan the request's verified token names (`jwt.plan_claim`), which outranks the
+    /// tenant's configured plan for this request.
+    pub plan: Option<usize>,
     pub client_ip: IpAddr,
     pub headers: &'a HeaderMap,
+}
+
+impl LimitRequest<'_> {
+    /// The request's plan: its token's, else its tenant's.
+    pub fn plan_in(&self, plans: &Plans) -> Option<usize> {
+        if self.tenant.is_empty() {
+            return None;
+        }
+        self.plan.or_else(|| plans.plan_of(self.tenant))
+    }
 }
 
 /// One tier's answer, for headers and metrics.
@@ -398,12 +411,7 @@ impl Limiter {
         plans: &Plans,
     ) -> Result<SmallVec<[in_flight::Slot; 1]>, in_flight::Refusal> {
         in_flight::acquire(&self.concurrency, |r| {
-            let exempt = !r.exempt.is_empty()
-                && Self::exempt(
-                    r,
-                    req,
-                    plans.plan_of(req.tenant).filter(|_| !req.tenant.is_empty()),
-                );
+            let exempt = !r.exempt.is_empty() && Self::exempt(r, req, req.plan_in(plans));
             if r.matcher.matches(req.method, req.host, req.path) && !exempt {
                 Self::partition(r, req)
             } else {
@@ -603,7 +611,7 @@ impl Limiter {
         let plan = if plans.names.is_empty() {
             None
         } else {
-            plans.plan_of(req.tenant)
+            req.plan_in(plans)
         };
         let mut applying = SmallVec::new();
         let mut key = [0u8; KEY_BUF];
@@ -1139,6 +1147,7 @@ pub(crate) mod tests {
                 host: None,
                 path: &segments,
                 tenant: tenant.as_bytes(),
+                plan: None,
                 client_ip: "10.0.0.1".parse().expect("ip"),
                 headers,
             };

@@ -45,6 +45,8 @@ pub struct Admitted {
     pub route: Option<usize>,
     /// Empty when the route does not look for tenants (per-tenant rules skip the request).
     pub tenant: Vec<u8>,
+    /// The verified token that named the tenant: its plan, the claims the upstream is told.
+    pub token: Option<std::sync::Arc<crate::tokens::Verified>>,
     pub client_ip: Option<IpAddr>,
     /// The rate-limit decision when a tier applied (boxed: the request's context is moved
     /// with Pingora's request future, and most of its size would be this).
@@ -105,7 +107,7 @@ pub fn admit(
     if cfg.server.quota_endpoint.as_deref() == Some(&*path) && head.method == http::Method::GET {
         // answered here, by no route: counted and logged as `route="none"`
         admitted.route = None;
-        let q = quota::answer(snap, req, &path);
+        let q = quota::answer(snap, req, &path, metrics);
         admitted.client_ip = Some(q.client_ip);
         (admitted.tenant, admitted.denied) = (q.tenant, q.refused);
         return Admission::Answer(q.answer);
@@ -121,15 +123,16 @@ pub fn admit(
             "this client address may not use this route",
         ));
     }
-    admitted.tenant = match tenant_of(snap, route.tenant, req, &path, client) {
-        Ok(t) => t,
-        Err(detail) => return Admission::Answer(Answer::problem(401, detail)),
+    (admitted.tenant, admitted.token) = match tenant_of(snap, route.tenant, req, &path, client) {
+        Ok(found) => found,
+        Err(no) => return Admission::Answer(no.answer(metrics)),
     };
     let lreq = LimitRequest {
         method: &head.method,
         host,
         path: &segments,
         tenant: &admitted.tenant,
+        plan: admitted.token.as_ref().and_then(|t| t.plan),
         client_ip: client,
         headers: &head.headers,
     };
@@ -220,6 +223,7 @@ impl Held {
             host: req.host(),
             path: &segments,
             tenant: &admitted.tenant,
+            plan: admitted.token.as_ref().and_then(|t| t.plan),
             client_ip: admitted.client_ip.unwrap_or(req.peer),
             headers: &req.head.headers,
         };

@@ -1,11 +1,15 @@
 //! Who is asking: what a request says of itself as read from the connection ([`Incoming`]),
 //! its client address (through trusted proxies) and its tenant.
 
+use crate::metrics::Metrics;
+use crate::request::answer::Answer;
 use crate::request::client_addr::{self, X_FORWARDED_FOR};
 use crate::request::tenant::{self, RequestFacts, Resolved};
 use crate::snapshot::Snapshot;
+use crate::tokens::{Refusal, Verified};
 use http::header;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// What a request says of itself, as read from the connection.
 pub struct Incoming<'a> {
@@ -40,26 +44,69 @@ pub fn client_ip(req: &Incoming<'_>, cfg: &crate::config::Config) -> IpAddr {
     )
 }
 
-/// The tenant (empty when the route does not look for one), or why the answer is 401.
+/// Why a request is refused for its tenant (401).
+#[derive(Debug, PartialEq, Eq)]
+pub struct NoTenant {
+    pub detail: &'static str,
+    /// A bearer token was refused: the answer carries `WWW-Authenticate: Bearer
+    /// error="invalid_token"` (RFC 6750); why, for the metrics and the log only.
+    pub bearer: Option<(Refusal, &'static str)>,
+}
+
+impl NoTenant {
+    /// The 401 answer; a refused token's reason is counted and logged (never the token).
+    pub fn answer(&self, metrics: &Metrics) -> Answer {
+        let mut answer = Answer::problem(401, self.detail);
+        if let Some((refusal, why)) = self.bearer {
+            metrics.token_refused(refusal);
+            log::warn!("401: a bearer token was refused: {why}");
+            answer.headers.insert(
+                http::header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static(INVALID_TOKEN),
+            );
+        }
+        answer
+    }
+}
+
+/// RFC 6750 section 3.1.
+pub const INVALID_TOKEN: &str = "Bearer error=\"invalid_token\"";
+
+/// The tenant (empty when the route does not look for one) and the verified token that named
+/// it, or why the answer is 401.
 pub fn tenant_of(
     snap: &Snapshot,
     mode: crate::config::model::TenantMode,
     req: &Incoming<'_>,
     normalized_path: &str,
     client: IpAddr,
-) -> Result<Vec<u8>, &'static str> {
+) -> Result<(Vec<u8>, Option<Arc<Verified>>), NoTenant> {
     let cfg = &snap.config;
     let facts = RequestFacts {
         headers: &req.head.headers,
         normalized_path,
         client_ip: client,
         from_trusted_proxy: client_addr::trusted(req.peer, &cfg.server.trusted_proxies),
+        now_s: if cfg.tenant.has_tokens() {
+            snap.limiter.now_ns() / 1_000_000_000
+        } else {
+            0
+        },
+    };
+    let refuse = |detail| NoTenant {
+        detail,
+        bearer: None,
     };
     match tenant::resolve(&cfg.tenant, mode, &facts) {
-        Resolved::Tenant(t) => Ok(t),
+        Resolved::Tenant(t) => Ok((t, None)),
+        Resolved::Token(v) => Ok((v.tenant.to_vec(), Some(v))),
         // no tenant: per-tenant rules skip the request (an empty id is never a tenant)
-        Resolved::NotAsked => Ok(Vec::new()),
-        Resolved::UnknownKey => Err("the API key is not valid"),
-        Resolved::Missing => Err("this request does not identify a tenant"),
+        Resolved::NotAsked => Ok((Vec::new(), None)),
+        Resolved::UnknownKey => Err(refuse("the API key is not valid")),
+        Resolved::InvalidToken(refusal, why) => Err(NoTenant {
+            detail: "the bearer token is not valid",
+            bearer: Some((refusal, why)),
+        }),
+        Resolved::Missing => Err(refuse("this request does not identify a tenant")),
     }
 }

@@ -14,7 +14,7 @@
 //!
 //! Every answer the gateway makes itself goes out through `write_answer`.
 
-use crate::config::model::UpstreamProtocol;
+use crate::config::model::{TenantSource, UpstreamProtocol};
 use crate::grpc;
 use crate::limits::headers;
 use crate::limits::limiter::Answered;
@@ -659,9 +659,20 @@ impl ProxyHttp for Gateway {
         // WebSocket handshake's Upgrade, normalized.
         if let Some(snap) = &ctx.snapshot {
             let t = &snap.config.tenant;
-            // API keys stay here (`api_key.hide`)
+            // API keys and tokens stay here (`hide`)
             for h in &t.hidden {
                 upstream_request.remove_header(h);
+            }
+            // the claims of a verified token (`jwt.forward_claims`), never a client's copy
+            if t.has_tokens() {
+                for name in t.sources.iter().flat_map(TenantSource::claim_headers) {
+                    upstream_request.remove_header(name);
+                }
+                if let Some(token) = &ctx.admitted.token {
+                    for (name, value) in &token.forward {
+                        upstream_request.insert_header(name.clone(), value.clone())?;
+                    }
+                }
             }
             // inserting replaces whatever the client sent under that name
             match &t.forward_header {

@@ -14,6 +14,7 @@ use crate::limits::headers;
 use crate::limits::probe::PROBES_PER_SECOND;
 use crate::limits::LimitRequest;
 use crate::matching::{normalize_path, Segments};
+use crate::metrics::Metrics;
 use crate::request::answer::Answer;
 use crate::request::incoming::{client_ip, tenant_of, Incoming};
 use crate::snapshot::Snapshot;
@@ -32,7 +33,7 @@ pub struct Quota {
 }
 
 /// Answer a `GET` of the quota endpoint (`path`: the request's normalized path).
-pub fn answer(snap: &Snapshot, req: &Incoming<'_>, path: &str) -> Quota {
+pub fn answer(snap: &Snapshot, req: &Incoming<'_>, path: &str, metrics: &Metrics) -> Quota {
     let cfg = &snap.config;
     let client = client_ip(req, cfg);
     let mode = if cfg.tenant.required {
@@ -46,9 +47,9 @@ pub fn answer(snap: &Snapshot, req: &Incoming<'_>, path: &str) -> Quota {
         client_ip: client,
         refused,
     };
-    let tenant = match tenant_of(snap, mode, req, path, client) {
-        Ok(t) => t,
-        Err(detail) => return quota(Answer::problem(401, detail), Vec::new(), false),
+    let (tenant, plan) = match tenant_of(snap, mode, req, path, client) {
+        Ok((t, token)) => (t, token.and_then(|v| v.plan)),
+        Err(no) => return quota(no.answer(metrics), Vec::new(), false),
     };
     // (never empty: without a tenant source the caller is `anonymous`)
     if let Err(wait_ns) = snap.probes.admit(&tenant, snap.limiter.now_ns()) {
@@ -61,7 +62,7 @@ pub fn answer(snap: &Snapshot, req: &Incoming<'_>, path: &str) -> Quota {
     }
     match probe(req.head.uri.query()) {
         Ok(p) => {
-            let answer = report(snap, req, client, &tenant, p);
+            let answer = report(snap, req, client, (&tenant, plan), p);
             quota(answer, tenant, false)
         }
         Err(detail) => quota(Answer::problem(400, detail), tenant, false),
@@ -74,7 +75,7 @@ fn report(
     snap: &Snapshot,
     req: &Incoming<'_>,
     client: IpAddr,
-    tenant: &[u8],
+    (tenant, plan): (&[u8], Option<usize>),
     probe: Option<(Method, String)>,
 ) -> Answer {
     let cfg = &snap.config;
@@ -86,6 +87,7 @@ fn report(
         host: req.host(),
         path: &segments,
         tenant,
+        plan,
         client_ip: client,
         headers: &req.head.headers,
     };

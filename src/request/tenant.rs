@@ -7,8 +7,10 @@
 //! as if the request did not carry it.
 
 use crate::config::model::{TenantMode, TenantSettings, TenantSource};
+use crate::tokens::{Outcome, Refusal, Verified};
 use http::HeaderMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// The tenant given to requests that have none on an `optional` route.
 pub const ANONYMOUS: &[u8] = b"anonymous";
@@ -20,17 +22,24 @@ pub struct RequestFacts<'a> {
     pub client_ip: IpAddr,
     /// The socket peer is one of `server.trusted_proxies`: claims are believed.
     pub from_trusted_proxy: bool,
+    /// Unix seconds (verified tokens are kept until they expire).
+    pub now_s: u64,
 }
 
 /// What a request's tenant turned out to be.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Resolved {
     Tenant(Vec<u8>),
+    /// A verified token named the tenant (its plan and forwarded claims with it).
+    Token(Arc<Verified>),
     /// The route does not look for tenants (`tenant: none`): per-tenant rules skip it.
     NotAsked,
     /// An API key was presented and is unknown (401, whatever the route and the later sources
     /// say: a wrong key never becomes another tenant, nor `anonymous`).
     UnknownKey,
+    /// A bearer token was presented and is not valid (401 with `WWW-Authenticate: Bearer
+    /// error="invalid_token"`, whatever the later sources say), and why (for the log).
+    InvalidToken(Refusal, &'static str),
     /// No source yielded a tenant on a route that requires one (401).
     Missing,
 }
@@ -48,6 +57,11 @@ pub fn resolve(settings: &TenantSettings, mode: TenantMode, req: &RequestFacts) 
                     Some(t) => Some(t.as_bytes().to_vec()),
                     None => return Resolved::UnknownKey,
                 },
+            },
+            TenantSource::Jwt(source) => match source.check(req.headers, req.now_s) {
+                Outcome::Absent => None,
+                Outcome::Valid(v) => return Resolved::Token(v),
+                Outcome::Invalid(r, why) => return Resolved::InvalidToken(r, why),
             },
             TenantSource::Path { pattern, trusted } if *trusted || req.from_trusted_proxy => {
                 pattern
@@ -111,6 +125,7 @@ mod tests {
             normalized_path: path,
             client_ip: "127.0.0.1".parse().unwrap(),
             from_trusted_proxy: proxy,
+            now_s: 0,
         }
     }
 

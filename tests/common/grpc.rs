@@ -1,25 +1,11 @@
 //! The grpcio server and client of the gRPC tests (`tests/grpc/peer.py`, `tests/grpc/client.py`,
-//! in `target/grpc-venv`, which `scripts/grpc-venv` makes and `make deps-test` runs).
+//! in `target/test-venv`, which `scripts/test-venv` makes and `make deps-test` runs).
 
 use serde_json::Value;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Child, Command};
 
-pub fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The venv's Python, with grpcio.
-pub fn python() -> PathBuf {
-    let p = repo().join("target/grpc-venv/bin/python");
-    assert!(
-        p.exists(),
-        "{} is missing: run scripts/grpc-venv (make deps-test does)",
-        p.display()
-    );
-    p
-}
+pub use super::{repo, test_python as python};
 
 /// A grpcio server (`tests/grpc/peer.py`, started with `args`), killed on drop.
 pub struct Peer {

@@ -1038,3 +1038,20 @@ pub const TENANCY: &str = r#"tenant:
 plans:
   premium: [globex]
 "#;
+
+/// The repository's root.
+pub fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The Python of `target/test-venv` (grpcio, PyJWT, cryptography), which `scripts/test-venv`
+/// makes and `make deps-test` runs.
+pub fn test_python() -> std::path::PathBuf {
+    let p = repo().join("target/test-venv/bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/test-venv (make deps-test does)",
+        p.display()
+    );
+    p
+}

@@ -13,6 +13,7 @@ use super::model::*;
 use crate::config::certificates::{valid_host, CertKey, Certificates, PairError};
 use crate::matching::{HostMatch, MethodSet, PathPattern, RequestMatch};
 
+mod jwt;
 mod limits;
 mod redis;
 mod routes;
@@ -22,6 +23,7 @@ mod upstreams;
 
 use http::header::HeaderName;
 use ipnet::IpNet;
+use jwt::*;
 use limits::*;
 use redis::*;
 use routes::*;

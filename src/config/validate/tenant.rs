@@ -274,6 +274,14 @@ pub(super) fn check_tenant(
                     sources.push(TenantSource::ApiKey { header, keys });
                 }
             }
+            TenantSourceFile::Jwt(j) => {
+                if let Some(src) = check_jwt(c, &format!("{base}.jwt"), j, plans, includes) {
+                    if src.hide {
+                        hidden.push(src.header.clone());
+                    }
+                    sources.push(TenantSource::Jwt(src));
+                }
+            }
             TenantSourceFile::Path(p, trusted) => {
                 let pat = check_pattern(c, &format!("{base}.path"), p);
                 if !pat.has_capture() && PathPattern::compile(p).is_ok() {

@@ -1,0 +1,227 @@
+//! `tenant.from: - jwt: ...`: issuers, their keys (a JWKS file read here, or a `jwks_uri`
+//! fetched by the gateway), the claims that name the tenant and plan, the algorithms.
+
+use super::*;
+use crate::tokens::claims::ClaimPath;
+use crate::tokens::keys::KeySet;
+use crate::tokens::{IssuerKeys, IssuerSettings, JwtSource, Settings};
+use jsonwebtoken::Algorithm;
+use std::str::FromStr;
+
+/// Algorithms taken when `algorithms` is not given: every asymmetric one (HMAC only when
+/// named, with a `secret_file`).
+const DEFAULT_ALGORITHMS: [Algorithm; 7] = [
+    Algorithm::RS256,
+    Algorithm::RS384,
+    Algorithm::RS512,
+    Algorithm::PS256,
+    Algorithm::ES256,
+    Algorithm::ES384,
+    Algorithm::EdDSA,
+];
+
+fn is_hmac(a: Algorithm) -> bool {
+    matches!(a, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512)
+}
+
+pub(super) fn check_jwt(
+    c: &mut Checker,
+    base: &str,
+    j: &JwtFile,
+    plans: &Plans,
+    includes: &mut Vec<PathBuf>,
+) -> Option<Arc<JwtSource>> {
+    let errors_before = c.errors.len();
+    let header = header_name(
+        c,
+        &format!("{base}.header"),
+        j.header.as_deref().unwrap_or("authorization"),
+    );
+    let claim = |c: &mut Checker, at: &str, text: &str| match ClaimPath::parse(text) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            c.err(at, e);
+            None
+        }
+    };
+    let tenant_claim = claim(
+        c,
+        &format!("{base}.tenant_claim"),
+        j.tenant_claim.as_deref().unwrap_or("sub"),
+    );
+    let plan_claim = match &j.plan_claim {
+        Some(p) => claim(c, &format!("{base}.plan_claim"), p),
+        None => None,
+    };
+    let algorithms = match &j.algorithms {
+        None => DEFAULT_ALGORITHMS.to_vec(),
+        Some(names) => {
+            let mut out = Vec::new();
+            for (i, name) in names.iter().enumerate() {
+                let at = format!("{base}.algorithms[{i}]");
+                match Algorithm::from_str(name) {
+                    _ if name.eq_ignore_ascii_case("none") => c.err(
+                        &at,
+                        "`none` is never accepted: a token must be signed",
+                    ),
+                    Ok(a) => out.push(a),
+                    Err(_) => c.err(
+                        &at,
+                        format!("unknown algorithm {name:?}: expected RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, or HS256, HS384, HS512 with a secret_file"),
+                    ),
+                }
+            }
+            if names.is_empty() {
+                c.err(&format!("{base}.algorithms"), "name at least one algorithm");
+            }
+            out
+        }
+    };
+    let leeway = match j.leeway {
+        None => DEFAULT_JWT_LEEWAY,
+        Some(ConfDuration(d)) if d > MAX_JWT_LEEWAY => {
+            c.err(
+                &format!("{base}.leeway"),
+                format!("leeway is at most {}s", MAX_JWT_LEEWAY.as_secs()),
+            );
+            d
+        }
+        Some(ConfDuration(d)) => d,
+    };
+    let mut forward = Vec::new();
+    for (path, name) in &j.forward_claims {
+        let at = format!("{base}.forward_claims.{path}");
+        if let (Some(p), Some(h)) = (claim(c, &at, path), header_name(c, &at, name)) {
+            forward.push((p, h));
+        }
+    }
+    if j.issuers.is_empty() {
+        c.err(&format!("{base}.issuers"), "name at least one issuer");
+    }
+    let mut issuers = Vec::new();
+    for (i, f) in j.issuers.iter().enumerate() {
+        if let Some(s) = check_issuer(c, &format!("{base}.issuers[{i}]"), f, includes) {
+            issuers.push(s);
+        }
+    }
+    let any_secret = issuers.iter().any(|i| i.secret.is_some());
+    if algorithms.iter().any(|a| is_hmac(*a)) && !any_secret {
+        c.err(
+            &format!("{base}.algorithms"),
+            "HS256/HS384/HS512 need an issuer with a secret_file: an HMAC token is never checked with a public key",
+        );
+    }
+    if any_secret && !algorithms.iter().any(|a| is_hmac(*a)) {
+        c.err(
+            &format!("{base}.algorithms"),
+            "an issuer has a secret_file but algorithms names no HS256/HS384/HS512",
+        );
+    }
+    if c.errors.len() > errors_before {
+        return None;
+    }
+    let plans = plans
+        .names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.clone(), i))
+        .collect();
+    Some(Arc::new(JwtSource::new(
+        Settings {
+            header: header?,
+            hide: j.hide.unwrap_or(true),
+            tenant_claim: tenant_claim?,
+            plan_claim,
+            plans,
+            forward,
+            algorithms,
+            leeway_s: leeway.as_secs(),
+        },
+        issuers,
+    )))
+}
+
+fn check_issuer(
+    c: &mut Checker,
+    base: &str,
+    f: &JwtIssuerFile,
+    includes: &mut Vec<PathBuf>,
+) -> Option<IssuerSettings> {
+    if f.issuer.is_empty() {
+        c.err(&format!("{base}.issuer"), "the issuer must not be empty");
+    }
+    if f.audiences.is_empty() || f.audiences.iter().any(String::is_empty) {
+        c.err(
+            &format!("{base}.audiences"),
+            "name the audiences of this gateway's APIs (a token the issuer made for another API must not pass)",
+        );
+    }
+    let secret = f.secret_file.as_ref().and_then(|name| {
+        let at = format!("{base}.secret_file");
+        let file = resolve_relative(&c.file, name);
+        includes.push(file.clone());
+        match std::fs::read(&file) {
+            Ok(bytes) => {
+                let secret = bytes.trim_ascii().to_vec();
+                if secret.len() < 32 {
+                    c.err(
+                        &at,
+                        format!("{}: an HMAC secret of at least 32 bytes", file.display()),
+                    );
+                }
+                Some(secret)
+            }
+            Err(e) => {
+                c.err(&at, format!("cannot read {}: {e}", file.display()));
+                None
+            }
+        }
+    });
+    let keys = Arc::new(IssuerKeys::default());
+    match (&f.jwks_uri, &f.jwks_file) {
+        (Some(_), Some(_)) => c.err(base, "give one of jwks_uri or jwks_file"),
+        (None, None) if f.secret_file.is_none() => c.err(
+            base,
+            "give jwks_uri (the issuer's JWKS over HTTPS) or jwks_file (a copy of it)",
+        ),
+        (None, None) => {}
+        (Some(_), None) => c.err(
+            &format!("{base}.jwks_uri"),
+            "jwks_uri is not supported yet; give jwks_file (a copy of the issuer's JWKS)",
+        ),
+        (None, Some(name)) => {
+            let at = format!("{base}.jwks_file");
+            let file = resolve_relative(&c.file, name);
+            includes.push(file.clone());
+            match std::fs::read(&file) {
+                Err(e) => c.err(&at, format!("cannot read {}: {e}", file.display())),
+                Ok(doc) => match KeySet::parse(&doc) {
+                    Err(e) => c.err(&at, format!("{}: {e}", file.display())),
+                    Ok((set, skipped)) => {
+                        for s in skipped {
+                            c.warn(&at, format!("{}: {s}: left out", file.display()));
+                        }
+                        if set.keys.is_empty() {
+                            c.err(&at, format!("{}: no key to verify with", file.display()));
+                        }
+                        keys.set.store(Arc::new(set));
+                    }
+                },
+            }
+        }
+    }
+    if let Some(ca) = &f.ca {
+        if f.jwks_uri.is_none() {
+            c.err(
+                &format!("{base}.ca"),
+                format!("ca {ca:?} applies to jwks_uri only"),
+            );
+        }
+    }
+    Some(IssuerSettings {
+        issuer: f.issuer.clone(),
+        audiences: f.audiences.clone(),
+        keys,
+        secret,
+    })
+}

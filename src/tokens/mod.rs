@@ -1,0 +1,451 @@
+//! Bearer tokens as a tenant source (`tenant.from: - jwt: ...`): a JWT (RFC 7519) signed by
+//! one of the configured issuers, whose claims name the tenant, its plan and what the upstream
+//! is told of the caller.
+//!
+//! A request's token, in order:
+//! 1. taken from its header (`Authorization: Bearer <token>` by default); none there: the
+//!    later sources try (`Outcome::Absent`);
+//! 2. looked up in the cache of verified tokens (by a hash of the whole token, compared in
+//!    full): a token reused until its `exp` costs a look-up, not a signature check;
+//! 3. else verified with `jsonwebtoken`: its `alg` one of `algorithms` (never `none`; HMAC
+//!    only with an issuer's `secret_file`), its `iss` a configured issuer, its key that
+//!    issuer's (by `kid`), its signature, `exp` and `nbf` (with `leeway`), `aud` one of the
+//!    issuer's `audiences`; claims as strict JSON (a key written twice is refused);
+//! 4. the tenant from `tenant_claim`, the plan from `plan_claim` (a plan the config does not
+//!    know leaves the tenant in its configured plan, or none), the forwarded claims.
+//!
+//! Anything wrong is `Outcome::Invalid` with a reason for the log, never the token.
+
+pub mod cache;
+pub mod claims;
+pub mod keys;
+
+use arc_swap::ArcSwap;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use cache::TokenCache;
+use claims::{as_text, ClaimPath, Claims};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
+use keys::KeySet;
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// The longest token read (a larger one is refused unread).
+pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
+
+/// A `jwt` tenant source, ready to verify with.
+pub struct JwtSource {
+    /// The header that carries the token (`authorization`: `Bearer <token>`).
+    pub header: HeaderName,
+    /// The token stays at the gateway (default), as `api_key.hide`.
+    pub hide: bool,
+    pub issuers: Vec<Issuer>,
+    pub tenant_claim: ClaimPath,
+    pub plan_claim: Option<ClaimPath>,
+    /// plan name -> index into the config's plans
+    pub plans: HashMap<String, usize>,
+    /// Claims passed to the upstream, each as a header (a client's own copy never is).
+    pub forward: Vec<(ClaimPath, HeaderName)>,
+    pub algorithms: Vec<Algorithm>,
+    pub leeway_s: u64,
+    cache: TokenCache,
+}
+
+impl std::fmt::Debug for JwtSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtSource")
+            .field("header", &self.header)
+            .field(
+                "issuers",
+                &self.issuers.iter().map(|i| &i.issuer).collect::<Vec<_>>(),
+            )
+            .field("tenant_claim", &self.tenant_claim)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One issuer the gateway trusts.
+pub struct Issuer {
+    pub issuer: String,
+    pub audiences: Vec<String>,
+    /// Its public keys (a JWKS), replaced whole when read again.
+    pub keys: Arc<IssuerKeys>,
+    /// The HMAC secret (`secret_file`), the only key HS256/384/512 tokens are checked with.
+    pub secret: Option<DecodingKey>,
+    /// One per algorithm it may sign with (`jsonwebtoken` checks every algorithm of a
+    /// `Validation` against the key's family).
+    validations: Vec<(Algorithm, Validation)>,
+}
+
+impl Issuer {
+    fn validation(&self, alg: Algorithm) -> Option<&Validation> {
+        self.validations
+            .iter()
+            .find(|(a, _)| *a == alg)
+            .map(|(_, v)| v)
+    }
+}
+
+/// An issuer's keys as last read, shared by the configs that name the same issuer and source.
+#[derive(Default)]
+pub struct IssuerKeys {
+    pub set: ArcSwap<KeySet>,
+}
+
+/// What a verified token says, kept in the cache until it expires.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Verified {
+    pub tenant: Box<[u8]>,
+    /// Index into the config's plans, when `plan_claim` names a known plan.
+    pub plan: Option<usize>,
+    pub forward: Vec<(HeaderName, HeaderValue)>,
+    /// Unix seconds after which the token is no longer taken (`exp` + leeway).
+    pub until_s: u64,
+}
+
+/// A request's token, as the `jwt` source finds it.
+#[derive(Debug)]
+pub enum Outcome {
+    /// No token: the later sources try.
+    Absent,
+    Valid(Arc<Verified>),
+    /// A token that is not valid: 401, whatever the later sources say. The reason is for the
+    /// log and the metrics.
+    Invalid(Refusal, &'static str),
+}
+
+/// Why a token was refused (`tollgate_tokens_refused_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not a JWT: not three base64url parts, not UTF-8, not ASCII, empty, or over 8 KiB.
+    Malformed,
+    /// Its header or claims are not JSON (or repeat a key), or have a `crit` extension.
+    Json,
+    /// Its `alg` is not one of `algorithms` (`none` never is), or does not fit the key.
+    Algorithm,
+    /// No `iss`, or one that is not among `issuers`.
+    Issuer,
+    /// No key of its issuer has its `kid` (or fits its `alg`).
+    Key,
+    Signature,
+    Expired,
+    NotYetValid,
+    Audience,
+    /// A claim it must have is missing or of the wrong type (exp, iss, aud, the tenant claim).
+    Claims,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 10] = [
+        Refusal::Malformed,
+        Refusal::Json,
+        Refusal::Algorithm,
+        Refusal::Issuer,
+        Refusal::Key,
+        Refusal::Signature,
+        Refusal::Expired,
+        Refusal::NotYetValid,
+        Refusal::Audience,
+        Refusal::Claims,
+    ];
+
+    /// The metric's label.
+    pub fn code(self) -> &'static str {
+        match self {
+            Refusal::Malformed => "malformed",
+            Refusal::Json => "json",
+            Refusal::Algorithm => "algorithm",
+            Refusal::Issuer => "issuer",
+            Refusal::Key => "key",
+            Refusal::Signature => "signature",
+            Refusal::Expired => "expired",
+            Refusal::NotYetValid => "not_yet_valid",
+            Refusal::Audience => "audience",
+            Refusal::Claims => "claims",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A refusal with its words for the log.
+type Refused = (Refusal, &'static str);
+
+/// The settings of a `jwt` source, as the config gives them.
+pub struct Settings {
+    pub header: HeaderName,
+    pub hide: bool,
+    pub tenant_claim: ClaimPath,
+    pub plan_claim: Option<ClaimPath>,
+    pub plans: HashMap<String, usize>,
+    pub forward: Vec<(ClaimPath, HeaderName)>,
+    pub algorithms: Vec<Algorithm>,
+    pub leeway_s: u64,
+}
+
+/// One issuer as the config gives it.
+pub struct IssuerSettings {
+    pub issuer: String,
+    pub audiences: Vec<String>,
+    pub keys: Arc<IssuerKeys>,
+    pub secret: Option<Vec<u8>>,
+}
+
+impl JwtSource {
+    pub fn new(s: Settings, issuers: Vec<IssuerSettings>) -> JwtSource {
+        let issuers = issuers
+            .into_iter()
+            .map(|i| {
+                let validations = s
+                    .algorithms
+                    .iter()
+                    .copied()
+                    .filter(|a| i.secret.is_some() || family(*a) != AlgorithmFamily::Hmac)
+                    .map(|a| {
+                        let mut v = Validation::new(a);
+                        v.leeway = s.leeway_s;
+                        v.validate_nbf = true;
+                        v.set_issuer(&[&i.issuer]);
+                        v.set_audience(&i.audiences);
+                        v.set_required_spec_claims(&["exp", "iss", "aud"]);
+                        (a, v)
+                    })
+                    .collect();
+                Issuer {
+                    secret: i.secret.as_deref().map(DecodingKey::from_secret),
+                    issuer: i.issuer,
+                    audiences: i.audiences,
+                    keys: i.keys,
+                    validations,
+                }
+            })
+            .collect();
+        JwtSource {
+            header: s.header,
+            hide: s.hide,
+            issuers,
+            tenant_claim: s.tenant_claim,
+            plan_claim: s.plan_claim,
+            plans: s.plans,
+            forward: s.forward,
+            algorithms: s.algorithms,
+            leeway_s: s.leeway_s,
+            cache: TokenCache::default(),
+        }
+    }
+
+    /// The request's token, checked. `now_s`: Unix seconds (the cache's clock; `exp` and
+    /// `nbf` are checked by `jsonwebtoken` on the system clock).
+    pub fn check(&self, headers: &HeaderMap, now_s: u64) -> Outcome {
+        let Some(token) = self.token_in(headers) else {
+            return Outcome::Absent;
+        };
+        let token = match token {
+            Ok(t) => t,
+            Err(why) => return Outcome::Invalid(why.0, why.1),
+        };
+        if let Some(v) = self.cache.get(token, now_s) {
+            return Outcome::Valid(v);
+        }
+        match self.verify(token) {
+            Ok(v) => {
+                let v = Arc::new(v);
+                if v.until_s > now_s {
+                    self.cache.insert(token, v.clone(), now_s);
+                }
+                Outcome::Valid(v)
+            }
+            Err(why) => Outcome::Invalid(why.0, why.1),
+        }
+    }
+
+    /// The token of the request: `None` when it carries none, an error when what it carries
+    /// cannot be one.
+    fn token_in<'h>(&self, headers: &'h HeaderMap) -> Option<Result<&'h str, Refused>> {
+        let value = headers.get(&self.header)?;
+        let Ok(text) = value.to_str() else {
+            return Some(Err((Refusal::Malformed, "the token is not ASCII text")));
+        };
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("bearer") {
+            return Some(Err((Refusal::Malformed, "the bearer token is empty")));
+        }
+        let token = match text.split_once(' ') {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim_start(),
+            // another scheme (`Basic ...`): not a bearer token, the later sources try
+            Some(_) if self.header == http::header::AUTHORIZATION => return None,
+            Some(_) => return Some(Err((Refusal::Malformed, "the token has spaces in it"))),
+            None if self.header == http::header::AUTHORIZATION => return None,
+            None => text,
+        };
+        if token.is_empty() {
+            return Some(Err((Refusal::Malformed, "the bearer token is empty")));
+        }
+        if token.len() > MAX_TOKEN_BYTES {
+            return Some(Err((Refusal::Malformed, "the token is longer than 8 KiB")));
+        }
+        Some(Ok(token))
+    }
+
+    /// Verify a token not in the cache.
+    fn verify(&self, token: &str) -> Result<Verified, Refused> {
+        // the header read strictly first: a key written twice, and an `alg` that is not
+        // allowed (`none` among them), are refused before anything else is read
+        let head = token.split('.').next().unwrap_or("");
+        let head = URL_SAFE_NO_PAD
+            .decode(head)
+            .map_err(|_| (Refusal::Malformed, "its header is not base64url"))?;
+        let head: Claims = serde_json::from_slice(&head).map_err(|_| {
+            (
+                Refusal::Json,
+                "its header is not a JSON object (or repeats a key)",
+            )
+        })?;
+        let alg = head.0.get("alg").and_then(serde_json::Value::as_str);
+        if !alg
+            .and_then(|a| Algorithm::from_str(a).ok())
+            .is_some_and(|a| self.algorithms.contains(&a))
+        {
+            return Err((
+                Refusal::Algorithm,
+                "its algorithm is not one of `algorithms`",
+            ));
+        }
+        let header = jsonwebtoken::decode_header(token).map_err(reason)?;
+        if header.crit.is_some() {
+            // RFC 7515 4.1.11: extensions the gateway does not understand
+            return Err((Refusal::Json, "its header has `crit` extensions"));
+        }
+        // the issuer it names chooses the keys; its signature is checked below
+        let unverified: Claims =
+            jsonwebtoken::dangerous::insecure_decode_claims(token).map_err(reason)?;
+        let iss = unverified
+            .0
+            .get("iss")
+            .and_then(serde_json::Value::as_str)
+            .ok_or((Refusal::Issuer, "it names no issuer (`iss`)"))?;
+        let issuer = self
+            .issuers
+            .iter()
+            .find(|i| i.issuer == iss)
+            .ok_or((Refusal::Issuer, "its issuer is not one of `issuers`"))?;
+        let validation = issuer.validation(header.alg).ok_or((
+            Refusal::Algorithm,
+            "an HMAC token from an issuer without a secret_file",
+        ))?;
+        let claims = if family(header.alg) == AlgorithmFamily::Hmac {
+            let secret = issuer
+                .secret
+                .as_ref()
+                .ok_or((Refusal::Algorithm, "no secret for HMAC"))?;
+            jsonwebtoken::decode::<Claims>(token, secret, validation)
+                .map_err(reason)?
+                .claims
+        } else {
+            let set = issuer.keys.set.load();
+            let kid = header.kid.as_deref();
+            let mut last = (
+                Refusal::Key,
+                "no key of its issuer has its key id (`kid`) and algorithm",
+            );
+            let mut found = None;
+            for key in set.candidates(kid, header.alg).take(4) {
+                match jsonwebtoken::decode::<Claims>(token, &key.key, validation) {
+                    Ok(d) => {
+                        found = Some(d.claims);
+                        break;
+                    }
+                    Err(e) => last = reason(e),
+                }
+            }
+            found.ok_or(last)?
+        };
+        self.read_claims(&claims)
+    }
+
+    /// What the verified claims say.
+    fn read_claims(&self, claims: &Claims) -> Result<Verified, Refused> {
+        let tenant = self.tenant_claim.find(claims).and_then(as_text).ok_or((
+            Refusal::Claims,
+            "the tenant claim is missing, empty or not a string or number",
+        ))?;
+        let plan = self
+            .plan_claim
+            .as_ref()
+            .and_then(|p| p.find(claims))
+            .and_then(as_text)
+            .and_then(|name| self.plans.get(&name).copied());
+        let forward = self
+            .forward
+            .iter()
+            .filter_map(|(path, header)| {
+                let v = path.find(claims)?;
+                let text = as_text(v).unwrap_or_else(|| v.to_string());
+                Some((header.clone(), HeaderValue::try_from(text).ok()?))
+            })
+            .collect();
+        let exp = claims
+            .0
+            .get("exp")
+            .and_then(serde_json::Value::as_u64)
+            .ok_or((Refusal::Claims, "its `exp` is not a number of seconds"))?;
+        Ok(Verified {
+            tenant: tenant.into_bytes().into_boxed_slice(),
+            plan,
+            forward,
+            until_s: exp.saturating_add(self.leeway_s),
+        })
+    }
+}
+
+fn family(a: Algorithm) -> AlgorithmFamily {
+    match a {
+        Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => AlgorithmFamily::Hmac,
+        Algorithm::ES256 | Algorithm::ES384 => AlgorithmFamily::Ec,
+        Algorithm::EdDSA => AlgorithmFamily::Ed,
+        _ => AlgorithmFamily::Rsa,
+    }
+}
+
+/// Why `jsonwebtoken` refused a token, in words for the log.
+fn reason(e: jsonwebtoken::errors::Error) -> Refused {
+    match e.kind() {
+        ErrorKind::InvalidToken => (
+            Refusal::Malformed,
+            "it is not a JWT (three base64url parts)",
+        ),
+        ErrorKind::Base64(_) => (Refusal::Malformed, "a part is not base64url"),
+        ErrorKind::Utf8(_) => (Refusal::Malformed, "a part is not UTF-8"),
+        ErrorKind::Json(_) => (
+            Refusal::Json,
+            "its header or claims are not valid JSON (or repeat a key)",
+        ),
+        ErrorKind::InvalidSignature => (Refusal::Signature, "its signature does not match"),
+        ErrorKind::ExpiredSignature => (Refusal::Expired, "it has expired (`exp`)"),
+        ErrorKind::ImmatureSignature => (Refusal::NotYetValid, "it is not valid yet (`nbf`)"),
+        ErrorKind::InvalidIssuer => (
+            Refusal::Issuer,
+            "its issuer (`iss`) is not the one expected",
+        ),
+        ErrorKind::InvalidAudience => (
+            Refusal::Audience,
+            "its audience (`aud`) is not one of `audiences`",
+        ),
+        ErrorKind::MissingRequiredClaim(_) => (
+            Refusal::Claims,
+            "a claim it must have is missing (exp, iss, aud)",
+        ),
+        ErrorKind::InvalidClaimFormat(_) => {
+            (Refusal::Claims, "a registered claim has the wrong type")
+        }
+        ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
+            (Refusal::Algorithm, "its algorithm does not fit the key")
+        }
+        _ => (Refusal::Key, "it cannot be verified with its issuer's keys"),
+    }
+}
