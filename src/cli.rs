@@ -507,6 +507,14 @@ fn add_background_services(
             },
         },
     ));
+    // runs always: idle without a `jwks_uri`, so that a reload can add one
+    server.add_service(background_service(
+        "jwks fetcher",
+        crate::services::jwks::JwksFetcher {
+            shared: shared.clone(),
+            metrics: metrics.clone(),
+        },
+    ));
     server.add_service(background_service(
         "counter sweeper",
         Sweeper {
@@ -523,6 +531,9 @@ fn add_background_services(
             ready,
             fleet: rt.fleet.clone(),
             tracing: shared.load().config.tracing.is_some(),
+            jwks: (shared.load().config.tenant.jwks.iter())
+                .map(|j| j.keys.clone())
+                .collect(),
         },
     ));
 }

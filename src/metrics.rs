@@ -65,6 +65,8 @@ pub struct Metrics {
     /// Its series, one per [`ClientError`] (in `ClientError::ALL` order), resolved once: a flood
     /// of client errors costs an atomic add each, not a label lookup.
     client_error_series: Vec<IntCounter>,
+    /// `tollgate_jwks_fetches_total{issuer,result}`: fetches of the issuers' JWKS.
+    pub jwks_fetches: IntCounterVec,
     /// `tollgate_tokens_refused_total{reason}`: bearer tokens refused (401), by why.
     pub tokens_refused: IntCounterVec,
     /// Its series, one per [`Refusal`] (in `Refusal::ALL` order), resolved once.
@@ -337,6 +339,14 @@ impl Metrics {
                     "tollgate_client_errors_total",
                     "What clients did wrong, by kind (reset: an HTTP/2 stream reset before its answer; closed: gone mid-request; timeout: too slow to send or to read; protocol: a malformed request or frame; refused: HTTP/2 streams past max_streams_per_second; goaway: connections closed for too many premature resets)",
                     &["kind"],
+                ),
+            )?,
+            jwks_fetches: registered(
+                &r,
+                counter_vec(
+                    "tollgate_jwks_fetches_total",
+                    "Fetches of a jwt issuer's JWKS (jwks_uri), by issuer and result (ok, error: the keys held are kept)",
+                    &["issuer", "result"],
                 ),
             )?,
             tokens_refused: registered(

@@ -150,6 +150,7 @@ impl Rig {
                 }
             }
             Admission::Hold(_) => panic!("held: use `send_and_wait`"),
+            Admission::AwaitKeys(_) => panic!("no jwks_uri in these configs"),
         }
     }
 

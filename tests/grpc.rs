@@ -550,35 +550,9 @@ fn the_readmes_grpc_demo_holds() {
     up.arg("127.0.0.1:0");
     let (child, grpc_addr) = common::spawn_listening(up);
     let _up = common::KillOnDrop(vec![child.id() as i32]);
-    // the demo's files, its ports moved: the gateway's, the admin's, the gRPC upstream's
-    let dir = common::TempDir::new();
-    for f in ["keys.yaml", "plans.yaml", "limits.yaml"] {
-        let text = std::fs::read_to_string(root().join("conf").join(f)).expect("conf file");
-        dir.write(f, &text);
-    }
-    let listen = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
-    let admin = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
-    let tls = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
-    let conf = std::fs::read_to_string(root().join("conf/gateway.yaml"))
-        .expect("conf/gateway.yaml")
-        .replace("127.0.0.1:8080", &listen.to_string())
-        .replace("127.0.0.1:8443", &tls.to_string())
-        .replace("127.0.0.1:9090", &admin.to_string())
-        .replace("127.0.0.1:9004", &grpc_addr.to_string())
-        .replace(
-            "../target/demo-tls",
-            &root().join("target/demo-tls").display().to_string(),
-        );
-    let path = dir.write("gateway.yaml", &conf);
-    let mut gw = Command::new(common::tollgate_bin())
-        .arg("-c")
-        .arg(&path)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("tollgate");
-    let ready = common::eventually(Duration::from_secs(20), || {
-        common::request(admin, "GET", "/readyz", &[]).is_ok_and(|r| r.status == 200)
-    });
+    // the demo, its ports moved: the gateway's, the admin's, the gRPC upstream's
+    let gw = common::DemoGateway::start(&[("127.0.0.1:9004", grpc_addr)]);
+    let (ready, listen) = (gw.ready, gw.listen);
     let mut spec = spec;
     spec["target"] = json!(listen.to_string());
     // the six calls in one of the rule's 10 s windows (aligned to the clock)
@@ -586,8 +560,7 @@ fn the_readmes_grpc_demo_holds() {
         common::now_ms() % 10_000 < 8_000
     }));
     let results = if ready { run(spec) } else { Vec::new() };
-    let _ = gw.kill();
-    let _ = gw.wait();
+    drop(gw);
     assert!(ready, "the demo gateway did not start");
     let codes: Vec<&str> = results
         .iter()

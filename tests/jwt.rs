@@ -8,6 +8,7 @@ mod common;
 use common::{one_route_config, repo, test_python, Edit, Gateway, TempDir, Upstream};
 use serde_json::{json, Value};
 use std::process::Command;
+use std::time::Duration;
 
 const ISS: &str = "https://idp.test/";
 const AUD: &str = "api.test";
@@ -89,6 +90,8 @@ fn tokens_of_each_key_kind_name_the_tenant_and_plan() {
     premium["plan"] = json!("premium");
     let mut unknown_plan = claims("hooli");
     unknown_plan["plan"] = json!("gold");
+    let mut expired_within_leeway = claims("initech");
+    expired_within_leeway["exp"] = json!(now() - 10);
     let tokens = keys.tokens(&json!([
         {"key": "rsa", "claims": claims("acme")},
         {"key": "ec", "claims": claims("acme")},
@@ -97,6 +100,8 @@ fn tokens_of_each_key_kind_name_the_tenant_and_plan() {
         {"key": "ps", "claims": claims("acme")},
         {"key": "rsa", "claims": premium},
         {"key": "rsa", "claims": unknown_plan},
+        // expired 10 s ago: within the default leeway of 30 s
+        {"key": "ed", "claims": expired_within_leeway},
     ]));
     for (i, t) in tokens[..5].iter().enumerate() {
         let auth = bearer(t);
@@ -117,6 +122,14 @@ fn tokens_of_each_key_kind_name_the_tenant_and_plan() {
     let r = gw.get("/x", &[("authorization", &auth)]);
     assert_eq!(r.upstream_headers("x-tenant-id"), vec!["hooli"]);
     assert_eq!(r.header("x-ratelimit-limit"), Some("5"));
+    let auth = bearer(&tokens[7]);
+    let r = gw.get("/x", &[("authorization", &auth)]);
+    assert_eq!(
+        r.upstream_headers("x-tenant-id"),
+        vec!["initech"],
+        "{}",
+        r.body
+    );
     // no token: the later sources try; a client's own x-user-id never reaches the upstream
     let r = gw.get("/x", &[("x-api-key", "k-initech"), ("x-user-id", "root")]);
     assert_eq!(r.status, 200);
@@ -352,6 +365,19 @@ fn the_config_check_refuses_unsafe_jwt_settings() {
     };
     let (code, out, err) = check(base);
     assert_eq!(code, 0, "{err}");
+    // a symmetric key in a JWKS is never used: -t says it is left out
+    let mut with_oct: Value = serde_json::from_str(&keys.jwks("jwks.json")).unwrap();
+    with_oct["keys"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"kty": "oct", "kid": "s", "k": "c2VjcmV0"}));
+    dir.write("oct.json", &with_oct.to_string());
+    let (code, _, err) = check(&base.edit("jwks_file: jwks.json", "jwks_file: oct.json"));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("key 5: a symmetric (\"oct\") key: never used to verify: left out"),
+        "{err}"
+    );
     assert!(
         out.contains(
             "jwt(authorization, tenant from claim org_id, issuers https://idp.test/, hidden)"
@@ -383,6 +409,10 @@ fn the_config_check_refuses_unsafe_jwt_settings() {
             "tenant.from[0].jwt.issuers[0].jwks_file: cannot read".to_string(),
         ),
         (
+            base.edit("jwks_file: jwks.json", "jwks_uri: http://idp.test/jwks.json"),
+            "tenant.from[0].jwt.issuers[0].jwks_uri: \"http://idp.test/jwks.json\" is not an https:// URL".to_string(),
+        ),
+        (
             base.edit(
                 "jwks_file: jwks.json",
                 "jwks_file: jwks.json\n            secret_file: secret",
@@ -398,4 +428,230 @@ fn the_config_check_refuses_unsafe_jwt_settings() {
         assert_eq!(code, 1, "{want}: {err}");
         assert!(err.contains(&want), "{want:?} not in\n{err}");
     }
+}
+
+/// A JWKS served over HTTPS (tests/jwt/jwks_server.py, its certificate from a CA of the
+/// test's), killed on drop.
+struct Provider {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl Provider {
+    fn start(dir: &std::path::Path, cache: &str) -> Provider {
+        let mut cmd = Command::new(test_python());
+        cmd.arg(repo().join("tests/jwt/jwks_server.py"))
+            .arg(dir)
+            .arg(cache);
+        let (child, addr) = common::spawn_listening(cmd);
+        Provider { child, addr }
+    }
+
+    /// The requests it answered.
+    fn requests(dir: &std::path::Path) -> usize {
+        std::fs::read_to_string(dir.join("requests.log")).map_or(0, |t| t.lines().count())
+    }
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Keys fetched from the issuer's JWKS over HTTPS (verified against the `ca` given): a key
+/// the issuer adds is taken without a reload, at once for the first token that names it; a
+/// flood of unknown key ids costs the provider at most one fetch per 5 s; when the provider
+/// goes down, the keys held keep working, the failure is counted, logged once and shown.
+#[test]
+fn jwks_over_https_rotates_and_outlives_its_provider() {
+    let keys = Keys::new();
+    let idp = TempDir::new();
+    common::make_cert(&idp.0, "ca", "localhost");
+    common::make_signed_cert(&idp.0, "ca", "idp", "localhost");
+    idp.write("jwks.json", &keys.jwks("jwks.json"));
+    let provider = Provider::start(&idp.0, "public, max-age=3600");
+    let up = Upstream::start("u");
+    let ca = idp.0.join("ca.pem");
+    let cfg = format!(
+        "{}tenant:\n  from:\n    - jwt:\n        issuers:\n          - issuer: {ISS}\n            audiences: [{AUD}]\n            jwks_uri: https://localhost:{}/.well-known/jwks.json\n            ca: {}\n        tenant_claim: org_id\n  required: true\n",
+        one_route_config(up.addr, 1, ""),
+        provider.addr.port(),
+        ca.display()
+    );
+    // ready once the keys are fetched
+    let gw = Gateway::start(&cfg);
+    assert_eq!(Provider::requests(&idp.0), 1, "{}", gw.log());
+    let tokens = keys.tokens(&json!([
+        {"key": "rsa", "claims": claims("acme")},
+        {"key": "rsa2", "claims": claims("globex")},
+        {"key": "rsa", "headers": {"kid": "nobody"}, "claims": claims("acme")},
+    ]));
+    let get = |t: &str| gw.get("/x", &[("authorization", &bearer(t))]).status;
+    assert_eq!(get(&tokens[0]), 200, "{}", gw.log());
+    // the issuer adds rsa-2; the first token that names it waits for the fetch (once the
+    // last fetch is 5 s old) and passes
+    idp.write("jwks.json", &keys.jwks("jwks-rotated.json"));
+    assert!(
+        common::eventually(Duration::from_secs(15), || get(&tokens[1]) == 200),
+        "{}",
+        gw.log()
+    );
+    let fetched = Provider::requests(&idp.0);
+    assert_eq!(fetched, 2);
+    // a flood of unknown key ids: at most one fetch more (they come within 5 s)
+    for _ in 0..30 {
+        assert_eq!(get(&tokens[2]), 401);
+    }
+    assert!(Provider::requests(&idp.0) <= fetched + 1);
+    // the provider goes down: the keys held keep working
+    drop(provider);
+    let errors = || {
+        common::metric_sum(
+            &gw.metrics(),
+            &format!("tollgate_jwks_fetches_total{{issuer=\"{ISS}\",result=\"error\"}}"),
+        )
+    };
+    // a failed fetch (asked for by an unknown key id, once the last is 5 s old), then a
+    // second one 10 s later without any asking
+    assert!(
+        common::eventually(Duration::from_secs(10), || get(&tokens[2]) == 401
+            && errors() >= 1.0),
+        "{}",
+        gw.log()
+    );
+    assert!(
+        common::eventually(Duration::from_secs(15), || errors() >= 2.0),
+        "{}",
+        gw.log()
+    );
+    assert_eq!(get(&tokens[0]), 200);
+    assert_eq!(get(&tokens[1]), 200);
+    // a reload keeps the keys fetched (rsa-2 is in no file)
+    assert!(gw.reload(&cfg), "{}", gw.log());
+    assert_eq!(get(&tokens[1]), 200);
+    // logged once, not once per failure
+    let log = gw.log();
+    assert_eq!(log.matches("cannot fetch the keys").count(), 1, "{log}");
+    // the status page says so
+    let status = common::request(gw.admin, "GET", "/api/status", &[])
+        .unwrap()
+        .json();
+    let jwks = &status["jwks"][0];
+    assert_eq!(jwks["keys"], 2, "{status}");
+    assert!(
+        jwks["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("cannot connect"),
+        "{status}"
+    );
+}
+
+/// HS256 with the issuer's own secret_file; a token in a header of its own (no `Bearer`),
+/// forwarded to the upstream with `hide: false`; claims of every JSON kind as headers.
+#[test]
+fn an_hmac_issuer_a_header_of_its_own_and_forwarded_claims() {
+    let keys = Keys::new();
+    let up = Upstream::start("u");
+    let secret = "0123456789abcdef0123456789abcdef-hmac";
+    let cfg = format!(
+        "{}tenant:\n  from:\n    - jwt:\n        issuers:\n          - issuer: {ISS}\n            audiences: [{AUD}]\n            secret_file: secret.txt\n        algorithms: [HS256]\n        tenant_claim: org.id\n        header: x-token\n        hide: false\n        forward_claims: {{ sub: x-user-id, org.seats: x-seats, admin: x-admin, roles: x-roles }}\n  required: true\n",
+        one_route_config(up.addr, 1, "")
+    );
+    let gw = Gateway::start_with_files(&cfg, &[("secret.txt", &format!("{secret}\n"))]);
+    let mut c = claims("unused");
+    c["org"] = json!({"id": "acme", "seats": 12});
+    c["admin"] = json!(true);
+    c["roles"] = json!(["a", "b"]);
+    let tokens = keys.tokens(&json!([
+        {"key": format!("hmac:{secret}"), "claims": c},
+        {"key": "hmac:another-secret-of-32-bytes-or-more!!", "claims": c},
+        {"key": "rsa", "claims": c},
+    ]));
+    let r = gw.get("/x", &[("x-token", &tokens[0])]);
+    assert_eq!(r.status, 200, "{}\n{}", r.body, gw.log());
+    assert_eq!(r.upstream_headers("x-tenant-id"), vec!["acme"]);
+    assert_eq!(r.upstream_headers("x-seats"), vec!["12"]);
+    assert_eq!(r.upstream_headers("x-admin"), vec!["true"]);
+    assert_eq!(r.upstream_headers("x-roles"), vec![r#"["a","b"]"#]);
+    assert_eq!(r.upstream_headers("x-token"), vec![tokens[0].clone()]);
+    // another secret, and an RSA token where only HS256 is allowed
+    for t in &tokens[1..] {
+        let r = gw.get("/x", &[("x-token", t)]);
+        assert_eq!(r.status, 401, "{}", r.body);
+    }
+    // in the Authorization header, it is not this source's: no tenant
+    let auth = bearer(&tokens[0]);
+    assert_eq!(gw.get("/x", &[("authorization", &auth)]).status, 401);
+}
+
+/// `jwks_uri` with `jwks_file`: when the provider does not answer, the gateway is ready within
+/// 5 s anyway, with the file's keys.
+#[test]
+fn a_jwks_file_is_the_copy_until_the_provider_answers() {
+    let keys = Keys::new();
+    let up = Upstream::start("u");
+    let nobody = common::free_port();
+    let cfg = format!(
+        "{}tenant:\n  from:\n    - jwt:\n        issuers:\n          - issuer: {ISS}\n            audiences: [{AUD}]\n            jwks_uri: https://127.0.0.1:{nobody}/jwks.json\n            jwks_file: jwks.json\n        tenant_claim: org_id\n  required: true\n",
+        one_route_config(up.addr, 1, "")
+    );
+    let gw = Gateway::start_with_files(&cfg, &[("jwks.json", &keys.jwks("jwks.json"))]);
+    let auth = bearer(&keys.token(json!({"key": "ec", "claims": claims("acme")})));
+    let r = gw.get("/x", &[("authorization", &auth)]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(gw.log().contains("cannot fetch the keys"), "{}", gw.log());
+}
+
+/// README "A curl session through the demo": the token requests, their tokens minted by
+/// `scripts/demo-token` as written, against the demo config: the first is initech's (its
+/// subject told to the upstream, the token kept), the second (a byte more) is refused.
+#[test]
+fn the_readmes_token_requests_hold() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let lines: Vec<&str> = readme
+        .lines()
+        .filter(|l| l.starts_with("$ curl -i -H \"authorization: Bearer $(scripts/demo-token "))
+        .collect();
+    assert_eq!(lines.len(), 2, "the README's token requests");
+    let (up, up2) = (Upstream::start("demo-9001"), Upstream::start("demo-9002"));
+    let gw = common::DemoGateway::start(&[
+        ("127.0.0.1:9001", up.addr),
+        ("127.0.0.1:9002", up2.addr),
+        ("127.0.0.1:9003", up.addr),
+    ]);
+    assert!(gw.ready, "the demo gateway did not start");
+    let mut answers = Vec::new();
+    for line in lines {
+        // $(scripts/demo-token TENANT)SUFFIX, then the URL's path
+        let inner = line.split("$(").nth(1).unwrap();
+        let (cmd, rest) = inner.split_once(')').unwrap();
+        let suffix = rest.split('"').next().unwrap();
+        let args: Vec<&str> = cmd.split_whitespace().collect();
+        let out = Command::new(repo().join(args[0]))
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let token = format!("{}{suffix}", String::from_utf8(out.stdout).unwrap().trim());
+        let path = line.rsplit("127.0.0.1:8080").next().unwrap();
+        let auth = bearer(&token);
+        answers.push(common::request(gw.listen, "GET", path, &[("authorization", &auth)]).unwrap());
+    }
+    assert_eq!(answers[0].status, 200, "{}", answers[0].body);
+    assert_eq!(answers[0].upstream_headers("x-tenant-id"), vec!["initech"]);
+    assert_eq!(answers[0].upstream_headers("x-user-id"), vec!["demo-user"]);
+    assert!(answers[0].upstream_headers("authorization").is_empty());
+    assert_eq!(answers[0].header("x-ratelimit-limit"), Some("1000"));
+    assert_eq!(answers[1].status, 401, "{}", answers[1].body);
+    assert_eq!(
+        answers[1].header("www-authenticate"),
+        Some("Bearer error=\"invalid_token\"")
+    );
 }

@@ -236,6 +236,8 @@ pub struct TenantSettings {
     /// Removed from every request before the upstream, so that a client's own copy never
     /// reaches it: the forward header, or `x-tenant-id` when nothing is forwarded.
     pub strip_header: HeaderName,
+    /// The JWKS the `jwt` sources fetch.
+    pub jwks: Vec<JwksFetch>,
 }
 
 pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
@@ -253,6 +255,7 @@ impl Default for TenantSettings {
             forward_header: Some(default_tenant_header()),
             forward_name: bytes::Bytes::from_static(DEFAULT_TENANT_HEADER.as_bytes()),
             strip_header: default_tenant_header(),
+            jwks: Vec::new(),
         }
     }
 }
@@ -266,6 +269,16 @@ impl TenantSource {
         };
         forward.iter().map(|(_, h)| h)
     }
+}
+
+/// A JWKS the gateway fetches (`jwt.issuers[].jwks_uri`), for its issuer's keys.
+#[derive(Debug, Clone)]
+pub struct JwksFetch {
+    pub uri: http::Uri,
+    pub issuer: String,
+    /// Verifies the provider's certificate (`ca`; else the system's roots).
+    pub ca: Option<Arc<Box<[crate::config::certificates::X509]>>>,
+    pub keys: Arc<crate::tokens::IssuerKeys>,
 }
 
 impl TenantSettings {

@@ -25,7 +25,7 @@ use crate::metrics::Metrics;
 use crate::request::answer::Answer;
 use crate::request::client_limits;
 pub use crate::request::incoming::Incoming;
-use crate::request::incoming::{client_ip, tenant_of};
+use crate::request::incoming::{client_ip, tenant_of, NoTenant};
 use crate::request::quota;
 use crate::request::routing::find_route;
 use crate::snapshot::Snapshot;
@@ -47,6 +47,8 @@ pub struct Admitted {
     pub tenant: Vec<u8>,
     /// The verified token that named the tenant: its plan, the claims the upstream is told.
     pub token: Option<std::sync::Arc<crate::tokens::Verified>>,
+    /// The request waited once for its token issuer's keys to be fetched again.
+    pub keys_awaited: bool,
     pub client_ip: Option<IpAddr>,
     /// The rate-limit decision when a tier applied (boxed: the request's context is moved
     /// with Pingora's request future, and most of its size would be this).
@@ -75,6 +77,10 @@ pub enum Admission {
     Hold(Held),
     /// Proxy it to its route's pool.
     Forward,
+    /// Its token names a key its issuer's keys lack, which are being fetched: wait for the
+    /// fetch (at most `KEYS_WAIT`), then admit it again (it is refused if the key is still
+    /// unknown).
+    AwaitKeys(crate::tokens::KeyWait),
     /// Proxy it once its turn in a leaky bucket comes, this long from now; if the client
     /// leaves first, give the turn back (`Limiter::leave_queue`).
     Queue(Duration),
@@ -125,6 +131,12 @@ pub fn admit(
     }
     (admitted.tenant, admitted.token) = match tenant_of(snap, route.tenant, req, &path, client) {
         Ok(found) => found,
+        Err(NoTenant {
+            wait: Some(keys), ..
+        }) if !admitted.keys_awaited => {
+            admitted.keys_awaited = true;
+            return Admission::AwaitKeys(keys);
+        }
         Err(no) => return Admission::Answer(no.answer(metrics)),
     };
     let lreq = LimitRequest {

@@ -6,7 +6,7 @@ use crate::request::answer::Answer;
 use crate::request::client_addr::{self, X_FORWARDED_FOR};
 use crate::request::tenant::{self, RequestFacts, Resolved};
 use crate::snapshot::Snapshot;
-use crate::tokens::{Refusal, Verified};
+use crate::tokens::{KeyWait, Refusal, Verified};
 use http::header;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -51,6 +51,9 @@ pub struct NoTenant {
     /// A bearer token was refused: the answer carries `WWW-Authenticate: Bearer
     /// error="invalid_token"` (RFC 6750); why, for the metrics and the log only.
     pub bearer: Option<(Refusal, &'static str)>,
+    /// The token's key id is not among its issuer's keys, which are being fetched again: the
+    /// request may wait for them (bounded) and be admitted again.
+    pub wait: Option<KeyWait>,
 }
 
 impl NoTenant {
@@ -87,8 +90,8 @@ pub fn tenant_of(
         normalized_path,
         client_ip: client,
         from_trusted_proxy: client_addr::trusted(req.peer, &cfg.server.trusted_proxies),
-        now_s: if cfg.tenant.has_tokens() {
-            snap.limiter.now_ns() / 1_000_000_000
+        now_ms: if cfg.tenant.has_tokens() {
+            snap.limiter.now_ns() / 1_000_000
         } else {
             0
         },
@@ -96,6 +99,7 @@ pub fn tenant_of(
     let refuse = |detail| NoTenant {
         detail,
         bearer: None,
+        wait: None,
     };
     match tenant::resolve(&cfg.tenant, mode, &facts) {
         Resolved::Tenant(t) => Ok((t, None)),
@@ -106,6 +110,15 @@ pub fn tenant_of(
         Resolved::InvalidToken(refusal, why) => Err(NoTenant {
             detail: "the bearer token is not valid",
             bearer: Some((refusal, why)),
+            wait: None,
+        }),
+        Resolved::AwaitKeys(keys) => Err(NoTenant {
+            detail: "the bearer token is not valid",
+            bearer: Some((
+                Refusal::Key,
+                "no key of its issuer has its key id (`kid`), not even after a fetch",
+            )),
+            wait: Some(keys),
         }),
         Resolved::Missing => Err(refuse("this request does not identify a tenant")),
     }

@@ -26,6 +26,7 @@ use crate::request::client_limits;
 use crate::request::header_deadline;
 use crate::request::trace;
 use crate::snapshot::{SharedSnapshot, Snapshot};
+use crate::tokens::KEYS_WAIT;
 use async_trait::async_trait;
 use http::header::HeaderValue;
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -376,6 +377,14 @@ impl ProxyHttp for Gateway {
                 .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip()),
         };
         let mut admission = admission::admit(&snap, &incoming, &self.metrics, &mut ctx.admitted);
+        if let Admission::AwaitKeys(wait) = admission {
+            // rare: a token signed with a key its issuer has just added
+            let bound = ctx.deadline.map_or(KEYS_WAIT, |d| {
+                KEYS_WAIT.min(d.saturating_duration_since(Instant::now()))
+            });
+            Box::pin(wait.until_fetched(bound)).await;
+            admission = admission::admit(&snap, &incoming, &self.metrics, &mut ctx.admitted);
+        }
         if let Admission::Hold(held) = admission {
             // rare: boxed, so that the request's future stays small for the common case
             let deadline = ctx.deadline;
@@ -418,6 +427,12 @@ impl ProxyHttp for Gateway {
                     ErrorType::ConnectionClosed,
                     "the client left while it waited for its turn",
                 )
+            }
+            // (admitted again after its one wait: never a second one, but never forwarded)
+            Admission::AwaitKeys(_) => {
+                let answer = Answer::problem(401, "the bearer token is not valid");
+                Box::pin(write_answer(session, answer, ctx.grpc)).await?;
+                Ok(true)
             }
             Admission::Hold(_) | Admission::Forward => Ok(false),
         }

@@ -7,7 +7,7 @@
 //! as if the request did not carry it.
 
 use crate::config::model::{TenantMode, TenantSettings, TenantSource};
-use crate::tokens::{Outcome, Refusal, Verified};
+use crate::tokens::{KeyWait, Outcome, Refusal, Verified};
 use http::HeaderMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -22,8 +22,8 @@ pub struct RequestFacts<'a> {
     pub client_ip: IpAddr,
     /// The socket peer is one of `server.trusted_proxies`: claims are believed.
     pub from_trusted_proxy: bool,
-    /// Unix seconds (verified tokens are kept until they expire).
-    pub now_s: u64,
+    /// Unix milliseconds (verified tokens are kept until they expire).
+    pub now_ms: u64,
 }
 
 /// What a request's tenant turned out to be.
@@ -40,6 +40,9 @@ pub enum Resolved {
     /// A bearer token was presented and is not valid (401 with `WWW-Authenticate: Bearer
     /// error="invalid_token"`, whatever the later sources say), and why (for the log).
     InvalidToken(Refusal, &'static str),
+    /// A token whose key id its issuer's keys lack, which are being fetched again: resolve
+    /// again once they are (bounded).
+    AwaitKeys(KeyWait),
     /// No source yielded a tenant on a route that requires one (401).
     Missing,
 }
@@ -58,10 +61,11 @@ pub fn resolve(settings: &TenantSettings, mode: TenantMode, req: &RequestFacts) 
                     None => return Resolved::UnknownKey,
                 },
             },
-            TenantSource::Jwt(source) => match source.check(req.headers, req.now_s) {
+            TenantSource::Jwt(source) => match source.check(req.headers, req.now_ms) {
                 Outcome::Absent => None,
                 Outcome::Valid(v) => return Resolved::Token(v),
                 Outcome::Invalid(r, why) => return Resolved::InvalidToken(r, why),
+                Outcome::AwaitKeys(keys) => return Resolved::AwaitKeys(keys),
             },
             TenantSource::Path { pattern, trusted } if *trusted || req.from_trusted_proxy => {
                 pattern
@@ -125,7 +129,7 @@ mod tests {
             normalized_path: path,
             client_ip: "127.0.0.1".parse().unwrap(),
             from_trusted_proxy: proxy,
-            now_s: 0,
+            now_ms: 0,
         }
     }
 

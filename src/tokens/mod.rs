@@ -31,7 +31,8 @@ use jsonwebtoken::{Algorithm, AlgorithmFamily, DecodingKey, Validation};
 use keys::KeySet;
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 /// The longest token read (a larger one is refused unread).
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
@@ -89,10 +90,139 @@ impl Issuer {
     }
 }
 
-/// An issuer's keys as last read, shared by the configs that name the same issuer and source.
+/// An issuer's keys as last read, shared by the configs that name the same JWKS (a reload
+/// keeps the keys fetched before it: `shared_keys`).
 #[derive(Default)]
 pub struct IssuerKeys {
     pub set: ArcSwap<KeySet>,
+    /// Fetched from a `jwks_uri` (else read from a file with the config).
+    pub remote: bool,
+    /// A token named a key id the set lacks: the fetcher fetches again at once (at most once
+    /// per `MIN_REFETCH`).
+    pub wanted: AtomicBool,
+    /// When the last fetch started and when the keys were last fetched (Unix ms; 0: never).
+    pub attempted_ms: AtomicU64,
+    pub fetched_ms: AtomicU64,
+    /// Woken at the end of every fetch.
+    pub fetched: tokio::sync::Notify,
+    /// Fetches started and ended.
+    started: AtomicU64,
+    ended: AtomicU64,
+    /// The last fetch's error (`None`: it worked, or none ended yet), for the status page.
+    pub error: parking_lot::Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for IssuerKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuerKeys")
+            .field("keys", &self.set.load().keys.len())
+            .field("remote", &self.remote)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The same keys (one holder per JWKS).
+impl PartialEq for IssuerKeys {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+impl Eq for IssuerKeys {}
+
+/// The least time between two fetches of one JWKS, whatever clients send: a flood of unknown
+/// key ids costs the identity provider one request per this.
+pub const MIN_REFETCH_MS: u64 = 5_000;
+
+impl IssuerKeys {
+    /// A token names a key id the keys lack. Ask for a fetch; when one starts now (or runs),
+    /// what to wait on for it.
+    pub fn want(self: &Arc<Self>, now_ms: u64) -> Option<KeyWait> {
+        if !self.remote {
+            return None;
+        }
+        let ended = self.ended.load(Ordering::Acquire);
+        let last = self.attempted_ms.load(Ordering::Relaxed);
+        let running = last > 0 && ended < self.started.load(Ordering::Acquire);
+        if !running && now_ms.saturating_sub(last) < MIN_REFETCH_MS {
+            return None;
+        }
+        self.wanted.store(true, Ordering::Release);
+        Some(KeyWait {
+            keys: self.clone(),
+            ended,
+        })
+    }
+
+    /// A fetch starts (the fetcher's): returns whether one was wanted by a token.
+    pub fn fetch_starts(&self, now_ms: u64) -> bool {
+        self.attempted_ms.store(now_ms, Ordering::Relaxed);
+        self.started.fetch_add(1, Ordering::AcqRel);
+        self.wanted.swap(false, Ordering::AcqRel)
+    }
+
+    /// A fetch ended: `keys` when it brought them, else why not.
+    pub fn fetch_ends(&self, now_ms: u64, result: Result<KeySet, String>) {
+        match result {
+            Ok(set) => {
+                self.set.store(Arc::new(set));
+                self.fetched_ms.store(now_ms, Ordering::Relaxed);
+                *self.error.lock() = None;
+            }
+            Err(e) => *self.error.lock() = Some(e),
+        }
+        self.ended.fetch_add(1, Ordering::AcqRel);
+        self.fetched.notify_waiters();
+    }
+
+    /// Fetches ended so far.
+    pub fn fetches_ended(&self) -> u64 {
+        self.ended.load(Ordering::Acquire)
+    }
+}
+
+/// A request waiting for its token issuer's keys to be fetched again.
+#[derive(Debug, PartialEq, Eq)]
+pub struct KeyWait {
+    pub keys: Arc<IssuerKeys>,
+    /// Fetches ended when the request asked.
+    ended: u64,
+}
+
+impl KeyWait {
+    /// Until a fetch that started after the request asked has ended, or `bound` passed.
+    pub async fn until_fetched(&self, bound: std::time::Duration) {
+        let wait = async {
+            loop {
+                let notified = self.keys.fetched.notified();
+                if self.keys.ended.load(Ordering::Acquire) > self.ended {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let _ = tokio::time::timeout(bound, wait).await;
+    }
+}
+
+/// How long a request waits for its token issuer's keys to be fetched again.
+pub const KEYS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The keys of a JWKS URI, the same for every config that names it while one holds them.
+pub fn shared_keys(uri: &str) -> Arc<IssuerKeys> {
+    static REGISTRY: parking_lot::Mutex<Option<HashMap<String, Weak<IssuerKeys>>>> =
+        parking_lot::Mutex::new(None);
+    let mut registry = REGISTRY.lock();
+    let map = registry.get_or_insert_with(HashMap::new);
+    map.retain(|_, w| w.strong_count() > 0);
+    if let Some(k) = map.get(uri).and_then(Weak::upgrade) {
+        return k;
+    }
+    let k = Arc::new(IssuerKeys {
+        remote: true,
+        ..IssuerKeys::default()
+    });
+    map.insert(uri.to_string(), Arc::downgrade(&k));
+    k
 }
 
 /// What a verified token says, kept in the cache until it expires.
@@ -115,6 +245,9 @@ pub enum Outcome {
     /// A token that is not valid: 401, whatever the later sources say. The reason is for the
     /// log and the metrics.
     Invalid(Refusal, &'static str),
+    /// Its key id is not among its issuer's keys, which are being fetched again: check it once
+    /// more when they are (bounded), else it is `Invalid`.
+    AwaitKeys(KeyWait),
 }
 
 /// Why a token was refused (`tollgate_tokens_refused_total{reason}`).
@@ -175,6 +308,12 @@ impl Refusal {
 
 /// A refusal with its words for the log.
 type Refused = (Refusal, &'static str);
+
+impl From<Refused> for Outcome {
+    fn from((r, why): Refused) -> Outcome {
+        Outcome::Invalid(r, why)
+    }
+}
 
 /// The settings of a `jwt` source, as the config gives them.
 pub struct Settings {
@@ -241,7 +380,8 @@ impl JwtSource {
 
     /// The request's token, checked. `now_s`: Unix seconds (the cache's clock; `exp` and
     /// `nbf` are checked by `jsonwebtoken` on the system clock).
-    pub fn check(&self, headers: &HeaderMap, now_s: u64) -> Outcome {
+    pub fn check(&self, headers: &HeaderMap, now_ms: u64) -> Outcome {
+        let now_s = now_ms / 1000;
         let Some(token) = self.token_in(headers) else {
             return Outcome::Absent;
         };
@@ -252,7 +392,7 @@ impl JwtSource {
         if let Some(v) = self.cache.get(token, now_s) {
             return Outcome::Valid(v);
         }
-        match self.verify(token) {
+        match self.verify(token, now_ms) {
             Ok(v) => {
                 let v = Arc::new(v);
                 if v.until_s > now_s {
@@ -260,7 +400,7 @@ impl JwtSource {
                 }
                 Outcome::Valid(v)
             }
-            Err(why) => Outcome::Invalid(why.0, why.1),
+            Err(outcome) => outcome,
         }
     }
 
@@ -293,7 +433,7 @@ impl JwtSource {
     }
 
     /// Verify a token not in the cache.
-    fn verify(&self, token: &str) -> Result<Verified, Refused> {
+    fn verify(&self, token: &str, now_ms: u64) -> Result<Verified, Outcome> {
         // the header read strictly first: a key written twice, and an `alg` that is not
         // allowed (`none` among them), are refused before anything else is read
         let head = token.split('.').next().unwrap_or("");
@@ -314,12 +454,13 @@ impl JwtSource {
             return Err((
                 Refusal::Algorithm,
                 "its algorithm is not one of `algorithms`",
-            ));
+            )
+                .into());
         }
         let header = jsonwebtoken::decode_header(token).map_err(reason)?;
         if header.crit.is_some() {
             // RFC 7515 4.1.11: extensions the gateway does not understand
-            return Err((Refusal::Json, "its header has `crit` extensions"));
+            return Err((Refusal::Json, "its header has `crit` extensions").into());
         }
         // the issuer it names chooses the keys; its signature is checked below
         let unverified: Claims =
@@ -363,9 +504,17 @@ impl JwtSource {
                     Err(e) => last = reason(e),
                 }
             }
-            found.ok_or(last)?
+            match found {
+                Some(c) => c,
+                // a key id the keys lack: perhaps a key the issuer has just added
+                None if kid.is_some_and(|k| !set.has_kid(k)) => match issuer.keys.want(now_ms) {
+                    Some(wait) => return Err(Outcome::AwaitKeys(wait)),
+                    None => return Err(last.into()),
+                },
+                None => return Err(last.into()),
+            }
         };
-        self.read_claims(&claims)
+        Ok(self.read_claims(&claims)?)
     }
 
     /// What the verified claims say.

@@ -1055,3 +1055,63 @@ pub fn test_python() -> std::path::PathBuf {
     );
     p
 }
+
+/// The demo's gateway (`conf/gateway.yaml` and the files it includes, as `make run` starts it)
+/// with its addresses moved: its listeners and admin to free ports, and each demo upstream
+/// address of `upstreams` (`127.0.0.1:9001` ...) to the one given. Killed on drop.
+#[allow(dead_code)]
+pub struct DemoGateway {
+    pub child: Child,
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: TempDir,
+    pub ready: bool,
+}
+
+#[allow(dead_code)]
+impl DemoGateway {
+    pub fn start(upstreams: &[(&str, SocketAddr)]) -> DemoGateway {
+        let root = repo();
+        let dir = TempDir::new();
+        for f in ["keys.yaml", "plans.yaml", "limits.yaml"] {
+            let text = std::fs::read_to_string(root.join("conf").join(f)).expect("conf file");
+            dir.write(f, &text);
+        }
+        let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let tls = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut conf = std::fs::read_to_string(root.join("conf/gateway.yaml"))
+            .expect("conf/gateway.yaml")
+            .replace("127.0.0.1:8080", &listen.to_string())
+            .replace("127.0.0.1:8443", &tls.to_string())
+            .replace("127.0.0.1:9090", &admin.to_string())
+            .replace("../target/", &format!("{}/", root.join("target").display()));
+        for (from, to) in upstreams {
+            conf = conf.replace(from, &to.to_string());
+        }
+        let path = dir.write("gateway.yaml", &conf);
+        let child = Command::new(tollgate_bin())
+            .arg("-c")
+            .arg(&path)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tollgate");
+        let ready = eventually(Duration::from_secs(20), || {
+            request(admin, "GET", "/readyz", &[]).is_ok_and(|r| r.status == 200)
+        });
+        DemoGateway {
+            child,
+            listen,
+            admin,
+            dir,
+            ready,
+        }
+    }
+}
+
+impl Drop for DemoGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -4,9 +4,10 @@
 use super::*;
 use crate::tokens::claims::ClaimPath;
 use crate::tokens::keys::KeySet;
-use crate::tokens::{IssuerKeys, IssuerSettings, JwtSource, Settings};
+use crate::tokens::{shared_keys, IssuerKeys, IssuerSettings, JwtSource, Settings};
 use jsonwebtoken::Algorithm;
 use std::str::FromStr;
+use std::sync::atomic::Ordering;
 
 /// Algorithms taken when `algorithms` is not given: every asymmetric one (HMAC only when
 /// named, with a `secret_file`).
@@ -30,6 +31,7 @@ pub(super) fn check_jwt(
     j: &JwtFile,
     plans: &Plans,
     includes: &mut Vec<PathBuf>,
+    jwks: &mut Vec<JwksFetch>,
 ) -> Option<Arc<JwtSource>> {
     let errors_before = c.errors.len();
     let header = header_name(
@@ -100,7 +102,7 @@ pub(super) fn check_jwt(
     }
     let mut issuers = Vec::new();
     for (i, f) in j.issuers.iter().enumerate() {
-        if let Some(s) = check_issuer(c, &format!("{base}.issuers[{i}]"), f, includes) {
+        if let Some(s) = check_issuer(c, &format!("{base}.issuers[{i}]"), f, includes, jwks) {
             issuers.push(s);
         }
     }
@@ -146,6 +148,7 @@ fn check_issuer(
     base: &str,
     f: &JwtIssuerFile,
     includes: &mut Vec<PathBuf>,
+    jwks: &mut Vec<JwksFetch>,
 ) -> Option<IssuerSettings> {
     if f.issuer.is_empty() {
         c.err(&format!("{base}.issuer"), "the issuer must not be empty");
@@ -177,46 +180,76 @@ fn check_issuer(
             }
         }
     });
-    let keys = Arc::new(IssuerKeys::default());
-    match (&f.jwks_uri, &f.jwks_file) {
-        (Some(_), Some(_)) => c.err(base, "give one of jwks_uri or jwks_file"),
-        (None, None) if f.secret_file.is_none() => c.err(
-            base,
-            "give jwks_uri (the issuer's JWKS over HTTPS) or jwks_file (a copy of it)",
-        ),
-        (None, None) => {}
-        (Some(_), None) => c.err(
-            &format!("{base}.jwks_uri"),
-            "jwks_uri is not supported yet; give jwks_file (a copy of the issuer's JWKS)",
-        ),
-        (None, Some(name)) => {
-            let at = format!("{base}.jwks_file");
-            let file = resolve_relative(&c.file, name);
-            includes.push(file.clone());
-            match std::fs::read(&file) {
-                Err(e) => c.err(&at, format!("cannot read {}: {e}", file.display())),
-                Ok(doc) => match KeySet::parse(&doc) {
-                    Err(e) => c.err(&at, format!("{}: {e}", file.display())),
-                    Ok((set, skipped)) => {
-                        for s in skipped {
-                            c.warn(&at, format!("{}: {s}: left out", file.display()));
-                        }
-                        if set.keys.is_empty() {
-                            c.err(&at, format!("{}: no key to verify with", file.display()));
-                        }
-                        keys.set.store(Arc::new(set));
-                    }
-                },
+    let (keys, fetch) = match &f.jwks_uri {
+        None => (Arc::new(IssuerKeys::default()), None),
+        Some(text) => {
+            let at = format!("{base}.jwks_uri");
+            match text.parse::<http::Uri>() {
+                Ok(uri) if uri.scheme_str() == Some("https") && uri.host().is_some() => {
+                    let keys = shared_keys(text);
+                    (keys.clone(), Some((uri, keys)))
+                }
+                _ => {
+                    c.err(
+                        &at,
+                        format!("{text:?} is not an https:// URL (the issuer's JWKS, fetched over HTTPS)"),
+                    );
+                    (Arc::new(IssuerKeys::default()), None)
+                }
             }
         }
+    };
+    if f.jwks_uri.is_none() && f.jwks_file.is_none() && f.secret_file.is_none() {
+        c.err(
+            base,
+            "give jwks_uri (the issuer's JWKS over HTTPS), jwks_file (a copy of it), or both (the file is the copy used until the first fetch)",
+        );
     }
-    if let Some(ca) = &f.ca {
-        if f.jwks_uri.is_none() {
-            c.err(
-                &format!("{base}.ca"),
-                format!("ca {ca:?} applies to jwks_uri only"),
-            );
+    if let Some(name) = &f.jwks_file {
+        let at = format!("{base}.jwks_file");
+        let file = resolve_relative(&c.file, name);
+        includes.push(file.clone());
+        match std::fs::read(&file) {
+            Err(e) => c.err(&at, format!("cannot read {}: {e}", file.display())),
+            Ok(doc) => match KeySet::parse(&doc) {
+                Err(e) => c.err(&at, format!("{}: {e}", file.display())),
+                Ok((set, skipped)) => {
+                    for s in skipped {
+                        c.warn(&at, format!("{}: {s}: left out", file.display()));
+                    }
+                    if set.keys.is_empty() {
+                        c.err(&at, format!("{}: no key to verify with", file.display()));
+                    }
+                    // with a jwks_uri, the file is the copy used until the first fetch (the
+                    // keys fetched before a reload stay)
+                    if !keys.remote || keys.fetched_ms.load(Ordering::Relaxed) == 0 {
+                        keys.set.store(Arc::new(set));
+                    }
+                }
+            },
         }
+    }
+    let ca = f.ca.as_ref().and_then(|ca| {
+        let at = format!("{base}.ca");
+        if f.jwks_uri.is_none() {
+            c.err(&at, format!("ca {ca:?} applies to jwks_uri only"));
+        }
+        let (file, pem) = c.read_file(&at, ca)?;
+        match crate::config::certificates::X509::stack_from_pem(&pem) {
+            Ok(list) if !list.is_empty() => Some(Arc::new(list.into_boxed_slice())),
+            _ => {
+                c.err(&at, format!("{} holds no PEM certificate", file.display()));
+                None
+            }
+        }
+    });
+    if let Some((uri, keys)) = fetch {
+        jwks.push(JwksFetch {
+            uri,
+            issuer: f.issuer.clone(),
+            ca,
+            keys,
+        });
     }
     Some(IssuerSettings {
         issuer: f.issuer.clone(),

@@ -209,6 +209,7 @@ pub(super) fn check_tenant(
 ) -> TenantSettings {
     let mut sources = Vec::new();
     let mut hidden = Vec::new();
+    let mut jwks = Vec::new();
     let mut key_tenants = HashSet::new();
     let mut any_keys = false;
     for (i, s) in t.from.iter().enumerate() {
@@ -275,7 +276,8 @@ pub(super) fn check_tenant(
                 }
             }
             TenantSourceFile::Jwt(j) => {
-                if let Some(src) = check_jwt(c, &format!("{base}.jwt"), j, plans, includes) {
+                let at = format!("{base}.jwt");
+                if let Some(src) = check_jwt(c, &at, j, plans, includes, &mut jwks) {
                     if src.hide {
                         hidden.push(src.header.clone());
                     }
@@ -349,5 +351,6 @@ pub(super) fn check_tenant(
         }),
         forward_header,
         strip_header,
+        jwks,
     }
 }

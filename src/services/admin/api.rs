@@ -306,6 +306,22 @@ pub fn status(
             })
         }
     };
+    // the token issuers' keys: how many, when fetched, the last fetch's error
+    let jwks: Vec<Value> = cfg
+        .tenant
+        .jwks
+        .iter()
+        .map(|j| {
+            let fetched = j.keys.fetched_ms.load(std::sync::atomic::Ordering::Relaxed);
+            json!({
+                "issuer": j.issuer,
+                "uri": j.uri.to_string(),
+                "keys": j.keys.set.load().keys.len(),
+                "fetched_ms": (fetched > 0).then_some(fetched),
+                "error": *j.keys.error.lock(),
+            })
+        })
+        .collect();
     json!({
         "config": cfg.file.display().to_string(),
         "listeners": listeners,
@@ -314,6 +330,7 @@ pub fn status(
         "routes": routes,
         "rules": rules,
         "redis": redis,
+        "jwks": jwks,
         "last_reload": reload.last(),
         "tracked_counters": metrics.tracked_counters.get(),
     })

@@ -229,6 +229,9 @@ pub struct ReadinessProbe {
     pub fleet: Arc<FleetState>,
     /// `tracing` is configured: ready once requests are traced (or `FIRST_ROUND_WAIT`).
     pub tracing: bool,
+    /// The keys of the `jwt` issuers with a `jwks_uri`: ready once each was fetched (or
+    /// `FIRST_ROUND_WAIT`: then with the keys of `jwks_file`, if any).
+    pub jwks: Vec<Arc<crate::tokens::IssuerKeys>>,
 }
 
 /// Longest wait for the first sync round before the process says it is ready anyway.
@@ -292,6 +295,17 @@ impl BackgroundService for ReadinessProbe {
         let started = tokio::time::Instant::now();
         while self.fleet.is_configured()
             && self.fleet.link() == Link::Unknown
+            && started.elapsed() < FIRST_ROUND_WAIT
+        {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+        }
+        while self
+            .jwks
+            .iter()
+            .any(|k| k.fetched_ms.load(Ordering::Relaxed) == 0)
             && started.elapsed() < FIRST_ROUND_WAIT
         {
             tokio::select! {
