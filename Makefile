@@ -67,14 +67,15 @@ conformance: deps
 ## gateway under wrk (rules vs no rules); the fleet's accuracy and the seed scenario of three
 ## instances sharing limits through Redis; HTTP/2 over TLS next to nginx (h2load); unary gRPC
 ## over h2c direct, through the gateway (no rules, 3 rules) and through nginx grpc_pass
-## (h2load, callgrind, connections to the server); memory under a million tenant ids. Tables
-## and charts go to BENCHMARKS.md.
+## (h2load, callgrind, connections to the server); the tenant from an API key or a signed token
+## (cached, uncached); memory under a million tenant ids. Tables and charts go to BENCHMARKS.md.
 bench: deps-bench deps-test release
 	$(CARGO) bench --bench decision
 	scripts/bench-cost
 	scripts/bench-gateway
 	scripts/bench-edge
 	scripts/bench-grpc
+	scripts/bench-tokens
 	scripts/bench-memory
 	scripts/bench-fleet
 
@@ -95,12 +96,13 @@ deb-check: deb
 	scripts/deb-systemd-check
 
 ## Coverage-guided fuzzing (fuzz/, cargo-fuzz and libFuzzer) of the config loader, path
-## normalization and globs, X-Forwarded-For, durations and partition keys, FUZZ_SECONDS each.
+## normalization and globs, X-Forwarded-For, durations, partition keys and bearer tokens,
+## FUZZ_SECONDS each.
 ## cargo-fuzz needs a nightly toolchain (or RUSTC_BOOTSTRAP=1 on stable, as used here).
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
-	@for t in config path xff duration partition; do \
+	@for t in config path xff duration partition token; do \
 	  echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
 	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run --fuzz-dir fuzz $$t -- -max_total_time=$(FUZZ_SECONDS) 2>&1 | tail -3 || exit 1; \
 	done

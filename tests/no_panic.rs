@@ -191,3 +191,47 @@ fn check_config(text: &str) {
         }
     }
 }
+
+/// Token-shaped text: base64url segments of JSON-ish text and of noise, joined by dots, behind
+/// a scheme or none.
+fn token_text() -> impl Strategy<Value = String> {
+    use base64::Engine;
+    let b64 = |s: String| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+    let json = prop_oneof![
+        Just(r#"{"alg":"EdDSA","kid":"ed-1"}"#.to_string()),
+        Just(r#"{"alg":"HS256"}"#.to_string()),
+        Just(r#"{"alg":"none"}"#.to_string()),
+        Just(
+            r#"{"iss":"https://issuer.example/","aud":"api","exp":9999999999,"org":{"id":"a"}}"#
+                .to_string()
+        ),
+        "\\PC{0,60}",
+        "[{}\\[\\]\":,a-z0-9 ]{0,60}",
+    ];
+    let segment = prop_oneof![json.prop_map(b64), "[A-Za-z0-9_\\-=+/!.]{0,80}"];
+    let scheme = prop_oneof![
+        Just("Bearer ".to_string()),
+        Just("bearer  ".to_string()),
+        Just(String::new()),
+        Just("Basic ".to_string()),
+    ];
+    (scheme, proptest::collection::vec(segment, 0..5))
+        .prop_map(|(scheme, parts)| format!("{scheme}{}", parts.join(".")))
+}
+
+proptest! {
+    #![proptest_config(cases(2000))]
+
+    /// The bearer token parser: any Authorization value is absent, or refused with a reason
+    /// (none of these carries a valid signature), never a panic.
+    #[test]
+    fn tokens_never_panic_and_never_pass_unsigned(text in token_text()) {
+        let source = tollgate::tokens::example_source();
+        if let Ok(v) = http::HeaderValue::from_str(&text) {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(http::header::AUTHORIZATION, v);
+            let outcome = source.check(&headers, 1_800_000_000_000);
+            prop_assert!(!matches!(outcome, tollgate::tokens::Outcome::Valid(_)), "{text}");
+        }
+    }
+}

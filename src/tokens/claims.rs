@@ -84,7 +84,7 @@ impl<'de> Deserialize<'de> for Claims {
 /// A claim named by a dotted path (`org.id`: the `id` member of the `org` object). A claim
 /// whose own name has a dot is found too: the whole name is tried first.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimPath(Box<str>);
+pub struct ClaimPath(pub(super) Box<str>);
 
 impl ClaimPath {
     /// A path of non-empty names separated by dots.

@@ -598,3 +598,34 @@ fn reason(e: jsonwebtoken::errors::Error) -> Refused {
         _ => (Refusal::Key, "it cannot be verified with its issuer's keys"),
     }
 }
+
+/// A source with one Ed25519 key (kid `ed-1`) and an HMAC secret, both of issuer
+/// `https://issuer.example/` for audience `api`, for the fuzz target (`fuzz/`) and the property
+/// tests (`tests/no_panic.rs`) of the token parser.
+#[doc(hidden)]
+pub fn example_source() -> JwtSource {
+    let jwks = br#"{"keys":[{"kty":"OKP","crv":"Ed25519","kid":"ed-1","alg":"EdDSA","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}"#;
+    let keys = Arc::new(IssuerKeys::default());
+    if let Ok((set, _)) = KeySet::parse(jwks) {
+        keys.set.store(Arc::new(set));
+    }
+    let path = |p: &str| ClaimPath::parse(p).unwrap_or_else(|_| ClaimPath(Box::from("sub")));
+    JwtSource::new(
+        Settings {
+            header: http::header::AUTHORIZATION,
+            hide: true,
+            tenant_claim: path("org.id"),
+            plan_claim: Some(path("plan")),
+            plans: HashMap::new(),
+            forward: vec![(path("sub"), HeaderName::from_static("x-user-id"))],
+            algorithms: vec![Algorithm::EdDSA, Algorithm::HS256],
+            leeway_s: 30,
+        },
+        vec![IssuerSettings {
+            issuer: "https://issuer.example/".to_string(),
+            audiences: vec!["api".to_string()],
+            keys,
+            secret: Some(b"0123456789abcdef0123456789abcdef".to_vec()),
+        }],
+    )
+}

@@ -5,8 +5,8 @@ the gateway's jsonwebtoken), and the malformed tokens of the bad-token corpus ma
                             keys in DIR, and DIR/jwks.json with their public halves (kid rsa-1,
                             ps-1, ec-1, ec384-1, ed-1; a second RS256 key rsa-2 goes to
                             DIR/jwks-rotated.json with rsa-1)
-    mint.py tokens DIR SPEC  SPEC: a JSON list of {"key", "alg", "claims", "headers", "raw"};
-                            prints a JSON list of tokens
+    mint.py tokens DIR SPEC  SPEC: a JSON list of {"key", "alg", "claims", "headers", "raw"}
+                            (`-`: read it from standard input); prints a JSON list of tokens
 
 A spec's "key" is rsa, rsa2, ps, ec, ec384 or ed (DIR's private keys), "hmac:<secret>", "none"
 (alg none, unsigned) or "rsa-public-as-hmac" (HS256 signed with the RSA public key's PEM: the
@@ -108,7 +108,8 @@ def main():
     if sys.argv[1] == "keys":
         keys(sys.argv[2])
     else:
-        d, specs = sys.argv[2], json.loads(sys.argv[3])
+        d = sys.argv[2]
+        specs = json.load(sys.stdin) if sys.argv[3] == "-" else json.loads(sys.argv[3])
         print(json.dumps([token(d, s) for s in specs]))
 
 
