@@ -264,7 +264,7 @@ impl TenantSource {
     /// The headers a `jwt` source sets from its tokens' claims.
     pub fn claim_headers(&self) -> impl Iterator<Item = &HeaderName> {
         let forward = match self {
-            TenantSource::Jwt(j) => &j.forward[..],
+            TenantSource::Jwt(j) => &j.settings.forward[..],
             _ => &[],
         };
         forward.iter().map(|(_, h)| h)

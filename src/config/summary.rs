@@ -166,11 +166,11 @@ fn write_tenant(s: &mut String, cfg: &Config) {
             }
             TenantSource::Jwt(j) => {
                 let issuers: Vec<&str> = j.issuers.iter().map(|i| i.issuer.as_str()).collect();
-                let hide = if j.hide { ", hidden" } else { "" };
+                let hide = if j.settings.hide { ", hidden" } else { "" };
                 format!(
                     "jwt({}, tenant from claim {}, issuers {}{hide})",
-                    j.header,
-                    j.tenant_claim.as_str(),
+                    j.settings.header,
+                    j.settings.tenant_claim.as_str(),
                     issuers.join(" ")
                 )
             }

@@ -39,31 +39,20 @@ pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 
 /// A `jwt` tenant source, ready to verify with.
 pub struct JwtSource {
-    /// The header that carries the token (`authorization`: `Bearer <token>`).
-    pub header: HeaderName,
-    /// The token stays at the gateway (default), as `api_key.hide`.
-    pub hide: bool,
+    pub settings: Settings,
     pub issuers: Vec<Issuer>,
-    pub tenant_claim: ClaimPath,
-    pub plan_claim: Option<ClaimPath>,
-    /// plan name -> index into the config's plans
-    pub plans: HashMap<String, usize>,
-    /// Claims passed to the upstream, each as a header (a client's own copy never is).
-    pub forward: Vec<(ClaimPath, HeaderName)>,
-    pub algorithms: Vec<Algorithm>,
-    pub leeway_s: u64,
     cache: TokenCache,
 }
 
 impl std::fmt::Debug for JwtSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JwtSource")
-            .field("header", &self.header)
+            .field("header", &self.settings.header)
             .field(
                 "issuers",
                 &self.issuers.iter().map(|i| &i.issuer).collect::<Vec<_>>(),
             )
-            .field("tenant_claim", &self.tenant_claim)
+            .field("tenant_claim", &self.settings.tenant_claim)
             .finish_non_exhaustive()
     }
 }
@@ -315,13 +304,17 @@ impl From<Refused> for Outcome {
     }
 }
 
-/// The settings of a `jwt` source, as the config gives them.
+/// The settings of a `jwt` source.
 pub struct Settings {
+    /// The header that carries the token (`authorization`: `Bearer <token>`).
     pub header: HeaderName,
+    /// The token stays at the gateway (default), as `api_key.hide`.
     pub hide: bool,
     pub tenant_claim: ClaimPath,
     pub plan_claim: Option<ClaimPath>,
+    /// plan name -> index into the config's plans
     pub plans: HashMap<String, usize>,
+    /// Claims passed to the upstream, each as a header (a client's own copy never is).
     pub forward: Vec<(ClaimPath, HeaderName)>,
     pub algorithms: Vec<Algorithm>,
     pub leeway_s: u64,
@@ -365,15 +358,8 @@ impl JwtSource {
             })
             .collect();
         JwtSource {
-            header: s.header,
-            hide: s.hide,
+            settings: s,
             issuers,
-            tenant_claim: s.tenant_claim,
-            plan_claim: s.plan_claim,
-            plans: s.plans,
-            forward: s.forward,
-            algorithms: s.algorithms,
-            leeway_s: s.leeway_s,
             cache: TokenCache::default(),
         }
     }
@@ -407,7 +393,7 @@ impl JwtSource {
     /// The token of the request: `None` when it carries none, an error when what it carries
     /// cannot be one.
     fn token_in<'h>(&self, headers: &'h HeaderMap) -> Option<Result<&'h str, Refused>> {
-        let value = headers.get(&self.header)?;
+        let value = headers.get(&self.settings.header)?;
         let Ok(text) = value.to_str() else {
             return Some(Err((Refusal::Malformed, "the token is not ASCII text")));
         };
@@ -418,9 +404,9 @@ impl JwtSource {
         let token = match text.split_once(' ') {
             Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim_start(),
             // another scheme (`Basic ...`): not a bearer token, the later sources try
-            Some(_) if self.header == http::header::AUTHORIZATION => return None,
+            Some(_) if self.settings.header == http::header::AUTHORIZATION => return None,
             Some(_) => return Some(Err((Refusal::Malformed, "the token has spaces in it"))),
-            None if self.header == http::header::AUTHORIZATION => return None,
+            None if self.settings.header == http::header::AUTHORIZATION => return None,
             None => text,
         };
         if token.is_empty() {
@@ -449,7 +435,7 @@ impl JwtSource {
         let alg = head.0.get("alg").and_then(serde_json::Value::as_str);
         if !alg
             .and_then(|a| Algorithm::from_str(a).ok())
-            .is_some_and(|a| self.algorithms.contains(&a))
+            .is_some_and(|a| self.settings.algorithms.contains(&a))
         {
             return Err((
                 Refusal::Algorithm,
@@ -519,17 +505,23 @@ impl JwtSource {
 
     /// What the verified claims say.
     fn read_claims(&self, claims: &Claims) -> Result<Verified, Refused> {
-        let tenant = self.tenant_claim.find(claims).and_then(as_text).ok_or((
-            Refusal::Claims,
-            "the tenant claim is missing, empty or not a string or number",
-        ))?;
-        let plan = self
+        let tenant = self
+            .settings
+            .tenant_claim
+            .find(claims)
+            .and_then(as_text)
+            .ok_or((
+                Refusal::Claims,
+                "the tenant claim is missing, empty or not a string or number",
+            ))?;
+        let s = &self.settings;
+        let plan = s
             .plan_claim
             .as_ref()
             .and_then(|p| p.find(claims))
             .and_then(as_text)
-            .and_then(|name| self.plans.get(&name).copied());
-        let forward = self
+            .and_then(|name| self.settings.plans.get(&name).copied());
+        let forward = s
             .forward
             .iter()
             .filter_map(|(path, header)| {
@@ -547,7 +539,7 @@ impl JwtSource {
             tenant: tenant.into_bytes().into_boxed_slice(),
             plan,
             forward,
-            until_s: exp.saturating_add(self.leeway_s),
+            until_s: exp.saturating_add(self.settings.leeway_s),
         })
     }
 }

@@ -278,8 +278,8 @@ pub(super) fn check_tenant(
             TenantSourceFile::Jwt(j) => {
                 let at = format!("{base}.jwt");
                 if let Some(src) = check_jwt(c, &at, j, plans, includes, &mut jwks) {
-                    if src.hide {
-                        hidden.push(src.header.clone());
+                    if src.settings.hide {
+                        hidden.push(src.settings.header.clone());
                     }
                     sources.push(TenantSource::Jwt(src));
                 }
