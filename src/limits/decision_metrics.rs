@@ -2,8 +2,7 @@
 //! and the shadow rules' log lines: what `Limiter::record` counts once a request's outcome is
 //! known.
 
-use super::clock::NANOS_PER_MS;
-use super::limiter::{CompiledRule, Decision, Limiter};
+use super::decision::Decision;
 use crate::config::model::{Action, Rule, Tier};
 use prometheus::{IntCounter, IntCounterVec};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -126,63 +125,67 @@ pub fn tier_labels(rule: &Rule) -> Vec<String> {
     out
 }
 
-impl Limiter {
-    /// Count the final outcome of a request in the decision metrics. `admitted`: the request
-    /// goes to the upstream (allowed, or throttled).
-    pub fn record(&self, d: &Decision, admitted: bool, was_delayed: bool) {
-        let any_violated = d.applied.iter().any(|&(_, v)| v);
-        // the first tier of `rule` that was exceeded: (list, tier)
-        let exceeded = |rule: u16| {
-            d.tiers
-                .iter()
-                .find(|t| t.rule == rule && !t.verdict.allowed)
-                .map_or((0, 0), |t| (usize::from(t.list), usize::from(t.tier)))
+/// Count the final outcome of a request in the decision metrics. `admitted`: the request goes
+/// to the upstream (allowed, or throttled). `rule`: an applying rule's metrics, action and id,
+/// by its index; `now_ms`: the clock, read only for a shadow rule's log line.
+pub fn record<'r>(
+    d: &Decision,
+    admitted: bool,
+    was_delayed: bool,
+    rule: impl Fn(u16) -> Option<(&'r RuleMetrics, Action, &'r str)>,
+    now_ms: impl Fn() -> u64,
+) {
+    let any_violated = d.applied.iter().any(|&(_, v)| v);
+    // the first tier of `rule` that was exceeded: (list, tier)
+    let exceeded = |rule: u16| {
+        d.tiers
+            .iter()
+            .find(|t| t.rule == rule && !t.verdict.allowed)
+            .map_or((0, 0), |t| (usize::from(t.list), usize::from(t.tier)))
+    };
+    let inc = |by: &ByTier, rule: u16| {
+        let (list, tier) = exceeded(rule);
+        by.inc(list, tier);
+    };
+    for &(index, violated) in &d.applied {
+        let Some((m, action, id)) = rule(index) else {
+            continue;
         };
-        let inc = |by: &ByTier, rule: u16| {
-            let (list, tier) = exceeded(rule);
-            by.inc(list, tier);
-        };
-        for &(rule, violated) in &d.applied {
-            let Some(cr) = self.rules.get(usize::from(rule)) else {
-                continue;
-            };
-            let m = &cr.metrics;
-            match (cr.rule.action, admitted, violated) {
-                (Action::Shadow, _, true) => {
-                    inc(&m.shadow_denied, rule);
-                    self.log_shadow(cr);
-                }
-                (Action::Shadow, _, false) => m.allowed.inc(),
-                (Action::Shadowban, _, true) => inc(&m.shadowbanned, rule),
-                (Action::Throttle, _, true) => inc(&m.throttled, rule),
-                (Action::Delay, true, _) if was_delayed => m.delayed.inc(),
-                (_, true, _) => m.allowed.inc(),
-                (_, false, true) => inc(&m.denied, rule),
-                // refused although no tier was exceeded: `on_failure: deny` without Redis
-                (_, false, false) if !any_violated => m.unavailable.inc(),
-                (_, false, false) => {}
+        match (action, admitted, violated) {
+            (Action::Shadow, _, true) => {
+                inc(&m.shadow_denied, index);
+                m.log_shadow(id, now_ms());
             }
+            (Action::Shadow, _, false) => m.allowed.inc(),
+            (Action::Shadowban, _, true) => inc(&m.shadowbanned, index),
+            (Action::Throttle, _, true) => inc(&m.throttled, index),
+            (Action::Delay, true, _) if was_delayed => m.delayed.inc(),
+            (_, true, _) => m.allowed.inc(),
+            (_, false, true) => inc(&m.denied, index),
+            // refused although no tier was exceeded: `on_failure: deny` without Redis
+            (_, false, false) if !any_violated => m.unavailable.inc(),
+            (_, false, false) => {}
         }
     }
+}
 
+impl RuleMetrics {
     /// Log shadow denials: at most one line per rule per second, with the count since the last.
-    fn log_shadow(&self, cr: &CompiledRule) {
-        let m = &cr.metrics;
-        let pending = m.shadow_unlogged.fetch_add(1, Ordering::Relaxed) + 1;
-        let now_ms = self.clock.now_ns() / NANOS_PER_MS;
-        let last = m.shadow_logged_ms.load(Ordering::Relaxed);
+    fn log_shadow(&self, rule_id: &str, now_ms: u64) {
+        let pending = self.shadow_unlogged.fetch_add(1, Ordering::Relaxed) + 1;
+        let last = self.shadow_logged_ms.load(Ordering::Relaxed);
         if now_ms >= last + 1000
-            && m.shadow_logged_ms
+            && self
+                .shadow_logged_ms
                 .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            let n = m
+            let n = self
                 .shadow_unlogged
                 .swap(0, Ordering::Relaxed)
                 .max(pending.min(1));
             log::info!(
-                "shadow rule {} would have denied {n} request(s) since its last report",
-                cr.rule.id
+                "shadow rule {rule_id} would have denied {n} request(s) since its last report"
             );
         }
     }

@@ -7,7 +7,8 @@
 //! `RateLimit-Policy` value once per set of applying tiers (`policy::PolicyCache`), so an
 //! allowed request formats one short string (`RateLimit`).
 
-use super::limiter::{Decision, Limiter, TierReport};
+use super::decision::{Decision, TierReport};
+use super::limiter::Limiter;
 use super::policy::{PolicyCache, TierText};
 use crate::config::duration::write_period;
 use crate::config::model::HeaderSettings;

@@ -2,9 +2,10 @@
 //! copies, never a counter created or changed.
 
 use super::algorithm::{self, Quota, TierState, TierVerdict};
+use super::decision::{Decision, TierReport, Verdict};
 use super::fleet::FleetMode;
 use super::ledger;
-use super::limiter::{Decision, LimitRequest, Limiter, TierReport, Verdict};
+use super::limiter::{LimitRequest, Limiter};
 use super::partition::{PartitionValue, KEY_BUF};
 use super::store::Counter;
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans};

@@ -8,7 +8,8 @@
 
 use super::algorithm::{self, Quota, TierState, TierVerdict};
 use super::clock::{Clock, NANOS_PER_MS};
-use super::decision_metrics::RuleMetrics;
+use super::decision::{Answered, Decision, Late, Queued, TierReport, Verdict};
+use super::decision_metrics::{self, RuleMetrics};
 use super::fleet::{FleetMode, FleetState};
 use super::in_flight;
 use super::ledger::{self, Admitted, Ceiling};
@@ -17,7 +18,6 @@ use super::policy::{tier_texts, PolicyCache, TierText};
 use super::sliding_log::Log;
 use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked};
 use super::top;
-use crate::config::calendar::CalendarUnit;
 use crate::config::model::{Action, Algorithm, Cost, HeaderCost, PartitionBy, Plans, Rule, Tier};
 use crate::matching::Segments;
 use http::{HeaderMap, Method};
@@ -112,160 +112,6 @@ impl LimitRequest<'_> {
     }
 }
 
-/// One tier's answer, for headers and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TierReport {
-    /// Index into `Limiter::rules`.
-    pub rule: u16,
-    /// Which tier list of the rule (0: `tiers`, else a plan's), and which tier in it.
-    pub list: u16,
-    pub tier: u8,
-    pub threshold: u64,
-    pub period_ms: u64,
-    /// A calendar tier (`1d`, `1w`, `1mo`).
-    pub calendar: Option<CalendarUnit>,
-    pub verdict: TierVerdict,
-    pub shadow: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    Allow,
-    /// Over the limit: answer `status` now.
-    Reject {
-        status: u16,
-    },
-    /// Over the limit of `delay` rules only: try again after `wait_ms` (at most `max_delay_ms`
-    /// after the first attempt).
-    Delay {
-        wait_ms: u64,
-        max_delay_ms: u64,
-        status: u16,
-    },
-    /// Over the limit of a `shadowban` rule (index into `Limiter::rules`): answer its reply,
-    /// without the upstream and without quota headers.
-    Shadowban {
-        rule: u16,
-    },
-    /// Over the limit of `throttle` rules only: proxy, and pace the response body at this many
-    /// bytes per second.
-    Throttle {
-        bytes_per_sec: u64,
-    },
-    /// Under every limit, but this instance's lease of the fleet's quota is used: wait for the
-    /// next sync round's answer (which asks for this request), then decide again
-    /// (`Limiter::decide_after_hold` once the wait is over).
-    Hold,
-}
-
-impl Verdict {
-    /// The request goes to the upstream (allowed, or throttled): it counts in the windows of
-    /// every applying rule it is not over.
-    pub fn admits(&self) -> bool {
-        matches!(self, Verdict::Allow | Verdict::Throttle { .. })
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
-    pub verdict: Verdict,
-    /// Every tier of every applying rule (shadow rules flagged).
-    pub tiers: SmallVec<[TierReport; 6]>,
-    /// (rule index, violated) for every applying rule.
-    pub applied: SmallVec<[(u16, bool); 4]>,
-    /// Some enforcing tier waits for the fleet (its lease is used).
-    pub held: bool,
-    /// Rules that charge this request only once its answer is known (`count_when`, a cost
-    /// the answer carries): `Limiter::charge_late` charges it there.
-    pub late: Vec<Late>,
-    /// Leaky buckets: how long the request waits for its turn before it goes on (ns; the
-    /// longest of its enforcing leaky tiers).
-    pub wait_ns: u64,
-    /// The leaky buckets it took a turn in: a request that leaves while it waits gives its
-    /// turn back when nobody came after it (`Limiter::leave_queue`).
-    pub queued: Vec<Queued>,
-}
-
-/// A turn taken in a leaky bucket (one rule, every tier).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Queued {
-    rule: u16,
-    list: u16,
-    hash: u64,
-    key: Box<[u8]>,
-    units: u64,
-    /// Each tier's next free slot just after this request took its turn.
-    tats: SmallVec<[u64; 2]>,
-}
-
-/// What is known of an answer when late charges are taken from it.
-#[derive(Debug)]
-pub struct Answered<'a> {
-    /// Its HTTP status.
-    pub status: u16,
-    /// Its gRPC status (from `grpc-status`), for a gRPC answer that has it.
-    pub grpc: Option<u8>,
-    /// The fields the costs are read from: its headers, or its trailers.
-    pub fields: &'a HeaderMap,
-    /// The answer has ended (its trailers, or its end, are known).
-    pub ended: bool,
-}
-
-/// A charge owed by a forwarded request to a rule that charges late.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Late {
-    rule: u16,
-    list: u16,
-    hash: u64,
-    key: Box<[u8]>,
-    /// The units admission checked room for (and its quota reports assumed).
-    units: u64,
-    /// They are held against this instance's credits until the charge (with Redis).
-    reserved: bool,
-}
-
-impl Decision {
-    /// The first exceeded rule that enforces (its index), and the first exceeded shadow rule:
-    /// what the access log names.
-    pub fn deciding_rules(&self, limiter: &Limiter) -> (Option<u16>, Option<u16>) {
-        let violated = |shadow: bool| {
-            self.applied
-                .iter()
-                .filter(|&&(_, v)| v)
-                .map(|&(r, _)| r)
-                .find(|&r| {
-                    limiter
-                        .rules
-                        .get(usize::from(r))
-                        .is_some_and(|cr| (cr.rule.action == Action::Shadow) == shadow)
-                })
-        };
-        (violated(false), violated(true))
-    }
-
-    pub fn none() -> Self {
-        Decision {
-            verdict: Verdict::Allow,
-            tiers: SmallVec::new(),
-            applied: SmallVec::new(),
-            held: false,
-            late: Vec::new(),
-            wait_ns: 0,
-            queued: Vec::new(),
-        }
-    }
-
-    /// The longest wait among violated enforcing tiers.
-    pub fn retry_after_ms(&self) -> u64 {
-        self.tiers
-            .iter()
-            .filter(|t| !t.shadow && !t.verdict.allowed)
-            .map(|t| t.verdict.retry_after_ms)
-            .max()
-            .unwrap_or(0)
-    }
-}
-
 /// How long a request has waited for the fleet (`Verdict::Hold`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Patience {
@@ -317,6 +163,38 @@ fn stand_in(tier: &Quota, algo: Algorithm, now_ns: u64, seen: u64) -> TierState 
 }
 
 impl Limiter {
+    /// Count the final outcome of a request in the decision metrics (`decision_metrics`).
+    /// `admitted`: the request goes to the upstream (allowed, or throttled).
+    pub fn record(&self, d: &Decision, admitted: bool, was_delayed: bool) {
+        decision_metrics::record(
+            d,
+            admitted,
+            was_delayed,
+            |r| {
+                let cr = self.rules.get(usize::from(r))?;
+                Some((&cr.metrics, cr.rule.action, &*cr.rule.id))
+            },
+            || self.clock.now_ns() / NANOS_PER_MS,
+        );
+    }
+
+    /// The first exceeded rule that enforces (its index), and the first exceeded shadow rule:
+    /// what the access log names.
+    pub fn deciding_rules(&self, d: &Decision) -> (Option<u16>, Option<u16>) {
+        let violated = |shadow: bool| {
+            d.applied
+                .iter()
+                .filter(|&&(_, v)| v)
+                .map(|&(r, _)| r)
+                .find(|&r| {
+                    self.rules
+                        .get(usize::from(r))
+                        .is_some_and(|cr| (cr.rule.action == Action::Shadow) == shadow)
+                })
+        };
+        (violated(false), violated(true))
+    }
+
     /// Compile the rules of a config, reusing the counters of rules whose identity is unchanged.
     pub fn build(
         rules: &[Arc<Rule>],

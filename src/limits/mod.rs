@@ -6,6 +6,7 @@
 
 pub mod algorithm;
 pub mod clock;
+pub mod decision;
 pub mod decision_metrics;
 pub mod fleet;
 pub mod headers;
@@ -21,5 +22,6 @@ pub mod store;
 pub mod top;
 
 pub use clock::{Clock, FakeClock, SystemClock};
-pub use limiter::{Decision, LimitRequest, Limiter, Verdict};
+pub use decision::{Decision, Verdict};
+pub use limiter::{LimitRequest, Limiter};
 pub use store::CounterRegistry;

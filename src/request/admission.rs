@@ -302,7 +302,7 @@ fn finish(snap: &Snapshot, admitted: &mut Admitted, d: Decision, delayed: bool) 
     admitted.delayed = delayed;
     limiter.record(&d, d.verdict.admits(), delayed);
     if !d.applied.is_empty() && cfg.server.access_log {
-        (admitted.decided_by, admitted.shadow_by) = d.deciding_rules(limiter);
+        (admitted.decided_by, admitted.shadow_by) = limiter.deciding_rules(&d);
     }
     match d.verdict {
         Verdict::Reject { status } => {

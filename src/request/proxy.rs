@@ -16,8 +16,8 @@
 
 use crate::config::model::{TenantSource, UpstreamProtocol};
 use crate::grpc;
+use crate::limits::decision::Answered;
 use crate::limits::headers;
-use crate::limits::limiter::Answered;
 use crate::metrics::{ClientError, Metrics};
 use crate::request::admission::{self, Admission, Admitted, Incoming};
 use crate::request::answer::Answer;

@@ -3,7 +3,7 @@
 //! fills up drops its expired tokens, then all of them). Keyed by a 64-bit hash of the whole
 //! token, and the token itself compared in full: two tokens never share an entry.
 
-use super::Verified;
+use super::verified::Verified;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -19,6 +19,7 @@
 pub mod cache;
 pub mod claims;
 pub mod keys;
+pub mod verified;
 
 use arc_swap::ArcSwap;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -33,6 +34,7 @@ use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+pub use verified::Verified;
 
 /// The longest token read (a larger one is refused unread).
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
@@ -212,17 +214,6 @@ pub fn shared_keys(uri: &str) -> Arc<IssuerKeys> {
     });
     map.insert(uri.to_string(), Arc::downgrade(&k));
     k
-}
-
-/// What a verified token says, kept in the cache until it expires.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Verified {
-    pub tenant: Box<[u8]>,
-    /// Index into the config's plans, when `plan_claim` names a known plan.
-    pub plan: Option<usize>,
-    pub forward: Vec<(HeaderName, HeaderValue)>,
-    /// Unix seconds after which the token is no longer taken (`exp` + leeway).
-    pub until_s: u64,
 }
 
 /// A request's token, as the `jwt` source finds it.

@@ -9,7 +9,7 @@
 //! `HealthCheckRequest { string service = 1; }`, the answer
 //! `HealthCheckResponse { ServingStatus status = 1; }`, each in gRPC's 5-byte framing.
 
-use super::tls_options;
+use super::tls::tls_options;
 use crate::config::model::{HealthCheckSpec, UpstreamSpec, UpstreamTls};
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};

@@ -5,8 +5,9 @@
 
 pub mod grpc_health;
 pub mod shaping;
+pub mod tls;
 
-use crate::config::model::{Balance, HealthProbe, UpstreamProtocol, UpstreamSpec, UpstreamTls};
+use crate::config::model::{Balance, HealthProbe, UpstreamProtocol, UpstreamSpec};
 use crate::ticker::Ticker;
 use async_trait::async_trait;
 use pingora::http::RequestHeader;
@@ -20,6 +21,7 @@ use pingora::{Error, ErrorType};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tls::tls_options;
 
 /// How long an idle upstream connection is kept for reuse.
 pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -49,14 +51,6 @@ pub struct Pool {
     /// passively-down server is still taken when it is the only one), so the balancer is
     /// skipped.
     single: Option<Backend>,
-}
-
-/// Verification of a TLS pool's servers: against `ca` (or the system's roots), by name, unless
-/// `verify: false`.
-pub(crate) fn tls_options(options: &mut pingora::upstreams::peer::PeerOptions, tls: &UpstreamTls) {
-    options.verify_cert = tls.verify;
-    options.verify_hostname = tls.verify;
-    options.ca = tls.ca.clone();
 }
 
 /// A pool's health check, whose log lines name the pool and the server
