@@ -1,12 +1,13 @@
 //! The backend for a Redis Cluster: a round is one pipeline per slot, sent to the slots'
 //! masters at once, and a node that does not answer holds up only its own slots.
 
+use super::pipeline::{finish_counts, first_replies, pipeline};
+use super::round::{
+    heartbeat_reply, Exchange, Heartbeat, Refusal, ReplyError, RoundError, SyncBackend, Update,
+    HEARTBEAT_REPLIES,
+};
 use super::script::{no_script, LEDGER_SCRIPT};
 use super::single::refused_load;
-use super::{
-    finish_counts, first_replies, heartbeat_reply, pipeline, Exchange, Heartbeat, Refusal,
-    ReplyError, RoundError, SyncBackend, Update, HEARTBEAT_REPLIES,
-};
 use crate::config::model::{RedisEndpoint, RedisSettings};
 use crate::config::redis_client::tls_crypto;
 use async_trait::async_trait;

@@ -4,7 +4,7 @@
 //! Everything here must give the answers the Lua script gives; `tests/ledger_script.rs` holds
 //! the two to it on a real redis-server.
 
-use super::{CountUpdate, LedgerUpdate, Reply, Update};
+use super::round::{CountUpdate, LedgerUpdate, Reply, Update};
 use crate::limits::ledger::Answer;
 use std::collections::HashMap;
 use std::sync::LazyLock;

@@ -1,11 +1,12 @@
 //! The backend for one Redis server: a round is one pipeline on a connection manager that
 //! reconnects by itself.
 
-use super::script::{load_scripts, no_script};
-use super::{
-    finish_counts, first_replies, heartbeat_reply, pipeline, Exchange, Heartbeat, Refusal,
-    ReplyError, RoundError, SyncBackend, Update, HEARTBEAT_REPLIES,
+use super::pipeline::{finish_counts, first_replies, pipeline};
+use super::round::{
+    heartbeat_reply, Exchange, Heartbeat, Refusal, ReplyError, RoundError, SyncBackend, Update,
+    HEARTBEAT_REPLIES,
 };
+use super::script::{load_scripts, no_script};
 use crate::config::model::{RedisEndpoint, RedisSettings};
 use crate::config::redis_client::client;
 use async_trait::async_trait;

@@ -1,0 +1,418 @@
+//! What a round sends and gets back: the updates, their replies and errors, the heartbeat,
+//! the [`SyncBackend`] trait that runs a round, and the reading of the replies.
+
+use crate::limits::ledger::Answer;
+use async_trait::async_trait;
+use std::time::Duration;
+
+/// Why a round has no answer. `unapplied`: certainly nothing of it reached Redis (the
+/// connection was refused), so plain increments are sent again; otherwise (a timeout, a
+/// connection lost on the way) they may have been applied and are taken as counted, so that
+/// none is ever counted twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundError {
+    pub message: String,
+    pub unapplied: bool,
+}
+
+impl From<String> for RoundError {
+    fn from(message: String) -> Self {
+        RoundError {
+            message,
+            unapplied: false,
+        }
+    }
+}
+
+impl From<&str> for RoundError {
+    fn from(message: &str) -> Self {
+        RoundError::from(message.to_string())
+    }
+}
+
+impl From<redis::RedisError> for RoundError {
+    fn from(e: redis::RedisError) -> Self {
+        RoundError {
+            unapplied: e.is_connection_refusal(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for RoundError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The kind of an error reply, a bounded set (the label of `tollgate_redis_errors_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The ACL user may not run a command (or touch a key), the script's own calls included.
+    NoPerm,
+    /// A full Redis with `noeviction` refuses writes.
+    Oom,
+    /// A replica refuses writes.
+    ReadOnly,
+    /// A key holds another type than the command needs.
+    WrongType,
+    /// The server does not know the script (and loading it failed).
+    NoScript,
+    /// Any other error reply, an error raised in the script included.
+    Other,
+}
+
+impl ErrorKind {
+    pub const ALL: [ErrorKind; 6] = [
+        ErrorKind::NoPerm,
+        ErrorKind::Oom,
+        ErrorKind::ReadOnly,
+        ErrorKind::WrongType,
+        ErrorKind::NoScript,
+        ErrorKind::Other,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::NoPerm => "noperm",
+            ErrorKind::Oom => "oom",
+            ErrorKind::ReadOnly => "readonly",
+            ErrorKind::WrongType => "wrongtype",
+            ErrorKind::NoScript => "noscript",
+            ErrorKind::Other => "other",
+        }
+    }
+
+    /// The kind of an error reply from its code (`NOPERM`) and text. Inside a script, Redis
+    /// 7.0 answers a command the user may not run with `ERR The user executing the script
+    /// can't run this command`, 7.2 on with `NOPERM`; the other codes come through as they are.
+    pub fn of(code: &str, detail: &str) -> ErrorKind {
+        match code {
+            "NOPERM" => ErrorKind::NoPerm,
+            "OOM" => ErrorKind::Oom,
+            "READONLY" => ErrorKind::ReadOnly,
+            "WRONGTYPE" => ErrorKind::WrongType,
+            "NOSCRIPT" => ErrorKind::NoScript,
+            _ if detail.contains("can't run this command")
+                || detail.contains("no permissions to")
+                || detail.contains("No permissions to") =>
+            {
+                ErrorKind::NoPerm
+            }
+            _ if detail.starts_with("OOM ") || detail.contains(": OOM ") => ErrorKind::Oom,
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
+/// An error reply: its kind and Redis's text (`CODE detail`; no key of ours is in it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+/// The longest error text kept (a script's error names its hash and line).
+const MAX_ERROR_TEXT: usize = 300;
+
+impl ReplyError {
+    pub fn new(code: &str, detail: &str) -> ReplyError {
+        let mut message = format!("{code} {detail}").trim().to_string();
+        if message.len() > MAX_ERROR_TEXT {
+            let mut end = MAX_ERROR_TEXT;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str("...");
+        }
+        ReplyError {
+            kind: ErrorKind::of(code, detail),
+            message,
+        }
+    }
+
+    pub fn of_server(e: &redis::ServerError) -> ReplyError {
+        ReplyError::new(e.code(), e.details().unwrap_or(""))
+    }
+
+    /// The error reply inside a client error, if it is one (not an I/O error, a timeout).
+    pub fn of_redis(e: &redis::RedisError) -> Option<ReplyError> {
+        match e.kind() {
+            redis::ErrorKind::Server(_) | redis::ErrorKind::Extension => {
+                let code = e.code()?;
+                Some(ReplyError::new(code, e.detail().unwrap_or("")))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for ReplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// What a round's update (or its heartbeat) got instead of an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The update (its index in the round); `None`: the heartbeat.
+    pub update: Option<usize>,
+    pub error: ReplyError,
+}
+
+/// What one window record of one counter sends in a round: a lease ask (the script), or a
+/// plain increment (a direct record far from its limit, see `limits::ledger`).
+/// (A round's updates are built once and live in one `Vec` while it runs: a lease ask's size,
+/// next to its own strings, costs nothing worth a box each.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)]
+pub enum Update {
+    Lease(LedgerUpdate),
+    Count(CountUpdate),
+}
+
+impl Update {
+    /// The contract's key (which cluster slot the update goes to).
+    pub fn key(&self) -> &str {
+        match self {
+            Update::Lease(u) => &u.key,
+            Update::Count(c) => &c.key,
+        }
+    }
+}
+
+/// What Redis answered to an update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    Lease(Answer),
+    /// The fleet's total after the increment.
+    Count(u64),
+}
+
+/// A plain increment of the contract's key: `INCRBY`, and `PEXPIREAT` after it when the
+/// increment created the key (its total is the increment: the first report of the window, a
+/// restart, an expiry) or when `first` (the record's earlier report is not known to have set
+/// the expiry: its round failed). An `INCRBY` and a `PEXPIREAT` for the key's creator only:
+/// the others' reports cost one command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountUpdate {
+    pub key: String,
+    pub delta: u64,
+    pub first: bool,
+    pub expire_at_ms: u64,
+}
+
+/// The steps of a plain increment: 1 `INCRBY`, 2 `PEXPIREAT`.
+pub fn count_cmd(c: &CountUpdate, stage: u8) -> redis::Cmd {
+    match stage {
+        1 => {
+            let mut cmd = redis::cmd("INCRBY");
+            cmd.arg(&c.key).arg(c.delta);
+            cmd
+        }
+        _ => {
+            let mut cmd = redis::cmd("PEXPIREAT");
+            cmd.arg(&c.key).arg(c.expire_at_ms);
+            cmd
+        }
+    }
+}
+
+/// The first step of a plain increment.
+pub fn count_start(_: &CountUpdate) -> u8 {
+    1
+}
+
+/// After a step's reply: `Ok(Ok(total))` done, `Ok(Err((stage, total)))` the next step.
+pub type CountStep = Result<Result<u64, (u8, u64)>, String>;
+
+/// What a plain increment's step answered (`total`: what an earlier step found). An error
+/// reply is not an answer here: the callers take it as a refusal first (`Refused`).
+pub fn count_reply(c: &CountUpdate, stage: u8, total: u64, v: &redis::Value) -> CountStep {
+    match (stage, v) {
+        (1, redis::Value::Int(t)) => {
+            let t = (*t).max(0) as u64;
+            // the increment created the key: it has no expiry yet
+            if t == c.delta || c.first {
+                Ok(Err((2, t)))
+            } else {
+                Ok(Ok(t))
+            }
+        }
+        (2, redis::Value::Int(_)) => Ok(Ok(total)),
+        (_, redis::Value::ServerError(e)) => Err(format!("{e:?}")),
+        _ => Err(format!("unexpected answer {v:?} to a count")),
+    }
+}
+
+/// What one window record of one counter sends in a round (see `LEDGER_SCRIPT`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerUpdate {
+    /// The contract's key: the fleet's admitted count for the window.
+    pub key: String,
+    /// `<key>:fleet`, a hash: each member's cumulative count (`u:`), ceiling (`c:`) and lease
+    /// end (`e:`).
+    pub ledger_key: String,
+    /// Sliding windows: the previous window's ledger; token buckets: the bucket
+    /// (`<prefix>:{<partition>}:<rule id>:bucket`, the time it is full again, in µs); else
+    /// `ledger_key` again.
+    pub prev_ledger_key: String,
+    /// This instance and the record's incarnation.
+    pub member: String,
+    pub used: u64,
+    pub want: u64,
+    /// The threshold.
+    pub cap: u64,
+    pub now_ms: u64,
+    /// Until when the lease holds (the window's end).
+    pub lease_until_ms: u64,
+    /// Unix ms at which both keys expire.
+    pub expire_at_ms: u64,
+    /// Sliding windows: how much of the previous window still weighs (ms of `period_ms`) at
+    /// the end of the lease's horizon; 0 for fixed windows.
+    pub weight_ms: u64,
+    pub period_ms: u64,
+    /// Buckets: ns per token (`period / threshold`; the script takes µs to the ns,
+    /// `bucket_arg`); 0 for windows.
+    pub bucket_ns: u64,
+    /// Buckets: how far ahead the bucket may be booked, in µs (`algorithm::tolerance_ns`).
+    pub tolerance_us: u64,
+    /// Sliding logs: what Redis hears of the record's units by instant (default: not a log).
+    pub log: LogReport,
+    /// Token buckets: the lease carried over from the previous window's record (which gives
+    /// it back in the same round, just before): the member's ceiling if it has none yet.
+    pub adopt: u64,
+    /// Of `want - used`, the requests waiting now: granted first, from all that is free.
+    pub need: u64,
+    /// The spare budget: what all members together may hold unused beyond their needs.
+    pub spare: u64,
+    /// Token buckets: of `used`, what Redis confirmed before: what it has charged already if
+    /// it has lost its record of the member (a restart), so that it is not charged twice.
+    pub confirmed: u64,
+    /// Sliding windows: the previous window's contract key (its count, plain increments
+    /// included); token buckets: the previous window's ledger (its records' leases); else
+    /// `key` again.
+    pub prev_key: String,
+    /// What direct records can admit in the window in all (`ledger::direct_cap`; 0: none
+    /// can): kept out of leases, less what they reported, until the total passes it.
+    pub direct_cap: u64,
+    /// Token buckets: what this member admitted and Redis has not charged yet was admitted
+    /// at or after this instant (ms; 0: now). Charged from then, so that tokens admitted
+    /// while Redis was out of reach refill as they would have (see `LEDGER_SCRIPT`).
+    pub since_ms: u64,
+}
+
+/// What a sliding log's ask tells Redis of its units by instant (`LEDGER_SCRIPT`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogReport {
+    /// The length of one of the window's buckets (ms; 0: not a log).
+    pub bucket_ms: u64,
+    /// Where units named without their instants go: the bucket of now, or the window's last.
+    pub last: u64,
+    /// The first bucket of the previous window still in the span at `now_ms`.
+    pub from: u64,
+    /// The units this ask reports past `confirmed`, by bucket, oldest first
+    /// (`sliding_log::Log::by_bucket`).
+    pub units: Vec<(u64, u64)>,
+}
+
+/// This instance's heartbeat.
+#[derive(Debug, Clone)]
+pub struct Heartbeat {
+    pub key: String,
+    pub instance: String,
+    pub now_ms: u64,
+    /// Instances not heard from for this long are no longer counted.
+    pub liveness_ms: u64,
+}
+
+/// What a round got back.
+#[derive(Debug, Clone, Default)]
+pub struct Exchange {
+    /// Each update's answer; `None` where its node did not answer (a cluster node down or
+    /// slow: the others' answers still count).
+    pub answers: Vec<Option<Reply>>,
+    /// The live instance count (`None`: the heartbeat's node did not answer).
+    pub instances: Option<u64>,
+    /// Cluster: how many slots the round went to answered, and how many did not (their keys
+    /// wait), and why.
+    pub slots_answered: usize,
+    pub slots_failed: usize,
+    pub slot_error: Option<String>,
+    /// Cluster: the slots whose last round did not answer, after this one.
+    pub slots_down: usize,
+    /// The error replies: updates (and the heartbeat) Redis refused. A refused update has no
+    /// answer (a later round sends it again), and its counter falls back to `on_failure`.
+    pub refused: Vec<Refusal>,
+}
+
+impl Exchange {
+    /// Every update answered.
+    pub fn whole(answers: Vec<Reply>, instances: Option<u64>) -> Exchange {
+        Exchange {
+            answers: answers.into_iter().map(Some).collect(),
+            instances,
+            ..Exchange::default()
+        }
+    }
+}
+
+#[async_trait]
+pub trait SyncBackend: Send + Sync {
+    /// Apply the updates; answer each, and count the live instances (periodic rounds carry
+    /// the heartbeat). `Err` when nothing answered. Never called for an empty round.
+    async fn exchange(
+        &self,
+        updates: &[Update],
+        hb: Option<&Heartbeat>,
+    ) -> Result<Exchange, RoundError>;
+
+    /// How long a whole round may take (a cluster waits for each node up to the timeout, and
+    /// may read the slot map first).
+    fn deadline(&self, timeout: Duration) -> Duration {
+        timeout
+    }
+}
+
+/// How long the heartbeat set outlives its last writer.
+pub const HEARTBEAT_TTL_MS: u64 = 60_000;
+
+/// How many replies the heartbeat adds to a pipeline.
+pub const HEARTBEAT_REPLIES: usize = 4;
+
+/// The heartbeat's replies (the last `HEARTBEAT_REPLIES` of a pipeline): the live instance
+/// count, or the first error reply among them.
+pub fn heartbeat_reply(values: &[redis::Value]) -> Result<Option<u64>, ReplyError> {
+    for v in values {
+        if let redis::Value::ServerError(e) = v {
+            return Err(ReplyError::of_server(e));
+        }
+    }
+    Ok(values.last().and_then(int).map(|i| i.max(1) as u64))
+}
+
+/// One script answer: `{total, ceiling, fair, room, held, prev}`.
+pub fn answer(v: &redis::Value) -> Option<Answer> {
+    let redis::Value::Array(a) = v else {
+        return None;
+    };
+    let n = |i: usize| a.get(i).and_then(int).map(|x| x.max(0) as u64);
+    Some(Answer {
+        total: n(0)?,
+        ceiling: n(1)?,
+        fair: n(2)?,
+        room: n(3)?,
+        held: n(4)?,
+        prev: n(5)?,
+        steps: std::array::from_fn(|k| (n(6 + 2 * k).unwrap_or(0), n(7 + 2 * k).unwrap_or(0))),
+    })
+}
+
+fn int(v: &redis::Value) -> Option<i64> {
+    match v {
+        redis::Value::Int(i) => Some(*i),
+        _ => None,
+    }
+}
