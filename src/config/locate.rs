@@ -197,7 +197,11 @@ impl Locator {
     }
 
     /// An error for every key given twice in one mapping, at the second, naming the first.
-    pub fn duplicate_errors(&self, file: &std::path::Path, label: &str) -> Vec<super::ConfigError> {
+    pub fn duplicate_errors(
+        &self,
+        file: &std::path::Path,
+        label: &str,
+    ) -> Vec<super::error::ConfigError> {
         self.duplicates
             .iter()
             .map(|(path, first, again)| {
@@ -210,7 +214,7 @@ impl Locator {
                 } else {
                     format!("{label}{map}")
                 };
-                super::ConfigError::new(
+                super::error::ConfigError::new(
                     file,
                     *again,
                     format!(

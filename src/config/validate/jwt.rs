@@ -1,7 +1,7 @@
 //! `tenant.from: - jwt: ...`: issuers, their keys (a JWKS file read here, or a `jwks_uri`
 //! fetched by the gateway), the claims that name the tenant and plan, the algorithms.
 
-use super::*;
+use super::checker::*;
 use crate::tokens::claims::ClaimPath;
 use crate::tokens::keys::KeySet;
 use crate::tokens::{shared_keys, IssuerKeys, IssuerSettings, JwtSource, Settings};

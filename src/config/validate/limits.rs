@@ -1,6 +1,7 @@
 //! `limits`: rules and their tiers.
 
-use super::*;
+use super::checker::*;
+use super::routes::{check_host, check_methods, check_pattern};
 
 /// The largest threshold: a Structured Field integer has at most 15 digits (RFC 9651), and
 /// `q=` of `RateLimit-Policy` is one.

@@ -1,6 +1,6 @@
 //! `redis`: the endpoint (URLs as the client reads them), intervals, prefix.
 
-use super::*;
+use super::checker::*;
 
 pub(super) fn check_redis_url(c: &mut Checker, path: &str, url: &str) -> bool {
     let ok = ["redis://", "rediss://", "unix://"]

@@ -1,6 +1,6 @@
 //! `routes`, and the method, host and path matchers routes and rules share.
 
-use super::*;
+use super::checker::*;
 
 pub(super) fn check_methods(c: &mut Checker, path: &str, m: &Option<Vec<String>>) -> MethodSet {
     match m {

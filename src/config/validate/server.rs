@@ -1,6 +1,6 @@
 //! `server`: listeners (with their TLS certificates), `server.certificates`, client limits, the process.
 
-use super::*;
+use super::checker::*;
 
 /// Read a certificate and key pair named at `path` (`path.cert`, `path.key`), relative to the
 /// config file.

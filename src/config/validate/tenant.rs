@@ -1,6 +1,8 @@
 //! `tenant` sources and `plans` (inline or a file), and the plans API keys carry.
 
-use super::*;
+use super::checker::*;
+use super::jwt::check_jwt;
+use super::routes::check_pattern;
 
 /// A plan member, where it was written (for the check against the API keys' tenants).
 pub(super) struct Member {

@@ -1,6 +1,6 @@
 //! `upstreams`: servers (names resolved here), balancing, health checks, timeouts, retries, TLS.
 
-use super::*;
+use super::checker::*;
 
 pub(super) fn resolve_server(text: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = text.parse::<SocketAddr>() {
