@@ -1,8 +1,7 @@
 //! The source layout docs/architecture.md promises: the top-level modules of `src/` form layers,
 //! each using (`crate::` paths) only those before it, so no module cycle exists at any depth;
-//! between files (every path: `crate::`, `super::`, `self::`, a child's name) no cycle but the
-//! known ones that issue 44 removes; and the admission of a request, with everything it decides
-//! with, knows nothing of Pingora.
+//! between files (every path: `crate::`, `super::`, `self::`, a child's name) no cycle either;
+//! and the admission of a request, with everything it decides with, knows nothing of Pingora.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -188,27 +187,12 @@ fn no_module_cycle_at_any_depth() {
     }
 }
 
-/// The cycles between files that remain (issue 44 removes them): each a set of modules whose
-/// files use one another, `super::`, `self::` and child paths included. A new cycle fails,
-/// and so does one of these once it is gone (then it leaves this list).
-const KNOWN_FILE_CYCLES: [&[&str]; 1] = [&["limits::algorithm", "limits::ledger"]];
-
+/// No cycle between files either: every path counted, `super::`, `self::` and a child
+/// module's name included (a `mod.rs` and a child that use each other's items are a cycle).
 #[test]
-fn no_cycle_between_files_but_the_known_ones() {
-    let found: BTreeSet<Vec<String>> = cycles(&file_graph()).into_iter().collect();
-    let known: BTreeSet<Vec<String>> = KNOWN_FILE_CYCLES
-        .iter()
-        .map(|c| c.iter().map(|m| m.to_string()).collect())
-        .collect();
-    if let Some(c) = found.difference(&known).next() {
-        panic!("a cycle between files: {}", c.join(", "));
-    }
-    if let Some(c) = known.difference(&found).next() {
-        panic!(
-            "a known cycle is gone, take it off KNOWN_FILE_CYCLES: {}",
-            c.join(", ")
-        );
-    }
+fn no_cycle_between_files() {
+    let found = cycles(&file_graph());
+    assert!(found.is_empty(), "cycles between files: {found:?}");
 }
 
 /// Every module path a file's code names, resolved to the module (file) it reaches: `crate::`,

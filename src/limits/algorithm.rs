@@ -19,7 +19,7 @@
 //! consumes. A request is committed only when every tier of every rule passed.
 
 use super::clock::NANOS_PER_MS;
-use super::ledger::{Ledger, Orphan};
+use super::record::{Ledger, Orphan};
 use crate::config::calendar::Calendar;
 use crate::config::model::Algorithm;
 

@@ -1,8 +1,9 @@
-//! Rate limiting: `algorithm` (pure functions of state and time, behind `clock`), `ledger`
-//! (fleet accounting of each tier: used, confirmed, leased; `fleet` is what the request path
-//! knows of the fleet), `partition` (what a counter counts for, and its Redis identity),
-//! `store` (local counters with bounded memory, kept across reloads), `limiter` (the decision
-//! for a request, with its `policy` texts) and `headers` (what the client is told).
+//! Rate limiting: `record` (the fleet record of a tier), `algorithm` (pure functions of state
+//! and time, behind `clock`), `ledger` (fleet accounting on the records: used, confirmed,
+//! leased; `fleet` is what the request path knows of the fleet), `partition` (what a counter
+//! counts for, and its Redis identity), `store` (local counters with bounded memory, kept
+//! across reloads), `limiter` (the decision for a request, with its `policy` texts), `decision`
+//! (what it decided) and `headers` (what the client is told).
 
 pub mod algorithm;
 pub mod clock;
@@ -17,6 +18,7 @@ pub mod limiter;
 pub mod partition;
 pub mod policy;
 pub mod probe;
+pub mod record;
 pub mod sliding_log;
 pub mod store;
 pub mod top;

@@ -15,7 +15,7 @@
 
 use super::algorithm::Quota;
 use super::algorithm::{self, TierState};
-use super::ledger::Orphan;
+use super::record::Orphan;
 use super::sliding_log::Log;
 use crate::config::calendar::Calendar;
 use crate::config::model::{Algorithm, PartitionBy, Tier};

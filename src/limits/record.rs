@@ -1,0 +1,205 @@
+//! The fleet record of one tier of one counter: what this instance admitted in the current
+//! window and the previous one, what Redis confirmed and leased (`Ledger`), and the counts a
+//! record leaves behind when it must make room (`Orphan`). Plain data: the accounting on it is
+//! `ledger`'s, the windows `algorithm`'s.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static NEXT_GEN: AtomicU32 = AtomicU32::new(1);
+
+/// A fresh incarnation number for a window record (unique within the process).
+pub fn next_gen() -> u32 {
+    NEXT_GEN.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The fleet accounting of one tier: the current window's record and the previous one's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Incarnation of the current window's record; part of this instance's name in Redis.
+    pub gen: u32,
+    /// Requests admitted here in the current window.
+    pub used: u64,
+    /// Of `used`, what Redis has confirmed.
+    pub sent: u64,
+    /// The lease: `used` may grow to this in the window.
+    pub ceiling: u64,
+    /// `used` when the lease was granted (to see when half of it is gone).
+    pub lease_from: u64,
+    /// A request was admitted on credit since Redis last answered.
+    pub on_credit: bool,
+    /// The fleet's total for the window at the last answer (`sent` included).
+    pub base: u64,
+    /// Requests that wanted this tier (admitted or not) since the last drain.
+    pub demand: u64,
+    /// Units held since the last drain because the lease was used (they wait for the next
+    /// round's answer), in thousandths: the first part of the next ask (`Ledger::need`). A rule
+    /// charging late counts the share of its units its last answers were charged.
+    pub need_milli: u64,
+    /// This record wants to be in the next round, early or not (a request waits, a credit was
+    /// taken, half of the lease is used).
+    pub asking: bool,
+    /// When this record was last drained (ms; 0: never): demand over the time since is the
+    /// rate that sizes the next ask.
+    pub drained_ms: u64,
+    /// The most Redis would let this instance hold unused, at the last answer (0: no answer
+    /// yet in this window).
+    pub fair: u64,
+    /// What no instance held at the last answer.
+    pub room: u64,
+    /// At the last answer: what the others had admitted or held (sliding windows use it to
+    /// keep the cap of each moment).
+    pub others: u64,
+    /// Sliding windows: the previous window's count as Redis bounds it (leases included).
+    pub prev_bound: u64,
+    /// The previous window's record still holds a lease (to give back).
+    pub prev_held: bool,
+    /// Token buckets: the lease carried over from the previous window's record, which Redis
+    /// moves to this record at its first answer (0 once moved).
+    pub adopt: u64,
+    /// How many answers in a row granted less than the requests that waited here (0: the
+    /// last did). After one, the requests wait once more (the others report what they
+    /// admitted of what they hold, and the next answer is the fleet's truth); after two, the
+    /// fleet is full as far as Redis knows, and requests past the lease are refused.
+    pub short: u8,
+    /// At the last answer other instances held leases too: an unused lease goes back at the
+    /// next periodic round.
+    pub contended: bool,
+    /// Its Redis Cluster node did not answer the last round while others did: the counter
+    /// falls back to `on_failure` alone until its node answers (kept across windows).
+    pub unreachable: bool,
+    /// The record asks for leases (it left the direct zone, or never could be direct).
+    pub leased: bool,
+    /// Of `used`, what was reported as plain increments (the script hears of the rest).
+    pub direct: u64,
+    /// Late charges: of the last answers (halved past 1024), how many were charged anything:
+    /// a request held for a lease asks for that share of its units (`note_hold`), not all of
+    /// them (a rule counting one answer in ten would otherwise hold ten times the quota it
+    /// uses). Kept across windows.
+    pub answers: u32,
+    pub charged_answers: u32,
+    /// Late charges (`count_when`, a cost from the answer): the units admission checked for
+    /// requests still waiting for their answers. Credits count them (a credit is for one
+    /// request at a time, or a few on a fresh window, not for a burst whose charges are on
+    /// their way); leases do not (a request may end up charged nothing). Released when the
+    /// charge comes; carried over to the next window's record.
+    pub pending: u64,
+    /// A plain increment was confirmed: the key exists and has its expiry.
+    pub keyed: bool,
+    /// When the round that Redis last answered for this record was drained (ms; 0: none):
+    /// what it has not confirmed was admitted after that.
+    pub settled_ms: u64,
+    /// The previous window's record, until Redis has confirmed all of it.
+    pub prev_start_ms: u64,
+    pub prev_gen: u32,
+    pub prev_used: u64,
+    pub prev_sent: u64,
+    pub prev_direct: u64,
+    pub prev_leased: bool,
+}
+
+/// Counts of a window record that could not stay in its counter (the counter was evicted,
+/// moved to another plan, or rolled twice before Redis answered): kept aside until sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Orphan {
+    pub window_start_ms: u64,
+    pub gen: u32,
+    pub used: u64,
+    /// What Redis confirmed, and of it what went as plain increments.
+    pub sent: u64,
+    pub direct: u64,
+    /// The record leased (its counts go through the script), or was direct.
+    pub leased: bool,
+}
+
+impl Ledger {
+    /// The units held for the next ask (`need_milli`, rounded up).
+    pub fn need(&self) -> u64 {
+        self.need_milli.div_ceil(1000)
+    }
+
+    /// Counts not yet confirmed by Redis (both windows).
+    pub fn unsent(&self) -> u64 {
+        (self.used - self.sent.min(self.used))
+            + (self.prev_used - self.prev_sent.min(self.prev_used))
+    }
+
+    /// Move to a new window starting at `start_ms`; the old current window becomes the
+    /// previous record. Returns the record that had to be dropped with counts still unsent.
+    /// `bucket`: a token bucket, whose state outlives windows (what Redis last said of it
+    /// still holds, so the new window takes no cold credit).
+    /// `adjacent`: the old window is the one just before the new (otherwise nothing this
+    /// record knows bounds the previous window: the first answer will).
+    pub fn roll(&mut self, old_start_ms: u64, bucket: bool, adjacent: bool) -> Option<Orphan> {
+        let orphan = (self.prev_used > self.prev_sent).then_some(self.prev_orphan());
+        // a bucket's tokens outlive the window: what is left of the lease goes on (Redis moves
+        // it at the next round, the old record giving it back and the new one adopting it)
+        let carried = if bucket {
+            self.ceiling.saturating_sub(self.used)
+        } else {
+            0
+        };
+        *self = Ledger {
+            gen: next_gen(),
+            prev_start_ms: old_start_ms,
+            prev_gen: self.gen,
+            prev_used: self.used,
+            prev_sent: self.sent,
+            prev_held: self.leased && self.ceiling > self.used,
+            prev_direct: self.direct,
+            prev_leased: self.leased,
+            // what the fleet can have admitted in the window that ends: what the others had
+            // admitted or held at the last answer, and all this instance admitted
+            prev_bound: if adjacent {
+                self.others.saturating_add(self.used).max(
+                    self.base
+                        .saturating_add(self.used.saturating_sub(self.sent)),
+                )
+            } else {
+                0
+            },
+            leased: bucket,
+            fair: if bucket { self.fair } else { 0 },
+            room: if bucket { self.room } else { 0 },
+            contended: bucket && self.contended,
+            ceiling: carried,
+            adopt: carried,
+            // (a bucket's tokens admitted in the new window while Redis is out of reach count
+            // from the window's start, as the old record's would have)
+            settled_ms: if bucket { self.settled_ms } else { 0 },
+            unreachable: self.unreachable,
+            // requests admitted in the old window are charged in the new one
+            pending: self.pending,
+            answers: self.answers,
+            charged_answers: self.charged_answers,
+            ..Ledger::default()
+        };
+        orphan
+    }
+
+    /// Take the previous record and the current one out as orphans (the counter is being
+    /// replaced), leaving nothing unsent behind.
+    pub fn orphans(&self, window_start_ms: u64) -> [Option<Orphan>; 2] {
+        [
+            (self.prev_used > self.prev_sent).then_some(self.prev_orphan()),
+            (self.used > self.sent).then_some(Orphan {
+                window_start_ms,
+                gen: self.gen,
+                used: self.used,
+                sent: self.sent,
+                direct: self.direct,
+                leased: self.leased,
+            }),
+        ]
+    }
+
+    fn prev_orphan(&self) -> Orphan {
+        Orphan {
+            window_start_ms: self.prev_start_ms,
+            gen: self.prev_gen,
+            used: self.prev_used,
+            sent: self.prev_sent,
+            direct: self.prev_direct,
+            leased: self.prev_leased,
+        }
+    }
+}
