@@ -323,6 +323,89 @@ fn access_line(
     )
 }
 
+/// What a request is, before its admission: a gRPC call (and its deadline), a traced one.
+fn begin(req: &RequestHeader, ctx: &mut RequestCtx) {
+    if grpc::is_grpc(&req.headers) {
+        ctx.grpc = true;
+        // (99999999H is a client's to send: no deadline past what an instant can hold)
+        ctx.deadline = grpc::timeout(&req.headers).and_then(|t| ctx.started.checked_add(t));
+    }
+    if let Some(t) = trace::traces().filter(|t| t.wanted(&req.headers)) {
+        ctx.trace = Some(Box::new(TraceSpans {
+            request: t.server_span(req.method.as_str(), &req.headers),
+            upstream: None,
+            attempts: 0,
+        }));
+    }
+}
+
+impl Gateway {
+    /// The admission, with its rare waits: for a token issuer's keys (then admitted again),
+    /// and a hold (`delay`, the fleet's answer), a gRPC call's no longer than its deadline.
+    async fn admit(
+        &self,
+        snap: &Snapshot,
+        incoming: &Incoming<'_>,
+        ctx: &mut RequestCtx,
+    ) -> Admission {
+        let mut admission = admission::admit(snap, incoming, &self.metrics, &mut ctx.admitted);
+        if let Admission::AwaitKeys(wait) = admission {
+            // rare: a token signed with a key its issuer has just added
+            let bound = ctx.deadline.map_or(KEYS_WAIT, |d| {
+                KEYS_WAIT.min(d.saturating_duration_since(Instant::now()))
+            });
+            Box::pin(wait.until_fetched(bound)).await;
+            admission = admission::admit(snap, incoming, &self.metrics, &mut ctx.admitted);
+        }
+        if let Admission::Hold(held) = admission {
+            // rare: boxed, so that the request's future stays small for the common case
+            let deadline = ctx.deadline;
+            let wait = Box::pin(held.wait(snap, incoming, &mut ctx.admitted));
+            admission = match deadline {
+                // a gRPC call is held no longer than its deadline (nothing is counted for it
+                // until the hold ends)
+                Some(d) => tokio::time::timeout_at(d, wait)
+                    .await
+                    .unwrap_or_else(|_| Admission::Answer(Answer::problem(504, DEADLINE_IN_HOLD))),
+                None => wait.await,
+            };
+        }
+        admission
+    }
+
+    /// A request that waits for its turn in a leaky bucket (`Admission::Queue`): forwarded
+    /// when it comes; the turn goes back when the client leaves first, or when a gRPC call's
+    /// deadline would pass before it (504).
+    async fn take_turn(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        wait: Duration,
+    ) -> Result<bool> {
+        let leave = |ctx: &mut RequestCtx| {
+            if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision.as_mut()) {
+                snap.limiter.leave_queue(d);
+            }
+        };
+        if ctx.deadline.is_some_and(|d| Instant::now() + wait > d) {
+            leave(ctx);
+            let answer = Answer::problem(504, DEADLINE_BEFORE_TURN);
+            Box::pin(write_answer(session, answer, ctx.grpc)).await?;
+            return Ok(true);
+        }
+        self.metrics.queue_waited.inc();
+        if Box::pin(wait_turn(session, wait)).await {
+            return Ok(false);
+        }
+        self.metrics.queue_left.inc();
+        leave(ctx);
+        Error::e_explain(
+            ErrorType::ConnectionClosed,
+            "the client left while it waited for its turn",
+        )
+    }
+}
+
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
@@ -356,18 +439,7 @@ impl ProxyHttp for Gateway {
             .as_downstream_mut()
             .set_write_timeout(Some(snap.config.server.send_timeout));
         let req = session.req_header();
-        if grpc::is_grpc(&req.headers) {
-            ctx.grpc = true;
-            // (99999999H is a client's to send: no deadline past what an instant can hold)
-            ctx.deadline = grpc::timeout(&req.headers).and_then(|t| ctx.started.checked_add(t));
-        }
-        if let Some(t) = trace::traces().filter(|t| t.wanted(&req.headers)) {
-            ctx.trace = Some(Box::new(TraceSpans {
-                request: t.server_span(req.method.as_str(), &req.headers),
-                upstream: None,
-                attempts: 0,
-            }));
-        }
+        begin(req, ctx);
         let incoming = Incoming {
             head: req,
             raw_path: req.raw_path(),
@@ -376,66 +448,17 @@ impl ProxyHttp for Gateway {
                 .and_then(|a| a.as_inet())
                 .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip()),
         };
-        let mut admission = admission::admit(&snap, &incoming, &self.metrics, &mut ctx.admitted);
-        if let Admission::AwaitKeys(wait) = admission {
-            // rare: a token signed with a key its issuer has just added
-            let bound = ctx.deadline.map_or(KEYS_WAIT, |d| {
-                KEYS_WAIT.min(d.saturating_duration_since(Instant::now()))
-            });
-            Box::pin(wait.until_fetched(bound)).await;
-            admission = admission::admit(&snap, &incoming, &self.metrics, &mut ctx.admitted);
-        }
-        if let Admission::Hold(held) = admission {
-            // rare: boxed, so that the request's future stays small for the common case
-            let deadline = ctx.deadline;
-            let wait = Box::pin(held.wait(&snap, &incoming, &mut ctx.admitted));
-            admission = match deadline {
-                // a gRPC call is held no longer than its deadline (nothing is counted for it
-                // until the hold ends)
-                Some(d) => tokio::time::timeout_at(d, wait)
-                    .await
-                    .unwrap_or_else(|_| Admission::Answer(Answer::problem(504, DEADLINE_IN_HOLD))),
-                None => wait.await,
-            };
-        }
+        let admission = self.admit(&snap, &incoming, ctx).await;
         ctx.snapshot = Some(snap);
-        match admission {
-            Admission::Answer(answer) => {
-                Box::pin(write_answer(session, answer, ctx.grpc)).await?;
-                Ok(true)
-            }
-            Admission::Queue(wait) => {
-                if ctx.deadline.is_some_and(|d| Instant::now() + wait > d) {
-                    // a gRPC call whose deadline passes before its turn: the turn goes back
-                    if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision.as_mut()) {
-                        snap.limiter.leave_queue(d);
-                    }
-                    let answer = Answer::problem(504, DEADLINE_BEFORE_TURN);
-                    Box::pin(write_answer(session, answer, ctx.grpc)).await?;
-                    return Ok(true);
-                }
-                self.metrics.queue_waited.inc();
-                if Box::pin(wait_turn(session, wait)).await {
-                    return Ok(false);
-                }
-                self.metrics.queue_left.inc();
-                // the client left before its turn: the turn goes back
-                if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision.as_mut()) {
-                    snap.limiter.leave_queue(d);
-                }
-                Error::e_explain(
-                    ErrorType::ConnectionClosed,
-                    "the client left while it waited for its turn",
-                )
-            }
+        let answer = match admission {
+            Admission::Answer(answer) => answer,
+            Admission::Queue(wait) => return self.take_turn(session, ctx, wait).await,
             // (admitted again after its one wait: never a second one, but never forwarded)
-            Admission::AwaitKeys(_) => {
-                let answer = Answer::problem(401, "the bearer token is not valid");
-                Box::pin(write_answer(session, answer, ctx.grpc)).await?;
-                Ok(true)
-            }
-            Admission::Hold(_) | Admission::Forward => Ok(false),
-        }
+            Admission::AwaitKeys(_) => Answer::problem(401, "the bearer token is not valid"),
+            Admission::Hold(_) | Admission::Forward => return Ok(false),
+        };
+        Box::pin(write_answer(session, answer, ctx.grpc)).await?;
+        Ok(true)
     }
 
     /// A shaped pool (`max_in_flight`): wait for a place, by the tenant's plan priority, or
