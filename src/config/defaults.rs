@@ -1,10 +1,13 @@
 //! Every default and every bound of the configuration, in one place (docs/configuration.md,
 //! "Configuration reference", lists the same values).
 
+use jsonwebtoken::Algorithm;
 use std::time::Duration;
 
 // server
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
+/// `server.admin_token`: at least this many printable characters.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 16;
 pub const DEFAULT_MAX_COUNTERS_PER_RULE: usize = 200_000;
 pub const DEFAULT_MAX_REQUEST_HEADER_BYTES: usize = 64 * 1024;
 /// Pingora's own limit on a request header.
@@ -36,9 +39,27 @@ pub const MAX_RETRIES: usize = 16;
 pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: usize = 100;
 pub const MAX_STREAMS_PER_CONNECTION: usize = 10_000;
 
+// tenant
+/// `tenant.forward_header`: the header the tenant goes to the upstream in.
+pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
+
 // limits
 pub const DEFAULT_MAX_DELAY: Duration = Duration::from_millis(500);
 pub const MAX_TIERS: usize = 16;
+/// The largest threshold: a Structured Field integer has at most 15 digits (RFC 9651), and
+/// `q=` of `RateLimit-Policy` is one.
+pub const MAX_THRESHOLD: i64 = 999_999_999_999_999;
+/// The largest threshold of a `sliding_log` tier: the log keeps one instant (8 bytes) per
+/// unit admitted in the last period, so a partition's tier holds at most 80 KB.
+pub const MAX_LOG_THRESHOLD: i64 = 10_000;
+/// The largest `queue` of a `leaky_bucket`.
+pub const MAX_QUEUE: i64 = 1_000_000;
+/// The most requests in flight a `concurrency` limit may allow.
+pub const MAX_CONCURRENCY: i64 = 1_000_000;
+/// A shadowban rule's reply when its `shadowban` does not say.
+pub const DEFAULT_SHADOWBAN_STATUS: u16 = 200;
+pub const DEFAULT_SHADOWBAN_CONTENT_TYPE: &str = "application/json";
+pub const DEFAULT_SHADOWBAN_BODY: &str = "{}";
 
 // redis
 pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(1);
@@ -48,6 +69,17 @@ pub const DEFAULT_KEY_PREFIX: &str = "tollgate";
 /// How long a request waits in a full pool's queue before 503 (`queue.timeout`).
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Algorithms taken when `algorithms` is not given: every asymmetric one (HMAC only when
+/// named, with a `secret_file`).
+pub const DEFAULT_JWT_ALGORITHMS: [Algorithm; 7] = [
+    Algorithm::RS256,
+    Algorithm::RS384,
+    Algorithm::RS512,
+    Algorithm::PS256,
+    Algorithm::ES256,
+    Algorithm::ES384,
+    Algorithm::EdDSA,
+];
 /// `jwt.leeway`: the clock skew allowed on a token's `exp` and `nbf`, and its most.
 pub const DEFAULT_JWT_LEEWAY: Duration = Duration::from_secs(30);
 pub const MAX_JWT_LEEWAY: Duration = Duration::from_secs(300);

@@ -2,6 +2,7 @@
 //! value here has been checked; nothing on the request path needs to re-check or unwrap.
 
 pub use super::file::{Action, Algorithm, Balance, OnFailure};
+use crate::config::defaults::DEFAULT_TENANT_HEADER;
 use crate::matching::{PathPattern, RequestMatch};
 use http::header::HeaderName;
 use ipnet::IpNet;
@@ -239,8 +240,6 @@ pub struct TenantSettings {
     /// The JWKS the `jwt` sources fetch.
     pub jwks: Vec<JwksFetch>,
 }
-
-pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";
 
 pub fn default_tenant_header() -> HeaderName {
     HeaderName::from_static(DEFAULT_TENANT_HEADER)

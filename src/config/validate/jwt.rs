@@ -9,18 +9,6 @@ use jsonwebtoken::Algorithm;
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
 
-/// Algorithms taken when `algorithms` is not given: every asymmetric one (HMAC only when
-/// named, with a `secret_file`).
-const DEFAULT_ALGORITHMS: [Algorithm; 7] = [
-    Algorithm::RS256,
-    Algorithm::RS384,
-    Algorithm::RS512,
-    Algorithm::PS256,
-    Algorithm::ES256,
-    Algorithm::ES384,
-    Algorithm::EdDSA,
-];
-
 fn is_hmac(a: Algorithm) -> bool {
     matches!(a, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512)
 }
@@ -56,7 +44,7 @@ pub(super) fn check_jwt(
         None => None,
     };
     let algorithms = match &j.algorithms {
-        None => DEFAULT_ALGORITHMS.to_vec(),
+        None => DEFAULT_JWT_ALGORITHMS.to_vec(),
         Some(names) => {
             let mut out = Vec::new();
             for (i, name) in names.iter().enumerate() {

@@ -3,17 +3,6 @@
 use super::checker::*;
 use super::routes::{check_host, check_methods, check_pattern};
 
-/// The largest threshold: a Structured Field integer has at most 15 digits (RFC 9651), and
-/// `q=` of `RateLimit-Policy` is one.
-pub const MAX_THRESHOLD: i64 = 999_999_999_999_999;
-
-/// The largest threshold of a `sliding_log` tier: the log keeps one instant (8 bytes) per
-/// unit admitted in the last period, so a partition's tier holds at most 80 KB.
-pub const MAX_LOG_THRESHOLD: i64 = 10_000;
-
-/// The largest `queue` of a `leaky_bucket`.
-pub const MAX_QUEUE: i64 = 1_000_000;
-
 /// A rule's tiers (or a plan's). `zone`: the rule's calendar time zone (checked by the
 /// caller), for tiers of `1d`, `1w`, `1mo`, which only a fixed window counts.
 pub(super) fn check_tiers(
@@ -624,9 +613,6 @@ fn check_exempt(c: &mut Checker, base: &str, r: &RuleFile, plans: &Plans) -> Exe
     }
 }
 
-/// The most requests in flight a `concurrency` limit may allow.
-const MAX_CONCURRENCY: i64 = 1_000_000;
-
 /// `shadowban: { status, body, content_type }` of a shadowban rule (default 200, `{}`, JSON).
 fn check_shadowban(c: &mut Checker, base: &str, r: &RuleFile) -> Option<Arc<ShadowbanReply>> {
     match (&r.shadowban, r.action) {
@@ -639,7 +625,7 @@ fn check_shadowban(c: &mut Checker, base: &str, r: &RuleFile) -> Option<Arc<Shad
         }
         (_, Action::Shadowban) => {
             let f = r.shadowban.as_ref();
-            let status = f.and_then(|f| f.status).unwrap_or(200);
+            let status = f.and_then(|f| f.status).unwrap_or(DEFAULT_SHADOWBAN_STATUS);
             if !(200..=599).contains(&status) {
                 c.err(
                     &format!("{base}.shadowban.status"),
@@ -648,7 +634,7 @@ fn check_shadowban(c: &mut Checker, base: &str, r: &RuleFile) -> Option<Arc<Shad
             }
             let content_type = f
                 .and_then(|f| f.content_type.clone())
-                .unwrap_or_else(|| "application/json".to_string());
+                .unwrap_or_else(|| DEFAULT_SHADOWBAN_CONTENT_TYPE.to_string());
             if http::HeaderValue::from_str(&content_type).is_err() {
                 c.err(
                     &format!("{base}.shadowban.content_type"),
@@ -657,7 +643,7 @@ fn check_shadowban(c: &mut Checker, base: &str, r: &RuleFile) -> Option<Arc<Shad
             }
             let body = f
                 .and_then(|f| f.body.clone())
-                .unwrap_or_else(|| "{}".to_string());
+                .unwrap_or_else(|| DEFAULT_SHADOWBAN_BODY.to_string());
             Some(Arc::new(ShadowbanReply {
                 status,
                 content_type,

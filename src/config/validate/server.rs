@@ -279,7 +279,7 @@ fn check_quota_endpoint(c: &mut Checker, path: &Option<String>) -> Option<String
 /// `server.admin_token`: printable, no spaces, long enough to be a secret.
 fn check_token(c: &mut Checker, token: &Option<String>) -> Option<String> {
     let t = token.as_ref()?;
-    if t.len() < 16 || !t.bytes().all(|b| b.is_ascii_graphic()) {
+    if t.len() < MIN_ADMIN_TOKEN_CHARS || !t.bytes().all(|b| b.is_ascii_graphic()) {
         c.err(
             "server.admin_token",
             "must be at least 16 printable characters without spaces (e.g. from `openssl rand -hex 16`)",
