@@ -3,6 +3,7 @@
 //! a typo never silently disables a limit.
 
 use super::duration::{ConfDuration, PeriodFile};
+use super::model::{Action, Algorithm, Balance, OnFailure};
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -215,35 +216,12 @@ impl<'de> Deserialize<'de> for ListenFile {
 }
 
 /// `Display` writes an enum value as it is spelled in the config file.
-macro_rules! config_names {
-    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(match self { $($ty::$variant => $name),+ })
-            }
-        }
-    };
-}
-
-config_names!(Balance { RoundRobin => "round_robin", Random => "random", ConsistentHash => "consistent_hash" });
-config_names!(Algorithm { FixedWindow => "fixed_window", SlidingWindow => "sliding_window", TokenBucket => "token_bucket", SlidingLog => "sliding_log", LeakyBucket => "leaky_bucket" });
-config_names!(Action { Reject => "reject", Delay => "delay", Shadow => "shadow", Shadowban => "shadowban", Throttle => "throttle" });
-config_names!(OnFailure { LocalShare => "local_share", Local => "local", Allow => "allow", Deny => "deny" });
-
-#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Balance {
-    #[default]
-    RoundRobin,
-    Random,
-    ConsistentHash,
-}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamFile {
     pub servers: Vec<String>,
-    #[serde(default)]
+    #[serde(default, with = "BalanceName")]
     pub balance: Balance,
     #[serde(default)]
     pub health_check: Option<HealthCheckFile>,
@@ -699,14 +677,14 @@ pub struct RuleFile {
     pub host: Option<String>,
     #[serde(default)]
     pub per: Option<String>,
-    #[serde(default)]
+    #[serde(default, with = "AlgorithmName")]
     pub algorithm: Algorithm,
     /// Required unless `concurrency` is set.
     #[serde(default)]
     pub tiers: Vec<TierFile>,
     #[serde(default)]
     pub plans: BTreeMap<String, Vec<TierFile>>,
-    #[serde(default)]
+    #[serde(default, with = "ActionName")]
     pub action: Action,
     #[serde(default)]
     pub status: Option<u16>,
@@ -860,44 +838,6 @@ fn default_true() -> bool {
     true
 }
 
-#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Algorithm {
-    #[default]
-    FixedWindow,
-    SlidingWindow,
-    TokenBucket,
-    /// Exact: the admission instants of the last period, one per unit.
-    SlidingLog,
-    /// A queue leaking `threshold` per `period`: requests wait their turn.
-    LeakyBucket,
-}
-
-impl Algorithm {
-    /// GCRA state (`tat`): a token bucket, or a leaky bucket (a token bucket whose burst is
-    /// its queue, and whose requests wait for their turn).
-    pub fn is_bucket(self) -> bool {
-        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
-    }
-
-    /// Counts per window weighed over the previous one: the sliding window, and (for the
-    /// fleet's accounting) the sliding log.
-    pub fn is_sliding(self) -> bool {
-        matches!(self, Algorithm::SlidingWindow | Algorithm::SlidingLog)
-    }
-}
-
-#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Action {
-    #[default]
-    Reject,
-    Delay,
-    Shadow,
-    Shadowban,
-    Throttle,
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TierFile {
@@ -948,7 +888,7 @@ pub struct RedisFile {
     pub timeout: Option<ConfDuration>,
     #[serde(default)]
     pub key_prefix: Option<String>,
-    #[serde(default)]
+    #[serde(default, with = "OnFailureName")]
     pub on_failure: OnFailure,
     /// The ACL user (instead of one in the URL).
     #[serde(default)]
@@ -974,16 +914,6 @@ pub struct RedisTlsFile {
     pub key: Option<String>,
 }
 
-#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum OnFailure {
-    #[default]
-    LocalShare,
-    Local,
-    Allow,
-    Deny,
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HeadersFile {
@@ -991,4 +921,43 @@ pub struct HeadersFile {
     pub x_ratelimit: bool,
     #[serde(default = "default_true")]
     pub ietf: bool,
+}
+
+/// The running model's enums, read from their names in the file (`serde(remote)`: the model
+/// owns them and knows nothing of serde).
+#[derive(Deserialize)]
+#[serde(remote = "Balance", rename_all = "snake_case")]
+enum BalanceName {
+    RoundRobin,
+    Random,
+    ConsistentHash,
+}
+
+#[derive(Deserialize)]
+#[serde(remote = "Algorithm", rename_all = "snake_case")]
+enum AlgorithmName {
+    FixedWindow,
+    SlidingWindow,
+    TokenBucket,
+    SlidingLog,
+    LeakyBucket,
+}
+
+#[derive(Deserialize)]
+#[serde(remote = "Action", rename_all = "snake_case")]
+enum ActionName {
+    Reject,
+    Delay,
+    Shadow,
+    Shadowban,
+    Throttle,
+}
+
+#[derive(Deserialize)]
+#[serde(remote = "OnFailure", rename_all = "snake_case")]
+enum OnFailureName {
+    LocalShare,
+    Local,
+    Allow,
+    Deny,
 }

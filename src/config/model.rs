@@ -1,7 +1,6 @@
 //! The validated configuration: what the gateway runs on. Built only by `validate`, so every
 //! value here has been checked; nothing on the request path needs to re-check or unwrap.
 
-pub use super::file::{Action, Algorithm, Balance, OnFailure};
 use crate::config::defaults::DEFAULT_TENANT_HEADER;
 use crate::matching::{PathPattern, RequestMatch};
 use http::header::HeaderName;
@@ -662,4 +661,74 @@ pub struct TracingSettings {
     pub service_name: String,
     /// Spans carry a hash of the tenant instead of the tenant.
     pub hash_tenant: bool,
+}
+
+// The enums the file names by their names (config::file reads them, serde(remote)).
+
+macro_rules! config_names {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(match self { $($ty::$variant => $name),+ })
+            }
+        }
+    };
+}
+
+config_names!(Balance { RoundRobin => "round_robin", Random => "random", ConsistentHash => "consistent_hash" });
+config_names!(Algorithm { FixedWindow => "fixed_window", SlidingWindow => "sliding_window", TokenBucket => "token_bucket", SlidingLog => "sliding_log", LeakyBucket => "leaky_bucket" });
+config_names!(Action { Reject => "reject", Delay => "delay", Shadow => "shadow", Shadowban => "shadowban", Throttle => "throttle" });
+config_names!(OnFailure { LocalShare => "local_share", Local => "local", Allow => "allow", Deny => "deny" });
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Balance {
+    #[default]
+    RoundRobin,
+    Random,
+    ConsistentHash,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    #[default]
+    FixedWindow,
+    SlidingWindow,
+    TokenBucket,
+    /// Exact: the admission instants of the last period, one per unit.
+    SlidingLog,
+    /// A queue leaking `threshold` per `period`: requests wait their turn.
+    LeakyBucket,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Action {
+    #[default]
+    Reject,
+    Delay,
+    Shadow,
+    Shadowban,
+    Throttle,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnFailure {
+    #[default]
+    LocalShare,
+    Local,
+    Allow,
+    Deny,
+}
+
+impl Algorithm {
+    /// GCRA state (`tat`): a token bucket, or a leaky bucket (a token bucket whose burst is
+    /// its queue, and whose requests wait for their turn).
+    pub fn is_bucket(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+
+    /// Counts per window weighed over the previous one: the sliding window, and (for the
+    /// fleet's accounting) the sliding log.
+    pub fn is_sliding(self) -> bool {
+        matches!(self, Algorithm::SlidingWindow | Algorithm::SlidingLog)
+    }
 }
