@@ -189,9 +189,7 @@ async fn fetch(connector: &TransportConnector, f: &JwksFetch) -> Result<Fetched,
     if head.status != 200 {
         return Err(format!("the answer is {}, not 200", head.status));
     }
-    let lifetime = max_age(head.headers.get(http::header::CACHE_CONTROL))
-        .unwrap_or(DEFAULT_LIFETIME)
-        .clamp(MIN_LIFETIME, MAX_LIFETIME);
+    let lifetime = lifetime(head.headers.get(http::header::CACHE_CONTROL));
     let mut body = Vec::new();
     while let Some(chunk) = session
         .read_body_bytes()
@@ -209,6 +207,14 @@ async fn fetch(connector: &TransportConnector, f: &JwksFetch) -> Result<Fetched,
         skipped,
         lifetime,
     })
+}
+
+/// How long a fetched JWKS is kept: its `max-age`, within `MIN_LIFETIME` and `MAX_LIFETIME`;
+/// `DEFAULT_LIFETIME` without one.
+fn lifetime(cache_control: Option<&http::HeaderValue>) -> Duration {
+    max_age(cache_control)
+        .unwrap_or(DEFAULT_LIFETIME)
+        .clamp(MIN_LIFETIME, MAX_LIFETIME)
 }
 
 /// `max-age` of a `Cache-Control` value; `no-store`/`no-cache` are a lifetime of 0 (then
@@ -246,5 +252,17 @@ mod tests {
         assert_eq!(max_age(Some(&v("no-store"))), Some(Duration::ZERO));
         assert_eq!(max_age(Some(&v("public"))), None);
         assert_eq!(max_age(None), None);
+        // kept within 30 s and 24 h, 5 minutes without one
+        assert_eq!(
+            lifetime(Some(&v("max-age=3600"))),
+            Duration::from_secs(3600)
+        );
+        assert_eq!(lifetime(Some(&v("max-age=1"))), Duration::from_secs(30));
+        assert_eq!(lifetime(Some(&v("no-store"))), Duration::from_secs(30));
+        assert_eq!(
+            lifetime(Some(&v("max-age=999999"))),
+            Duration::from_secs(86_400)
+        );
+        assert_eq!(lifetime(None), Duration::from_secs(300));
     }
 }
