@@ -370,6 +370,15 @@ fn the_config_check_refuses_unsafe_jwt_settings() {
     };
     let (code, out, err) = check(base);
     assert_eq!(code, 0, "{err}");
+    // without audiences, `aud` is not checked: -t warns
+    let (code, _, err) = check(&base.edit("            audiences: [api.test]\n", ""));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(
+            "warning: tenant.from[0].jwt.issuers[0].issuer: no audiences: `aud` is not checked"
+        ),
+        "{err}"
+    );
     // a symmetric key in a JWKS is never used: -t says it is left out
     let mut with_oct: Value = serde_json::from_str(&keys.jwks("jwks.json")).unwrap();
     with_oct["keys"]
@@ -406,8 +415,8 @@ fn the_config_check_refuses_unsafe_jwt_settings() {
             "HS256/HS384/HS512 need an issuer with a secret_file".to_string(),
         ),
         (
-            base.edit("            audiences: [api.test]\n", ""),
-            "tenant.from[0].jwt.issuers[0].audiences: name the audiences".to_string(),
+            base.edit("audiences: [api.test]", "audiences: [\"\"]"),
+            "tenant.from[0].jwt.issuers[0].audiences: an audience must not be empty".to_string(),
         ),
         (
             base.edit("jwks_file: jwks.json", "jwks_file: missing.json"),
@@ -659,4 +668,27 @@ fn the_readmes_token_requests_hold() {
         answers[1].header("www-authenticate"),
         Some("Bearer error=\"invalid_token\"")
     );
+}
+
+/// An issuer without `audiences`: `aud` is not checked (-t warns), whatever it says or if it
+/// is missing.
+#[test]
+fn without_audiences_aud_is_not_checked() {
+    let keys = Keys::new();
+    let up = Upstream::start("u");
+    let cfg = format!(
+        "{}tenant:\n  from:\n    - jwt:\n        issuers:\n          - issuer: {ISS}\n            jwks_file: jwks.json\n        tenant_claim: org_id\n  required: true\n",
+        one_route_config(up.addr, 1, "")
+    );
+    let gw = Gateway::start_with_files(&cfg, &[("jwks.json", &keys.jwks("jwks.json"))]);
+    let mut other = claims("acme");
+    other["aud"] = json!("another-api");
+    let mut none = claims("globex");
+    none.as_object_mut().unwrap().remove("aud");
+    let tokens =
+        keys.tokens(&json!([{"key": "rsa", "claims": other}, {"key": "ec", "claims": none}]));
+    for t in &tokens {
+        let r = gw.get("/x", &[("authorization", &bearer(t))]);
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
 }

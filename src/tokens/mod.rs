@@ -334,8 +334,14 @@ impl JwtSource {
                         v.leeway = s.leeway_s;
                         v.validate_nbf = true;
                         v.set_issuer(&[&i.issuer]);
-                        v.set_audience(&i.audiences);
-                        v.set_required_spec_claims(&["exp", "iss", "aud"]);
+                        if i.audiences.is_empty() {
+                            // (-t warns: any token of the issuer passes, whatever its `aud`)
+                            v.validate_aud = false;
+                            v.set_required_spec_claims(&["exp", "iss"]);
+                        } else {
+                            v.set_audience(&i.audiences);
+                            v.set_required_spec_claims(&["exp", "iss", "aud"]);
+                        }
                         (a, v)
                     })
                     .collect();

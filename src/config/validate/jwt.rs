@@ -141,10 +141,16 @@ fn check_issuer(
     if f.issuer.is_empty() {
         c.err(&format!("{base}.issuer"), "the issuer must not be empty");
     }
-    if f.audiences.is_empty() || f.audiences.iter().any(String::is_empty) {
+    if f.audiences.iter().any(String::is_empty) {
         c.err(
             &format!("{base}.audiences"),
-            "name the audiences of this gateway's APIs (a token the issuer made for another API must not pass)",
+            "an audience must not be empty",
+        );
+    }
+    if f.audiences.is_empty() {
+        c.warn(
+            &format!("{base}.issuer"),
+            "no audiences: `aud` is not checked, so a token this issuer made for another API passes too; name this gateway's APIs in audiences",
         );
     }
     let secret = f.secret_file.as_ref().and_then(|name| {
