@@ -417,34 +417,7 @@ impl JwtSource {
 
     /// Verify a token not in the cache.
     fn verify(&self, token: &str, now_ms: u64) -> Result<Verified, Outcome> {
-        // the header read strictly first: a key written twice, and an `alg` that is not
-        // allowed (`none` among them), are refused before anything else is read
-        let head = token.split('.').next().unwrap_or("");
-        let head = URL_SAFE_NO_PAD
-            .decode(head)
-            .map_err(|_| (Refusal::Malformed, "its header is not base64url"))?;
-        let head: Claims = serde_json::from_slice(&head).map_err(|_| {
-            (
-                Refusal::Json,
-                "its header is not a JSON object (or repeats a key)",
-            )
-        })?;
-        let alg = head.0.get("alg").and_then(serde_json::Value::as_str);
-        if !alg
-            .and_then(|a| Algorithm::from_str(a).ok())
-            .is_some_and(|a| self.settings.algorithms.contains(&a))
-        {
-            return Err((
-                Refusal::Algorithm,
-                "its algorithm is not one of `algorithms`",
-            )
-                .into());
-        }
-        let header = jsonwebtoken::decode_header(token).map_err(reason)?;
-        if header.crit.is_some() {
-            // RFC 7515 4.1.11: extensions the gateway does not understand
-            return Err((Refusal::Json, "its header has `crit` extensions").into());
-        }
+        let header = self.header_of(token)?;
         // the issuer it names chooses the keys; its signature is checked below
         let unverified: Claims =
             jsonwebtoken::dangerous::insecure_decode_claims(token).map_err(reason)?;
@@ -471,33 +444,41 @@ impl JwtSource {
                 .map_err(reason)?
                 .claims
         } else {
-            let set = issuer.keys.set.load();
-            let kid = header.kid.as_deref();
-            let mut last = (
-                Refusal::Key,
-                "no key of its issuer has its key id (`kid`) and algorithm",
-            );
-            let mut found = None;
-            for key in set.candidates(kid, header.alg).take(4) {
-                match jsonwebtoken::decode::<Claims>(token, &key.key, validation) {
-                    Ok(d) => {
-                        found = Some(d.claims);
-                        break;
-                    }
-                    Err(e) => last = reason(e),
-                }
-            }
-            match found {
-                Some(c) => c,
-                // a key id the keys lack: perhaps a key the issuer has just added
-                None if kid.is_some_and(|k| !set.has_kid(k)) => match issuer.keys.want(now_ms) {
-                    Some(wait) => return Err(Outcome::AwaitKeys(wait)),
-                    None => return Err(last.into()),
-                },
-                None => return Err(last.into()),
-            }
+            verify_with_keys(token, &header, issuer, validation, now_ms)?
         };
         Ok(self.read_claims(&claims)?)
+    }
+
+    /// The token's JOSE header, read strictly first: a key written twice, and an `alg` that is
+    /// not allowed (`none` among them), are refused before anything else is read; `crit`
+    /// extensions too (RFC 7515 4.1.11: the gateway understands none).
+    fn header_of(&self, token: &str) -> Result<jsonwebtoken::Header, Outcome> {
+        let head = token.split('.').next().unwrap_or("");
+        let head = URL_SAFE_NO_PAD
+            .decode(head)
+            .map_err(|_| (Refusal::Malformed, "its header is not base64url"))?;
+        let head: Claims = serde_json::from_slice(&head).map_err(|_| {
+            (
+                Refusal::Json,
+                "its header is not a JSON object (or repeats a key)",
+            )
+        })?;
+        let alg = head.0.get("alg").and_then(serde_json::Value::as_str);
+        if !alg
+            .and_then(|a| Algorithm::from_str(a).ok())
+            .is_some_and(|a| self.settings.algorithms.contains(&a))
+        {
+            return Err((
+                Refusal::Algorithm,
+                "its algorithm is not one of `algorithms`",
+            )
+                .into());
+        }
+        let header = jsonwebtoken::decode_header(token).map_err(reason)?;
+        if header.crit.is_some() {
+            return Err((Refusal::Json, "its header has `crit` extensions").into());
+        }
+        Ok(header)
     }
 
     /// What the verified claims say.
@@ -538,6 +519,37 @@ impl JwtSource {
             forward,
             until_s: exp.saturating_add(self.settings.leeway_s),
         })
+    }
+}
+
+/// The claims of a token checked with its issuer's public keys (by `kid`); a key id the keys
+/// lack asks for them to be fetched again (`Outcome::AwaitKeys`), a key the issuer may have
+/// just added.
+fn verify_with_keys(
+    token: &str,
+    header: &jsonwebtoken::Header,
+    issuer: &Issuer,
+    validation: &Validation,
+    now_ms: u64,
+) -> Result<Claims, Outcome> {
+    let set = issuer.keys.set.load();
+    let kid = header.kid.as_deref();
+    let mut last = (
+        Refusal::Key,
+        "no key of its issuer has its key id (`kid`) and algorithm",
+    );
+    for key in set.candidates(kid, header.alg).take(4) {
+        match jsonwebtoken::decode::<Claims>(token, &key.key, validation) {
+            Ok(d) => return Ok(d.claims),
+            Err(e) => last = reason(e),
+        }
+    }
+    match kid {
+        Some(k) if !set.has_kid(k) => match issuer.keys.want(now_ms) {
+            Some(wait) => Err(Outcome::AwaitKeys(wait)),
+            None => Err(last.into()),
+        },
+        _ => Err(last.into()),
     }
 }
 

@@ -43,30 +43,7 @@ pub(super) fn check_jwt(
         Some(p) => claim(c, &format!("{base}.plan_claim"), p),
         None => None,
     };
-    let algorithms = match &j.algorithms {
-        None => DEFAULT_JWT_ALGORITHMS.to_vec(),
-        Some(names) => {
-            let mut out = Vec::new();
-            for (i, name) in names.iter().enumerate() {
-                let at = format!("{base}.algorithms[{i}]");
-                match Algorithm::from_str(name) {
-                    _ if name.eq_ignore_ascii_case("none") => c.err(
-                        &at,
-                        "`none` is never accepted: a token must be signed",
-                    ),
-                    Ok(a) => out.push(a),
-                    Err(_) => c.err(
-                        &at,
-                        format!("unknown algorithm {name:?}: expected RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, or HS256, HS384, HS512 with a secret_file"),
-                    ),
-                }
-            }
-            if names.is_empty() {
-                c.err(&format!("{base}.algorithms"), "name at least one algorithm");
-            }
-            out
-        }
-    };
+    let algorithms = check_algorithms(c, base, j.algorithms.as_deref());
     let leeway = match j.leeway {
         None => DEFAULT_JWT_LEEWAY,
         Some(ConfDuration(d)) if d > MAX_JWT_LEEWAY => {
@@ -78,13 +55,7 @@ pub(super) fn check_jwt(
         }
         Some(ConfDuration(d)) => d,
     };
-    let mut forward = Vec::new();
-    for (path, name) in &j.forward_claims {
-        let at = format!("{base}.forward_claims.{path}");
-        if let (Some(p), Some(h)) = (claim(c, &at, path), header_name(c, &at, name)) {
-            forward.push((p, h));
-        }
-    }
+    let forward = check_forward(c, base, &j.forward_claims);
     if j.issuers.is_empty() {
         c.err(&format!("{base}.issuers"), "name at least one issuer");
     }
@@ -94,19 +65,7 @@ pub(super) fn check_jwt(
             issuers.push(s);
         }
     }
-    let any_secret = issuers.iter().any(|i| i.secret.is_some());
-    if algorithms.iter().any(|a| is_hmac(*a)) && !any_secret {
-        c.err(
-            &format!("{base}.algorithms"),
-            "HS256/HS384/HS512 need an issuer with a secret_file: an HMAC token is never checked with a public key",
-        );
-    }
-    if any_secret && !algorithms.iter().any(|a| is_hmac(*a)) {
-        c.err(
-            &format!("{base}.algorithms"),
-            "an issuer has a secret_file but algorithms names no HS256/HS384/HS512",
-        );
-    }
+    check_hmac(c, base, &algorithms, &issuers);
     if c.errors.len() > errors_before {
         return None;
     }
@@ -153,27 +112,10 @@ fn check_issuer(
             "no audiences: `aud` is not checked, so a token this issuer made for another API passes too; name this gateway's APIs in audiences",
         );
     }
-    let secret = f.secret_file.as_ref().and_then(|name| {
-        let at = format!("{base}.secret_file");
-        let file = resolve_relative(&c.file, name);
-        includes.push(file.clone());
-        match std::fs::read(&file) {
-            Ok(bytes) => {
-                let secret = bytes.trim_ascii().to_vec();
-                if secret.len() < 32 {
-                    c.err(
-                        &at,
-                        format!("{}: an HMAC secret of at least 32 bytes", file.display()),
-                    );
-                }
-                Some(secret)
-            }
-            Err(e) => {
-                c.err(&at, format!("cannot read {}: {e}", file.display()));
-                None
-            }
-        }
-    });
+    let secret = f
+        .secret_file
+        .as_ref()
+        .and_then(|name| check_secret(c, base, name, includes));
     let (keys, fetch) = match &f.jwks_uri {
         None => (Arc::new(IssuerKeys::default()), None),
         Some(text) => {
@@ -200,43 +142,11 @@ fn check_issuer(
         );
     }
     if let Some(name) = &f.jwks_file {
-        let at = format!("{base}.jwks_file");
-        let file = resolve_relative(&c.file, name);
-        includes.push(file.clone());
-        match std::fs::read(&file) {
-            Err(e) => c.err(&at, format!("cannot read {}: {e}", file.display())),
-            Ok(doc) => match KeySet::parse(&doc) {
-                Err(e) => c.err(&at, format!("{}: {e}", file.display())),
-                Ok((set, skipped)) => {
-                    for s in skipped {
-                        c.warn(&at, format!("{}: {s}: left out", file.display()));
-                    }
-                    if set.keys.is_empty() {
-                        c.err(&at, format!("{}: no key to verify with", file.display()));
-                    }
-                    // with a jwks_uri, the file is the copy used until the first fetch (the
-                    // keys fetched before a reload stay)
-                    if !keys.remote || keys.fetched_ms.load(Ordering::Relaxed) == 0 {
-                        keys.set.store(Arc::new(set));
-                    }
-                }
-            },
-        }
+        read_jwks_file(c, base, name, &keys, includes);
     }
-    let ca = f.ca.as_ref().and_then(|ca| {
-        let at = format!("{base}.ca");
-        if f.jwks_uri.is_none() {
-            c.err(&at, format!("ca {ca:?} applies to jwks_uri only"));
-        }
-        let (file, pem) = c.read_file(&at, ca)?;
-        match crate::config::certificates::X509::stack_from_pem(&pem) {
-            Ok(list) if !list.is_empty() => Some(Arc::new(list.into_boxed_slice())),
-            _ => {
-                c.err(&at, format!("{} holds no PEM certificate", file.display()));
-                None
-            }
-        }
-    });
+    let ca =
+        f.ca.as_ref()
+            .and_then(|ca| check_ca(c, base, ca, f.jwks_uri.is_some()));
     if let Some((uri, keys)) = fetch {
         jwks.push(JwksFetch {
             uri,
@@ -251,4 +161,154 @@ fn check_issuer(
         keys,
         secret,
     })
+}
+
+/// `algorithms`: the names, `none` refused; every asymmetric one when not given.
+fn check_algorithms(c: &mut Checker, base: &str, names: Option<&[String]>) -> Vec<Algorithm> {
+    match names {
+        None => DEFAULT_JWT_ALGORITHMS.to_vec(),
+        Some(names) => {
+            let mut out = Vec::new();
+            for (i, name) in names.iter().enumerate() {
+                let at = format!("{base}.algorithms[{i}]");
+                match Algorithm::from_str(name) {
+                    _ if name.eq_ignore_ascii_case("none") => c.err(
+                        &at,
+                        "`none` is never accepted: a token must be signed",
+                    ),
+                    Ok(a) => out.push(a),
+                    Err(_) => c.err(
+                        &at,
+                        format!("unknown algorithm {name:?}: expected RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA, or HS256, HS384, HS512 with a secret_file"),
+                    ),
+                }
+            }
+            if names.is_empty() {
+                c.err(&format!("{base}.algorithms"), "name at least one algorithm");
+            }
+            out
+        }
+    }
+}
+
+/// HMAC only with a secret, and a secret only with HMAC.
+fn check_hmac(c: &mut Checker, base: &str, algorithms: &[Algorithm], issuers: &[IssuerSettings]) {
+    let any_secret = issuers.iter().any(|i| i.secret.is_some());
+    if algorithms.iter().any(|a| is_hmac(*a)) && !any_secret {
+        c.err(
+            &format!("{base}.algorithms"),
+            "HS256/HS384/HS512 need an issuer with a secret_file: an HMAC token is never checked with a public key",
+        );
+    }
+    if any_secret && !algorithms.iter().any(|a| is_hmac(*a)) {
+        c.err(
+            &format!("{base}.algorithms"),
+            "an issuer has a secret_file but algorithms names no HS256/HS384/HS512",
+        );
+    }
+}
+
+/// `secret_file`: an HMAC secret of at least 32 bytes (its text, trimmed).
+fn check_secret(
+    c: &mut Checker,
+    base: &str,
+    name: &str,
+    includes: &mut Vec<PathBuf>,
+) -> Option<Vec<u8>> {
+    let at = format!("{base}.secret_file");
+    let file = resolve_relative(&c.file, name);
+    includes.push(file.clone());
+    match std::fs::read(&file) {
+        Ok(bytes) => {
+            let secret = bytes.trim_ascii().to_vec();
+            if secret.len() < 32 {
+                c.err(
+                    &at,
+                    format!("{}: an HMAC secret of at least 32 bytes", file.display()),
+                );
+            }
+            Some(secret)
+        }
+        Err(e) => {
+            c.err(&at, format!("cannot read {}: {e}", file.display()));
+            None
+        }
+    }
+}
+
+/// `jwks_file`: the keys, read now (with a `jwks_uri`, the copy used until the first fetch;
+/// the keys fetched before a reload stay).
+fn read_jwks_file(
+    c: &mut Checker,
+    base: &str,
+    name: &str,
+    keys: &IssuerKeys,
+    includes: &mut Vec<PathBuf>,
+) {
+    let at = format!("{base}.jwks_file");
+    let file = resolve_relative(&c.file, name);
+    includes.push(file.clone());
+    match std::fs::read(&file) {
+        Err(e) => c.err(&at, format!("cannot read {}: {e}", file.display())),
+        Ok(doc) => match KeySet::parse(&doc) {
+            Err(e) => c.err(&at, format!("{}: {e}", file.display())),
+            Ok((set, skipped)) => {
+                for s in skipped {
+                    c.warn(&at, format!("{}: {s}: left out", file.display()));
+                }
+                if set.keys.is_empty() {
+                    c.err(&at, format!("{}: no key to verify with", file.display()));
+                }
+                // with a jwks_uri, the file is the copy used until the first fetch (the
+                // keys fetched before a reload stay)
+                if !keys.remote || keys.fetched_ms.load(Ordering::Relaxed) == 0 {
+                    keys.set.store(Arc::new(set));
+                }
+            }
+        },
+    }
+}
+
+/// `ca`: the certificates a `jwks_uri`'s server is verified against.
+fn check_ca(
+    c: &mut Checker,
+    base: &str,
+    ca: &str,
+    remote: bool,
+) -> Option<Arc<Box<[crate::config::certificates::X509]>>> {
+    let at = format!("{base}.ca");
+    if !remote {
+        c.err(&at, format!("ca {ca:?} applies to jwks_uri only"));
+    }
+    let (file, pem) = c.read_file(&at, ca)?;
+    match crate::config::certificates::X509::stack_from_pem(&pem) {
+        Ok(list) if !list.is_empty() => Some(Arc::new(list.into_boxed_slice())),
+        _ => {
+            c.err(&at, format!("{} holds no PEM certificate", file.display()));
+            None
+        }
+    }
+}
+
+/// `forward_claims`: claim path -> the header it is told to the upstream in.
+fn check_forward(
+    c: &mut Checker,
+    base: &str,
+    claims: &BTreeMap<String, String>,
+) -> Vec<(ClaimPath, HeaderName)> {
+    let mut forward = Vec::new();
+    for (path, name) in claims {
+        let at = format!("{base}.forward_claims.{path}");
+        let p = match ClaimPath::parse(path) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                c.err(&at, e);
+                None
+            }
+        };
+        if let (Some(p), Some(h)) = (p, header_name(c, &at, name)) {
+            forward.push((p, h));
+        }
+    }
+    forward
 }
