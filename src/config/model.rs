@@ -2,6 +2,7 @@
 //! value here has been checked; nothing on the request path needs to re-check or unwrap.
 
 use crate::config::defaults::DEFAULT_TENANT_HEADER;
+use crate::matching::normalize::hex_value;
 use crate::matching::{PathPattern, RequestMatch};
 use http::header::HeaderName;
 use ipnet::IpNet;
@@ -377,8 +378,7 @@ pub fn parse_key_digest(hex: &str) -> Option<[u8; 32]> {
     }
     let mut out = [0u8; 32];
     for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-        let digit = |c: u8| char::from(c).to_digit(16);
-        *o = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
+        *o = hex_value(pair[0])? << 4 | hex_value(pair[1])?;
     }
     Some(out)
 }
