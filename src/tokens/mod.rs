@@ -62,7 +62,6 @@ impl std::fmt::Debug for JwtSource {
 /// One issuer the gateway trusts.
 pub struct Issuer {
     pub issuer: String,
-    pub audiences: Vec<String>,
     /// Its public keys (a JWKS), replaced whole when read again.
     pub keys: Arc<IssuerKeys>,
     /// The HMAC secret (`secret_file`), the only key HS256/384/512 tokens are checked with.
@@ -348,7 +347,6 @@ impl JwtSource {
                 Issuer {
                     secret: i.secret.as_deref().map(DecodingKey::from_secret),
                     issuer: i.issuer,
-                    audiences: i.audiences,
                     keys: i.keys,
                     validations,
                 }

@@ -27,20 +27,13 @@ pub(super) fn check_jwt(
         &format!("{base}.header"),
         j.header.as_deref().unwrap_or("authorization"),
     );
-    let claim = |c: &mut Checker, at: &str, text: &str| match ClaimPath::parse(text) {
-        Ok(p) => Some(p),
-        Err(e) => {
-            c.err(at, e);
-            None
-        }
-    };
-    let tenant_claim = claim(
+    let tenant_claim = claim_path(
         c,
         &format!("{base}.tenant_claim"),
         j.tenant_claim.as_deref().unwrap_or("sub"),
     );
     let plan_claim = match &j.plan_claim {
-        Some(p) => claim(c, &format!("{base}.plan_claim"), p),
+        Some(p) => claim_path(c, &format!("{base}.plan_claim"), p),
         None => None,
     };
     let algorithms = check_algorithms(c, base, j.algorithms.as_deref());
@@ -299,16 +292,20 @@ fn check_forward(
     let mut forward = Vec::new();
     for (path, name) in claims {
         let at = format!("{base}.forward_claims.{path}");
-        let p = match ClaimPath::parse(path) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                c.err(&at, e);
-                None
-            }
-        };
-        if let (Some(p), Some(h)) = (p, header_name(c, &at, name)) {
+        if let (Some(p), Some(h)) = (claim_path(c, &at, path), header_name(c, &at, name)) {
             forward.push((p, h));
         }
     }
     forward
+}
+
+/// A claim path, or an error at `at` saying what one is.
+fn claim_path(c: &mut Checker, at: &str, text: &str) -> Option<ClaimPath> {
+    match ClaimPath::parse(text) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            c.err(at, e);
+            None
+        }
+    }
 }
