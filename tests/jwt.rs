@@ -484,7 +484,13 @@ fn jwks_over_https_rotates_and_outlives_its_provider() {
     let idp = TempDir::new();
     common::make_cert(&idp.0, "ca", "localhost");
     common::make_signed_cert(&idp.0, "ca", "idp", "localhost");
-    idp.write("jwks.json", &keys.jwks("jwks.json"));
+    // with a symmetric key, which is never used and said so in the log
+    let mut served: Value = serde_json::from_str(&keys.jwks("jwks.json")).unwrap();
+    served["keys"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"kty": "oct", "kid": "s", "k": "c2VjcmV0"}));
+    idp.write("jwks.json", &served.to_string());
     let provider = Provider::start(&idp.0, "public, max-age=3600");
     let up = Upstream::start("u");
     let ca = idp.0.join("ca.pem");
@@ -508,6 +514,12 @@ fn jwks_over_https_rotates_and_outlives_its_provider() {
     ]));
     let get = |t: &str| gw.get("/x", &[("authorization", &bearer(t))]).status;
     assert_eq!(get(&tokens[0]), 200, "{}", gw.log());
+    assert!(
+        gw.log()
+            .contains("left out: key 5: a symmetric (\"oct\") key: never used to verify"),
+        "{}",
+        gw.log()
+    );
     // the issuer adds rsa-2; the first token that names it waits for the fetch (once the
     // last fetch is 5 s old) and passes
     idp.write("jwks.json", &keys.jwks("jwks-rotated.json"));

@@ -63,6 +63,7 @@ impl BackgroundService for JwksFetcher {
         // per URI: when it is due next, and the last error logged
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut logged: HashMap<String, Option<String>> = HashMap::new();
+        let mut left_out: HashMap<String, Vec<String>> = HashMap::new();
         loop {
             let snap = self.shared.load_full();
             for f in &snap.config.tenant.jwks {
@@ -85,8 +86,12 @@ impl BackgroundService for JwksFetcher {
                 let (next, outcome) = match result {
                     Ok(fetched) => {
                         let lifetime = fetched.lifetime;
-                        for s in &fetched.skipped {
-                            log::debug!("jwks {uri}: {s}: left out");
+                        // keys it cannot use: said once per change of the list
+                        if left_out.get(&uri) != Some(&fetched.skipped) {
+                            if !fetched.skipped.is_empty() {
+                                log::warn!("jwks {uri}: left out: {}", fetched.skipped.join("; "));
+                            }
+                            left_out.insert(uri.clone(), fetched.skipped.clone());
                         }
                         let n = fetched.set.keys.len();
                         if n == 0 {

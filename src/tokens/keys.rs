@@ -115,6 +115,16 @@ mod tests {
         // a key that names its algorithm verifies that one only
         assert_eq!(set.candidates(Some("ok"), Algorithm::HS256).count(), 0);
         assert_eq!(set.candidates(None, Algorithm::EdDSA).count(), 1);
+        // at most MAX_KEYS are read
+        let many: Vec<String> = (0..MAX_KEYS + 3)
+            .map(|i| {
+                format!(r#"{{"kty":"OKP","crv":"Ed25519","kid":"k{i}","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}}"#)
+            })
+            .collect();
+        let doc = format!(r#"{{"keys":[{}]}}"#, many.join(","));
+        let (set, skipped) = KeySet::parse(doc.as_bytes()).unwrap();
+        assert_eq!(set.keys.len(), MAX_KEYS);
+        assert_eq!(skipped, ["keys past the first 64 are not read"]);
         assert!(KeySet::parse(b"{}").is_err());
         assert!(KeySet::parse(b"not json").is_err());
     }
