@@ -26,7 +26,6 @@ use crate::request::client_limits;
 use crate::request::header_deadline;
 use crate::request::trace;
 use crate::snapshot::{SharedSnapshot, Snapshot};
-use crate::tokens::KEYS_WAIT;
 use async_trait::async_trait;
 use http::header::HeaderValue;
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -351,10 +350,7 @@ impl Gateway {
         let mut admission = admission::admit(snap, incoming, &self.metrics, &mut ctx.admitted);
         if let Admission::AwaitKeys(wait) = admission {
             // rare: a token signed with a key its issuer has just added
-            let bound = ctx.deadline.map_or(KEYS_WAIT, |d| {
-                KEYS_WAIT.min(d.saturating_duration_since(Instant::now()))
-            });
-            Box::pin(wait.until_fetched(bound)).await;
+            Box::pin(wait.until_fetched(ctx.deadline)).await;
             admission = admission::admit(snap, incoming, &self.metrics, &mut ctx.admitted);
         }
         if let Admission::Hold(held) = admission {

@@ -179,8 +179,12 @@ pub struct KeyWait {
 }
 
 impl KeyWait {
-    /// Until a fetch that started after the request asked has ended, or `bound` passed.
-    pub async fn until_fetched(&self, bound: std::time::Duration) {
+    /// Until a fetch that started after the request asked has ended, at most `KEYS_WAIT`, and
+    /// never past `deadline` (a gRPC call's).
+    pub async fn until_fetched(&self, deadline: Option<tokio::time::Instant>) {
+        let bound = deadline.map_or(KEYS_WAIT, |d| {
+            KEYS_WAIT.min(d.saturating_duration_since(tokio::time::Instant::now()))
+        });
         let wait = async {
             loop {
                 let notified = self.keys.fetched.notified();
@@ -627,4 +631,49 @@ pub fn example_source() -> JwtSource {
             secret: Some(b"0123456789abcdef0123456789abcdef".to_vec()),
         }],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    fn remote() -> Arc<IssuerKeys> {
+        Arc::new(IssuerKeys {
+            remote: true,
+            ..IssuerKeys::default()
+        })
+    }
+
+    /// A request waiting for its issuer's keys: at most `KEYS_WAIT`, never past its deadline,
+    /// and no longer than the fetch (on tokio's paused clock).
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_for_keys_is_bounded_by_the_fetch_the_bound_and_the_deadline() {
+        let keys = remote();
+        let now_ms = 1_800_000_000_000;
+        let wait = keys.want(now_ms).expect("a first fetch may start");
+        let t0 = Instant::now();
+        wait.until_fetched(None).await;
+        assert_eq!(t0.elapsed(), KEYS_WAIT);
+        let t0 = Instant::now();
+        wait.until_fetched(Some(t0 + Duration::from_millis(300)))
+            .await;
+        assert_eq!(t0.elapsed(), Duration::from_millis(300));
+        // the fetch ends after 100 ms: the wait with it
+        let fetcher = keys.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            fetcher.fetch_starts(now_ms);
+            fetcher.fetch_ends(now_ms, Err("down".into()));
+        });
+        let t0 = Instant::now();
+        wait.until_fetched(None).await;
+        assert_eq!(t0.elapsed(), Duration::from_millis(100));
+        // and a fetch that began less than MIN_REFETCH_MS ago is not asked for again
+        assert!(keys.want(now_ms + MIN_REFETCH_MS - 1).is_none());
+        assert!(keys.want(now_ms + MIN_REFETCH_MS).is_some());
+        // a file's keys are never fetched
+        assert!(Arc::new(IssuerKeys::default()).want(now_ms).is_none());
+    }
 }
