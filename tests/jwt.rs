@@ -453,10 +453,15 @@ struct Provider {
 
 impl Provider {
     fn start(dir: &std::path::Path, cache: &str) -> Provider {
+        Provider::start_on(dir, cache, 0)
+    }
+
+    fn start_on(dir: &std::path::Path, cache: &str, port: u16) -> Provider {
         let mut cmd = Command::new(test_python());
         cmd.arg(repo().join("tests/jwt/jwks_server.py"))
             .arg(dir)
-            .arg(cache);
+            .arg(cache)
+            .arg(port.to_string());
         let (child, addr) = common::spawn_listening(cmd);
         Provider { child, addr }
     }
@@ -536,6 +541,7 @@ fn jwks_over_https_rotates_and_outlives_its_provider() {
     }
     assert!(Provider::requests(&idp.0) <= fetched + 1);
     // the provider goes down: the keys held keep working
+    let port = provider.addr.port();
     drop(provider);
     let errors = || {
         common::metric_sum(
@@ -577,6 +583,19 @@ fn jwks_over_https_rotates_and_outlives_its_provider() {
             .contains("cannot connect"),
         "{status}"
     );
+    // it comes back: the next try (10 s after the last) fetches, and the log says so once
+    let _provider = Provider::start_on(&idp.0, "public, max-age=3600", port);
+    assert!(
+        common::eventually(Duration::from_secs(15), || gw
+            .log()
+            .contains("fetched again: 2 keys")),
+        "{}",
+        gw.log()
+    );
+    let status = common::request(gw.admin, "GET", "/api/status", &[])
+        .unwrap()
+        .json();
+    assert_eq!(status["jwks"][0]["error"], Value::Null, "{status}");
 }
 
 /// HS256 with the issuer's own secret_file; a token in a header of its own (no `Bearer`),

@@ -1,9 +1,9 @@
 """A JWKS over HTTPS for tests/jwt.rs: serves DIR/jwks.json (read again at every request, so
 that a test rotates keys by writing the file) at any path, with `Cache-Control: CACHE`, on
-127.0.0.1 and a free port, with the certificate DIR/idp.pem (key DIR/idp.key). Prints
+127.0.0.1 and PORT (a free one by default), with the certificate DIR/idp.pem (key DIR/idp.key). Prints
 `listening on 127.0.0.1:PORT`, and appends a line to DIR/requests.log per request.
 
-    jwks_server.py DIR CACHE
+    jwks_server.py DIR CACHE [PORT]
 """
 
 import http.server
@@ -12,6 +12,7 @@ import ssl
 import sys
 
 DIR, CACHE = sys.argv[1], sys.argv[2]
+PORT = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -31,7 +32,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+http.server.ThreadingHTTPServer.allow_reuse_address = True
+server = http.server.ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.load_cert_chain(os.path.join(DIR, "idp.pem"), os.path.join(DIR, "idp.key"))
 server.socket = ctx.wrap_socket(server.socket, server_side=True)
