@@ -131,7 +131,7 @@ impl Rig {
                     _ => 0,
                 };
                 let mut headers = HeaderMap::new();
-                if let Some(d) = &admitted.decision {
+                if let Some(d) = admitted.decision() {
                     tollgate::limits::headers::apply(
                         &mut headers,
                         &self.snap.limiter,
@@ -200,7 +200,7 @@ impl Rig {
     /// The answer to a forwarded request came, with this status and these headers: its late
     /// charges are taken (`Limiter::charge_late`, as the response phase does).
     fn answer(&self, r: &Out, status: u16, headers: &HeaderMap) {
-        let mut d = r.admitted.decision.clone().expect("a rule applied");
+        let mut d = r.admitted.decision().cloned().expect("a rule applied");
         self.snap.limiter.charge_late(&mut d, status, headers);
     }
 
@@ -319,7 +319,7 @@ fn no_rate_headers_when_no_rule_applies() {
     let rig = Rig::new(SEED, "");
     let r = rig.send("GET", "/v1/organizations/acme/orders", &[]);
     assert!(r.forwarded);
-    assert!(r.admitted.decision.is_none());
+    assert!(r.admitted.decision().is_none());
     for h in ["x-ratelimit-limit", "ratelimit-policy", "ratelimit"] {
         assert!(r.header(h).is_none(), "{h} present");
     }
@@ -779,7 +779,7 @@ fn a_route_admits_only_the_networks_it_allows_and_none_it_denies() {
         // counted and logged under its route, with its client address
         assert_eq!(r.admitted.route, Some(0));
         assert_eq!(r.admitted.client_ip, Some(refused.parse().unwrap()));
-        assert!(r.admitted.decision.is_none());
+        assert!(r.admitted.decision().is_none());
     }
     // a client cannot claim an allowed address: only a trusted proxy's X-Forwarded-For counts
     let r = rig.send_from(
@@ -804,7 +804,7 @@ fn an_exempt_request_is_neither_counted_nor_refused_and_gets_no_quota_headers() 
         for _ in 0..3 {
             let r = rig.get("/x", tenant);
             assert!(r.forwarded, "{tenant}");
-            assert!(r.admitted.decision.is_none(), "{tenant}");
+            assert!(r.admitted.decision().is_none(), "{tenant}");
             assert!(r.header("x-ratelimit-limit").is_none());
             assert!(r.header("ratelimit-policy").is_none());
         }
@@ -819,7 +819,7 @@ fn an_exempt_request_is_neither_counted_nor_refused_and_gets_no_quota_headers() 
             &[("x-org-id", "t")],
         );
         assert!(r.forwarded);
-        assert!(r.admitted.decision.is_none());
+        assert!(r.admitted.decision().is_none());
     }
     // everyone else is limited as usual
     assert!(rig.get("/x", "t").forwarded);
@@ -1047,11 +1047,7 @@ fn a_count_when_rule_counts_only_the_answers_it_names() {
     // the quota is full: the next attempt is refused before it reaches the upstream
     let r = login();
     assert_eq!(r.status, 429);
-    assert!(r
-        .admitted
-        .decision
-        .as_ref()
-        .is_none_or(|d| d.late.is_empty()));
+    assert!(r.admitted.decision().is_none_or(|d| d.late.is_empty()));
     // classes: 5xx counts, 404 does not
     let api = |p: &str| rig.get(p, "t");
     let r = api("/api/x");
@@ -1094,7 +1090,7 @@ fn a_cost_from_the_answer_is_charged_when_the_answer_comes() {
     };
     let r = rig.get("/v1/chat", "t");
     assert!(r.forwarded);
-    let mut d = r.admitted.decision.clone().expect("a rule applied");
+    let mut d = r.admitted.decision().cloned().expect("a rule applied");
     assert_eq!(d.late.len(), 1, "owed until the answer");
     assert_eq!(rig.used("t", "tokens"), Some(0), "checked, not charged");
     // the answer's header: charged at once, and its quota headers say so
@@ -1367,7 +1363,7 @@ fn a_leaky_bucket_queues_a_burst_and_refuses_past_its_queue() {
     );
     // the last one leaves before its turn: its turn is free again
     let mut last = burst.into_iter().next_back().unwrap();
-    let d = last.admitted.decision.as_mut().unwrap();
+    let d = last.admitted.decision_mut().unwrap();
     rig.snap.limiter.leave_queue(d);
     assert_eq!(rig.get("/a", "acme").wait_ms, 600, "the freed turn");
     // as time passes the queue drains: 1 s later it is empty

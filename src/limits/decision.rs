@@ -119,6 +119,12 @@ pub struct Late {
     pub(super) reserved: bool,
 }
 
+impl Default for Decision {
+    fn default() -> Self {
+        Decision::none()
+    }
+}
+
 impl Decision {
     pub fn none() -> Self {
         Decision {
@@ -130,6 +136,18 @@ impl Decision {
             wait_ns: 0,
             queued: Vec::new(),
         }
+    }
+
+    /// Back to [`Decision::none`], keeping what it holds on the heap (a decision written in
+    /// place: `Limiter::decide_into`).
+    pub fn clear(&mut self) {
+        self.verdict = Verdict::Allow;
+        self.tiers.clear();
+        self.applied.clear();
+        self.held = false;
+        self.late.clear();
+        self.wait_ns = 0;
+        self.queued.clear();
     }
 
     /// The longest wait among violated enforcing tiers.

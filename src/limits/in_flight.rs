@@ -7,7 +7,7 @@
 //! most as many entries as there are requests in flight. The tables live outside the config
 //! snapshot, by rule id and `per`, so a reload does not forget the requests in flight.
 
-use super::partition::{PartitionValue, KEY_BUF};
+use super::partition::PartitionValue;
 use crate::config::model::{PartitionBy, Rule};
 use ahash::RandomState;
 use hashbrown::HashMap;
@@ -135,13 +135,11 @@ pub fn acquire<'a>(
     applies: impl Fn(&Rule) -> Option<PartitionValue<'a>>,
 ) -> Result<SmallVec<[Slot; 1]>, Refusal> {
     let mut slots = SmallVec::new();
-    let mut key = [0u8; KEY_BUF];
     for (i, c) in rules.iter().enumerate() {
         let Some(part) = applies(&c.rule) else {
             continue;
         };
-        let n = part.store_key(&mut key);
-        match c.table.try_acquire(&key[..n], c.max) {
+        match c.table.try_acquire(&part.key_buf(), c.max) {
             Some(s) => slots.push(s),
             None => {
                 c.denied.inc();

@@ -6,7 +6,7 @@ use super::decision::{Decision, TierReport, Verdict};
 use super::fleet::FleetMode;
 use super::ledger;
 use super::limiter::{LimitRequest, Limiter};
-use super::partition::{PartitionValue, KEY_BUF};
+use super::partition::PartitionValue;
 use super::store::Counter;
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans};
 use smallvec::SmallVec;
@@ -63,8 +63,7 @@ impl Limiter {
     pub fn inspect_tenant(&self, tenant: &[u8], plans: &Plans) -> Vec<RuleView> {
         let now = self.clock.now_ns();
         let plan = plans.plan_of(tenant);
-        let mut key = [0u8; KEY_BUF];
-        let n = PartitionValue::Bytes(tenant).store_key(&mut key);
+        let key = PartitionValue::Bytes(tenant).key_buf();
         self.rules
             .iter()
             .filter(|cr| cr.rule.per == PartitionBy::Tenant)
@@ -73,7 +72,7 @@ impl Limiter {
                 let list = cr.list_of(plan);
                 let tiers = cr.tiers(list);
                 let algo = rc.algorithm();
-                let counter = rc.get(&key[..n]).filter(|c| c.list == list);
+                let counter = rc.get(&key).filter(|c| c.list == list);
                 let tiers = tiers
                     .iter()
                     .enumerate()
@@ -132,15 +131,13 @@ impl Limiter {
         let applying: SmallVec<[(u16, u16, std::ops::Range<usize>); 4]> = if every_tenant_rule {
             // every rule counting per tenant, under the tenant's one key
             let plan = req.plan_in(plans);
-            let mut key = [0u8; KEY_BUF];
-            let n = PartitionValue::Bytes(req.tenant).store_key(&mut key);
-            arena.extend_from_slice(&key[..n]);
+            PartitionValue::Bytes(req.tenant).store_key(&mut arena);
             self.rules
                 .iter()
                 .enumerate()
                 .filter(|(_, cr)| cr.rule.per == PartitionBy::Tenant && !req.tenant.is_empty())
                 .filter(|(_, cr)| !cr.rule.exempt.covers(req.client_ip, req.tenant, plan))
-                .map(|(i, cr)| (i as u16, cr.list_of(plan), 0..n))
+                .map(|(i, cr)| (i as u16, cr.list_of(plan), 0..arena.len()))
                 .collect()
         } else {
             self.applying(req, plans, &mut arena)

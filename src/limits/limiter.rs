@@ -13,7 +13,7 @@ use super::decision_metrics::{self, RuleMetrics};
 use super::fleet::{FleetMode, FleetState};
 use super::in_flight;
 use super::ledger::{self, Admitted, Ceiling};
-use super::partition::{PartitionValue, KEY_BUF};
+use super::partition::PartitionValue;
 use super::policy::{tier_texts, PolicyCache, TierText};
 use super::sliding_log::Log;
 use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked};
@@ -130,6 +130,8 @@ pub(super) struct Applying {
     /// The units the request takes from each tier (`cost`).
     units: u64,
     hash: u64,
+    /// Its counters' `uid`: the order shards are locked in.
+    uid: u64,
     pub(super) key_start: usize,
     pub(super) key_end: usize,
 }
@@ -341,13 +343,25 @@ impl Limiter {
     /// counters, check every tier, choose the verdict, commit. `Verdict::Hold`: wait for the
     /// next sync round, then decide again (`decide_after_hold` once the wait is over).
     pub fn decide(&self, req: &LimitRequest, plans: &Plans) -> Decision {
-        self.decide_in(req, plans, self.fleet.mode(), Patience::First)
+        let mut d = Decision::none();
+        self.decide_in(req, plans, self.fleet.mode(), Patience::First, &mut d);
+        d
+    }
+
+    /// [`Limiter::decide`] written to `out` (cleared first), as the request path calls it:
+    /// the decision is neither moved nor boxed. Returns how long it took (ns, on the
+    /// limiter's clock, whose reading the decision takes anyway).
+    pub fn decide_into(&self, req: &LimitRequest, plans: &Plans, out: &mut Decision) -> u64 {
+        let start = self.decide_in(req, plans, self.fleet.mode(), Patience::First, out);
+        start.map_or(0, |t| self.clock.now_ns().saturating_sub(t))
     }
 
     /// Decide again for a request that was held, after a round ended: it may be held again,
     /// but the next round already asks for it.
     pub fn decide_again(&self, req: &LimitRequest, plans: &Plans) -> Decision {
-        self.decide_in(req, plans, self.fleet.mode(), Patience::Again)
+        let mut d = Decision::none();
+        self.decide_in(req, plans, self.fleet.mode(), Patience::Again, &mut d);
+        d
     }
 
     /// Decide for a request that was held as long as it may (`FleetState::hold_ms`): never
@@ -355,27 +369,35 @@ impl Limiter {
     /// not grant what waited, the fleet is full (refused); else the rounds were only slow, and
     /// it takes its part of what the last answer left (`ledger::fits_after_hold`).
     pub fn decide_after_hold(&self, req: &LimitRequest, plans: &Plans) -> Decision {
-        self.decide_in(req, plans, self.fleet.mode_without_answer(), Patience::Over)
+        let mut d = Decision::none();
+        let mode = self.fleet.mode_without_answer();
+        self.decide_in(req, plans, mode, Patience::Over, &mut d);
+        d
     }
 
+    /// Decide into `decision` (cleared first). Returns the clock's reading the decision was
+    /// taken at (read once, before the rules are matched and their counters locked: a
+    /// request that waited for a lock counts where the window stood when it came).
     fn decide_in(
         &self,
         req: &LimitRequest,
         plans: &Plans,
         mode: FleetMode,
         patience: Patience,
-    ) -> Decision {
-        let mut decision = Decision::none();
+        decision: &mut Decision,
+    ) -> Option<u64> {
+        decision.clear();
         if self.rules.is_empty() {
-            return decision;
+            return None;
         }
+        let now = self.clock.now_ns();
         let mut arena: SmallVec<[u8; 256]> = SmallVec::new();
         let mut applying = self.applying(req, plans, &mut arena);
         if applying.is_empty() {
-            return decision;
+            return Some(now);
         }
         // lock in uid order
-        applying.sort_unstable_by_key(|a| self.rules[a.rule as usize].counters.uid);
+        applying.sort_unstable_by_key(|a| a.uid);
         let mut guards: SmallVec<[_; 4]> = applying
             .iter()
             .map(|a| {
@@ -384,16 +406,15 @@ impl Limiter {
                     .lock(RuleCounters::shard_of_hash(a.hash))
             })
             .collect();
-        let now = self.clock.now_ns();
         let mut slots: SmallVec<[Slot; 4]> = SmallVec::new();
         let mut wake = false;
         for (a, guard) in applying.iter().zip(guards.iter_mut()) {
             let key = &arena[a.key_start..a.key_end];
-            let (slot, w) = self.check(a, guard, key, now, mode, patience, &mut decision);
+            let (slot, w) = self.check(a, guard, key, now, mode, patience, decision);
             wake |= w;
             slots.push(slot);
         }
-        decision.verdict = self.verdict(&decision, mode);
+        decision.verdict = self.verdict(decision, mode);
         if decision.held && decision.verdict.admits() {
             decision.verdict = Verdict::Hold;
         }
@@ -401,9 +422,9 @@ impl Limiter {
             decision.wait_ns = 0;
         }
         if decision.verdict.admits() {
-            wake |= self.commit(&applying, &mut slots, &decision, now, mode);
+            wake |= self.commit(&applying, &mut slots, decision, now, mode);
             if decision.wait_ns > 0 {
-                self.note_turns(&applying, &slots, &arena, &mut decision);
+                self.note_turns(&applying, &slots, &arena, decision);
             }
             // a rule is charged only what it would let through, late or not
             for (a, &(_, violated)) in applying.iter().zip(&decision.applied) {
@@ -424,7 +445,7 @@ impl Limiter {
         }
         drop(slots);
         drop(guards);
-        decision
+        Some(now)
     }
 
     /// Keep the turns an admitted request took in leaky buckets (see `Decision::queued`).
@@ -492,7 +513,6 @@ impl Limiter {
             req.plan_in(plans)
         };
         let mut applying = SmallVec::new();
-        let mut key = [0u8; KEY_BUF];
         for (i, cr) in self.rules.iter().enumerate() {
             let r = &cr.rule;
             if !r.matcher.matches(req.method, req.host, req.path) || Self::exempt(r, req, plan) {
@@ -501,9 +521,8 @@ impl Limiter {
             let Some(part) = Self::partition(r, req) else {
                 continue;
             };
-            let n = part.store_key(&mut key);
             let key_start = arena.len();
-            arena.extend_from_slice(&key[..n]);
+            part.store_key(arena);
             let list = match r.per {
                 PartitionBy::Tenant => cr.list_of(plan),
                 _ => 0,
@@ -517,7 +536,8 @@ impl Limiter {
                 rule: i as u16,
                 list,
                 units,
-                hash: cr.counters.hash_of(&key[..n]),
+                hash: cr.counters.hash_of(&arena[key_start..]),
+                uid: cr.counters.uid,
                 key_start,
                 key_end: arena.len(),
             });

@@ -25,29 +25,38 @@ pub enum PartitionValue<'a> {
 }
 
 impl PartitionValue<'_> {
-    /// Write the store key into `buf`; returns its length.
-    pub fn store_key(&self, buf: &mut [u8; KEY_BUF]) -> usize {
-        let mut ip_octets = [0u8; 16];
+    /// Append the store key to `out` (an arena of keys, or a buffer of its own).
+    pub fn store_key(&self, out: &mut impl Extend<u8>) {
+        let v4;
+        let v6;
         let raw: &[u8] = match self {
             PartitionValue::Bytes(b) => b,
-            PartitionValue::Ip(IpAddr::V4(v4)) => {
-                ip_octets[..4].copy_from_slice(&v4.octets());
-                &ip_octets[..4]
+            PartitionValue::Ip(IpAddr::V4(ip)) => {
+                v4 = ip.octets();
+                &v4
             }
-            PartitionValue::Ip(IpAddr::V6(v6)) => {
-                ip_octets = v6.octets();
-                &ip_octets
+            PartitionValue::Ip(IpAddr::V6(ip)) => {
+                v6 = ip.octets();
+                &v6
             }
             PartitionValue::Global => b"",
         };
         if raw.len() <= MAX_RAW {
-            buf[0] = 0;
-            buf[1..=raw.len()].copy_from_slice(raw);
-            raw.len() + 1
+            out.extend([0]);
+            out.extend(raw.iter().copied());
         } else {
-            buf[0] = 1;
-            buf[1..33].copy_from_slice(&Blake2b256::digest(raw));
-            33
+            out.extend([1]);
+            out.extend(Blake2b256::digest(raw));
         }
     }
+
+    /// The store key in a buffer of its own (no allocation).
+    pub fn key_buf(&self) -> KeyBuf {
+        let mut buf = KeyBuf::new();
+        self.store_key(&mut buf);
+        buf
+    }
 }
+
+/// A store key on the stack (the longest fits).
+pub type KeyBuf = smallvec::SmallVec<[u8; KEY_BUF]>;

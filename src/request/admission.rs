@@ -50,9 +50,13 @@ pub struct Admitted {
     /// The request waited once for its token issuer's keys to be fetched again.
     pub keys_awaited: bool,
     pub client_ip: Option<IpAddr>,
-    /// The rate-limit decision when a tier applied (boxed: the request's context is moved
-    /// with Pingora's request future, and most of its size would be this).
-    pub decision: Option<Box<Decision>>,
+    /// The rate-limit decision, written in place by the limiter (no move); what the later
+    /// phases read when a tier applied and the request went on ([`Admitted::decision`]).
+    /// Boxed: the request's context is moved with Pingora's request future, and most of its
+    /// size would be this.
+    outcome: Option<Box<Decision>>,
+    /// `outcome` is the request's decision: a tier applied, and it was not answered here.
+    decided: bool,
     /// The request waited for `action: delay`.
     pub delayed: bool,
     /// A limit refused it.
@@ -66,6 +70,18 @@ pub struct Admitted {
     pub decided_by: Option<u16>,
     pub shadow_by: Option<u16>,
     pub slots: SmallVec<[Slot; 1]>,
+}
+
+impl Admitted {
+    /// The rate-limit decision of a request that went on (forwarded, throttled or queued)
+    /// with a tier applying: what its quota headers, late charges and trace read.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.outcome.as_deref().filter(|_| self.decided)
+    }
+
+    pub fn decision_mut(&mut self) -> Option<&mut Decision> {
+        self.outcome.as_deref_mut().filter(|_| self.decided)
+    }
 }
 
 /// What to do with a request.
@@ -154,24 +170,26 @@ pub fn admit(
         metrics,
         &mut admitted.slots,
         &mut admitted.denied,
+        &mut admitted.outcome,
     ) {
         ControlFlow::Break(admission) => admission,
-        ControlFlow::Continue(d) => finish(snap, admitted, d, false),
+        ControlFlow::Continue(()) => finish(snap, admitted, false),
     }
 }
 
-/// Requests in flight, then the rate limits' first decision: an answer or a hold (`Break`),
-/// or the decision to finish with (`Continue`).
+/// Requests in flight, then the rate limits' first decision, written to `d`: an answer or a
+/// hold (`Break`), or a decision to finish with (`Continue`).
 fn limit(
     snap: &Snapshot,
     lreq: &LimitRequest<'_>,
     metrics: &Metrics,
     slots: &mut SmallVec<[Slot; 1]>,
     denied: &mut bool,
-) -> ControlFlow<Admission, Decision> {
+    outcome: &mut Option<Box<Decision>>,
+) -> ControlFlow<Admission> {
     let limiter = &snap.limiter;
     if limiter.is_empty() {
-        return ControlFlow::Continue(Decision::none());
+        return ControlFlow::Continue(());
     }
     // a cost header over a rule's max is a bad request, whatever the quota
     if let Some(detail) = limiter.cost_refusal(lreq) {
@@ -196,22 +214,22 @@ fn limit(
             }
         }
     }
-    let t0 = Instant::now();
-    let d = limiter.decide(lreq, &snap.config.plans);
+    let d = outcome.get_or_insert_with(Box::default);
+    let took_ns = limiter.decide_into(lreq, &snap.config.plans, d);
     metrics
         .decision_duration
-        .observe(t0.elapsed().as_secs_f64());
+        .observe(Duration::from_nanos(took_ns).as_secs_f64());
     match d.verdict {
-        Verdict::Hold => {
-            metrics.fleet_held.inc();
-            ControlFlow::Break(Admission::Hold(Held {
-                decision: Box::new(d),
-            }))
+        Verdict::Hold | Verdict::Delay { .. } => {
+            if d.verdict == Verdict::Hold {
+                metrics.fleet_held.inc();
+            }
+            match outcome.take() {
+                Some(decision) => ControlFlow::Break(Admission::Hold(Held { decision })),
+                None => ControlFlow::Continue(()),
+            }
         }
-        Verdict::Delay { .. } => ControlFlow::Break(Admission::Hold(Held {
-            decision: Box::new(d),
-        })),
-        _ => ControlFlow::Continue(d),
+        _ => ControlFlow::Continue(()),
     }
 }
 
@@ -240,7 +258,8 @@ impl Held {
             headers: &req.head.headers,
         };
         let (d, delayed) = hold(&snap.limiter, &lreq, &snap.config.plans, *self.decision).await;
-        finish(snap, admitted, d, delayed)
+        admitted.outcome = Some(Box::new(d));
+        finish(snap, admitted, delayed)
     }
 }
 
@@ -295,25 +314,29 @@ async fn hold(
     (d, delayed)
 }
 
-/// The final decision: counted, then the answer of its action.
-fn finish(snap: &Snapshot, admitted: &mut Admitted, d: Decision, delayed: bool) -> Admission {
+/// The final decision (`admitted.outcome`): counted, then the answer of its action.
+fn finish(snap: &Snapshot, admitted: &mut Admitted, delayed: bool) -> Admission {
     let limiter = &snap.limiter;
     let cfg = &snap.config;
     admitted.delayed = delayed;
-    limiter.record(&d, d.verdict.admits(), delayed);
+    admitted.decided = false;
+    let Some(d) = admitted.outcome.as_deref() else {
+        // no rule limits anything
+        return Admission::Forward;
+    };
+    limiter.record(d, d.verdict.admits(), delayed);
     if !d.applied.is_empty() && cfg.server.access_log {
-        (admitted.decided_by, admitted.shadow_by) = limiter.deciding_rules(&d);
+        (admitted.decided_by, admitted.shadow_by) = limiter.deciding_rules(d);
     }
     match d.verdict {
         Verdict::Reject { status } => {
             admitted.denied = true;
-            let mut answer =
-                Answer::problem_body(status, headers::denial_body(limiter, &d, status));
-            headers::apply(&mut answer.headers, limiter, &d, cfg.headers, true);
-            let answer = answer.retry_after(headers::retry_after_secs(&d), cfg.headers.x_ratelimit);
+            let mut answer = Answer::problem_body(status, headers::denial_body(limiter, d, status));
+            headers::apply(&mut answer.headers, limiter, d, cfg.headers, true);
+            let answer = answer.retry_after(headers::retry_after_secs(d), cfg.headers.x_ratelimit);
             // Redis out of reach under `on_failure: deny` is no limit's refusal (UNAVAILABLE
             // to a gRPC client, not RESOURCE_EXHAUSTED)
-            return Admission::Answer(if headers::limit_exceeded(&d) {
+            return Admission::Answer(if headers::limit_exceeded(d) {
                 answer.by_limit()
             } else {
                 answer
@@ -337,9 +360,7 @@ fn finish(snap: &Snapshot, admitted: &mut Admitted, d: Decision, delayed: bool) 
         _ => {}
     }
     let wait = Duration::from_nanos(d.wait_ns);
-    if !d.tiers.is_empty() {
-        admitted.decision = Some(Box::new(d));
-    }
+    admitted.decided = !d.tiers.is_empty();
     if wait.is_zero() {
         Admission::Forward
     } else {

@@ -257,7 +257,7 @@ fn access_log(
     let decision = match (
         ctx.admitted.denied,
         ctx.admitted.delayed,
-        ctx.admitted.decision.is_none(),
+        ctx.admitted.decision().is_none(),
     ) {
         _ if ctx.admitted.action.is_some() => ctx.admitted.action.unwrap_or("none"),
         (true, _, _) => "denied",
@@ -379,7 +379,7 @@ impl Gateway {
         wait: Duration,
     ) -> Result<bool> {
         let leave = |ctx: &mut RequestCtx| {
-            if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision.as_mut()) {
+            if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision_mut()) {
                 snap.limiter.leave_queue(d);
             }
         };
@@ -534,7 +534,7 @@ impl ProxyHttp for Gateway {
             ctx.grpc_status = grpc::status_in(&upstream_response.headers);
         }
         if let Some(snap) = &ctx.snapshot {
-            if let Some(decision) = &mut ctx.admitted.decision {
+            if let Some(decision) = ctx.admitted.decision_mut() {
                 // rules that charge once the answer is known: its status, a cost its headers
                 // carry (the quota headers below show the charge); those waiting for its
                 // trailers (a gRPC status, `response_trailer`) are charged in
@@ -568,7 +568,7 @@ impl ProxyHttp for Gateway {
         if ctx.grpc {
             ctx.grpc_status = grpc::status_in(trailers).or(ctx.grpc_status);
         }
-        if let (Some(snap), Some(d)) = (&ctx.snapshot, &mut ctx.admitted.decision) {
+        if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision_mut()) {
             snap.limiter.charge_answer(
                 d,
                 &Answered {
@@ -901,7 +901,7 @@ impl ProxyHttp for Gateway {
         // what is still owed to rules that charge after the answer (an answer the gateway
         // made itself, say a 502, or one whose trailers never came: a cost from the answer is
         // the rule's default)
-        if let (Some(snap), Some(d)) = (&ctx.snapshot, &mut ctx.admitted.decision) {
+        if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision_mut()) {
             snap.limiter.charge_answer(
                 d,
                 &Answered {
@@ -1037,7 +1037,7 @@ fn end_trace(
             },
         ));
     }
-    if let (Some(snap), Some(d)) = (&ctx.snapshot, &ctx.admitted.decision) {
+    if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision()) {
         for &(rule, violated) in &d.applied {
             let Some(cr) = snap.limiter.rules.get(usize::from(rule)) else {
                 continue;

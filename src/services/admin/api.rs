@@ -348,16 +348,15 @@ pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Opt
         .and_then(|p| cfg.plans.names.get(p).cloned());
     let rules = snap.limiter.inspect_tenant(tenant, &cfg.plans);
     // requests of this tenant in flight, for each per-tenant concurrency limit
-    let mut key = [0u8; crate::limits::partition::KEY_BUF];
     let mut busy = false;
-    let n = crate::limits::partition::PartitionValue::Bytes(tenant).store_key(&mut key);
+    let key = crate::limits::partition::PartitionValue::Bytes(tenant).key_buf();
     let in_flight: Vec<Value> = snap
         .limiter
         .concurrency
         .iter()
         .filter(|c| c.rule.per == crate::config::model::PartitionBy::Tenant)
         .map(|c| {
-            let now = c.table.count(&key[..n]);
+            let now = c.table.count(&key);
             busy |= now > 0;
             json!({ "rule": c.rule.id, "max": c.max, "now": now })
         })

@@ -76,13 +76,11 @@ pub fn redis_key(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::partition::{PartitionValue, KEY_BUF, MAX_RAW};
+    use crate::limits::partition::{PartitionValue, MAX_RAW};
     use proptest::prelude::*;
 
     fn key_of(v: PartitionValue) -> Vec<u8> {
-        let mut buf = [0u8; KEY_BUF];
-        let n = v.store_key(&mut buf);
-        buf[..n].to_vec()
+        v.key_buf().to_vec()
     }
 
     fn decode(s: &str) -> Vec<u8> {
