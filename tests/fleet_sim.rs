@@ -1548,3 +1548,88 @@ fn costs_keep_the_bounds_in_units_over_many_seeds() {
     eprintln!("costs: {units} units admitted, {under} refusals under 0.9x");
     assert_none_failed("cost", &failures);
 }
+
+/// FNV-1a of a text (the fingerprints of `golden_line`).
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// One seed's figures, as the golden file keeps them: the counts, and fingerprints of what
+/// each window admitted and was offered, of the sliding estimates, and of what Redis holds.
+fn golden_line(kind: &str, seed: u64, o: &Outcome) -> String {
+    let mut redis: Vec<_> = o.redis.iter().collect();
+    redis.sort();
+    format!(
+        "{kind} {seed}: admitted {} refusals {} (under 0.9x {}, on_failure {}) updates {} longest hold {} ms; windows {:016x} offered {:016x} estimates {:016x}/{:016x} redis {:016x} buckets {}/{}/{:.6}",
+        o.total_admitted,
+        o.refusals,
+        o.false_refusals.len(),
+        o.failure_refusals,
+        o.updates,
+        o.longest_hold,
+        fnv(&format!("{:?}", o.admitted)),
+        fnv(&format!("{:?}", o.offered)),
+        fnv(&format!("{:?}", o.estimate)),
+        fnv(&format!("{:?}", o.estimate_late)),
+        fnv(&format!("{redis:?}")),
+        o.bucket_admitted,
+        o.bucket_admitted_late,
+        o.bucket_excess,
+    )
+}
+
+/// Behaviour unchanged, proven: the same seeds print the same figures as the golden file,
+/// `tests/fleet_sim.golden`, kept from the head before the limits core moved into its own crate
+/// (issue 44). A change of behaviour that is meant is blessed with
+/// `FLEET_SIM_BLESS=1 cargo test --release --test fleet_sim -- golden` (and said in its commit).
+#[test]
+fn the_same_seeds_print_the_golden_figures() {
+    type Draw = fn(u64) -> Scenario;
+    let kinds: [(&str, Draw, u64); 6] = [
+        ("fleet", Scenario::draw, 160),
+        ("late", Scenario::draw_late, 40),
+        ("calendar", Scenario::draw_calendar, 20),
+        ("leaky", Scenario::draw_leaky, 40),
+        ("log", Scenario::draw_log, 40),
+        ("cost", Scenario::draw_cost, 40),
+    ];
+    // a debug build (the first pass of `make test`) runs an eighth of the seeds
+    let share = if cfg!(debug_assertions) { 8 } else { 1 };
+    let mut lines = String::new();
+    for (kind, draw, n) in kinds {
+        for seed in 1..=n / share {
+            lines.push_str(&golden_line(kind, seed, &simulate(&draw(seed))));
+            lines.push('\n');
+        }
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fleet_sim.golden");
+    if std::env::var_os("FLEET_SIM_BLESS").is_some() && share == 1 {
+        std::fs::write(&path, &lines).expect("the golden file is written");
+        return;
+    }
+    let golden = std::fs::read_to_string(&path).expect("tests/fleet_sim.golden");
+    let by_seed = |text: &str| -> BTreeMap<String, String> {
+        text.lines()
+            .filter_map(|l| Some((l.split_once(':')?.0.to_string(), l.to_string())))
+            .collect()
+    };
+    let (golden, now) = (by_seed(&golden), by_seed(&lines));
+    let differ: Vec<_> = now
+        .iter()
+        .filter(|(seed, l)| golden.get(*seed) != Some(*l))
+        .map(|(seed, l)| {
+            let g = golden.get(seed).map_or("(none)", String::as_str);
+            format!("  golden: {g}\n  now:    {l}")
+        })
+        .collect();
+    assert!(
+        differ.is_empty() && (share > 1 || golden.len() == now.len()),
+        "{} seed(s) print other figures than tests/fleet_sim.golden ({} lines, {} now):\n{}",
+        differ.len(),
+        golden.len(),
+        now.len(),
+        differ.join("\n")
+    );
+}
