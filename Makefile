@@ -41,7 +41,7 @@ run: release demo-cert
 
 lint: deps
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## Lints, then every unit and integration test (real gateway, upstreams and redis-server),
 ## then, on the release build, the fleet simulation (thousands of seeds), the fleet under
@@ -50,7 +50,7 @@ lint: deps
 test: deps-test demo-cert lint
 	$(CARGO) build --examples
 	$(CARGO) build --release --bins --examples
-	$(CARGO) test --lib --bins --tests 2>&1 | tee target/test.log
+	$(CARGO) test --workspace --lib --bins --tests 2>&1 | tee target/test.log
 	$(CARGO) test --release --test fleet_sim --test fleet_load --test cluster 2>&1 | tee -a target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
 

@@ -2,6 +2,8 @@
 //! each using (`crate::` paths) only those before it, so no module cycle exists at any depth;
 //! between files (every path: `crate::`, `super::`, `self::`, a child's name) no cycle either;
 //! and the admission of a request, with everything it decides with, knows nothing of Pingora.
+//! The limits core (`crates/limits`): no cycle between its files, and its dependencies (all of
+//! them, as Cargo.lock resolves them) hold no Pingora, no tokio and no config file model.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -39,9 +41,19 @@ fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
+/// The limits core's sources.
+fn limits_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/limits/src")
+}
+
 /// The module path of a file (`src/request/proxy.rs` -> `request::proxy`).
 fn module_of(file: &Path) -> Vec<String> {
-    let rel = file.strip_prefix(src()).expect("under src/");
+    module_in(&src(), file)
+}
+
+/// The module path of a file of the crate whose sources are under `root`.
+fn module_in(root: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(root).expect("under the crate's sources");
     let mut parts: Vec<String> = rel
         .with_extension("")
         .iter()
@@ -191,8 +203,87 @@ fn no_module_cycle_at_any_depth() {
 /// module's name included (a `mod.rs` and a child that use each other's items are a cycle).
 #[test]
 fn no_cycle_between_files() {
-    let found = cycles(&file_graph());
+    let found = cycles(&file_graph(&src()));
     assert!(found.is_empty(), "cycles between files: {found:?}");
+}
+
+#[test]
+fn no_cycle_between_the_files_of_the_limits_core() {
+    let graph = file_graph(&limits_src());
+    assert!(
+        graph.contains_key("store"),
+        "the graph reads crates/limits/src"
+    );
+    let found = cycles(&graph);
+    assert!(
+        found.is_empty(),
+        "cycles between files of crates/limits: {found:?}"
+    );
+}
+
+/// The packages `package` depends on, directly or not, as `lock` (a Cargo.lock) resolves them.
+fn dependencies_in_lock(lock: &str, package: &str) -> BTreeSet<String> {
+    let mut deps: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for block in lock.split("[[package]]").skip(1) {
+        let field = |key: &str| {
+            block
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| v.trim().trim_matches('"').to_string())
+        };
+        let Some(name) = field("name = ") else {
+            continue;
+        };
+        let list = block
+            .split("dependencies = [")
+            .nth(1)
+            .and_then(|r| r.split(']').next())
+            .unwrap_or("");
+        let names = list
+            .split(',')
+            .map(|d| d.trim().trim_matches('"'))
+            .filter(|d| !d.is_empty())
+            // "name version" when two versions of a package are locked
+            .filter_map(|d| d.split_whitespace().next())
+            .map(str::to_string)
+            .collect();
+        deps.entry(name).or_default().extend::<Vec<String>>(names);
+    }
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![package.to_string()];
+    while let Some(p) = todo.pop() {
+        for d in deps.get(&p).into_iter().flatten() {
+            if seen.insert(d.clone()) {
+                todo.push(d.clone());
+            }
+        }
+    }
+    seen
+}
+
+/// What the limits core may not depend on: Pingora (but its leaf `pingora-limits`, a count-min
+/// sketch on `ahash`), an async runtime, the config file model and its readers.
+fn forbidden_in_limits_core(package: &str) -> bool {
+    (package.starts_with("pingora") && package != "pingora-limits")
+        || package.starts_with("tokio")
+        || matches!(package, "serde" | "serde_yaml" | "yaml-rust2" | "tollgate")
+}
+
+#[test]
+fn the_limits_core_depends_on_no_pingora_runtime_or_config_model() {
+    let lock = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock"))
+        .expect("Cargo.lock");
+    let deps = dependencies_in_lock(&lock, "tollgate-limits");
+    assert!(deps.contains("jiff") && deps.contains("ahash"), "{deps:?}");
+    let bad: Vec<_> = deps
+        .iter()
+        .filter(|d| forbidden_in_limits_core(d))
+        .collect();
+    assert!(bad.is_empty(), "crates/limits depends on {bad:?}");
+    // and the gateway itself does depend on them (the check sees what it looks for)
+    let gateway = dependencies_in_lock(&lock, "tollgate");
+    assert!(gateway.contains("tollgate-limits"));
+    assert!(gateway.iter().any(|d| d == "pingora-core") && gateway.contains("tokio"));
 }
 
 /// Every module path a file's code names, resolved to the module (file) it reaches: `crate::`,
@@ -329,14 +420,15 @@ fn expand(tree: &str) -> Vec<Vec<String>> {
     out
 }
 
-/// The graph between files: one module per file, an edge for every module path it names.
-fn file_graph() -> BTreeMap<String, BTreeSet<String>> {
+/// The graph between the files of the crate whose sources are under `root`: one module per
+/// file, an edge for every module path it names.
+fn file_graph(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
-    sources(&src(), &mut files);
-    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_of(f)).collect();
+    sources(root, &mut files);
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_in(root, f)).collect();
     let mut edges = BTreeMap::new();
     for f in &files {
-        let me = module_of(f);
+        let me = module_in(root, f);
         let targets: BTreeSet<String> = file_paths(&me, &code(f), &modules)
             .into_iter()
             .map(|t| t.join("::"))
@@ -435,6 +527,14 @@ fn the_admission_and_what_it_decides_with_know_nothing_of_pingora() {
 
 #[test]
 fn the_checks_can_fail() {
+    // a planted dependency of the limits core on the runtime, two steps away
+    let lock = "[[package]]\nname = \"tollgate-limits\"\ndependencies = [\n \"a\",\n]\n\n\
+                [[package]]\nname = \"a\"\ndependencies = [\n \"tokio 1.0.0\",\n]\n\n\
+                [[package]]\nname = \"tokio\"\n";
+    let deps = dependencies_in_lock(lock, "tollgate-limits");
+    assert_eq!(deps, BTreeSet::from(["a".to_string(), "tokio".into()]));
+    assert!(deps.iter().any(|d| forbidden_in_limits_core(d)));
+    assert!(!forbidden_in_limits_core("pingora-limits"));
     let mut edges = BTreeMap::new();
     edges.insert("a".to_string(), BTreeSet::from(["b".to_string()]));
     edges.insert("b".to_string(), BTreeSet::from(["c".to_string()]));

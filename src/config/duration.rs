@@ -1,11 +1,11 @@
 //! Durations as written in the config file: an integer (seconds) or a string with a unit
 //! (`ms`, `s`, `m`, `h`), e.g. `10`, `"500ms"`, `"1m"`.
 
-use super::calendar::CalendarUnit;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use std::fmt;
 use std::time::Duration;
+use tollgate_limits::calendar::CalendarUnit;
 
 /// A duration read from the config file. Zero is representable; callers that need a positive
 /// value check it (and report the position) themselves.

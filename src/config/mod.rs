@@ -2,7 +2,8 @@
 //! model (`model`, with the TLS `certificates` it names), with every error located (`error`,
 //! `locate`).
 
-pub mod calendar;
+/// Calendar windows live in the limits core (`crates/limits`).
+pub use tollgate_limits::calendar;
 pub mod certificates;
 pub mod defaults;
 pub mod duration;

@@ -11,6 +11,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+/// The limits core's own types, part of the running model (`crates/limits`).
+pub use tollgate_limits::{Algorithm, PartitionBy};
 
 #[derive(Debug)]
 pub struct Config {
@@ -405,12 +407,18 @@ pub struct Tier {
     pub period: Duration,
     pub threshold: u64,
     /// `1d`, `1w`, `1mo`: windows of the calendar, in the rule's time zone.
-    pub calendar: Option<super::calendar::Calendar>,
+    pub calendar: Option<tollgate_limits::calendar::Calendar>,
     /// `leaky_bucket`: how many requests may wait their turn (None for other algorithms).
     pub queue: Option<u64>,
 }
 
 impl Tier {
+    /// The periods of a tier list, with their calendars: what the identity of a rule's
+    /// counters keeps of it (`store::RuleIdentity`).
+    pub fn periods(tiers: &[Tier]) -> tollgate_limits::store::Periods {
+        tiers.iter().map(|t| (t.period, t.calendar)).collect()
+    }
+
     /// The period's name: `10s`, `1h`, `1mo`.
     pub fn label(&self) -> String {
         let mut out = String::new();
@@ -421,14 +429,6 @@ impl Tier {
         );
         out
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum PartitionBy {
-    Tenant,
-    Ip,
-    Global,
-    Header(HeaderName),
 }
 
 #[derive(Debug)]
@@ -663,7 +663,8 @@ pub struct TracingSettings {
     pub hash_tenant: bool,
 }
 
-// The enums the file names by their names (config::file reads them, serde(remote)).
+// The enums the file names by their names (config::file reads them, serde(remote)); the
+// algorithms' names are the limits core's (`tollgate_limits::Algorithm`'s `Display`).
 
 macro_rules! config_names {
     ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
@@ -676,7 +677,6 @@ macro_rules! config_names {
 }
 
 config_names!(Balance { RoundRobin => "round_robin", Random => "random", ConsistentHash => "consistent_hash" });
-config_names!(Algorithm { FixedWindow => "fixed_window", SlidingWindow => "sliding_window", TokenBucket => "token_bucket", SlidingLog => "sliding_log", LeakyBucket => "leaky_bucket" });
 config_names!(Action { Reject => "reject", Delay => "delay", Shadow => "shadow", Shadowban => "shadowban", Throttle => "throttle" });
 config_names!(OnFailure { LocalShare => "local_share", Local => "local", Allow => "allow", Deny => "deny" });
 
@@ -686,18 +686,6 @@ pub enum Balance {
     RoundRobin,
     Random,
     ConsistentHash,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Algorithm {
-    #[default]
-    FixedWindow,
-    SlidingWindow,
-    TokenBucket,
-    /// Exact: the admission instants of the last period, one per unit.
-    SlidingLog,
-    /// A queue leaking `threshold` per `period`: requests wait their turn.
-    LeakyBucket,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -717,18 +705,4 @@ pub enum OnFailure {
     Local,
     Allow,
     Deny,
-}
-
-impl Algorithm {
-    /// GCRA state (`tat`): a token bucket, or a leaky bucket (a token bucket whose burst is
-    /// its queue, and whose requests wait for their turn).
-    pub fn is_bucket(self) -> bool {
-        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
-    }
-
-    /// Counts per window weighed over the previous one: the sliding window, and (for the
-    /// fleet's accounting) the sliding log.
-    pub fn is_sliding(self) -> bool {
-        matches!(self, Algorithm::SlidingWindow | Algorithm::SlidingLog)
-    }
 }

@@ -2,10 +2,10 @@
 //! path read it: the verdict, every applying tier's report, and what is owed later (charges
 //! of the answer, turns in leaky buckets). Plain data: it knows nothing of the limiter.
 
-use super::algorithm::TierVerdict;
-use crate::config::calendar::CalendarUnit;
 use http::HeaderMap;
 use smallvec::SmallVec;
+use tollgate_limits::algorithm::TierVerdict;
+use tollgate_limits::calendar::CalendarUnit;
 
 /// One tier's answer, for headers and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

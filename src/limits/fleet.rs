@@ -2,10 +2,10 @@
 //! answered the last round (or has not been asked yet), how many instances share the limits,
 //! and which `on_failure` applies. Read with atomics only; written by the sync service.
 
-use super::clock::{Clock, SystemClock, NANOS_PER_MS};
 use crate::config::model::OnFailure;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use tokio::sync::Notify;
+use tollgate_limits::clock::{Clock, SystemClock, NANOS_PER_MS};
 
 /// How the limiter treats shared limits right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

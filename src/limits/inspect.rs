@@ -1,15 +1,15 @@
 //! What the counters say of one tenant, for the operator (`/api/tenants/<id>`): read-only
 //! copies, never a counter created or changed.
 
-use super::algorithm::{self, Quota, TierState, TierVerdict};
 use super::decision::{Decision, TierReport, Verdict};
 use super::fleet::FleetMode;
-use super::ledger;
 use super::limiter::{LimitRequest, Limiter};
-use super::partition::PartitionValue;
-use super::store::Counter;
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans};
 use smallvec::SmallVec;
+use tollgate_limits::algorithm::{self, Quota, TierState, TierVerdict};
+use tollgate_limits::ledger;
+use tollgate_limits::partition::PartitionValue;
+use tollgate_limits::store::Counter;
 
 /// One rule's counters for one tenant, as `/api/tenants/<id>` shows them.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -6,18 +6,11 @@
 //! their counters' `uid` (stable across reloads), so check-then-commit is exact and two requests
 //! can never deadlock, even when one runs under an older config than the other.
 
-use super::algorithm::{self, Quota, TierState, TierVerdict};
-use super::clock::{Clock, NANOS_PER_MS};
+use super::concurrency;
 use super::decision::{Answered, Decision, Late, Queued, TierReport, Verdict};
 use super::decision_metrics::{self, RuleMetrics};
 use super::fleet::{FleetMode, FleetState};
-use super::in_flight;
-use super::ledger::{self, Admitted, Ceiling};
-use super::partition::PartitionValue;
 use super::policy::{tier_texts, PolicyCache, TierText};
-use super::sliding_log::Log;
-use super::store::{Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked};
-use super::top;
 use crate::config::model::{Action, Algorithm, Cost, HeaderCost, PartitionBy, Plans, Rule, Tier};
 use crate::matching::Segments;
 use http::{HeaderMap, Method};
@@ -25,6 +18,16 @@ use prometheus::IntCounterVec;
 use smallvec::SmallVec;
 use std::net::IpAddr;
 use std::sync::Arc;
+use tollgate_limits::algorithm::{self, Quota, TierState, TierVerdict};
+use tollgate_limits::clock::{Clock, NANOS_PER_MS};
+use tollgate_limits::in_flight;
+use tollgate_limits::ledger::{self, Admitted, Ceiling};
+use tollgate_limits::partition::PartitionValue;
+use tollgate_limits::sliding_log::Log;
+use tollgate_limits::store::{
+    Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked,
+};
+use tollgate_limits::top;
 
 pub struct CompiledRule {
     pub rule: Arc<Rule>,
@@ -79,7 +82,7 @@ impl From<&Tier> for Quota {
 pub struct Limiter {
     pub rules: Vec<CompiledRule>,
     /// Rules with `concurrency`: requests in flight per partition.
-    pub concurrency: Vec<in_flight::ConcurrencyRule>,
+    pub concurrency: Vec<concurrency::ConcurrencyRule>,
     pub(super) clock: Arc<dyn Clock>,
     pub(crate) fleet: Arc<FleetState>,
     /// `RateLimit-Policy` values by the set of tiers that applied (bounded).
@@ -232,7 +235,12 @@ impl Limiter {
                     .unwrap_or(1)
                     .max(1);
                 let metrics = RuleMetrics::new(decisions, &r.id, lists.iter().map(|(_, t)| &t[..]));
-                let identity = RuleIdentity::of(&r.id, r.algorithm, &r.per, &lists);
+                let identity = RuleIdentity::of(
+                    &r.id,
+                    r.algorithm,
+                    &r.per,
+                    lists.iter().map(|(n, t)| (n.clone(), Tier::periods(t))),
+                );
                 let tier_lists: Vec<Vec<Quota>> = lists
                     .iter()
                     .map(|(_, t)| t.iter().map(Quota::from).collect())
@@ -253,10 +261,10 @@ impl Limiter {
             .iter()
             .filter(|r| r.enabled)
             .filter_map(|r| {
-                Some(in_flight::ConcurrencyRule {
+                Some(concurrency::ConcurrencyRule {
                     rule: Arc::clone(r),
                     max: r.concurrency?,
-                    table: registry.in_flight.get_or_create(r),
+                    table: registry.in_flight.get_or_create(&r.id, &r.per),
                     denied: decisions.with_label_values(&[r.id.as_str(), "denied", "concurrency"]),
                 })
             })
@@ -289,8 +297,8 @@ impl Limiter {
         &self,
         req: &LimitRequest,
         plans: &Plans,
-    ) -> Result<SmallVec<[in_flight::Slot; 1]>, in_flight::Refusal> {
-        in_flight::acquire(&self.concurrency, |r| {
+    ) -> Result<SmallVec<[in_flight::Slot; 1]>, concurrency::Refusal> {
+        concurrency::acquire(&self.concurrency, |r| {
             let exempt = !r.exempt.is_empty() && Self::exempt(r, req, req.plan_in(plans));
             if r.matcher.matches(req.method, req.host, req.path) && !exempt {
                 Self::partition(r, req)

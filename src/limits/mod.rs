@@ -1,27 +1,26 @@
-//! Rate limiting: `record` (the fleet record of a tier), `algorithm` (pure functions of state
-//! and time, behind `clock`), `ledger` (fleet accounting on the records: used, confirmed,
-//! leased; `fleet` is what the request path knows of the fleet), `partition` (what a counter
-//! counts for, and its Redis identity), `store` (local counters with bounded memory, kept
-//! across reloads), `limiter` (the decision for a request, with its `policy` texts), `decision`
-//! (what it decided) and `headers` (what the client is told).
+//! Rate limiting in the gateway. The limits core is a crate of its own (`crates/limits`,
+//! `tollgate_limits`): `algorithm` (pure functions of state and time, behind `clock`), `record`
+//! (the fleet record of a tier), `ledger` (fleet accounting on the records: used, confirmed,
+//! leased), `sliding_log`, `partition` (what a counter counts for), `store` (local counters with
+//! bounded memory, kept across reloads), `in_flight` and `top`; re-exported here by those names.
+//! Here: `fleet` (what the request path knows of the fleet), `limiter` (the decision for a
+//! request, with its `policy` texts), `decision` (what it decided), `concurrency` (limits of
+//! requests in flight), `headers` (what the client is told), `decision_metrics`, `inspect`,
+//! `probe`.
 
-pub mod algorithm;
-pub mod clock;
+pub use tollgate_limits::{
+    algorithm, clock, in_flight, ledger, partition, record, sliding_log, store, top,
+};
+
+pub mod concurrency;
 pub mod decision;
 pub mod decision_metrics;
 pub mod fleet;
 pub mod headers;
-pub mod in_flight;
 pub mod inspect;
-pub mod ledger;
 pub mod limiter;
-pub mod partition;
 pub mod policy;
 pub mod probe;
-pub mod record;
-pub mod sliding_log;
-pub mod store;
-pub mod top;
 
 pub use clock::{Clock, FakeClock, SystemClock};
 pub use decision::{Decision, Verdict};

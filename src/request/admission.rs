@@ -18,7 +18,6 @@
 //! phases (headers, upstream, logging).
 
 use crate::limits::headers;
-use crate::limits::in_flight::Slot;
 use crate::limits::{Decision, LimitRequest, Limiter, Verdict};
 use crate::matching::{normalize_path, Segments};
 use crate::metrics::Metrics;
@@ -34,6 +33,7 @@ use std::net::IpAddr;
 use std::ops::ControlFlow;
 use std::time::Duration;
 use tokio::time::Instant;
+use tollgate_limits::in_flight::Slot;
 
 /// What the later phases need of a request once admitted or answered: the route and tenant,
 /// the decision (for the quota headers), the slots of `concurrency` limits (freed when it is

@@ -1,8 +1,6 @@
 //! Background service dropping counters that no window needs any more, and refreshing the
 //! tracked-counter gauge.
 
-use crate::limits::clock::{Clock, NANOS_PER_MS};
-use crate::limits::store::CounterRegistry;
 use crate::ticker::Ticker;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
@@ -10,6 +8,8 @@ use pingora::services::background::BackgroundService;
 use prometheus::IntGauge;
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate_limits::clock::{Clock, NANOS_PER_MS};
+use tollgate_limits::store::CounterRegistry;
 
 pub struct Sweeper {
     pub registry: Arc<CounterRegistry>,

@@ -2,7 +2,6 @@
 //! warnings at their positions), the checks used by several sections, and the names they all
 //! use (re-exported here, so that each section module says `use super::checker::*`).
 
-pub(super) use crate::config::calendar::{Calendar, CalendarUnit};
 pub(super) use crate::config::certificates::{valid_host, CertKey, Certificates, PairError};
 pub(super) use crate::config::defaults::*;
 pub(super) use crate::config::duration::{ConfDuration, PeriodFile};
@@ -18,6 +17,7 @@ pub(super) use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 pub(super) use std::path::{Path, PathBuf};
 pub(super) use std::sync::Arc;
 pub(super) use std::time::Duration;
+pub(super) use tollgate_limits::calendar::{Calendar, CalendarUnit};
 
 /// One file being validated: its path, its position index and the errors found so far.
 pub(super) struct Checker<'a> {

@@ -349,7 +349,7 @@ pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Opt
     let rules = snap.limiter.inspect_tenant(tenant, &cfg.plans);
     // requests of this tenant in flight, for each per-tenant concurrency limit
     let mut busy = false;
-    let key = crate::limits::partition::PartitionValue::Bytes(tenant).key_buf();
+    let key = tollgate_limits::partition::PartitionValue::Bytes(tenant).key_buf();
     let in_flight: Vec<Value> = snap
         .limiter
         .concurrency
@@ -408,10 +408,10 @@ pub fn top(shared: &SharedSnapshot, query: &str) -> Result<Value, String> {
                 n = v
                     .parse::<usize>()
                     .ok()
-                    .filter(|n| (1..=crate::limits::top::CAPACITY).contains(n))
+                    .filter(|n| (1..=tollgate_limits::top::CAPACITY).contains(n))
                     .ok_or(format!(
                         "n={v}: expected 1 to {}",
-                        crate::limits::top::CAPACITY
+                        tollgate_limits::top::CAPACITY
                     ))?
             }
             _ => return Err(format!("unknown parameter {k:?}: expected rule, by, n")),

@@ -76,8 +76,8 @@ pub fn redis_key(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::partition::{PartitionValue, MAX_RAW};
     use proptest::prelude::*;
+    use tollgate_limits::partition::{PartitionValue, MAX_RAW};
 
     fn key_of(v: PartitionValue) -> Vec<u8> {
         v.key_buf().to_vec()

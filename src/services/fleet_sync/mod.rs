@@ -10,12 +10,8 @@ pub mod backend;
 pub mod keys;
 
 use crate::config::model::{Algorithm, RedisSettings};
-use crate::limits::clock::{Clock, NANOS_PER_MS};
 use crate::limits::fleet::ReplyErrorState;
 pub use crate::limits::fleet::{FleetMode, FleetState, Link, MIN_ROUND_GAP_MS};
-use crate::limits::ledger::{self, Ask};
-use crate::limits::sliding_log;
-use crate::limits::store::{CounterRegistry, OrphanCount, RuleCounters, SHARDS};
 use crate::metrics::Metrics;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
@@ -29,6 +25,10 @@ use pingora::services::background::BackgroundService;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tollgate_limits::clock::{Clock, NANOS_PER_MS};
+use tollgate_limits::ledger::{self, Ask};
+use tollgate_limits::sliding_log;
+use tollgate_limits::store::{CounterRegistry, OrphanCount, RuleCounters, SHARDS};
 
 /// Keys live this long past the last moment they are needed.
 pub const KEY_GRACE_MS: u64 = 10_000;
@@ -309,7 +309,7 @@ impl Accounts {
         counters: &Arc<RuleCounters>,
         (key, list, tier): (&[u8], u16, usize),
         (ask, log_units): (Ask, Vec<(u64, u64)>),
-        quota: &crate::limits::algorithm::Quota,
+        quota: &tollgate_limits::algorithm::Quota,
         orphan: bool,
     ) {
         let id = &counters.identity.id;
@@ -415,13 +415,13 @@ impl Accounts {
             spare: ledger::spare(threshold),
             confirmed: ask.confirmed.saturating_sub(direct),
             bucket_ns: if bucket {
-                u64::try_from(crate::limits::algorithm::interval_ns(quota)).unwrap_or(u64::MAX)
+                u64::try_from(tollgate_limits::algorithm::interval_ns(quota)).unwrap_or(u64::MAX)
             } else {
                 0
             },
             tolerance_us: if bucket {
                 // (rounded up: a bucket of one token must hold one)
-                u64::try_from(crate::limits::algorithm::fleet_tolerance_ns(quota).div_ceil(1000))
+                u64::try_from(tollgate_limits::algorithm::fleet_tolerance_ns(quota).div_ceil(1000))
                     .unwrap_or(u64::MAX)
             } else {
                 0

@@ -4,7 +4,7 @@
 
 use crate::config::model::{Config, Rule, Tier};
 use crate::config::summary::{algorithm_text, per_text, tiers_text};
-use crate::limits::store::RuleIdentity;
+use tollgate_limits::store::RuleIdentity;
 
 /// The tier lists of a rule as the limiter keys its counters: `tiers`, then each plan's own.
 fn lists(rule: &Rule, cfg: &Config) -> Vec<(Option<String>, Vec<Tier>)> {
@@ -18,7 +18,14 @@ fn lists(rule: &Rule, cfg: &Config) -> Vec<(Option<String>, Vec<Tier>)> {
 }
 
 fn identity(rule: &Rule, cfg: &Config) -> RuleIdentity {
-    RuleIdentity::of(&rule.id, rule.algorithm, &rule.per, &lists(rule, cfg))
+    RuleIdentity::of(
+        &rule.id,
+        rule.algorithm,
+        &rule.per,
+        lists(rule, cfg)
+            .into_iter()
+            .map(|(n, t)| (n, Tier::periods(&t))),
+    )
 }
 
 fn lists_text(lists: &[(Option<String>, Vec<Tier>)]) -> String {

@@ -36,7 +36,7 @@ pub fn make(settings: &RedisSettings) -> Result<Box<dyn SyncBackend>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::ledger::Answer;
+    use tollgate_limits::ledger::Answer;
 
     #[test]
     fn replies_become_answers_and_plain_increments_take_their_steps() {

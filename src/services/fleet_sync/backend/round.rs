@@ -1,9 +1,9 @@
 //! What a round sends and gets back: the updates, their replies and errors, the heartbeat,
 //! the [`SyncBackend`] trait that runs a round, and the reading of the replies.
 
-use crate::limits::ledger::Answer;
 use async_trait::async_trait;
 use std::time::Duration;
+use tollgate_limits::ledger::Answer;
 
 /// Why a round has no answer. `unapplied`: certainly nothing of it reached Redis (the
 /// connection was refused), so plain increments are sent again; otherwise (a timeout, a

@@ -5,9 +5,9 @@
 //! the two to it on a real redis-server.
 
 use super::round::{CountUpdate, LedgerUpdate, Reply, Update};
-use crate::limits::ledger::Answer;
 use std::collections::HashMap;
 use std::sync::LazyLock;
+use tollgate_limits::ledger::Answer;
 
 static LEDGER: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LEDGER_SCRIPT));
 

@@ -4,9 +4,9 @@
 //! it starts, would hold more than the threshold (proved by a property test below). At most
 //! `threshold` instants are kept (8 bytes each; `MAX_LOG_THRESHOLD` bounds the threshold).
 
-use super::algorithm::{Quota, TierVerdict};
-use super::clock::NANOS_PER_MS;
-use super::ledger::{Answer, LOG_STEPS};
+use crate::algorithm::{Quota, TierVerdict};
+use crate::clock::NANOS_PER_MS;
+use crate::ledger::{Answer, LOG_STEPS};
 use std::collections::VecDeque;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

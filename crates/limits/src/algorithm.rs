@@ -18,10 +18,49 @@
 //! `evaluate` answers "would one more request pass?" without consuming anything; `commit`
 //! consumes. A request is committed only when every tier of every rule passed.
 
-use super::clock::NANOS_PER_MS;
-use super::record::{Ledger, Orphan};
-use crate::config::calendar::Calendar;
-use crate::config::model::Algorithm;
+use crate::calendar::Calendar;
+use crate::clock::NANOS_PER_MS;
+use crate::record::{Ledger, Orphan};
+
+/// The five algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    #[default]
+    FixedWindow,
+    SlidingWindow,
+    TokenBucket,
+    /// Exact: the admission instants of the last period, one per unit.
+    SlidingLog,
+    /// A queue leaking `threshold` per `period`: requests wait their turn.
+    LeakyBucket,
+}
+
+impl std::fmt::Display for Algorithm {
+    /// The algorithm's name in a config file and the contract.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::LeakyBucket => "leaky_bucket",
+        })
+    }
+}
+
+impl Algorithm {
+    /// GCRA state (`tat`): a token bucket, or a leaky bucket (a token bucket whose burst is
+    /// its queue, and whose requests wait for their turn).
+    pub fn is_bucket(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+
+    /// Counts per window weighed over the previous one: the sliding window, and (for the
+    /// fleet's accounting) the sliding log.
+    pub fn is_sliding(self) -> bool {
+        matches!(self, Algorithm::SlidingWindow | Algorithm::SlidingLog)
+    }
+}
 
 /// The state of one tier of one counter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -310,7 +349,7 @@ pub fn weight(state: &TierState, tier: &Quota, algorithm: Algorithm, now_ns: u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::clock::{Clock, FakeClock};
+    use crate::clock::{Clock, FakeClock};
 
     fn tier(period_s: u64, threshold: u64) -> Quota {
         Quota {

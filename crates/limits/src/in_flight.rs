@@ -7,13 +7,10 @@
 //! most as many entries as there are requests in flight. The tables live outside the config
 //! snapshot, by rule id and `per`, so a reload does not forget the requests in flight.
 
-use super::partition::PartitionValue;
-use crate::config::model::{PartitionBy, Rule};
+use crate::partition::PartitionBy;
 use ahash::RandomState;
 use hashbrown::HashMap;
 use parking_lot::Mutex;
-use prometheus::IntCounter;
-use smallvec::SmallVec;
 use std::sync::Arc;
 
 const SHARDS: usize = 16;
@@ -101,58 +98,13 @@ pub struct InFlightRegistry {
 }
 
 impl InFlightRegistry {
-    pub fn get_or_create(&self, rule: &Rule) -> Arc<InFlight> {
+    /// The table of the rule `id` counting `per`.
+    pub fn get_or_create(&self, id: &str, per: &PartitionBy) -> Arc<InFlight> {
         let mut t = self.tables.lock();
         // forget the tables of rules gone, once their last request has ended
         t.retain(|_, table| Arc::strong_count(table) > 1 || !table.is_empty());
-        Arc::clone(t.entry((rule.id.clone(), rule.per.clone())).or_default())
+        Arc::clone(t.entry((id.to_string(), per.clone())).or_default())
     }
-}
-
-/// One rule's concurrency limit in a snapshot.
-pub struct ConcurrencyRule {
-    pub rule: Arc<Rule>,
-    pub max: u32,
-    pub table: Arc<InFlight>,
-    /// `tollgate_ratelimit_decisions_total{rule,decision="denied",tier="concurrency"}`
-    pub denied: IntCounter,
-}
-
-/// What a request refused for its requests in flight is told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refusal {
-    /// Index into the snapshot's concurrency rules.
-    pub rule: usize,
-    pub status: u16,
-    pub max: u32,
-}
-
-/// Take a slot in every concurrency limit that applies to the request, or none of them: the
-/// first full one refuses. `partition` gives the request's partition for a rule (`None`: the
-/// rule does not count it).
-pub fn acquire<'a>(
-    rules: &[ConcurrencyRule],
-    applies: impl Fn(&Rule) -> Option<PartitionValue<'a>>,
-) -> Result<SmallVec<[Slot; 1]>, Refusal> {
-    let mut slots = SmallVec::new();
-    for (i, c) in rules.iter().enumerate() {
-        let Some(part) = applies(&c.rule) else {
-            continue;
-        };
-        match c.table.try_acquire(&part.key_buf(), c.max) {
-            Some(s) => slots.push(s),
-            None => {
-                c.denied.inc();
-                // the slots taken so far go back as `slots` drops
-                return Err(Refusal {
-                    rule: i,
-                    status: c.rule.status,
-                    max: c.max,
-                });
-            }
-        }
-    }
-    Ok(slots)
 }
 
 #[cfg(test)]

@@ -34,10 +34,10 @@
 //!   leases until the fleet's count passes it. So busy tenants far from their limits cost one
 //!   `INCRBY` an interval, and sparse ones less than one per request.
 
-use super::algorithm::Quota;
-use super::algorithm::TierState;
 pub use super::record::{next_gen, Ledger, Orphan};
-use crate::config::model::Algorithm;
+use crate::algorithm::Algorithm;
+use crate::algorithm::Quota;
+use crate::algorithm::TierState;
 
 /// The spare budget: the most that all instances together may hold leased and unused beyond
 /// the requests waiting for it, in percent of the threshold (at least one request). A burst
@@ -734,7 +734,7 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limits::{algorithm, clock::NANOS_PER_MS};
+    use crate::{algorithm, clock::NANOS_PER_MS};
 
     fn tier(threshold: u64) -> Quota {
         Quota {

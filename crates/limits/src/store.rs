@@ -13,12 +13,11 @@
 //! judged on its sketch estimate instead of an exact count (conservative: the sketch only
 //! over-counts).
 
-use super::algorithm::Quota;
-use super::algorithm::{self, TierState};
-use super::record::Orphan;
-use super::sliding_log::Log;
-use crate::config::calendar::Calendar;
-use crate::config::model::{Algorithm, PartitionBy, Tier};
+use crate::algorithm::{self, Algorithm, Quota, TierState};
+use crate::calendar::Calendar;
+use crate::partition::PartitionBy;
+use crate::record::Orphan;
+use crate::sliding_log::Log;
 use ahash::RandomState;
 use arc_swap::ArcSwap;
 use hashbrown::hash_map::RawEntryMut;
@@ -54,24 +53,18 @@ pub struct RuleIdentity {
 pub type Periods = Vec<(Duration, Option<Calendar>)>;
 
 impl RuleIdentity {
-    /// The identity of a rule whose tier lists are `lists`.
+    /// The identity of a rule whose tier lists have the periods of `lists`.
     pub fn of(
         id: &str,
         algorithm: Algorithm,
         per: &PartitionBy,
-        lists: &[(Option<String>, Vec<Tier>)],
+        lists: impl IntoIterator<Item = (Option<String>, Periods)>,
     ) -> RuleIdentity {
         RuleIdentity {
             id: id.to_string(),
             algorithm,
             per: per.clone(),
-            lists: lists
-                .iter()
-                .map(|(name, tiers)| {
-                    let periods = tiers.iter().map(|t| (t.period, t.calendar)).collect();
-                    (name.clone(), periods)
-                })
-                .collect(),
+            lists: lists.into_iter().collect(),
         }
     }
 }
@@ -379,7 +372,7 @@ pub struct CounterRegistry {
     untracked: IntCounter,
     syncing: Arc<AtomicBool>,
     /// Requests in flight of `concurrency` limits, by rule.
-    pub in_flight: super::in_flight::InFlightRegistry,
+    pub in_flight: crate::in_flight::InFlightRegistry,
 }
 
 impl CounterRegistry {
@@ -452,20 +445,13 @@ mod tests {
         )
     }
 
-    fn tiers() -> Vec<Vec<Tier>> {
-        vec![vec![Tier {
+    fn quotas() -> Vec<Vec<Quota>> {
+        vec![vec![Quota {
+            threshold: 100,
+            period_ms: 10_000,
             calendar: None,
             queue: None,
-            period: Duration::from_secs(10),
-            threshold: 100,
         }]]
-    }
-
-    fn quotas() -> Vec<Vec<Quota>> {
-        tiers()
-            .iter()
-            .map(|l| l.iter().map(Quota::from).collect())
-            .collect()
     }
 
     fn identity(id: &str) -> RuleIdentity {
@@ -473,7 +459,7 @@ mod tests {
             id,
             Algorithm::FixedWindow,
             &PartitionBy::Tenant,
-            &[(None, tiers().remove(0))],
+            [(None, vec![(Duration::from_secs(10), None)])],
         )
     }
 

@@ -9,6 +9,16 @@
 use blake2::{Blake2b, Digest};
 use std::net::IpAddr;
 
+/// What a rule counts for (`per`): each tenant, each client address, everything, or each
+/// value of a header.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PartitionBy {
+    Tenant,
+    Ip,
+    Global,
+    Header(http::HeaderName),
+}
+
 /// Values longer than this are stored and sent to Redis as their digest.
 pub const MAX_RAW: usize = 512;
 /// Longest store key: tag byte + MAX_RAW bytes.
