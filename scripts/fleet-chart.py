@@ -6,17 +6,12 @@
                                               (allowed decisions of RULE, sync rounds) per admin
   fleet-chart.py svg SAMPLES THRESHOLD LOAD_START_MS LOAD_END_MS OUT.svg
                                               chart of admitted requests per instance over the run
-  fleet-chart.py section FILE BODY_FILE       replace (or append) the text between
-                                              <!-- fleet:begin --> and <!-- fleet:end --> in FILE
 """
 import os
-import re
 import signal
 import sys
 import time
 import urllib.request
-
-BEGIN, END = "<!-- fleet:begin -->", "<!-- fleet:end -->"
 
 
 def metric(text, name, labels):
@@ -143,26 +138,11 @@ def svg(samples, threshold, load_start, load_end, out):
         f.write("\n".join(o) + "\n")
 
 
-def section(path, body_file):
-    body = open(body_file).read().strip("\n")
-    block = f"{BEGIN}\n{body}\n{END}"
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    pat = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    if pat.search(text):
-        text = pat.sub(lambda _: block, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(text)
-
-
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "sample":
         sample(args[0], args[1], args[2:])
     elif cmd == "svg":
         svg(args[0], int(args[1]), int(args[2]), int(args[3]), args[4])
-    elif cmd == "section":
-        section(args[0], args[1])
     else:
         sys.exit(__doc__)
