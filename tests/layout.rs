@@ -221,6 +221,41 @@ fn no_cycle_between_the_files_of_the_limits_core() {
     );
 }
 
+/// crates/limits/ARCHITECTURE.md "Modules, bottom up", in order.
+const LIMITS_LAYERS: [&str; 11] = [
+    "clock",
+    "calendar",
+    "record",
+    "algorithm",
+    "ledger",
+    "sliding_log",
+    "partition",
+    "in_flight",
+    "store",
+    "top",
+    "",
+];
+
+#[test]
+fn the_limits_core_modules_use_only_those_before_them() {
+    let graph = file_graph(&limits_src());
+    let rank = |m: &str| LIMITS_LAYERS.iter().position(|l| *l == m);
+    let mut wrong = Vec::new();
+    for (from, to) in &graph {
+        let Some(me) = rank(from) else {
+            wrong.push(format!("{from} is not in LIMITS_LAYERS"));
+            continue;
+        };
+        for t in to {
+            if rank(t).is_none_or(|r| r >= me) {
+                wrong.push(format!("{from} uses {t}"));
+            }
+        }
+    }
+    assert!(graph.len() == LIMITS_LAYERS.len(), "{graph:?}");
+    assert!(wrong.is_empty(), "{wrong:?}");
+}
+
 /// The packages `package` depends on, directly or not, as `lock` (a Cargo.lock) resolves them.
 fn dependencies_in_lock(lock: &str, package: &str) -> BTreeSet<String> {
     let mut deps: BTreeMap<String, Vec<String>> = BTreeMap::new();
