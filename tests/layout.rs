@@ -222,7 +222,7 @@ fn no_cycle_between_the_files_of_the_limits_core() {
 }
 
 /// crates/limits/ARCHITECTURE.md "Modules, bottom up", in order.
-const LIMITS_LAYERS: [&str; 11] = [
+const LIMITS_LAYERS: [&str; 12] = [
     "clock",
     "calendar",
     "record",
@@ -232,6 +232,7 @@ const LIMITS_LAYERS: [&str; 11] = [
     "partition",
     "in_flight",
     "store",
+    "decision",
     "top",
     "",
 ];

@@ -2,10 +2,10 @@
 //! and the shadow rules' log lines: what `Limiter::record` counts once a request's outcome is
 //! known.
 
-use super::decision::Decision;
 use crate::config::model::{Action, Rule, Tier};
 use prometheus::{IntCounter, IntCounterVec};
 use std::sync::atomic::{AtomicU64, Ordering};
+use tollgate_limits::decision::Decision;
 
 /// Decision metrics of one rule (`tollgate_ratelimit_decisions_total{rule,decision,tier}`).
 /// Denials carry the first tier exceeded (its period: `1s`, `1h`); admitted requests

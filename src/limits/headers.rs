@@ -7,7 +7,6 @@
 //! `RateLimit-Policy` value once per set of applying tiers (`policy::PolicyCache`), so an
 //! allowed request formats one short string (`RateLimit`).
 
-use super::decision::{Decision, TierReport};
 use super::limiter::Limiter;
 use super::policy::{PolicyCache, TierText};
 use crate::config::duration::write_period;
@@ -18,6 +17,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use smallvec::SmallVec;
 use std::fmt::Write;
 use std::sync::OnceLock;
+use tollgate_limits::decision::{Decision, TierReport};
 
 /// The detail of a 503 under `on_failure: deny` (no Redis detail for clients).
 pub const UNCHECKABLE: &str =

@@ -1,12 +1,12 @@
 //! What the counters say of one tenant, for the operator (`/api/tenants/<id>`): read-only
 //! copies, never a counter created or changed.
 
-use super::decision::{Decision, TierReport, Verdict};
 use super::fleet::FleetMode;
 use super::limiter::{LimitRequest, Limiter};
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans};
 use smallvec::SmallVec;
 use tollgate_limits::algorithm::{self, Quota, TierState, TierVerdict};
+use tollgate_limits::decision::{Decision, TierReport, Verdict};
 use tollgate_limits::ledger;
 use tollgate_limits::partition::PartitionValue;
 use tollgate_limits::store::Counter;

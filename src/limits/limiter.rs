@@ -7,7 +7,6 @@
 //! can never deadlock, even when one runs under an older config than the other.
 
 use super::concurrency;
-use super::decision::{Answered, Decision, Late, Queued, TierReport, Verdict};
 use super::decision_metrics::{self, RuleMetrics};
 use super::fleet::{FleetMode, FleetState};
 use super::policy::{tier_texts, PolicyCache, TierText};
@@ -20,6 +19,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use tollgate_limits::algorithm::{self, Quota, TierState, TierVerdict};
 use tollgate_limits::clock::{Clock, NANOS_PER_MS};
+use tollgate_limits::decision::{Answered, Decision, Late, Queued, TierReport, Verdict};
 use tollgate_limits::in_flight;
 use tollgate_limits::ledger::{self, Admitted, Ceiling};
 use tollgate_limits::partition::PartitionValue;

@@ -4,16 +4,15 @@
 //! leased), `sliding_log`, `partition` (what a counter counts for), `store` (local counters with
 //! bounded memory, kept across reloads), `in_flight` and `top`; re-exported here by those names.
 //! Here: `fleet` (what the request path knows of the fleet), `limiter` (the decision for a
-//! request, with its `policy` texts), `decision` (what it decided), `concurrency` (limits of
+//! request, with its `policy` texts, written to the core's `decision`), `concurrency` (limits of
 //! requests in flight), `headers` (what the client is told), `decision_metrics`, `inspect`,
 //! `probe`.
 
 pub use tollgate_limits::{
-    algorithm, clock, in_flight, ledger, partition, record, sliding_log, store, top,
+    algorithm, clock, decision, in_flight, ledger, partition, record, sliding_log, store, top,
 };
 
 pub mod concurrency;
-pub mod decision;
 pub mod decision_metrics;
 pub mod fleet;
 pub mod headers;

@@ -16,7 +16,6 @@
 
 use crate::config::model::{TenantSource, UpstreamProtocol};
 use crate::grpc;
-use crate::limits::decision::Answered;
 use crate::limits::headers;
 use crate::metrics::{ClientError, Metrics};
 use crate::request::admission::{self, Admission, Admitted, Incoming};
@@ -37,6 +36,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+use tollgate_limits::decision::Answered;
 
 /// Per-request state carried across phases.
 pub struct RequestCtx {

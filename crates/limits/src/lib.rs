@@ -8,13 +8,16 @@
 //!   `sliding_log`: a sliding log's instants;
 //! - `partition`: what a counter counts for and its store key;
 //! - `store`: the counters of one rule, sharded, bounded, surviving reloads; `in_flight`:
-//!   requests in flight per partition; `top`: the partitions closest to their limits.
+//!   requests in flight per partition; `top`: the partitions closest to their limits;
+//! - `decision`: what was decided for one request (its verdict, each tier's report, what it
+//!   owes later), plain data for headers, metrics and inspection.
 //!
 //! See `ARCHITECTURE.md` beside this crate's `Cargo.toml`.
 
 pub mod algorithm;
 pub mod calendar;
 pub mod clock;
+pub mod decision;
 pub mod in_flight;
 pub mod ledger;
 pub mod partition;

@@ -1,11 +1,11 @@
 //! What the limiter decided for one request, as headers, metrics, inspection and the request
-//! path read it: the verdict, every applying tier's report, and what is owed later (charges
+//! path read it (the gateway's limiter writes it): the verdict, every applying tier's report, and what is owed later (charges
 //! of the answer, turns in leaky buckets). Plain data: it knows nothing of the limiter.
 
+use crate::algorithm::TierVerdict;
+use crate::calendar::CalendarUnit;
 use http::HeaderMap;
 use smallvec::SmallVec;
-use tollgate_limits::algorithm::TierVerdict;
-use tollgate_limits::calendar::CalendarUnit;
 
 /// One tier's answer, for headers and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,13 +84,13 @@ pub struct Decision {
 /// A turn taken in a leaky bucket (one rule, every tier).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Queued {
-    pub(super) rule: u16,
-    pub(super) list: u16,
-    pub(super) hash: u64,
-    pub(super) key: Box<[u8]>,
-    pub(super) units: u64,
+    pub rule: u16,
+    pub list: u16,
+    pub hash: u64,
+    pub key: Box<[u8]>,
+    pub units: u64,
     /// Each tier's next free slot just after this request took its turn.
-    pub(super) tats: SmallVec<[u64; 2]>,
+    pub tats: SmallVec<[u64; 2]>,
 }
 
 /// What is known of an answer when late charges are taken from it.
@@ -109,14 +109,14 @@ pub struct Answered<'a> {
 /// A charge owed by a forwarded request to a rule that charges late.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Late {
-    pub(super) rule: u16,
-    pub(super) list: u16,
-    pub(super) hash: u64,
-    pub(super) key: Box<[u8]>,
+    pub rule: u16,
+    pub list: u16,
+    pub hash: u64,
+    pub key: Box<[u8]>,
     /// The units admission checked room for (and its quota reports assumed).
-    pub(super) units: u64,
+    pub units: u64,
     /// They are held against this instance's credits until the charge (with Redis).
-    pub(super) reserved: bool,
+    pub reserved: bool,
 }
 
 impl Default for Decision {
