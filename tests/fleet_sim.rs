@@ -23,7 +23,9 @@ use tollgate::config::{self, model::RedisSettings};
 use tollgate::limits::fleet::{hold_limit, FleetState, Link, MIN_ROUND_GAP_MS};
 use tollgate::limits::ledger::SPARE_PERCENT;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
-use tollgate::services::fleet_sync::backend::script::update_model;
+#[path = "common/ledger_model.rs"]
+mod ledger_model;
+use ledger_model::update_model;
 use tollgate::services::fleet_sync::backend::{Exchange, Heartbeat, RoundError, Update};
 use tollgate::services::fleet_sync::{Accounts, Round, Schedule};
 

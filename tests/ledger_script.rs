@@ -7,10 +7,11 @@ mod common;
 use common::RedisServer;
 use std::collections::HashMap;
 use tollgate::limits::ledger::Answer;
-use tollgate::services::fleet_sync::backend::script::{
-    count_model, ledger_cmd, ledger_model, load_scripts_blocking,
-};
+#[path = "common/ledger_model.rs"]
+mod twin;
+use tollgate::services::fleet_sync::backend::script::{ledger_cmd, load_scripts_blocking};
 use tollgate::services::fleet_sync::backend::{answer, CountUpdate, LedgerUpdate, LogReport};
+use twin::{count_model, ledger_model};
 
 /// A time in the future (keys expire at absolute times derived from it).
 const NOW: u64 = 2_000_000_000_000;

@@ -14,11 +14,13 @@ use std::sync::Arc;
 use tollgate::config::{self, Config};
 use tollgate::limits::fleet::FleetState;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
-use tollgate::services::fleet_sync::backend::script::{ledger_model, update_model};
+#[path = "common/ledger_model.rs"]
+mod twin;
 use tollgate::services::fleet_sync::backend::{
     Exchange, LedgerUpdate, LogReport, RoundError, Update,
 };
 use tollgate::services::fleet_sync::{Accounts, Round};
+use twin::{ledger_model, update_model};
 
 const T0: u64 = 1_800_000_000_000;
 

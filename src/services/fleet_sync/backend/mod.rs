@@ -3,11 +3,12 @@
 //! (`LEDGER_SCRIPT`: report the cumulative count, take a lease, set absolute expiry
 //! times every instance computes alike, so no key is ever left without a TTL), or a plain
 //! `INCRBY` far from the limit; periodic rounds end with the heartbeat that counts live
-//! instances (four plain commands). `ledger_model` is the same script in Rust,
-//! for the simulation; a test holds the two to the same answers on a real redis-server.
+//! instances (four plain commands). Its Rust twin, for the simulation, is under the tests
+//! (`tests/common/ledger_model.rs`); a test holds the two to the same answers on a real
+//! redis-server.
 //!
 //! [`round`] holds what a round sends and gets back and the [`SyncBackend`] trait, [`script`]
-//! the ledger script and its Rust twin, [`pipeline`] the round's pipeline for one server;
+//! the ledger script, [`pipeline`] the round's pipeline for one server;
 //! [`make`] picks the backend: [`single`] (one server) or [`cluster`] (a Redis Cluster). The
 //! children use one another, never this module (no cycle between files).
 
