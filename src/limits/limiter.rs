@@ -147,6 +147,56 @@ enum Slot<'g> {
     Untracked,
 }
 
+/// What `Limiter::check` knows of one applying rule for each of its tiers.
+struct RuleCheck {
+    algo: Algorithm,
+    units: u64,
+    now: u64,
+    mode: FleetMode,
+    patience: Patience,
+    shadow: bool,
+}
+
+/// One tier's outcome in `Limiter::check_tier`.
+struct TierCheck {
+    verdict: TierVerdict,
+    /// What the tier counts with this request (if it admits it).
+    used: u64,
+    /// A leaky bucket's wait for the request's turn.
+    wait_ns: u64,
+    /// A fleet round is wanted now.
+    wake: bool,
+}
+
+/// The fleet's mode as the ledger takes it: (leased by instances, shared by instances).
+fn fleet_modes(mode: FleetMode) -> (Option<u64>, Option<u64>) {
+    match mode {
+        FleetMode::Leased { instances } => (Some(instances), None),
+        FleetMode::Shared { instances } => (None, Some(instances)),
+        _ => (None, None),
+    }
+}
+
+/// A sliding log at `now`: pruned, its fleet span moved to the tier's window, and the
+/// previous window's bound lowered as the fleet's previous window leaves the span.
+fn roll_log(l: &mut Log, state: &mut TierState, tier: &Quota, now: u64) {
+    l.prune(tier, now);
+    l.roll_fleet(
+        state.window_start_ms,
+        tier.period_ms,
+        state.ledger.prev_bound,
+    );
+    // the fleet's previous window leaves the span bucket by bucket
+    if let Some(p) = l.fleet_prev(state.window_start_ms, now / NANOS_PER_MS) {
+        if p < state.ledger.prev_bound {
+            // room came back: a request past the lease waits for the next answer
+            // again rather than being refused as if the fleet were full
+            state.ledger.prev_bound = p;
+            state.ledger.short = 0;
+        }
+    }
+}
+
 /// State standing in for an untracked partition that has been seen `seen` times (this request
 /// included): as if its earlier requests all fell in the current window.
 fn stand_in(tier: &Quota, algo: Algorithm, now_ns: u64, seen: u64) -> TierState {
@@ -569,91 +619,44 @@ impl Limiter {
         let cr = &self.rules[a.rule as usize];
         let rc = &cr.counters;
         let tiers = cr.tiers(a.list);
-        let algo = rc.algorithm();
+        let cx = RuleCheck {
+            algo: rc.algorithm(),
+            units: a.units,
+            now,
+            mode,
+            patience,
+            shadow: cr.rule.action == Action::Shadow,
+        };
         let mut stand_ins: SmallVec<[TierState; 2]> = SmallVec::new();
         let mut slot = match rc.counter(shard, key, a.hash, a.list, now) {
             Ok(c) => Slot::Tracked(c),
             Err(Untracked(seen)) => {
-                stand_ins.extend(tiers.iter().map(|t| stand_in(t, algo, now, seen)));
+                stand_ins.extend(tiers.iter().map(|t| stand_in(t, cx.algo, now, seen)));
                 Slot::Untracked
             }
         };
         let tracked = matches!(slot, Slot::Tracked(_));
-        let modes = |mode: FleetMode| match mode {
-            FleetMode::Leased { instances } => (Some(instances), None),
-            FleetMode::Shared { instances } => (None, Some(instances)),
-            _ => (None, None),
-        };
-        let (leased, shared) = modes(mode);
-        let now_ms = now / NANOS_PER_MS;
-        let shadow = cr.rule.action == Action::Shadow;
-        let mut violated = false;
-        let mut wake = false;
-        // for `/api/top`: the highest use of a limit among the tiers
-        let mut usage_permille = 0u32;
         let (states, mut logs): (&mut [TierState], Option<&mut [Log]>) = match &mut slot {
             Slot::Tracked(c) => (&mut c.tiers, c.logs.as_deref_mut()),
             Slot::Untracked => (&mut stand_ins, None),
         };
+        let (mut violated, mut wake) = (false, false);
+        // for `/api/top`: the highest use of a limit among the tiers
+        let mut usage_permille = 0u32;
         // a leaky bucket: the longest wait for a turn among the tiers
         let mut wait_ns = 0;
         for (ti, (state, tier)) in states.iter_mut().zip(tiers).enumerate() {
-            if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
+            if let Some(orphan) = algorithm::roll(state, tier, cx.algo, now) {
                 if tracked {
                     rc.keep_orphan(key, a.list, ti, orphan);
                 }
             }
-            let mut log = logs.as_deref_mut().and_then(|l| l.get_mut(ti));
-            if let Some(l) = log.as_deref_mut() {
-                l.prune(tier, now);
-                l.roll_fleet(
-                    state.window_start_ms,
-                    tier.period_ms,
-                    state.ledger.prev_bound,
-                );
-                // the fleet's previous window leaves the span bucket by bucket
-                if let Some(p) = l.fleet_prev(state.window_start_ms, now / NANOS_PER_MS) {
-                    if p < state.ledger.prev_bound {
-                        // room came back: a request past the lease waits for the next answer
-                        // again rather than being refused as if the fleet were full
-                        state.ledger.prev_bound = p;
-                        state.ledger.short = 0;
-                    }
-                }
-            }
-            let counted = log.as_deref().map_or(state.current, Log::len);
-            let mut verdict = match log.as_deref() {
-                Some(l) => l.evaluate(tier, now, a.units),
-                None => algorithm::evaluate(state, tier, algo, now, a.units),
-            };
-            if algo == Algorithm::LeakyBucket {
-                wait_ns = wait_ns.max(algorithm::queue_wait_ns(state, now));
-            }
-            ledger::note_demand(state, a.units);
-            if !self.fleet.plain_increments() {
-                // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
-                state.ledger.leased = true;
-            }
-            // a counter whose cluster node is down while the rest of Redis answers
-            let (leased, shared) = if leased.is_some() && state.ledger.unreachable {
-                modes(self.fleet.unreachable_mode())
-            } else {
-                (leased, shared)
-            };
-            wake |= self.fleet_ceiling(
-                state,
-                (tier, a.units),
-                algo,
-                now_ms,
-                (leased, shared),
-                patience,
-                shadow,
-                &mut verdict,
-                &mut decision.held,
-            );
-            violated |= !verdict.allowed;
-            let used = counted + if verdict.allowed { a.units } else { 0 };
-            let permille = used.saturating_mul(1000) / tier.threshold.max(1);
+            let log = logs.as_deref_mut().and_then(|l| l.get_mut(ti));
+            let t = self.check_tier(&cx, state, tier, log, &mut decision.held);
+            wake |= t.wake;
+            violated |= !t.verdict.allowed;
+            wait_ns = wait_ns.max(t.wait_ns);
+            let permille = t.used.saturating_mul(1000) / tier.threshold.max(1);
             usage_permille = usage_permille.max(permille.min(u64::from(u32::MAX)) as u32);
             decision.tiers.push(TierReport {
                 rule: a.rule,
@@ -662,20 +665,77 @@ impl Limiter {
                 threshold: tier.threshold,
                 period_ms: tier.period_ms,
                 calendar: tier.calendar.map(|c| c.unit),
-                verdict,
-                shadow,
+                verdict: t.verdict,
+                shadow: cx.shadow,
             });
         }
+        let now_ms = now / NANOS_PER_MS;
         if violated {
             cr.top.denied(key, cr.top_window(now_ms), usage_permille);
         } else if usage_permille >= top::USAGE_FLOOR {
             cr.top.usage(key, cr.top_window(now_ms), usage_permille);
         }
-        if !violated && !shadow {
+        if !violated && !cx.shadow {
             decision.wait_ns = decision.wait_ns.max(wait_ns);
         }
         decision.applied.push((a.rule, violated));
         (slot, wake)
+    }
+
+    /// One tier of an applying rule, its window rolled: the sliding log's bookkeeping, the
+    /// algorithm's verdict, the demand noted for the fleet, then what the fleet says of it.
+    fn check_tier(
+        &self,
+        cx: &RuleCheck,
+        state: &mut TierState,
+        tier: &Quota,
+        mut log: Option<&mut Log>,
+        held: &mut bool,
+    ) -> TierCheck {
+        let (algo, now) = (cx.algo, cx.now);
+        if let Some(l) = log.as_deref_mut() {
+            roll_log(l, state, tier, now);
+        }
+        let counted = log.as_deref().map_or(state.current, Log::len);
+        let mut verdict = match log.as_deref() {
+            Some(l) => l.evaluate(tier, now, cx.units),
+            None => algorithm::evaluate(state, tier, algo, now, cx.units),
+        };
+        let wait_ns = if algo == Algorithm::LeakyBucket {
+            algorithm::queue_wait_ns(state, now)
+        } else {
+            0
+        };
+        ledger::note_demand(state, cx.units);
+        if !self.fleet.plain_increments() {
+            // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
+            state.ledger.leased = true;
+        }
+        // a counter whose cluster node is down while the rest of Redis answers
+        let (leased, shared) =
+            if state.ledger.unreachable && matches!(cx.mode, FleetMode::Leased { .. }) {
+                fleet_modes(self.fleet.unreachable_mode())
+            } else {
+                fleet_modes(cx.mode)
+            };
+        let wake = self.fleet_ceiling(
+            state,
+            (tier, cx.units),
+            algo,
+            now / NANOS_PER_MS,
+            (leased, shared),
+            cx.patience,
+            cx.shadow,
+            &mut verdict,
+            held,
+        );
+        let used = counted + if verdict.allowed { cx.units } else { 0 };
+        TierCheck {
+            verdict,
+            used,
+            wait_ns,
+            wake,
+        }
     }
 
     /// What the fleet says of a tier the local count admits: room left (the remaining count
