@@ -517,15 +517,20 @@ pub struct Sizing {
 /// what is asked is lowered here at once, before Redis hears of it, so that this instance
 /// never admits what Redis has stopped reserving for it.
 pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
-    let horizon_ms = sizing.horizon_ms.min(sizing.left_ms.max(1));
-    let l = &mut state.ledger;
-    let since_ms = if l.drained_ms == 0 {
-        // never drained: its demand came within about one horizon
-        horizon_ms.max(sizing.since_ms)
+    let prev = previous_ask(state);
+    let current = if state.ledger.leased {
+        lease_ask(state, &sizing)
     } else {
-        sizing.now_ms.saturating_sub(l.drained_ms)
+        direct_ask(state, &sizing)
     };
-    let prev = (l.prev_used > l.prev_sent || l.prev_held).then_some(Ask {
+    [prev, current]
+}
+
+/// The previous window's record, while it holds what Redis has not confirmed or a lease to
+/// give back.
+fn previous_ask(state: &TierState) -> Option<Ask> {
+    let l = &state.ledger;
+    (l.prev_used > l.prev_sent || l.prev_held).then_some(Ask {
         window_start_ms: l.prev_start_ms,
         gen: l.prev_gen,
         used: l.prev_used,
@@ -545,38 +550,54 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
         count: !l.prev_leased,
         first: false,
         log: false,
-    });
+    })
+}
+
+/// A direct record: what was admitted, when half the allowance waits, or at a periodic round.
+fn direct_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
+    let window_start_ms = state.window_start_ms;
+    let l = &mut state.ledger;
+    let unsent = l.used > l.sent;
+    if l.gen == 0 || !unsent || !(l.asking || sizing.periodic) {
+        return None;
+    }
+    l.asking = false;
+    l.demand = 0;
+    l.drained_ms = sizing.now_ms;
+    Some(Ask {
+        window_start_ms,
+        gen: l.gen,
+        used: l.used,
+        want: l.used,
+        need: 0,
+        confirmed: l.sent,
+        since_ms: 0,
+        previous: false,
+        adopt: 0,
+        direct: l.direct,
+        count: true,
+        // an earlier report whose round failed may have created the key without expiry
+        first: !l.keyed && l.sent > 0,
+        log: false,
+    })
+}
+
+/// A leasing record: a round carries a record that asks; a periodic one also what is
+/// unreported, and a lease nobody used since the last periodic round while others want quota
+/// too (given back; a window's lease nobody else wants lapses with its window; a bucket's
+/// tokens would not). It asks for what waits and the demand forecast over the horizon.
+fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
+    let horizon_ms = sizing.horizon_ms.min(sizing.left_ms.max(1));
+    let window_start_ms = state.window_start_ms;
+    let l = &mut state.ledger;
+    let since_ms = if l.drained_ms == 0 {
+        // never drained: its demand came within about one horizon
+        horizon_ms.max(sizing.since_ms)
+    } else {
+        sizing.now_ms.saturating_sub(l.drained_ms)
+    };
     let holds = l.ceiling > l.used;
     let unsent = l.used > l.sent;
-    if !l.leased {
-        // direct: what was admitted, when half the allowance waits, or at a periodic round
-        if l.gen == 0 || !unsent || !(l.asking || sizing.periodic) {
-            return [prev, None];
-        }
-        l.asking = false;
-        l.demand = 0;
-        l.drained_ms = sizing.now_ms;
-        let ask = Ask {
-            window_start_ms: state.window_start_ms,
-            gen: l.gen,
-            used: l.used,
-            want: l.used,
-            need: 0,
-            confirmed: l.sent,
-            since_ms: 0,
-            previous: false,
-            adopt: 0,
-            direct: l.direct,
-            count: true,
-            // an earlier report whose round failed may have created the key without expiry
-            first: !l.keyed && l.sent > 0,
-            log: false,
-        };
-        return [prev, Some(ask)];
-    }
-    // a round carries a record that asks; a periodic one also what is unreported, and a lease
-    // nobody used since the last periodic round while others want quota too (given back; a
-    // window's lease nobody else wants lapses with its window; a bucket's tokens would not)
     let give_back = holds && l.demand == 0 && (l.contended || sizing.bucket);
     // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
     // comes back only as leases are given back there, or as time passes)
@@ -584,7 +605,7 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
     let include =
         l.asking || l.need_milli > 0 || (sizing.periodic && (unsent || give_back || full));
     if l.gen == 0 || !include {
-        return [prev, None];
+        return None;
     }
     let forecast = if l.demand == 0 {
         0
@@ -605,30 +626,27 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
     l.need_milli = 0;
     l.asking = false;
     l.drained_ms = sizing.now_ms;
-    // the previous record first: what it gives back is there for this one
-    [
-        prev,
-        Some(Ask {
-            window_start_ms: state.window_start_ms,
-            gen: l.gen,
-            used: l.used,
-            want,
-            need,
-            confirmed: l.sent,
-            // (never answered: its tokens count from now, as a cold fleet's credit must)
-            since_ms: if l.settled_ms == 0 {
-                0
-            } else {
-                l.settled_ms.max(state.window_start_ms)
-            },
-            previous: false,
-            adopt: l.adopt,
-            direct: l.direct,
-            count: false,
-            first: false,
-            log: false,
-        }),
-    ]
+    // (the previous record goes first in the round: what it gives back is there for this one)
+    Some(Ask {
+        window_start_ms,
+        gen: l.gen,
+        used: l.used,
+        want,
+        need,
+        confirmed: l.sent,
+        // (never answered: its tokens count from now, as a cold fleet's credit must)
+        since_ms: if l.settled_ms == 0 {
+            0
+        } else {
+            l.settled_ms.max(window_start_ms)
+        },
+        previous: false,
+        adopt: l.adopt,
+        direct: l.direct,
+        count: false,
+        first: false,
+        log: false,
+    })
 }
 
 /// Apply the fleet's total Redis answered to a plain increment (`ask.count`). A total below
