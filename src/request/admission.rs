@@ -177,8 +177,9 @@ pub fn admit(
     }
 }
 
-/// Requests in flight, then the rate limits' first decision, written to `d`: an answer or a
-/// hold (`Break`), or a decision to finish with (`Continue`).
+/// Requests in flight, then the rate limits' first decision, written to `outcome` (boxed once
+/// per request): an answer or a hold (`Break`, the decision moving with the hold), or a
+/// decision to finish with (`Continue`).
 fn limit(
     snap: &Snapshot,
     lreq: &LimitRequest<'_>,

@@ -59,7 +59,9 @@ fn now_ms() -> u64 {
 #[async_trait]
 impl BackgroundService for JwksFetcher {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let connector = TransportConnector::new(None);
+        // made at the first fetch: a config without `jwks_uri` never loads the system's
+        // certificate store for it
+        let mut connector: Option<TransportConnector> = None;
         // per URI: when it is due next, and the last error logged
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut logged: HashMap<String, Option<String>> = HashMap::new();
@@ -80,7 +82,8 @@ impl BackgroundService for JwksFetcher {
                     continue;
                 }
                 f.keys.fetch_starts(now_ms());
-                let result = tokio::time::timeout(FETCH_TIMEOUT, fetch(&connector, f))
+                let connector = connector.get_or_insert_with(|| TransportConnector::new(None));
+                let result = tokio::time::timeout(FETCH_TIMEOUT, fetch(connector, f))
                     .await
                     .unwrap_or_else(|_| Err(format!("no answer within {FETCH_TIMEOUT:?}")));
                 let (next, outcome) = match result {
