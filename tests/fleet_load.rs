@@ -297,7 +297,13 @@ fn run_case_on(algorithm: &str, threshold: u64, shape: Shape, start: Start) {
     let offered: u64 = wrk.iter().map(|w| w.requests).sum();
     let ok_seen: u64 = wrk.iter().map(|w| w.requests - w.non2xx).sum();
     let wrk_errors: u64 = wrk.iter().map(|w| w.errors).sum();
-    let in_redis = keys.first().map(|(k, _, _)| redis.int(&["GET", k]));
+    let redis_key = || keys.first().map(|(k, _, _)| redis.int(&["GET", k]));
+    // what a leased record holds unreported goes at a periodic round: wait for Redis to hold
+    // what was admitted (a count lost would never come)
+    eventually(Duration::from_secs(10), || {
+        redis_key() == Some(admitted as i64)
+    });
+    let in_redis = redis_key();
 
     eprintln!(
         "[{label}] admitted {admitted} of {threshold} = {:.3} (per instance {per_instance:?}); \
