@@ -211,87 +211,100 @@ pub fn evaluate(
     now_ns: u64,
     units: u64,
 ) -> TierVerdict {
-    let threshold = tier.threshold;
     let units = units.max(1);
-    let now_ms = now_ns / NANOS_PER_MS;
     match algorithm {
         Algorithm::FixedWindow | Algorithm::SlidingLog => {
-            let reset_ms = window_end(state, tier).saturating_sub(now_ms).max(1);
-            let allowed = state.current.saturating_add(units) <= threshold;
-            TierVerdict {
-                allowed,
-                remaining: if allowed {
-                    threshold - state.current - units
-                } else {
-                    0
-                },
-                reset_ms,
-                retry_after_ms: if allowed { 0 } else { reset_ms },
-            }
+            evaluate_fixed(state, tier, now_ns / NANOS_PER_MS, units)
         }
-        Algorithm::SlidingWindow => {
-            let p = period_ms(tier) as u128;
-            let elapsed = (now_ms.saturating_sub(state.window_start_ms) as u128).min(p);
-            let reset_ms = (p - elapsed).max(1) as u64;
-            let prev = state.previous as u128;
-            let cur = state.current as u128;
-            let t = threshold as u128;
-            let u = units as u128;
-            // estimate * p = prev * (p - elapsed) + cur * p, compared in integers
-            let weighted = prev * (p - elapsed) + cur * p;
-            let budget = t * p;
-            let allowed = weighted + u * p <= budget;
-            let remaining = if allowed {
-                ((budget - weighted - u * p) / p) as u64
-            } else {
-                0
-            };
-            let retry_after_ms = if allowed {
-                0
-            } else if cur + u <= t {
-                // wait until enough of the previous window has slid out:
-                // prev * (p - e) <= (t - cur - u) * p
-                let room = (t - cur - u) * p;
-                let e_needed = p - room / prev.max(1);
-                ceil_div(e_needed.saturating_sub(elapsed), 1) as u64
-            } else {
-                // the current window is too full: wait for the next one, where it weighs as
-                // `previous`: cur * (p - e) <= (t - u) * p
-                let to_next = p - elapsed;
-                let e_needed = p - (t.saturating_sub(u) * p) / cur.max(1);
-                (to_next + e_needed) as u64
-            };
-            TierVerdict {
-                allowed,
-                remaining,
-                reset_ms,
-                retry_after_ms: retry_after_ms.max(if allowed { 0 } else { 1 }),
-            }
-        }
+        Algorithm::SlidingWindow => evaluate_sliding(state, tier, now_ns / NANOS_PER_MS, units),
         Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-            let p_ns = tolerance_ns(tier);
-            let interval = interval_ns(tier); // one token every `interval`
-            let now = now_ns as u128;
-            let tat = (state.tat_ns as u128).max(now);
-            let new_tat = tat + units as u128 * interval;
-            let allowed = new_tat - now <= p_ns;
-            let ms = NANOS_PER_MS as u128;
-            if allowed {
-                TierVerdict {
-                    allowed,
-                    remaining: ((p_ns - (new_tat - now)) / interval) as u64,
-                    reset_ms: ceil_div(new_tat - now, ms).max(1) as u64,
-                    retry_after_ms: 0,
-                }
-            } else {
-                TierVerdict {
-                    allowed,
-                    remaining: 0,
-                    reset_ms: ceil_div(tat - now, ms).max(1) as u64,
-                    retry_after_ms: ceil_div((new_tat - now).saturating_sub(p_ns), ms).max(1)
-                        as u64,
-                }
-            }
+            evaluate_bucket(state, tier, now_ns, units)
+        }
+    }
+}
+
+/// A fixed window (and a sliding log's window count): room while the count and `units` fit.
+fn evaluate_fixed(state: &TierState, tier: &Quota, now_ms: u64, units: u64) -> TierVerdict {
+    let threshold = tier.threshold;
+    let reset_ms = window_end(state, tier).saturating_sub(now_ms).max(1);
+    let allowed = state.current.saturating_add(units) <= threshold;
+    TierVerdict {
+        allowed,
+        remaining: if allowed {
+            threshold - state.current - units
+        } else {
+            0
+        },
+        reset_ms,
+        retry_after_ms: if allowed { 0 } else { reset_ms },
+    }
+}
+
+/// A sliding window: the previous window's count weighs by the part of it still in the
+/// period, compared in integers.
+fn evaluate_sliding(state: &TierState, tier: &Quota, now_ms: u64, units: u64) -> TierVerdict {
+    let p = period_ms(tier) as u128;
+    let elapsed = (now_ms.saturating_sub(state.window_start_ms) as u128).min(p);
+    let reset_ms = (p - elapsed).max(1) as u64;
+    let prev = state.previous as u128;
+    let cur = state.current as u128;
+    let t = tier.threshold as u128;
+    let u = units as u128;
+    // estimate * p = prev * (p - elapsed) + cur * p, compared in integers
+    let weighted = prev * (p - elapsed) + cur * p;
+    let budget = t * p;
+    let allowed = weighted + u * p <= budget;
+    let remaining = if allowed {
+        ((budget - weighted - u * p) / p) as u64
+    } else {
+        0
+    };
+    let retry_after_ms = if allowed {
+        0
+    } else if cur + u <= t {
+        // wait until enough of the previous window has slid out:
+        // prev * (p - e) <= (t - cur - u) * p
+        let room = (t - cur - u) * p;
+        let e_needed = p - room / prev.max(1);
+        ceil_div(e_needed.saturating_sub(elapsed), 1) as u64
+    } else {
+        // the current window is too full: wait for the next one, where it weighs as
+        // `previous`: cur * (p - e) <= (t - u) * p
+        let to_next = p - elapsed;
+        let e_needed = p - (t.saturating_sub(u) * p) / cur.max(1);
+        (to_next + e_needed) as u64
+    };
+    TierVerdict {
+        allowed,
+        remaining,
+        reset_ms,
+        retry_after_ms: retry_after_ms.max(if allowed { 0 } else { 1 }),
+    }
+}
+
+/// A token or leaky bucket (GCRA): room while the theoretical arrival time after `units`
+/// stays within the tolerance.
+fn evaluate_bucket(state: &TierState, tier: &Quota, now_ns: u64, units: u64) -> TierVerdict {
+    let p_ns = tolerance_ns(tier);
+    let interval = interval_ns(tier); // one token every `interval`
+    let now = now_ns as u128;
+    let tat = (state.tat_ns as u128).max(now);
+    let new_tat = tat + units as u128 * interval;
+    let allowed = new_tat - now <= p_ns;
+    let ms = NANOS_PER_MS as u128;
+    if allowed {
+        TierVerdict {
+            allowed,
+            remaining: ((p_ns - (new_tat - now)) / interval) as u64,
+            reset_ms: ceil_div(new_tat - now, ms).max(1) as u64,
+            retry_after_ms: 0,
+        }
+    } else {
+        TierVerdict {
+            allowed,
+            remaining: 0,
+            reset_ms: ceil_div(tat - now, ms).max(1) as u64,
+            retry_after_ms: ceil_div((new_tat - now).saturating_sub(p_ns), ms).max(1) as u64,
         }
     }
 }
