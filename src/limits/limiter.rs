@@ -949,10 +949,7 @@ impl Limiter {
         }
         let (status, headers) = (answer.status, answer.fields);
         let now = self.clock.now_ns();
-        let leased = match self.fleet.mode() {
-            FleetMode::Leased { instances } => Some(instances),
-            _ => None,
-        };
+        let (leased, _) = fleet_modes(self.fleet.mode());
         let mut wake = false;
         // charged entries leave; those waiting for the trailers stay where they are (no new
         // list for them)
@@ -1027,10 +1024,7 @@ impl Limiter {
         now: u64,
         mode: FleetMode,
     ) -> bool {
-        let leased = match mode {
-            FleetMode::Leased { instances } => Some(instances),
-            _ => None,
-        };
+        let (leased, _) = fleet_modes(mode);
         let mut wake = false;
         for ((a, slot), &(_, violated)) in
             applying.iter().zip(slots.iter_mut()).zip(&decision.applied)
