@@ -62,7 +62,7 @@ fn bench(c: &mut Criterion) {
         &metrics.decisions,
         100_000,
         Arc::new(SystemClock),
-        Arc::new(tollgate::services::fleet_sync::FleetState::default()),
+        Arc::new(tollgate::services::fleet_sync::Fleet::default()),
     );
     let tenants: Vec<Vec<u8>> = (0..25)
         .map(|i| format!("tenant-{i}").into_bytes())
@@ -125,7 +125,7 @@ fn bench(c: &mut Criterion) {
             &metrics.decisions,
             100_000,
             Arc::new(SystemClock),
-            Arc::new(tollgate::services::fleet_sync::FleetState::default()),
+            Arc::new(tollgate::services::fleet_sync::Fleet::default()),
         );
         let decide = |i: usize| decide_on(&limiter, &one.plans, i);
         for i in 0..100 {

@@ -1,7 +1,7 @@
 //! Command line (contract section 1) and process start-up.
 
 use crate::config;
-use crate::limits::fleet::FleetState;
+use crate::limits::fleet::Fleet;
 use crate::limits::{CounterRegistry, SystemClock};
 use crate::metrics::Metrics;
 use crate::request::connections::{self, Connections};
@@ -142,7 +142,7 @@ pub fn main() -> i32 {
             return 1;
         }
     };
-    let fleet = Arc::new(FleetState::default());
+    let fleet = Arc::new(Fleet::default());
     let rt = Runtime {
         registry: Arc::new(CounterRegistry::new(
             metrics.evictions.clone(),

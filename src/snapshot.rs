@@ -4,7 +4,7 @@
 
 use crate::config::Config;
 use crate::grpc;
-use crate::limits::fleet::FleetState;
+use crate::limits::fleet::Fleet;
 use crate::limits::probe::ProbeLimit;
 use crate::limits::{Clock, CounterRegistry, Limiter};
 use crate::metrics::Metrics;
@@ -124,7 +124,7 @@ pub struct Runtime {
     pub registry: Arc<CounterRegistry>,
     /// Pools' priority-shaping gates, by pool name.
     pub gates: Arc<crate::upstream::shaping::Gates>,
-    pub fleet: Arc<FleetState>,
+    pub fleet: Arc<Fleet>,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
     /// The quota endpoint's own limit.

@@ -18,7 +18,7 @@ use tollgate::config;
 use tollgate::limits::{Clock, CounterRegistry, FakeClock};
 use tollgate::metrics::Metrics;
 use tollgate::request::admission::{admit, Admission, Admitted, Incoming};
-use tollgate::services::fleet_sync::FleetState;
+use tollgate::services::fleet_sync::Fleet;
 use tollgate::snapshot::{Runtime, Snapshot};
 
 /// A whole hour from the epoch: every window of the tests (up to an hour) starts here.
@@ -91,7 +91,7 @@ impl Rig {
                 metrics.untracked.clone(),
             )),
             gates: Default::default(),
-            fleet: Arc::new(FleetState::default()),
+            fleet: Arc::new(Fleet::default()),
             metrics: metrics.clone(),
             clock,
             probes: Default::default(),

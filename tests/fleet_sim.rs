@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 use tollgate::config::calendar::{Calendar, CalendarUnit};
 use tollgate::config::{self, model::RedisSettings};
-use tollgate::limits::fleet::{hold_limit, FleetState, Link, MIN_ROUND_GAP_MS};
+use tollgate::limits::fleet::{hold_limit, Fleet, Link, MIN_ROUND_GAP_MS};
 use tollgate::limits::ledger::SPARE_PERCENT;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
 #[path = "common/ledger_model.rs"]
@@ -395,7 +395,7 @@ struct Instance {
     held: std::collections::VecDeque<(u64, u64, u64)>,
     limiter: Limiter,
     accounts: Accounts,
-    fleet: Arc<FleetState>,
+    fleet: Arc<Fleet>,
     schedule: Schedule,
     flight: Option<InFlight>,
     /// When Redis runs the last round this instance sent.
@@ -522,7 +522,7 @@ fn previous_weight(out: &Outcome, s: &Scenario, window: u64, now: u64) -> f64 {
 /// The first tier of the tenant's counter on an instance (for the trace).
 fn first_state(limiter: &Limiter) -> Option<tollgate::limits::algorithm::TierState> {
     let mut st = None;
-    limiter.rules[0]
+    limiter.core.limits[0]
         .counters
         .for_each(|_, c| st = Some(c.tiers[0]));
     st
@@ -547,7 +547,7 @@ fn simulate(s: &Scenario) -> Outcome {
                 metrics.untracked.clone(),
             ));
             registry.set_syncing(true);
-            let fleet = Arc::new(FleetState::default());
+            let fleet = Arc::new(Fleet::default());
             fleet.configure(true, settings.on_failure);
             fleet.set_hold(hold_limit(settings.timeout));
             let limiter = Limiter::build(

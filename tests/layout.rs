@@ -222,7 +222,7 @@ fn no_cycle_between_the_files_of_the_limits_core() {
 }
 
 /// crates/limits/ARCHITECTURE.md "Modules, bottom up", in order.
-const LIMITS_LAYERS: [&str; 12] = [
+const LIMITS_LAYERS: [&str; 14] = [
     "clock",
     "calendar",
     "record",
@@ -234,6 +234,8 @@ const LIMITS_LAYERS: [&str; 12] = [
     "store",
     "decision",
     "top",
+    "fleet",
+    "limiter",
     "",
 ];
 

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use tollgate::config::{self, Config};
-use tollgate::limits::fleet::FleetState;
+use tollgate::limits::fleet::Fleet as FleetLink;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
 #[path = "common/ledger_model.rs"]
 mod twin;
@@ -27,7 +27,7 @@ const T0: u64 = 1_800_000_000_000;
 struct Fleet {
     clock: Arc<FakeClock>,
     registry: Arc<CounterRegistry>,
-    fleet: Arc<FleetState>,
+    fleet: Arc<FleetLink>,
     accounts: Accounts,
     metrics: tollgate::metrics::Metrics,
     strings: HashMap<String, i64>,
@@ -58,7 +58,7 @@ impl Fleet {
             metrics.untracked.clone(),
         ));
         registry.set_syncing(true);
-        let fleet = Arc::new(FleetState::default());
+        let fleet = Arc::new(FleetLink::default());
         let clock = Arc::new(FakeClock::at_ms(T0));
         let accounts = Accounts::new(registry.clone(), fleet.clone(), clock.clone(), "i".into());
         Fleet {

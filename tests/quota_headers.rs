@@ -40,7 +40,7 @@ impl Rig {
             &metrics.decisions,
             100_000,
             clock.clone(),
-            Arc::new(tollgate::services::fleet_sync::FleetState::default()),
+            Arc::new(tollgate::services::fleet_sync::Fleet::default()),
         );
         Rig {
             cfg,

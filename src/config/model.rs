@@ -11,6 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+pub use tollgate_limits::fleet::OnFailure;
 /// The limits core's own types, part of the running model (`crates/limits`).
 pub use tollgate_limits::{Algorithm, PartitionBy};
 
@@ -678,7 +679,6 @@ macro_rules! config_names {
 
 config_names!(Balance { RoundRobin => "round_robin", Random => "random", ConsistentHash => "consistent_hash" });
 config_names!(Action { Reject => "reject", Delay => "delay", Shadow => "shadow", Shadowban => "shadowban", Throttle => "throttle" });
-config_names!(OnFailure { LocalShare => "local_share", Local => "local", Allow => "allow", Deny => "deny" });
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Balance {
@@ -696,13 +696,4 @@ pub enum Action {
     Shadow,
     Shadowban,
     Throttle,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnFailure {
-    #[default]
-    LocalShare,
-    Local,
-    Allow,
-    Deny,
 }

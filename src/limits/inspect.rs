@@ -1,7 +1,6 @@
 //! What the counters say of one tenant, for the operator (`/api/tenants/<id>`): read-only
 //! copies, never a counter created or changed.
 
-use super::fleet::FleetMode;
 use super::limiter::{LimitRequest, Limiter};
 use crate::config::model::{Action, Algorithm, PartitionBy, Plans};
 use smallvec::SmallVec;
@@ -61,16 +60,17 @@ impl Limiter {
     /// that counts per tenant, each tier's threshold, count and reset, and the fleet's view when
     /// Redis syncs. Reads copies of the counters; creates none and changes none.
     pub fn inspect_tenant(&self, tenant: &[u8], plans: &Plans) -> Vec<RuleView> {
-        let now = self.clock.now_ns();
+        let now = self.core.now_ns();
         let plan = plans.plan_of(tenant);
         let key = PartitionValue::Bytes(tenant).key_buf();
         self.rules
             .iter()
-            .filter(|cr| cr.rule.per == PartitionBy::Tenant)
-            .map(|cr| {
-                let rc = &cr.counters;
+            .zip(&self.core.limits)
+            .filter(|(cr, _)| cr.rule.per == PartitionBy::Tenant)
+            .map(|(cr, limit)| {
+                let rc = &limit.counters;
                 let list = cr.list_of(plan);
-                let tiers = cr.tiers(list);
+                let tiers = limit.tiers(list);
                 let algo = rc.algorithm();
                 let counter = rc.get(&key).filter(|c| c.list == list);
                 let tiers = tiers
@@ -120,12 +120,8 @@ impl Limiter {
     /// as the quota headers would say it (with the fleet's room where Redis has answered).
     /// Reads copies of the counters; creates none and changes none.
     pub fn peek(&self, req: &LimitRequest, plans: &Plans, every_tenant_rule: bool) -> Decision {
-        let now = self.clock.now_ns();
-        let (leased, shared) = match self.fleet.mode() {
-            FleetMode::Leased { instances } => (Some(instances), None),
-            FleetMode::Shared { instances } => (None, Some(instances)),
-            _ => (None, None),
-        };
+        let now = self.core.now_ns();
+        let (leased, shared) = self.fleet.mode().ledger_modes();
         let mut arena = SmallVec::<[u8; 256]>::new();
         let mut d = Decision::none();
         let applying: SmallVec<[(u16, u16, std::ops::Range<usize>); 4]> = if every_tenant_rule {
@@ -146,13 +142,13 @@ impl Limiter {
                 .collect()
         };
         for (rule, list, key) in applying {
-            let cr = &self.rules[usize::from(rule)];
-            if cr.rule.action == Action::Shadow {
+            let limit = &self.core.limits[usize::from(rule)];
+            if limit.is_shadow() {
                 continue;
             }
-            let algo = cr.counters.algorithm();
-            let counter = cr.counters.get(&arena[key]).filter(|c| c.list == list);
-            for (i, tier) in cr.tiers(list).iter().enumerate() {
+            let algo = limit.counters.algorithm();
+            let counter = limit.counters.get(&arena[key]).filter(|c| c.list == list);
+            for (i, tier) in limit.tiers(list).iter().enumerate() {
                 let (state, mut verdict) = tier_now(counter.as_ref(), i, tier, algo, now);
                 if let Some(room) = ledger::room(&state, tier, algo, leased, shared) {
                     verdict.remaining = verdict.remaining.min(room);

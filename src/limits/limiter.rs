@@ -1,69 +1,44 @@
-//! The decision for one request: which rules apply, and whether every tier of every applying
-//! rule lets it through. Check, then commit: a request denied by any tier consumes nothing from
-//! any tier.
-//!
-//! Concurrency: the shards of all applying rules are locked together, always in the order of
-//! their counters' `uid` (stable across reloads), so check-then-commit is exact and two requests
-//! can never deadlock, even when one runs under an older config than the other.
+//! The decision for one request, the gateway's side: which rules apply (their paths, methods
+//! and hosts, exemptions, partition keys, plans and costs), then the limits core decides on them
+//! (`tollgate_limits::limiter`: check, then commit, every tier of every applying rule). Here
+//! too: what is charged once the answer is known, the metrics of each outcome, and the
+//! `concurrency` limits.
 
 use super::concurrency;
 use super::decision_metrics::{self, RuleMetrics};
-use super::fleet::{FleetMode, FleetState};
+use super::fleet::{Fleet, FleetMode};
 use super::policy::{tier_texts, PolicyCache, TierText};
-use crate::config::model::{Action, Algorithm, Cost, HeaderCost, PartitionBy, Plans, Rule, Tier};
+use crate::config::model::{Action, Cost, HeaderCost, PartitionBy, Plans, Rule, Tier};
 use crate::matching::Segments;
 use http::{HeaderMap, Method};
 use prometheus::IntCounterVec;
 use smallvec::SmallVec;
 use std::net::IpAddr;
 use std::sync::Arc;
-use tollgate_limits::algorithm::{self, Quota, TierState, TierVerdict};
+use tollgate_limits::algorithm::Quota;
 use tollgate_limits::clock::{Clock, NANOS_PER_MS};
-use tollgate_limits::decision::{Answered, Decision, Late, Queued, TierReport, Verdict};
+use tollgate_limits::decision::{Answered, Decision};
 use tollgate_limits::in_flight;
-use tollgate_limits::ledger::{self, Admitted, Ceiling};
+pub use tollgate_limits::limiter::{Applying, Enforcement, Limit, Patience};
 use tollgate_limits::partition::PartitionValue;
-use tollgate_limits::sliding_log::Log;
-use tollgate_limits::store::{
-    Counter, CounterRegistry, RuleCounters, RuleIdentity, Shard, Untracked,
-};
-use tollgate_limits::top;
+use tollgate_limits::store::{CounterRegistry, RuleIdentity};
 
+/// A rule of the config as the gateway serves it; its `Limit` (counters, tiers, enforcement)
+/// is the limits core's, at the same index of `Limiter::core`.
 pub struct CompiledRule {
     pub rule: Arc<Rule>,
-    pub counters: Arc<RuleCounters>,
-    /// For each config plan (by index): the tier list of `counters` its tenants use.
+    /// For each config plan (by index): the tier list of the counters its tenants use.
     pub(super) plan_lists: Vec<u16>,
     pub metrics: RuleMetrics,
     /// Header texts of each tier, by tier list then tier, made once per config.
     pub texts: Vec<Vec<TierText>>,
-    /// The partitions denied most, or closest to their limit, in the current window of the
-    /// rule's longest period (every tier list's).
-    pub top: top::TopPartitions,
-    pub top_period_ms: u64,
-    /// The tiers of each list, with this config's thresholds (the counters' identity holds
-    /// only the periods).
-    tier_lists: Vec<Vec<Quota>>,
 }
 
 impl CompiledRule {
-    /// The tiers of list `list` (0: the rule's `tiers`, then plans' own).
-    pub fn tiers(&self, list: u16) -> &[Quota] {
-        self.tier_lists
-            .get(usize::from(list))
-            .map_or(&[][..], |l| &l[..])
-    }
-
     /// The tier list a tenant of `plan` uses (0: the rule's own `tiers`).
     pub fn list_of(&self, plan: Option<usize>) -> u16 {
         plan.and_then(|p| self.plan_lists.get(p).copied())
             .unwrap_or(0)
-    }
-
-    /// The start of `/api/top`'s current window at `now_ms`: aligned to the rule's longest
-    /// period, so that an hourly tier's denials are still there after its 1 s tier rolled.
-    pub fn top_window(&self, now_ms: u64) -> u64 {
-        now_ms / self.top_period_ms * self.top_period_ms
     }
 }
 
@@ -78,13 +53,30 @@ impl From<&Tier> for Quota {
     }
 }
 
+/// What a rule does over its limit, in the core's terms.
+fn enforcement(r: &Rule) -> Enforcement {
+    match r.action {
+        Action::Reject => Enforcement::Reject { status: r.status },
+        Action::Delay => Enforcement::Delay {
+            max_delay_ms: r.max_delay.as_millis() as u64,
+            status: r.status,
+        },
+        Action::Shadow => Enforcement::Shadow,
+        Action::Shadowban => Enforcement::Shadowban,
+        Action::Throttle => Enforcement::Throttle {
+            bytes_per_sec: r.throttle_bps,
+        },
+    }
+}
+
 /// The rate limiter of one config snapshot. Its counters outlive it (see `CounterRegistry`).
 pub struct Limiter {
     pub rules: Vec<CompiledRule>,
+    /// The limits core on the same rules (by the same index).
+    pub core: tollgate_limits::limiter::Limiter,
     /// Rules with `concurrency`: requests in flight per partition.
     pub concurrency: Vec<concurrency::ConcurrencyRule>,
-    pub(super) clock: Arc<dyn Clock>,
-    pub(crate) fleet: Arc<FleetState>,
+    pub(crate) fleet: Arc<Fleet>,
     /// `RateLimit-Policy` values by the set of tiers that applied (bounded).
     pub(crate) policy_cache: PolicyCache,
     /// Some rule takes its cost from a request header (`cost_refusal` has work to do).
@@ -115,108 +107,6 @@ impl LimitRequest<'_> {
     }
 }
 
-/// How long a request has waited for the fleet (`Verdict::Hold`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Patience {
-    /// Not held yet: a hold counts it in the next ask.
-    First,
-    /// Held, and decided again after a round.
-    Again,
-    /// Held as long as it may: it is not held again.
-    Over,
-}
-
-/// An applying rule during one decision.
-pub(super) struct Applying {
-    pub(super) rule: u16,
-    pub(super) list: u16,
-    /// The units the request takes from each tier (`cost`).
-    units: u64,
-    hash: u64,
-    /// Its counters' `uid`: the order shards are locked in.
-    uid: u64,
-    pub(super) key_start: usize,
-    pub(super) key_end: usize,
-}
-
-/// Where a decision commits: a tracked counter, or nothing for an untracked partition (its
-/// tier states are stand-ins built from the sketch estimate, checked and dropped in `check`).
-/// Two words: a slot is moved once per applying rule.
-enum Slot<'g> {
-    Tracked(&'g mut Counter),
-    Untracked,
-}
-
-/// What `Limiter::check` knows of one applying rule for each of its tiers.
-struct RuleCheck {
-    algo: Algorithm,
-    units: u64,
-    now: u64,
-    mode: FleetMode,
-    patience: Patience,
-    shadow: bool,
-}
-
-/// One tier's outcome in `Limiter::check_tier`.
-struct TierCheck {
-    verdict: TierVerdict,
-    /// What the tier counts with this request (if it admits it).
-    used: u64,
-    /// A leaky bucket's wait for the request's turn.
-    wait_ns: u64,
-    /// A fleet round is wanted now.
-    wake: bool,
-}
-
-/// The fleet's mode as the ledger takes it: (leased by instances, shared by instances).
-fn fleet_modes(mode: FleetMode) -> (Option<u64>, Option<u64>) {
-    match mode {
-        FleetMode::Leased { instances } => (Some(instances), None),
-        FleetMode::Shared { instances } => (None, Some(instances)),
-        _ => (None, None),
-    }
-}
-
-/// A sliding log at `now`: pruned, its fleet span moved to the tier's window, and the
-/// previous window's bound lowered as the fleet's previous window leaves the span.
-fn roll_log(l: &mut Log, state: &mut TierState, tier: &Quota, now: u64) {
-    l.prune(tier, now);
-    l.roll_fleet(
-        state.window_start_ms,
-        tier.period_ms,
-        state.ledger.prev_bound,
-    );
-    // the fleet's previous window leaves the span bucket by bucket
-    if let Some(p) = l.fleet_prev(state.window_start_ms, now / NANOS_PER_MS) {
-        if p < state.ledger.prev_bound {
-            // room came back: a request past the lease waits for the next answer
-            // again rather than being refused as if the fleet were full
-            state.ledger.prev_bound = p;
-            state.ledger.short = 0;
-        }
-    }
-}
-
-/// State standing in for an untracked partition that has been seen `seen` times (this request
-/// included): as if its earlier requests all fell in the current window.
-fn stand_in(tier: &Quota, algo: Algorithm, now_ns: u64, seen: u64) -> TierState {
-    let before = seen.saturating_sub(1);
-    let p_ms = (tier.period_ms).max(1);
-    let mut s = TierState {
-        window_start_ms: (now_ns / NANOS_PER_MS) / p_ms * p_ms,
-        current: before,
-        ..TierState::default()
-    };
-    // never committed, never sent: the sketch count stands for what this instance admitted
-    s.ledger.gen = 1;
-    s.ledger.used = before;
-    if algo.is_bucket() {
-        let interval = (p_ms * NANOS_PER_MS / tier.threshold.max(1)).max(1);
-        s.tat_ns = now_ns.saturating_add(before.saturating_mul(interval));
-    }
-    s
-}
-
 impl Limiter {
     /// Count the final outcome of a request in the decision metrics (`decision_metrics`).
     /// `admitted`: the request goes to the upstream (allowed, or throttled).
@@ -229,7 +119,7 @@ impl Limiter {
                 let cr = self.rules.get(usize::from(r))?;
                 Some((&cr.metrics, cr.rule.action, &*cr.rule.id))
             },
-            || self.clock.now_ns() / NANOS_PER_MS,
+            || self.core.now_ns() / NANOS_PER_MS,
         );
     }
 
@@ -258,9 +148,9 @@ impl Limiter {
         decisions: &IntCounterVec,
         cap_per_rule: usize,
         clock: Arc<dyn Clock>,
-        fleet: Arc<FleetState>,
+        fleet: Arc<Fleet>,
     ) -> Limiter {
-        let compiled: Vec<CompiledRule> = rules
+        let (compiled, limits): (Vec<CompiledRule>, Vec<Limit>) = rules
             .iter()
             // rules with tiers (a rule with only `concurrency` is `InFlightLimits`')
             .filter(|r| r.enabled && !r.tiers.is_empty())
@@ -277,13 +167,6 @@ impl Limiter {
                     .iter()
                     .map(|(_, t)| tier_texts(&r.id, t, r.unit.as_deref()))
                     .collect();
-                let top_period_ms = lists
-                    .iter()
-                    .flat_map(|(_, t)| t.iter())
-                    .map(|t| t.period.as_millis() as u64)
-                    .max()
-                    .unwrap_or(1)
-                    .max(1);
                 let metrics = RuleMetrics::new(decisions, &r.id, lists.iter().map(|(_, t)| &t[..]));
                 let identity = RuleIdentity::of(
                     &r.id,
@@ -295,18 +178,17 @@ impl Limiter {
                     .iter()
                     .map(|(_, t)| t.iter().map(Quota::from).collect())
                     .collect();
-                CompiledRule {
+                let counters = registry.get_or_create(identity, tier_lists.clone(), cap_per_rule);
+                let compiled = CompiledRule {
                     texts,
-                    top: Default::default(),
-                    top_period_ms,
                     rule: Arc::clone(r),
-                    counters: registry.get_or_create(identity, tier_lists.clone(), cap_per_rule),
-                    tier_lists,
                     plan_lists,
                     metrics,
-                }
+                };
+                let limit = Limit::new(counters, tier_lists, enforcement(r), r.charges_late());
+                (compiled, limit)
             })
-            .collect();
+            .unzip();
         let concurrency = rules
             .iter()
             .filter(|r| r.enabled)
@@ -324,8 +206,8 @@ impl Limiter {
             .any(|cr| matches!(cr.rule.cost, Cost::Header { .. }));
         Limiter {
             rules: compiled,
+            core: tollgate_limits::limiter::Limiter::new(limits, clock, Arc::clone(&fleet.state)),
             concurrency,
-            clock,
             fleet,
             policy_cache: PolicyCache::default(),
             header_costs,
@@ -334,7 +216,12 @@ impl Limiter {
 
     /// The limiter's clock: nanoseconds since the Unix epoch.
     pub fn now_ns(&self) -> u64 {
-        self.clock.now_ns()
+        self.core.now_ns()
+    }
+
+    /// The core's view of rule `rule` (its counters, tiers and enforcement).
+    pub fn limit(&self, rule: u16) -> Option<&Limit> {
+        self.core.limits.get(usize::from(rule))
     }
 
     /// No rule limits anything (neither rates nor requests in flight).
@@ -411,7 +298,7 @@ impl Limiter {
     /// limiter's clock, whose reading the decision takes anyway).
     pub fn decide_into(&self, req: &LimitRequest, plans: &Plans, out: &mut Decision) -> u64 {
         let start = self.decide_in(req, plans, self.fleet.mode(), Patience::First, out);
-        start.map_or(0, |t| self.clock.now_ns().saturating_sub(t))
+        start.map_or(0, |t| self.core.now_ns().saturating_sub(t))
     }
 
     /// Decide again for a request that was held, after a round ended: it may be held again,
@@ -433,9 +320,10 @@ impl Limiter {
         d
     }
 
-    /// Decide into `decision` (cleared first). Returns the clock's reading the decision was
-    /// taken at (read once, before the rules are matched and their counters locked: a
-    /// request that waited for a lock counts where the window stood when it came).
+    /// Decide into `decision` (cleared first): the applying rules, then the core's decision.
+    /// Returns the clock's reading the decision was taken at (read once, before the rules are
+    /// matched and their counters locked: a request that waited for a lock counts where the
+    /// window stood when it came).
     fn decide_in(
         &self,
         req: &LimitRequest,
@@ -448,114 +336,24 @@ impl Limiter {
         if self.rules.is_empty() {
             return None;
         }
-        let now = self.clock.now_ns();
+        let now = self.core.now_ns();
         let mut arena: SmallVec<[u8; 256]> = SmallVec::new();
         let mut applying = self.applying(req, plans, &mut arena);
-        if applying.is_empty() {
-            return Some(now);
-        }
-        // lock in uid order
-        applying.sort_unstable_by_key(|a| a.uid);
-        let mut guards: SmallVec<[_; 4]> = applying
-            .iter()
-            .map(|a| {
-                self.rules[a.rule as usize]
-                    .counters
-                    .lock(RuleCounters::shard_of_hash(a.hash))
-            })
-            .collect();
-        let mut slots: SmallVec<[Slot; 4]> = SmallVec::new();
-        let mut wake = false;
-        for (a, guard) in applying.iter().zip(guards.iter_mut()) {
-            let key = &arena[a.key_start..a.key_end];
-            let (slot, w) = self.check(a, guard, key, now, mode, patience, decision);
-            wake |= w;
-            slots.push(slot);
-        }
-        decision.verdict = self.verdict(decision, mode);
-        if decision.held && decision.verdict.admits() {
-            decision.verdict = Verdict::Hold;
-        }
-        if !decision.verdict.admits() {
-            decision.wait_ns = 0;
-        }
-        if decision.verdict.admits() {
-            wake |= self.commit(&applying, &mut slots, decision, now, mode);
-            if decision.wait_ns > 0 {
-                self.note_turns(&applying, &slots, &arena, decision);
-            }
-            // a rule is charged only what it would let through, late or not
-            for (a, &(_, violated)) in applying.iter().zip(&decision.applied) {
-                if !violated && self.rules[a.rule as usize].rule.charges_late() {
-                    decision.late.push(Late {
-                        rule: a.rule,
-                        list: a.list,
-                        hash: a.hash,
-                        key: arena[a.key_start..a.key_end].into(),
-                        units: a.units,
-                        reserved: matches!(mode, FleetMode::Leased { .. }),
-                    });
-                }
-            }
-        }
-        if wake {
+        if !applying.is_empty()
+            && self
+                .core
+                .decide(&mut applying, &arena, now, (mode, patience), decision)
+        {
             self.fleet.want_round();
         }
-        drop(slots);
-        drop(guards);
         Some(now)
-    }
-
-    /// Keep the turns an admitted request took in leaky buckets (see `Decision::queued`).
-    fn note_turns(
-        &self,
-        applying: &[Applying],
-        slots: &[Slot],
-        arena: &[u8],
-        decision: &mut Decision,
-    ) {
-        for ((a, slot), &(_, violated)) in applying.iter().zip(slots).zip(&decision.applied) {
-            let cr = &self.rules[a.rule as usize];
-            if violated
-                || cr.rule.action == Action::Shadow
-                || cr.counters.algorithm() != Algorithm::LeakyBucket
-            {
-                continue;
-            }
-            if let Slot::Tracked(c) = slot {
-                decision.queued.push(Queued {
-                    rule: a.rule,
-                    list: a.list,
-                    hash: a.hash,
-                    key: arena[a.key_start..a.key_end].into(),
-                    units: a.units,
-                    tats: c.tiers.iter().map(|t| t.tat_ns).collect(),
-                });
-            }
-        }
     }
 
     /// A request that waited for its turn left before it came (the client went away): each
     /// leaky bucket it took a turn in takes it back where nobody took a later one. (The
     /// fleet's accounting still counts it.)
     pub fn leave_queue(&self, d: &mut Decision) {
-        for q in std::mem::take(&mut d.queued) {
-            let Some(cr) = self.rules.get(usize::from(q.rule)) else {
-                continue;
-            };
-            let rc = &cr.counters;
-            let mut shard = rc.lock(RuleCounters::shard_of_hash(q.hash));
-            let Ok(c) = rc.counter(&mut shard, &q.key, q.hash, q.list, self.clock.now_ns()) else {
-                continue;
-            };
-            for ((state, tier), &tat) in c.tiers.iter_mut().zip(cr.tiers(q.list)).zip(&q.tats) {
-                if state.tat_ns == tat {
-                    let back = algorithm::interval_ns(tier).saturating_mul(u128::from(q.units));
-                    state.tat_ns = tat.saturating_sub(u64::try_from(back).unwrap_or(u64::MAX));
-                }
-            }
-        }
-        d.wait_ns = 0;
+        self.core.leave_queue(d);
     }
 
     /// The applying rules, with their partition keys in one arena.
@@ -571,7 +369,7 @@ impl Limiter {
             req.plan_in(plans)
         };
         let mut applying = SmallVec::new();
-        for (i, cr) in self.rules.iter().enumerate() {
+        for (i, (cr, limit)) in self.rules.iter().zip(&self.core.limits).enumerate() {
             let r = &cr.rule;
             if !r.matcher.matches(req.method, req.host, req.path) || Self::exempt(r, req, plan) {
                 continue;
@@ -594,332 +392,13 @@ impl Limiter {
                 rule: i as u16,
                 list,
                 units,
-                hash: cr.counters.hash_of(&arena[key_start..]),
-                uid: cr.counters.uid,
+                hash: limit.counters.hash_of(&arena[key_start..]),
+                uid: limit.counters.uid,
                 key_start,
                 key_end: arena.len(),
             });
         }
         applying
-    }
-
-    /// Check every tier of one applying rule (its shard locked); report each tier in
-    /// `decision`. Returns the slot to commit to, and whether a fleet round is wanted now.
-    #[allow(clippy::too_many_arguments)]
-    fn check<'g>(
-        &self,
-        a: &Applying,
-        shard: &'g mut Shard,
-        key: &[u8],
-        now: u64,
-        mode: FleetMode,
-        patience: Patience,
-        decision: &mut Decision,
-    ) -> (Slot<'g>, bool) {
-        let cr = &self.rules[a.rule as usize];
-        let rc = &cr.counters;
-        let tiers = cr.tiers(a.list);
-        let cx = RuleCheck {
-            algo: rc.algorithm(),
-            units: a.units,
-            now,
-            mode,
-            patience,
-            shadow: cr.rule.action == Action::Shadow,
-        };
-        let mut stand_ins: SmallVec<[TierState; 2]> = SmallVec::new();
-        let mut slot = match rc.counter(shard, key, a.hash, a.list, now) {
-            Ok(c) => Slot::Tracked(c),
-            Err(Untracked(seen)) => {
-                stand_ins.extend(tiers.iter().map(|t| stand_in(t, cx.algo, now, seen)));
-                Slot::Untracked
-            }
-        };
-        let tracked = matches!(slot, Slot::Tracked(_));
-        let (states, mut logs): (&mut [TierState], Option<&mut [Log]>) = match &mut slot {
-            Slot::Tracked(c) => (&mut c.tiers, c.logs.as_deref_mut()),
-            Slot::Untracked => (&mut stand_ins, None),
-        };
-        let (mut violated, mut wake) = (false, false);
-        // for `/api/top`: the highest use of a limit among the tiers
-        let mut usage_permille = 0u32;
-        // a leaky bucket: the longest wait for a turn among the tiers
-        let mut wait_ns = 0;
-        for (ti, (state, tier)) in states.iter_mut().zip(tiers).enumerate() {
-            if let Some(orphan) = algorithm::roll(state, tier, cx.algo, now) {
-                if tracked {
-                    rc.keep_orphan(key, a.list, ti, orphan);
-                }
-            }
-            let log = logs.as_deref_mut().and_then(|l| l.get_mut(ti));
-            let t = self.check_tier(&cx, state, tier, log, &mut decision.held);
-            wake |= t.wake;
-            violated |= !t.verdict.allowed;
-            wait_ns = wait_ns.max(t.wait_ns);
-            let permille = t.used.saturating_mul(1000) / tier.threshold.max(1);
-            usage_permille = usage_permille.max(permille.min(u64::from(u32::MAX)) as u32);
-            decision.tiers.push(TierReport {
-                rule: a.rule,
-                list: a.list,
-                tier: ti as u8,
-                threshold: tier.threshold,
-                period_ms: tier.period_ms,
-                calendar: tier.calendar.map(|c| c.unit),
-                verdict: t.verdict,
-                shadow: cx.shadow,
-            });
-        }
-        let now_ms = now / NANOS_PER_MS;
-        if violated {
-            cr.top.denied(key, cr.top_window(now_ms), usage_permille);
-        } else if usage_permille >= top::USAGE_FLOOR {
-            cr.top.usage(key, cr.top_window(now_ms), usage_permille);
-        }
-        if !violated && !cx.shadow {
-            decision.wait_ns = decision.wait_ns.max(wait_ns);
-        }
-        decision.applied.push((a.rule, violated));
-        (slot, wake)
-    }
-
-    /// One tier of an applying rule, its window rolled: the sliding log's bookkeeping, the
-    /// algorithm's verdict, the demand noted for the fleet, then what the fleet says of it.
-    fn check_tier(
-        &self,
-        cx: &RuleCheck,
-        state: &mut TierState,
-        tier: &Quota,
-        mut log: Option<&mut Log>,
-        held: &mut bool,
-    ) -> TierCheck {
-        let (algo, now) = (cx.algo, cx.now);
-        if let Some(l) = log.as_deref_mut() {
-            roll_log(l, state, tier, now);
-        }
-        let counted = log.as_deref().map_or(state.current, Log::len);
-        let mut verdict = match log.as_deref() {
-            Some(l) => l.evaluate(tier, now, cx.units),
-            None => algorithm::evaluate(state, tier, algo, now, cx.units),
-        };
-        let wait_ns = if algo == Algorithm::LeakyBucket {
-            algorithm::queue_wait_ns(state, now)
-        } else {
-            0
-        };
-        ledger::note_demand(state, cx.units);
-        if !self.fleet.plain_increments() {
-            // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
-            state.ledger.leased = true;
-        }
-        // a counter whose cluster node is down while the rest of Redis answers
-        let (leased, shared) =
-            if state.ledger.unreachable && matches!(cx.mode, FleetMode::Leased { .. }) {
-                fleet_modes(self.fleet.unreachable_mode())
-            } else {
-                fleet_modes(cx.mode)
-            };
-        let wake = self.fleet_ceiling(
-            state,
-            (tier, cx.units),
-            algo,
-            now / NANOS_PER_MS,
-            (leased, shared),
-            cx.patience,
-            cx.shadow,
-            &mut verdict,
-            held,
-        );
-        let used = counted + if verdict.allowed { cx.units } else { 0 };
-        TierCheck {
-            verdict,
-            used,
-            wait_ns,
-            wake,
-        }
-    }
-
-    /// What the fleet says of a tier the local count admits: room left (the remaining count
-    /// as the fleet knows it), a hold for the next round (this instance's lease is used), or
-    /// a refusal (the fleet is full; this instance's share is used while Redis is away).
-    /// Returns whether a round must be asked for at once.
-    #[allow(clippy::too_many_arguments)]
-    fn fleet_ceiling(
-        &self,
-        state: &mut TierState,
-        (tier, units): (&Quota, u64),
-        algo: Algorithm,
-        now_ms: u64,
-        (leased, shared): (Option<u64>, Option<u64>),
-        patience: Patience,
-        shadow: bool,
-        verdict: &mut TierVerdict,
-        held: &mut bool,
-    ) -> bool {
-        let mut wake = false;
-        let fleet = match verdict.allowed {
-            false => Ceiling::Open,
-            true => match ledger::ceiling(state, tier, algo, now_ms, leased, shared, units) {
-                // held as long as it may while Redis answered: if an answer could not
-                // grant what waited here, the fleet is full; if none said so, the rounds
-                // were only slow (a busy machine, a stalling Redis): it takes its part of
-                // what the last answer left (`ledger::fits_after_hold`)
-                Ceiling::LeaseUsed if patience == Patience::Over => {
-                    let n = self.fleet.instances();
-                    if state.ledger.short == 0
-                        && ledger::fits_after_hold(state, tier, algo, n, units)
-                    {
-                        Ceiling::Open
-                    } else {
-                        Ceiling::FleetFull
-                    }
-                }
-                c => c,
-            },
-        };
-        match fleet {
-            Ceiling::Open => {
-                // what the fleet has left, as this instance knows it
-                if let Some(room) = ledger::room(state, tier, algo, leased, shared) {
-                    verdict.remaining = verdict.remaining.min(room.saturating_sub(units));
-                }
-            }
-            // a shadow rule never holds a request: it runs on credit
-            Ceiling::LeaseUsed if shadow => {}
-            Ceiling::LeaseUsed => {
-                // under the limit, but this instance's lease is used: the request waits for
-                // the next round, which asks for it (it is never refused for this)
-                ledger::note_hold(state, patience == Patience::First, units);
-                *held = true;
-                verdict.remaining = 0;
-                wake = true;
-            }
-            Ceiling::FleetFull => {
-                // the last round could not grant what waited here: the others hold or
-                // admitted the rest of the window (a bucket: its tokens). A round asks
-                // again (see `note_full`), so that room that comes back is seen.
-                wake |= ledger::note_full(state, algo);
-                let retry_after_ms = if algo.is_bucket() {
-                    (tier.period_ms / tier.threshold.max(1)).max(1)
-                } else {
-                    verdict.reset_ms
-                };
-                *verdict = TierVerdict {
-                    allowed: false,
-                    remaining: 0,
-                    retry_after_ms,
-                    ..*verdict
-                };
-            }
-            Ceiling::ShareUsed => {
-                // no room before the window ends (or Redis is back)
-                *verdict = TierVerdict {
-                    allowed: false,
-                    remaining: 0,
-                    retry_after_ms: verdict.reset_ms,
-                    ..*verdict
-                };
-            }
-        }
-        wake
-    }
-
-    /// The verdict from the violated rules' actions and the fleet's state.
-    fn verdict(&self, decision: &Decision, mode: FleetMode) -> Verdict {
-        let mut reject: Option<u16> = None;
-        let mut shadowban: Option<u16> = None;
-        let mut throttle: Option<u64> = None; // the slowest pace
-        let mut delay: Option<(u64, u16)> = None; // (smallest max_delay, status)
-        for &(rule, violated) in &decision.applied {
-            let r = &self.rules[rule as usize].rule;
-            if !violated {
-                continue;
-            }
-            match r.action {
-                Action::Shadow => {}
-                Action::Reject => {
-                    reject.get_or_insert(r.status);
-                }
-                Action::Shadowban => {
-                    shadowban.get_or_insert(rule);
-                }
-                Action::Throttle => {
-                    throttle = Some(throttle.map_or(r.throttle_bps, |t| t.min(r.throttle_bps)));
-                }
-                Action::Delay => {
-                    let md = r.max_delay.as_millis() as u64;
-                    delay = Some(match delay {
-                        Some((d, s)) if d <= md => (d, s),
-                        _ => (md, r.status),
-                    });
-                }
-            }
-        }
-        let enforced = decision
-            .applied
-            .iter()
-            .any(|&(r, _)| self.rules[r as usize].rule.action != Action::Shadow);
-        // reject, then shadowban, then delay, then throttle
-        match (reject, delay) {
-            _ if mode == FleetMode::AllowAll => Verdict::Allow,
-            _ if mode == FleetMode::DenyAll && enforced => Verdict::Reject { status: 503 },
-            (Some(status), _) => Verdict::Reject { status },
-            _ if shadowban.is_some() => Verdict::Shadowban {
-                rule: shadowban.unwrap_or(0),
-            },
-            (None, Some((max_delay_ms, status))) => {
-                let wait_ms = decision.retry_after_ms();
-                if wait_ms <= max_delay_ms {
-                    Verdict::Delay {
-                        wait_ms,
-                        max_delay_ms,
-                        status,
-                    }
-                } else {
-                    Verdict::Reject { status }
-                }
-            }
-            (None, None) => match throttle {
-                Some(bytes_per_sec) => Verdict::Throttle { bytes_per_sec },
-                None => Verdict::Allow,
-            },
-        }
-    }
-
-    /// Commit an admitted request (allowed, or throttled) to every tracked counter of the rules
-    /// it is not over (a throttle rule it is over, like a shadow rule it is over, is skipped).
-    /// The remaining counts reported were computed as if committed.
-    /// Returns whether a fleet round is wanted now.
-    /// Count one request of `units` in every tier of one counter (its states rolled to `now`);
-    /// the fleet's ledger counts units too.
-    fn commit_tiers(
-        cr: &CompiledRule,
-        c: &mut Counter,
-        now: u64,
-        leased: Option<u64>,
-        units: u64,
-    ) -> bool {
-        let now_ms = now / NANOS_PER_MS;
-        let algo = cr.counters.algorithm();
-        let mut wake = false;
-        if let Some(logs) = c.logs.as_deref_mut() {
-            for (log, tier) in logs.iter_mut().zip(cr.tiers(c.list)) {
-                log.prune(tier, now);
-                log.commit(tier, now, units);
-            }
-        }
-        for (state, tier) in c.tiers.iter_mut().zip(cr.tiers(c.list)) {
-            // as `check` found it (the state has not changed since)
-            let how = match leased.filter(|_| !state.ledger.unreachable) {
-                Some(n) => ledger::direct(state, tier, algo, now_ms, n, units)
-                    .map_or(Admitted::Leased, Admitted::Direct),
-                None => Admitted::Unsynced {
-                    direct_capable: ledger::direct_capable(tier, algo),
-                },
-            };
-            algorithm::commit(state, tier, algo, now, units);
-            wake |= ledger::commit(state, how, units) && leased.is_some();
-        }
-        wake
     }
 
     /// Charge a forwarded request to the rules that charge once its answer is known: its
@@ -944,111 +423,29 @@ impl Limiter {
     /// (`ended` false: its head), the rules that wait for its trailers
     /// (`Rule::waits_for_trailers`) stay owed.
     pub fn charge_answer(&self, d: &mut Decision, answer: &Answered<'_>) {
-        if d.late.is_empty() {
-            return;
-        }
-        let (status, headers) = (answer.status, answer.fields);
-        let now = self.clock.now_ns();
-        let (leased, _) = fleet_modes(self.fleet.mode());
-        let mut wake = false;
-        // charged entries leave; those waiting for the trailers stay where they are (no new
-        // list for them)
-        let mut owed = std::mem::take(&mut d.late);
-        owed.retain(|late| {
-            let Some(cr) = self.rules.get(usize::from(late.rule)) else {
-                return false;
-            };
-            let r = &cr.rule;
+        let wake = self.core.charge_late(d, |late| {
+            let r = &self.rules.get(usize::from(late.rule))?.rule;
             if !answer.ended && r.waits_for_trailers() {
-                return true;
+                return None;
             }
-            let charge = if r.count_when.is_some_and(|c| !c.counts(status, answer.grpc)) {
-                0
-            } else {
-                match &r.cost {
-                    Cost::Response { default, .. } => r.cost.of_answer(headers).unwrap_or(*default),
-                    _ => late.units,
-                }
-            };
-            for t in d.tiers.iter_mut().filter(|t| t.rule == late.rule) {
-                t.verdict.remaining = (t.verdict.remaining + late.units)
-                    .saturating_sub(charge)
-                    .min(t.threshold);
-            }
-            wake |= self.charge(cr, late, charge, now, leased);
-            false
+            Some(
+                if r.count_when
+                    .is_some_and(|c| !c.counts(answer.status, answer.grpc))
+                {
+                    0
+                } else {
+                    match &r.cost {
+                        Cost::Response { default, .. } => {
+                            r.cost.of_answer(answer.fields).unwrap_or(*default)
+                        }
+                        _ => late.units,
+                    }
+                },
+            )
         });
-        d.late = owed;
         if wake {
             self.fleet.want_round();
         }
-    }
-
-    /// Count `units` of a late charge in its counter, rolled to `now`. Returns whether a fleet
-    /// round is wanted now.
-    fn charge(
-        &self,
-        cr: &CompiledRule,
-        late: &Late,
-        units: u64,
-        now: u64,
-        leased: Option<u64>,
-    ) -> bool {
-        if units == 0 && !late.reserved {
-            // nothing to count, nothing to release (an answer `count_when` does not name)
-            return false;
-        }
-        let rc = &cr.counters;
-        let algo = rc.algorithm();
-        let mut shard = rc.lock(RuleCounters::shard_of_hash(late.hash));
-        // an untracked partition (the store at its cap) is judged on its estimate alone
-        let Ok(c) = rc.counter(&mut shard, &late.key, late.hash, late.list, now) else {
-            return false;
-        };
-        for (ti, (state, tier)) in c.tiers.iter_mut().zip(cr.tiers(late.list)).enumerate() {
-            if let Some(orphan) = algorithm::roll(state, tier, algo, now) {
-                rc.keep_orphan(&late.key, late.list, ti, orphan);
-            }
-            if late.reserved {
-                ledger::release(state, late.units, units);
-            }
-        }
-        units > 0 && Self::commit_tiers(cr, c, now, leased, units)
-    }
-
-    fn commit(
-        &self,
-        applying: &[Applying],
-        slots: &mut [Slot],
-        decision: &Decision,
-        now: u64,
-        mode: FleetMode,
-    ) -> bool {
-        let (leased, _) = fleet_modes(mode);
-        let mut wake = false;
-        for ((a, slot), &(_, violated)) in
-            applying.iter().zip(slots.iter_mut()).zip(&decision.applied)
-        {
-            if violated && mode != FleetMode::AllowAll {
-                continue;
-            }
-            let Slot::Tracked(c) = slot else {
-                continue;
-            };
-            let cr = &self.rules[a.rule as usize];
-            if cr.rule.charges_late() {
-                // charged once the answer is known (`charge_late`); until then, with Redis, it
-                // holds the credit it may have taken
-                if leased.is_some() {
-                    for state in c.tiers.iter_mut() {
-                        ledger::reserve(state, a.units);
-                    }
-                }
-                continue;
-            }
-            wake |= Self::commit_tiers(cr, c, now, leased, a.units);
-        }
-        wake
     }
 }
 
@@ -1060,6 +457,7 @@ pub(crate) mod tests {
     use crate::limits::FakeClock;
     use crate::matching::Segments;
     use std::path::Path;
+    use tollgate_limits::decision::Verdict;
 
     const T0: u64 = 1_800_000_000_000;
 
@@ -1089,7 +487,7 @@ pub(crate) mod tests {
             &metrics.decisions,
             1000,
             clock.clone(),
-            Arc::new(FleetState::default()),
+            Arc::new(Fleet::default()),
         );
         Rig {
             limiter,

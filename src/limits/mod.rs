@@ -3,8 +3,9 @@
 //! (the fleet record of a tier), `ledger` (fleet accounting on the records: used, confirmed,
 //! leased), `sliding_log`, `partition` (what a counter counts for), `store` (local counters with
 //! bounded memory, kept across reloads), `in_flight` and `top`; re-exported here by those names.
-//! Here: `fleet` (what the request path knows of the fleet), `limiter` (the decision for a
-//! request, with its `policy` texts, written to the core's `decision`), `concurrency` (limits of
+//! The core's `fleet` and `limiter` decide; here: `fleet` (`Fleet`, the core's fleet state with
+//! the runtime's notifications), `limiter` (which rules apply to a request, then the core's
+//! decision; what an answer is charged; with its `policy` texts), `concurrency` (limits of
 //! requests in flight), `headers` (what the client is told), `decision_metrics`, `inspect`,
 //! `probe`.
 

@@ -10,7 +10,10 @@
 //! - `store`: the counters of one rule, sharded, bounded, surviving reloads; `in_flight`:
 //!   requests in flight per partition; `top`: the partitions closest to their limits;
 //! - `decision`: what was decided for one request (its verdict, each tier's report, what it
-//!   owes later), plain data for headers, metrics and inspection.
+//!   owes later), plain data for headers, metrics and inspection;
+//! - `fleet`: what the decisions know of Redis and the other instances (atomics);
+//! - `limiter`: the decision for one request on the rules that apply to it (`Limit`s), check
+//!   then commit, and the charges owed until the answer is known.
 //!
 //! See `ARCHITECTURE.md` beside this crate's `Cargo.toml`.
 
@@ -18,8 +21,10 @@ pub mod algorithm;
 pub mod calendar;
 pub mod clock;
 pub mod decision;
+pub mod fleet;
 pub mod in_flight;
 pub mod ledger;
+pub mod limiter;
 pub mod partition;
 pub mod record;
 pub mod sliding_log;

@@ -4,7 +4,7 @@
 //! tenant, read from the counters without creating any). Tenant ids appear here and nowhere
 //! in metrics.
 
-use crate::limits::fleet::{FleetState, Link};
+use crate::limits::fleet::{Fleet, Link};
 use crate::metrics::Metrics;
 use crate::services::reload::ReloadStatus;
 use crate::snapshot::SharedSnapshot;
@@ -93,7 +93,7 @@ pub struct OpsSampler {
     pub shared: SharedSnapshot,
     pub rates: Arc<DecisionRates>,
     pub metrics: Arc<Metrics>,
-    pub fleet: Arc<FleetState>,
+    pub fleet: Arc<Fleet>,
     pub interval: Duration,
 }
 
@@ -171,7 +171,7 @@ fn round2(x: f64) -> f64 {
 
 /// `not_configured`, `connecting`, `connected`, `disconnected`, or `error`: Redis answers,
 /// with error replies to some commands (see `redis_error`).
-pub fn redis_state(fleet: &FleetState) -> &'static str {
+pub fn redis_state(fleet: &Fleet) -> &'static str {
     match (fleet.is_configured(), fleet.link()) {
         (false, _) => "not_configured",
         (true, Link::Up) if fleet.reply_error().is_some() => "error",
@@ -182,7 +182,7 @@ pub fn redis_state(fleet: &FleetState) -> &'static str {
 }
 
 /// The error replies Redis answers with (`null` when none): `{"kind", "message"}`.
-pub fn redis_error(fleet: &FleetState) -> Value {
+pub fn redis_error(fleet: &Fleet) -> Value {
     match fleet.reply_error().filter(|_| fleet.link() == Link::Up) {
         Some(e) => json!({ "kind": e.kind, "message": e.message }),
         None => Value::Null,
@@ -192,7 +192,7 @@ pub fn redis_error(fleet: &FleetState) -> Value {
 /// `GET /api/status`.
 pub fn status(
     shared: &SharedSnapshot,
-    fleet: &FleetState,
+    fleet: &Fleet,
     metrics: &Metrics,
     rates: &DecisionRates,
     reload: &ReloadStatus,
@@ -339,7 +339,7 @@ pub fn status(
 /// `GET /api/tenants/<tenant>` (the id percent-decoded); `None` for a tenant this instance
 /// knows nothing of: no API key or plan names it, no rule tracks a counter of it and it has no
 /// request in flight (the admin listener answers 404).
-pub fn tenant(shared: &SharedSnapshot, fleet: &FleetState, tenant: &[u8]) -> Option<Value> {
+pub fn tenant(shared: &SharedSnapshot, fleet: &Fleet, tenant: &[u8]) -> Option<Value> {
     let snap = shared.load();
     let cfg = &snap.config;
     let plan = cfg
@@ -419,17 +419,18 @@ pub fn top(shared: &SharedSnapshot, query: &str) -> Result<Value, String> {
     }
     let rule = rule.ok_or("rule=<id> is required")?;
     let snap = shared.load();
-    let cr = snap
+    let (cr, limit) = snap
         .limiter
         .rules
         .iter()
-        .find(|r| r.rule.id == rule)
+        .zip(&snap.limiter.core.limits)
+        .find(|(r, _)| r.rule.id == rule)
         .ok_or(format!("no rule {rule:?}"))?;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    let since = cr.top_window(now_ms);
-    let list: Vec<Value> = cr
+    let since = limit.top_window(now_ms);
+    let list: Vec<Value> = limit
         .top
         .top(n, by_denied, since)
         .into_iter()

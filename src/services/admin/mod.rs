@@ -4,7 +4,7 @@
 
 pub mod api;
 
-use crate::limits::fleet::{FleetState, Link};
+use crate::limits::fleet::{Fleet, Link};
 use crate::metrics::Metrics;
 use crate::services::reload::ReloadStatus;
 use crate::snapshot::SharedSnapshot;
@@ -27,7 +27,7 @@ pub struct Admin {
     pub ready: Arc<AtomicBool>,
     /// Set by SIGTERM (drain, then exit) and SIGQUIT (hand the listeners over, then exit).
     pub draining: Arc<AtomicBool>,
-    pub fleet: Arc<FleetState>,
+    pub fleet: Arc<Fleet>,
     /// Client connections per listener: a full listener makes the process not ready.
     pub connections: Arc<crate::request::connections::Connections>,
 }
@@ -226,7 +226,7 @@ pub struct ReadinessProbe {
     /// listener does not log a failed one for the probe's connection).
     pub listen_tls: Vec<bool>,
     pub ready: Arc<AtomicBool>,
-    pub fleet: Arc<FleetState>,
+    pub fleet: Arc<Fleet>,
     /// `tracing` is configured: ready once requests are traced (or `FIRST_ROUND_WAIT`).
     pub tracing: bool,
     /// The keys of the `jwt` issuers with a `jwks_uri`: ready once each was fetched (or

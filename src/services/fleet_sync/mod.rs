@@ -11,7 +11,7 @@ pub mod keys;
 
 use crate::config::model::{Algorithm, RedisSettings};
 use crate::limits::fleet::ReplyErrorState;
-pub use crate::limits::fleet::{FleetMode, FleetState, Link, MIN_ROUND_GAP_MS};
+pub use crate::limits::fleet::{Fleet, FleetMode, Link, MIN_ROUND_GAP_MS};
 use crate::metrics::Metrics;
 use crate::snapshot::SharedSnapshot;
 use async_trait::async_trait;
@@ -101,7 +101,7 @@ pub struct Finished {
 /// The instance's side of the fleet accounting, without I/O.
 pub struct Accounts {
     pub registry: Arc<CounterRegistry>,
-    pub fleet: Arc<FleetState>,
+    pub fleet: Arc<Fleet>,
     pub clock: Arc<dyn Clock>,
     pub instance: String,
     last_round_ms: AtomicU64,
@@ -112,7 +112,7 @@ pub struct Accounts {
 impl Accounts {
     pub fn new(
         registry: Arc<CounterRegistry>,
-        fleet: Arc<FleetState>,
+        fleet: Arc<Fleet>,
         clock: Arc<dyn Clock>,
         instance: String,
     ) -> Self {
