@@ -80,10 +80,10 @@ impl Rig {
 
     fn from_text(text: &str, clock: Arc<FakeClock>) -> Rig {
         let cfg = config::load_str(Path::new("t.yaml"), text).expect("valid config");
-        Rig::with_clock(cfg, clock.clone(), clock)
+        Rig::with_clock(cfg, clock)
     }
 
-    fn with_clock(cfg: config::Config, clock: Arc<dyn Clock>, fake: Arc<FakeClock>) -> Rig {
+    fn with_clock(cfg: config::Config, fake: Arc<FakeClock>) -> Rig {
         let metrics = Arc::new(Metrics::new().expect("metrics"));
         let rt = Runtime {
             registry: Arc::new(CounterRegistry::new(
@@ -93,7 +93,7 @@ impl Rig {
             gates: Default::default(),
             fleet: Arc::new(Fleet::default()),
             metrics: metrics.clone(),
-            clock,
+            clock: fake.clone(),
             probes: Default::default(),
         };
         let snap = Snapshot::build(cfg, &rt).expect("snapshot");
@@ -172,7 +172,7 @@ impl Rig {
         self.finish(a, admitted)
     }
 
-    /// One request, waiting (on tokio's clock) when the admission holds it.
+    /// One request, waiting (on the limiter's clock) when the admission holds it.
     async fn send_and_wait(&self, path: &str, headers: &[(&str, &str)]) -> Out {
         let head = Rig::head("GET", path, headers);
         let req = Incoming {
@@ -528,48 +528,37 @@ fn hostile_tenant_ids_get_correct_decisions_and_never_collide() {
     );
 }
 
-/// A clock that moves with tokio's (paused) clock, so that a held request's timers and the
-/// limiter agree on the time.
-struct TokioClock {
-    base_ms: u64,
-    start: tokio::time::Instant,
-}
-
-impl Clock for TokioClock {
-    fn now_ns(&self) -> u64 {
-        self.base_ms * 1_000_000 + self.start.elapsed().as_nanos() as u64
-    }
-}
-
 impl Rig {
-    /// A rig on these rules whose clock is tokio's (paused in the test), starting at `base_ms`:
-    /// a held request's wait moves it.
-    fn on_tokio_clock(limits: &str, base_ms: u64) -> Rig {
-        let text = config_text(limits, "");
-        let cfg = config::load_str(Path::new("t.yaml"), &text).expect("valid config");
-        let clock = Arc::new(TokioClock {
-            base_ms,
-            start: tokio::time::Instant::now(),
-        });
-        Rig::with_clock(cfg, clock, Arc::new(FakeClock::default()))
+    /// A rig on these rules whose fake clock starts at `base_ms`: a held request's wait is a
+    /// wait on the limiter's clock, which moves it (`FakeClock::sleep_until`).
+    fn at_ms(limits: &str, base_ms: u64) -> Rig {
+        Rig::from_text(
+            &config_text(limits, ""),
+            Arc::new(FakeClock::at_ms(base_ms)),
+        )
+    }
+
+    /// How long since `since_ns` on the rig's clock.
+    fn since(&self, since_ns: u64) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.clock.now_ns().saturating_sub(since_ns))
     }
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn delay_holds_a_request_until_it_fits_or_rejects_past_max_delay() {
     // 100 ms into a second
-    let rig = Rig::on_tokio_clock(
+    let rig = Rig::at_ms(
         "  - id: smooth\n    pathPattern: /slow/**\n    action: delay\n    max_delay: 1500ms\n    tiers: [{ period: 1, threshold: 1 }]\n  - id: impatient\n    pathPattern: /fast/**\n    action: delay\n    max_delay: 50ms\n    status: 503\n    tiers: [{ period: 1h, threshold: 1 }]",
         T0 + 100,
     );
     let t = [("x-org-id", "t")];
     assert!(rig.send_and_wait("/slow/x", &t).await.forwarded);
-    let started = tokio::time::Instant::now();
+    let started = rig.clock.now_ns();
     let r = rig.send_and_wait("/slow/x", &t).await;
     assert!(r.forwarded, "held, then let through");
     assert!(r.admitted.delayed);
     // held until the next second, when the tier has room: 900 ms, not a poll
-    let held = started.elapsed();
+    let held = rig.since(started);
     assert!(
         held >= std::time::Duration::from_millis(900)
             && held < std::time::Duration::from_millis(950),
@@ -580,10 +569,10 @@ async fn delay_holds_a_request_until_it_fits_or_rejects_past_max_delay() {
         .contains(r#"decision="delayed",rule="smooth",tier="all"} 1"#));
     // a wait longer than max_delay is rejected with the rule's status, at once
     assert!(rig.send_and_wait("/fast/x", &t).await.forwarded);
-    let started = tokio::time::Instant::now();
+    let started = rig.clock.now_ns();
     let r = rig.send_and_wait("/fast/x", &t).await;
     assert_eq!(r.status, 503);
-    assert_eq!(started.elapsed(), std::time::Duration::ZERO);
+    assert_eq!(rig.since(started), std::time::Duration::ZERO);
     assert_eq!(r.json()["title"], "Service Unavailable");
     assert!(r.header("retry-after").is_some());
 }
@@ -1436,20 +1425,20 @@ fn a_sliding_log_takes_tiers_costs_and_counted_answers() {
 
 /// A sliding log under `action: delay`: an over-limit request waits until enough of the span
 /// has left for it, no longer.
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn a_sliding_log_delay_waits_until_the_oldest_leaves() {
-    let rig = Rig::on_tokio_clock(
+    let rig = Rig::at_ms(
         "  - id: slow\n    pathPattern: /d/**\n    algorithm: sliding_log\n    action: delay\n    max_delay: 2s\n    tiers: [{ period: 1, threshold: 2 }]",
         T0 + 100,
     );
     let t = [("x-org-id", "acme")];
     assert!(rig.send_and_wait("/d/x", &t).await.forwarded);
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    rig.clock.advance_ms(400);
     assert!(rig.send_and_wait("/d/x", &t).await.forwarded);
-    let started = tokio::time::Instant::now();
+    let started = rig.clock.now_ns();
     let r = rig.send_and_wait("/d/x", &t).await;
     assert!(r.forwarded && r.admitted.delayed, "delayed, then admitted");
-    let held = started.elapsed();
+    let held = rig.since(started);
     assert!(
         held >= std::time::Duration::from_millis(600)
             && held < std::time::Duration::from_millis(620),

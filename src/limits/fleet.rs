@@ -3,10 +3,11 @@
 //! sync service when a counter wants a round, waking the requests that wait for one, and the
 //! error replies the admin listener shows.
 
+use super::wall_clock::SystemClock;
 use std::ops::Deref;
 use std::sync::Arc;
 use tokio::sync::Notify;
-use tollgate_limits::clock::{Clock, SystemClock, NANOS_PER_MS};
+use tollgate_limits::clock::{Clock, NANOS_PER_MS};
 pub use tollgate_limits::fleet::{FleetMode, FleetState, Link};
 
 pub struct Fleet {

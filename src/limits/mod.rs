@@ -7,7 +7,7 @@
 //! the runtime's notifications), `limiter` (which rules apply to a request, then the core's
 //! decision; what an answer is charged; with its `policy` texts), `concurrency` (limits of
 //! requests in flight), `headers` (what the client is told), `decision_metrics`, `inspect`,
-//! `probe`.
+//! `probe`, `wall_clock` (the core's clock on the system, waited on with tokio's timers).
 
 pub use tollgate_limits::{
     algorithm, clock, decision, in_flight, ledger, partition, record, sliding_log, store, top,
@@ -21,8 +21,10 @@ pub mod inspect;
 pub mod limiter;
 pub mod policy;
 pub mod probe;
+pub mod wall_clock;
 
-pub use clock::{Clock, FakeClock, SystemClock};
+pub use clock::{Clock, FakeClock};
 pub use decision::{Decision, Verdict};
 pub use limiter::{LimitRequest, Limiter};
 pub use store::CounterRegistry;
+pub use wall_clock::SystemClock;

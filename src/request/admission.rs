@@ -32,7 +32,7 @@ use smallvec::SmallVec;
 use std::net::IpAddr;
 use std::ops::ControlFlow;
 use std::time::Duration;
-use tokio::time::Instant;
+use tollgate_limits::clock::NANOS_PER_MS;
 use tollgate_limits::in_flight::Slot;
 
 /// What the later phases need of a request once admitted or answered: the route and tenant,
@@ -273,9 +273,11 @@ async fn hold(
     mut d: Decision,
 ) -> (Decision, bool) {
     let mut delayed = false;
-    let start = Instant::now();
-    let patience = Duration::from_millis(limiter.fleet.hold_ms());
-    let mut held_until = start + patience;
+    // every instant here is the limiter's clock (ns), and so are the waits
+    let clock = limiter.core.clock();
+    let start = clock.now_ns();
+    let patience = limiter.fleet.hold_ms().saturating_mul(NANOS_PER_MS);
+    let mut held_until = start.saturating_add(patience);
     let mut delay_until = None;
     loop {
         let wake = match d.verdict {
@@ -284,9 +286,11 @@ async fn hold(
                 max_delay_ms,
                 status,
             } => {
-                let deadline =
-                    *delay_until.get_or_insert(start + Duration::from_millis(max_delay_ms));
-                let wake = Instant::now() + Duration::from_millis(wait_ms.max(1));
+                let deadline = *delay_until
+                    .get_or_insert(start.saturating_add(max_delay_ms.saturating_mul(NANOS_PER_MS)));
+                let wake = clock
+                    .now_ns()
+                    .saturating_add(wait_ms.max(1).saturating_mul(NANOS_PER_MS));
                 if wake > deadline {
                     d.verdict = Verdict::Reject { status };
                     break;
@@ -300,14 +304,17 @@ async fn hold(
         // until room can appear: the refill time, or the end of the sync round that may
         // grant this instance more (a held request never polls the decision)
         tokio::select! {
-            _ = tokio::time::sleep_until(wake) => {}
+            _ = clock.sleep_until(wake) => {}
             _ = limiter.fleet.next_round() => {
                 // Redis is answering (slowly, on a busy machine): wait on
-                held_until = (Instant::now() + patience).min(start + 4 * patience);
+                held_until = clock
+                    .now_ns()
+                    .saturating_add(patience)
+                    .min(start.saturating_add(patience.saturating_mul(4)));
             }
         }
         d = match d.verdict {
-            Verdict::Hold if Instant::now() >= held_until => limiter.decide_after_hold(lreq, plans),
+            Verdict::Hold if clock.now_ns() >= held_until => limiter.decide_after_hold(lreq, plans),
             Verdict::Hold => limiter.decide_again(lreq, plans),
             _ => limiter.decide(lreq, plans),
         };

@@ -1,7 +1,7 @@
 //! The limits core of Tollgate: what a limit counts and how, knowing nothing of HTTP servers,
 //! async runtimes or config files. Its modules depend one way, bottom up:
 //!
-//! - `clock`: time as nanoseconds since the epoch, a system clock and a fake one;
+//! - `clock`: time as nanoseconds since the epoch and waits on it, and a fake clock;
 //! - `calendar`: calendar windows (a day, a week, a month in a time zone);
 //! - `algorithm`: the five algorithms on one tier's window state (`Quota`, `TierState`);
 //! - `record`: the fleet record of one tier (`Ledger`), `ledger`: the fleet's accounting on it,
@@ -32,5 +32,5 @@ pub mod store;
 pub mod top;
 
 pub use algorithm::Algorithm;
-pub use clock::{Clock, FakeClock, SystemClock, NANOS_PER_MS};
+pub use clock::{Clock, FakeClock, NANOS_PER_MS};
 pub use partition::PartitionBy;
