@@ -92,10 +92,10 @@ impl Limiter {
                             remaining,
                             reset_ms: v.reset_ms,
                             fleet: (l.fair > 0).then_some(FleetView {
-                                total: l.base.max(l.sent),
-                                this_instance: l.used,
+                                total: l.base.max(l.current.sent),
+                                this_instance: l.current.used,
                                 unsent: l.unsent(),
-                                lease: l.ceiling.saturating_sub(l.used).min(remaining),
+                                lease: l.ceiling.saturating_sub(l.current.used).min(remaining),
                             }),
                         }
                     })

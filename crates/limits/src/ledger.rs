@@ -128,7 +128,7 @@ pub fn direct(
     units: u64,
 ) -> Option<u64> {
     let l = &state.ledger;
-    if l.leased || !direct_capable(tier, algorithm) {
+    if l.current.leased || !direct_capable(tier, algorithm) {
         return None;
     }
     let allowance = direct_allowance(tier.threshold);
@@ -147,7 +147,7 @@ pub fn direct(
         .saturating_add(prev)
         .saturating_add(units)
         .saturating_add(instances.max(COLD_FLEET) * allowance);
-    let unreported = l.used.saturating_sub(l.sent);
+    let unreported = l.current.used.saturating_sub(l.current.sent);
     (unreported < allowance && known <= direct_zone(tier.threshold)).then_some(allowance)
 }
 
@@ -167,7 +167,7 @@ pub fn ceiling(
     let bucket = algorithm.is_bucket();
     let sliding = algorithm.is_sliding().then_some(now_ms);
     if let Some(n) = leased {
-        if !l.leased && direct_capable(tier, algorithm) {
+        if !l.current.leased && direct_capable(tier, algorithm) {
             // a direct record: within the zone it admits; past it (or with its allowance
             // unreported) the request waits for the lease the next round asks for
             return match direct(state, tier, algorithm, now_ms, n, units) {
@@ -184,7 +184,7 @@ pub fn ceiling(
                 Some(_) => 1,
                 None => cold_credit(tier.threshold, n),
             };
-            l.used + l.pending + units <= cold
+            l.current.used + l.pending + units <= cold
         } else {
             // one at a time while the window had room for every instance's credit at the
             // last answer (a bucket: tokens); a request charged late holds its credit until
@@ -194,7 +194,7 @@ pub fn ceiling(
                 && l.room >= n
                 && (bucket || state.current + units <= tier.threshold)
         };
-        let on_credit = l.used + units > l.ceiling;
+        let on_credit = l.current.used + units > l.ceiling;
         if on_credit && !credit {
             return if l.short >= 2 {
                 Ceiling::FleetFull
@@ -220,7 +220,7 @@ pub fn ceiling(
             };
             let cap = tier.threshold.saturating_sub(weight);
             let margin = if on_credit { others } else { 0 };
-            if l.used + l.others + margin + units > cap {
+            if l.current.used + l.others + margin + units > cap {
                 // the weighted count of this moment is full: no round changes that, time does
                 // (a log with no answer yet in this window knows the previous window only as
                 // a whole, or as its own answers saw it: the next answer says what is still in
@@ -258,7 +258,7 @@ pub fn room(
     let l = &state.ledger;
     let bucket = algorithm.is_bucket();
     if leased.is_some() {
-        if !l.leased && direct_capable(tier, algorithm) {
+        if !l.current.leased && direct_capable(tier, algorithm) {
             // direct: the fleet's count as last reported (none yet: the local count alone)
             return l
                 .keyed
@@ -269,12 +269,12 @@ pub fn room(
         }
         return Some(if bucket {
             l.room
-                .saturating_add(l.ceiling.saturating_sub(l.used))
+                .saturating_add(l.ceiling.saturating_sub(l.current.used))
                 .max(1)
         } else {
             // what the others held unused at the last answer (a log: and what of the previous
             // window is still in the span)
-            let held = (l.others + l.used).saturating_sub(state.current);
+            let held = (l.others + l.current.used).saturating_sub(state.current);
             let prev = if algorithm == Algorithm::SlidingLog {
                 l.prev_bound
             } else {
@@ -301,7 +301,10 @@ pub fn room(
 fn share(state: &TierState, tier: &Quota, n: u64) -> Option<(u64, u64)> {
     let l = &state.ledger;
     if l.unreachable && l.fair > 0 {
-        return Some((l.used, l.ceiling.max(l.sent) + l.room / n.max(1)));
+        return Some((
+            l.current.used,
+            l.ceiling.max(l.current.sent) + l.room / n.max(1),
+        ));
     }
     if n <= 1 {
         return None;
@@ -325,7 +328,7 @@ pub fn fits_after_hold(
 ) -> bool {
     let l = &state.ledger;
     if l.fair > 0 {
-        return l.used + units <= l.ceiling.max(l.sent) + l.room / n.max(1);
+        return l.current.used + units <= l.ceiling.max(l.current.sent) + l.room / n.max(1);
     }
     !algorithm.is_bucket()
         && share(state, tier, n.max(2)).is_some_and(|(counted, cap)| counted + units <= cap)
@@ -347,25 +350,25 @@ pub enum Admitted {
 /// credit, half of the lease is used, or (direct) half of the allowance is unreported.
 pub fn commit(state: &mut TierState, how: Admitted, units: u64) -> bool {
     let l = &mut state.ledger;
-    l.used += units;
+    l.current.used += units;
     match how {
-        Admitted::Direct(allowance) if !l.leased => {
-            let report = 2 * l.used.saturating_sub(l.sent) >= allowance;
+        Admitted::Direct(allowance) if !l.current.leased => {
+            let report = 2 * l.current.used.saturating_sub(l.current.sent) >= allowance;
             l.asking |= report;
             return report;
         }
         Admitted::Unsynced {
             direct_capable: true,
-        } if !l.leased => return false,
+        } if !l.current.leased => return false,
         _ => {}
     }
-    l.leased = true;
-    if l.used > l.ceiling {
+    l.current.leased = true;
+    if l.current.used > l.ceiling {
         l.on_credit = true;
         l.asking = true;
         return true;
     }
-    let half = 2 * (l.used - l.lease_from) >= l.ceiling.saturating_sub(l.lease_from);
+    let half = 2 * (l.current.used - l.lease_from) >= l.ceiling.saturating_sub(l.lease_from);
     l.asking |= half;
     half
 }
@@ -379,7 +382,7 @@ pub fn commit(state: &mut TierState, how: Admitted, units: u64) -> bool {
 pub fn note_full(state: &mut TierState, algorithm: Algorithm) -> bool {
     let l = &mut state.ledger;
     // a refusal is the lease path's (a direct record holds instead): the record leases
-    l.leased = true;
+    l.current.leased = true;
     let ask = l.short < 2 || algorithm != Algorithm::FixedWindow;
     l.asking |= ask;
     ask
@@ -390,7 +393,7 @@ pub fn note_full(state: &mut TierState, algorithm: Algorithm) -> bool {
 /// one that was is asked for again only when the last answer could not grant what waited.
 pub fn note_hold(state: &mut TierState, first: bool, units: u64) {
     let l = &mut state.ledger;
-    l.leased = true;
+    l.current.leased = true;
     if first || l.short > 0 {
         // a rule charging late: the share of its answers that were charged (one request
         // at least, with what came before)
@@ -518,7 +521,7 @@ pub struct Sizing {
 /// never admits what Redis has stopped reserving for it.
 pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
     let prev = previous_ask(state);
-    let current = if state.ledger.leased {
+    let current = if state.ledger.current.leased {
         lease_ask(state, &sizing)
     } else {
         direct_ask(state, &sizing)
@@ -530,24 +533,26 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
 /// give back.
 fn previous_ask(state: &TierState) -> Option<Ask> {
     let l = &state.ledger;
-    (l.prev_used > l.prev_sent || l.prev_held).then_some(Ask {
-        window_start_ms: l.prev_start_ms,
-        gen: l.prev_gen,
-        used: l.prev_used,
-        want: l.prev_used,
+    (l.previous.used > l.previous.sent || l.prev_held).then_some(Ask {
+        window_start_ms: l.previous_start_ms,
+        gen: l.previous.gen,
+        used: l.previous.used,
+        want: l.previous.used,
         need: 0,
-        confirmed: l.prev_sent,
+        confirmed: l.previous.sent,
         // (a bucket's: what Redis has not charged was admitted since its last answer, in the
         // record's window; a record never answered counts from now)
         since_ms: if l.settled_ms == 0 {
             0
         } else {
-            l.settled_ms.min(state.window_start_ms).max(l.prev_start_ms)
+            l.settled_ms
+                .min(state.window_start_ms)
+                .max(l.previous_start_ms)
         },
         previous: true,
         adopt: 0,
-        direct: l.prev_direct,
-        count: !l.prev_leased,
+        direct: l.previous.direct,
+        count: !l.previous.leased,
         first: false,
         log: false,
     })
@@ -557,8 +562,8 @@ fn previous_ask(state: &TierState) -> Option<Ask> {
 fn direct_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     let window_start_ms = state.window_start_ms;
     let l = &mut state.ledger;
-    let unsent = l.used > l.sent;
-    if l.gen == 0 || !unsent || !(l.asking || sizing.periodic) {
+    let unsent = l.current.used > l.current.sent;
+    if l.current.gen == 0 || !unsent || !(l.asking || sizing.periodic) {
         return None;
     }
     l.asking = false;
@@ -566,18 +571,18 @@ fn direct_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     l.drained_ms = sizing.now_ms;
     Some(Ask {
         window_start_ms,
-        gen: l.gen,
-        used: l.used,
-        want: l.used,
+        gen: l.current.gen,
+        used: l.current.used,
+        want: l.current.used,
         need: 0,
-        confirmed: l.sent,
+        confirmed: l.current.sent,
         since_ms: 0,
         previous: false,
         adopt: 0,
-        direct: l.direct,
+        direct: l.current.direct,
         count: true,
         // an earlier report whose round failed may have created the key without expiry
-        first: !l.keyed && l.sent > 0,
+        first: !l.keyed && l.current.sent > 0,
         log: false,
     })
 }
@@ -596,15 +601,15 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     } else {
         sizing.now_ms.saturating_sub(l.drained_ms)
     };
-    let holds = l.ceiling > l.used;
-    let unsent = l.used > l.sent;
+    let holds = l.ceiling > l.current.used;
+    let unsent = l.current.used > l.current.sent;
     let give_back = holds && l.demand == 0 && (l.contended || sizing.bucket);
     // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
     // comes back only as leases are given back there, or as time passes)
     let full = l.short >= 2 && l.demand > 0;
     let include =
         l.asking || l.need_milli > 0 || (sizing.periodic && (unsent || give_back || full));
-    if l.gen == 0 || !include {
+    if l.current.gen == 0 || !include {
         return None;
     }
     let forecast = if l.demand == 0 {
@@ -618,9 +623,9 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
             .clamp(1, sizing.spare.max(1))
     };
     let need = l.need();
-    let want = l.used.saturating_add(need).saturating_add(forecast);
+    let want = l.current.used.saturating_add(need).saturating_add(forecast);
     if want < l.ceiling {
-        l.ceiling = want.max(l.used);
+        l.ceiling = want.max(l.current.used);
     }
     l.demand = 0;
     l.need_milli = 0;
@@ -629,11 +634,11 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     // (the previous record goes first in the round: what it gives back is there for this one)
     Some(Ask {
         window_start_ms,
-        gen: l.gen,
-        used: l.used,
+        gen: l.current.gen,
+        used: l.current.used,
         want,
         need,
-        confirmed: l.sent,
+        confirmed: l.current.sent,
         // (never answered: its tokens count from now, as a cold fleet's credit must)
         since_ms: if l.settled_ms == 0 {
             0
@@ -642,7 +647,7 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
         },
         previous: false,
         adopt: l.adopt,
-        direct: l.direct,
+        direct: l.current.direct,
         count: false,
         first: false,
         log: false,
@@ -659,18 +664,18 @@ pub fn apply_count(state: &mut TierState, ask: &Ask, total: u64, period_ms: u64)
     } else {
         ask.used
     };
-    if !ask.previous && l.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
-        l.sent = confirmed;
-        l.direct = confirmed;
+    if !ask.previous && l.current.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
+        l.current.sent = confirmed;
+        l.current.direct = confirmed;
         l.keyed = true;
         l.unreachable = false;
         l.base = total;
-        state.current = total + l.used.saturating_sub(l.sent);
-    } else if l.prev_gen == ask.gen && l.prev_start_ms == ask.window_start_ms {
-        l.prev_sent = confirmed;
-        l.prev_direct = confirmed;
-        if l.prev_start_ms + period_ms == state.window_start_ms {
-            state.previous = total + l.prev_used.saturating_sub(l.prev_sent);
+        state.current = total + l.current.used.saturating_sub(l.current.sent);
+    } else if l.previous.gen == ask.gen && l.previous_start_ms == ask.window_start_ms {
+        l.previous.sent = confirmed;
+        l.previous.direct = confirmed;
+        if l.previous_start_ms + period_ms == state.window_start_ms {
+            state.previous = total + l.previous.used.saturating_sub(l.previous.sent);
         }
     }
 }
@@ -679,12 +684,12 @@ pub fn apply_count(state: &mut TierState, ask: &Ask, total: u64, period_ms: u64)
 /// as applied, so that it is never counted twice.
 pub fn assume_counted(state: &mut TierState, ask: &Ask) {
     let l = &mut state.ledger;
-    if !ask.previous && l.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
-        l.sent = l.sent.max(ask.used);
-        l.direct = l.direct.max(ask.used);
-    } else if l.prev_gen == ask.gen && l.prev_start_ms == ask.window_start_ms {
-        l.prev_sent = l.prev_sent.max(ask.used);
-        l.prev_direct = l.prev_direct.max(ask.used);
+    if !ask.previous && l.current.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
+        l.current.sent = l.current.sent.max(ask.used);
+        l.current.direct = l.current.direct.max(ask.used);
+    } else if l.previous.gen == ask.gen && l.previous_start_ms == ask.window_start_ms {
+        l.previous.sent = l.previous.sent.max(ask.used);
+        l.previous.direct = l.previous.direct.max(ask.used);
     }
 }
 
@@ -692,18 +697,18 @@ pub fn assume_counted(state: &mut TierState, ask: &Ask) {
 /// incarnation) only take what still concerns them.
 pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
     let l = &mut state.ledger;
-    if !ask.previous && l.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
-        l.sent = l.sent.max(ask.used);
+    if !ask.previous && l.current.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
+        l.current.sent = l.current.sent.max(ask.used);
         l.unreachable = false;
         // one round in flight: the record was last drained into this one
         l.settled_ms = l.drained_ms;
         l.base = answer.total;
         // the script granted the ceiling of what it hears of (the plain increments apart)
         let ceiling = answer.ceiling.saturating_add(ask.direct);
-        if answer.total < ask.used && l.direct > 0 {
+        if answer.total < ask.used && l.current.direct > 0 {
             // Redis lost the key (a restart): the plain increments go again, through the
             // script (it adds only what it has not counted for this record)
-            l.direct = 0;
+            l.current.direct = 0;
             l.asking = true;
         }
         l.ceiling = ceiling;
@@ -718,7 +723,7 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         // requests held since the ask was drained (counted for the next one) are admitted out
         // of what it granted past this instance's count and the requests it asked for: the
         // next ask counts only those that will still wait
-        let past = ceiling.saturating_sub(l.used.max(ask.used).saturating_add(ask.need));
+        let past = ceiling.saturating_sub(l.current.used.max(ask.used).saturating_add(ask.need));
         l.need_milli = l.need_milli.saturating_sub(past.saturating_mul(1000));
         // others hold leases too: what this one does not use goes back
         l.contended = answer.held > 0;
@@ -730,21 +735,22 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         // instance idle for a window has an older one)
         // (a log's answer is what of it is still in the span: this instance's count of that
         // window is in it, instant by instant)
-        l.prev_bound = if l.prev_start_ms + period_ms == state.window_start_ms && !ask.log {
-            answer.prev.max(l.prev_used)
+        l.prev_bound = if l.previous_start_ms + period_ms == state.window_start_ms && !ask.log {
+            answer.prev.max(l.previous.used)
         } else {
             answer.prev
         };
-        state.current = answer.total + (l.used - l.sent.min(l.used));
-    } else if l.prev_gen == ask.gen && l.prev_start_ms == ask.window_start_ms {
-        l.prev_sent = l.prev_sent.max(ask.used);
+        state.current = answer.total + (l.current.used - l.current.sent.min(l.current.used));
+    } else if l.previous.gen == ask.gen && l.previous_start_ms == ask.window_start_ms {
+        l.previous.sent = l.previous.sent.max(ask.used);
         // an answer to an ask of the window that has ended since it was sent may lease what
         // can no longer be used: it goes back at the next round (a sliding window's next
         // window counts it as used until then; a bucket's tokens would be lost)
-        l.prev_held = answer.ceiling > l.prev_used;
-        if l.prev_start_ms + period_ms == state.window_start_ms {
+        l.prev_held = answer.ceiling > l.previous.used;
+        if l.previous_start_ms + period_ms == state.window_start_ms {
             // the fleet's count of the previous window, for the sliding window's weight
-            state.previous = answer.total + (l.prev_used - l.prev_sent.min(l.prev_used));
+            state.previous =
+                answer.total + (l.previous.used - l.previous.sent.min(l.previous.used));
         }
     }
 }
@@ -768,8 +774,8 @@ mod tests {
             window_start_ms: 10_000,
             ..TierState::default()
         };
-        s.ledger.gen = next_gen();
-        s.ledger.leased = true;
+        s.ledger.current.gen = next_gen();
+        s.ledger.current.leased = true;
         s
     }
 
@@ -786,7 +792,7 @@ mod tests {
         );
         assert_eq!(direct_cap(100_000, Algorithm::TokenBucket, 3), 0);
         let mut s = state();
-        s.ledger.leased = false;
+        s.ledger.current.leased = false;
         let n = Some(3);
         for i in 1..100 {
             assert_eq!(ceiling(&s, &t, fixed, 0, n, None, 1), Ceiling::Open);
@@ -816,11 +822,14 @@ mod tests {
         assert!(ask.count && !ask.first, "nothing reported before");
         assert_eq!((ask.used, ask.confirmed), (99, 0));
         // the fleet had 5000; this record admitted 2 more meanwhile
-        s.ledger.used += 2;
+        s.ledger.current.used += 2;
         s.current += 2;
         apply_count(&mut s, &ask, 5000, 10_000);
         let l = &s.ledger;
-        assert_eq!((l.sent, l.direct, l.keyed, l.base), (99, 99, true, 5000));
+        assert_eq!(
+            (l.current.sent, l.current.direct, l.keyed, l.base),
+            (99, 99, true, 5000)
+        );
         assert_eq!(s.current, 5002);
         assert_eq!(room(&s, &t, fixed, n, None), Some(94_998));
         // near the zone's edge (what all instances may hold unreported counted): it leases
@@ -830,7 +839,7 @@ mod tests {
         assert_eq!(direct(&s, &t, fixed, 0, 3, 1), None);
         assert_eq!(ceiling(&s, &t, fixed, 0, n, None, 1), Ceiling::LeaseUsed);
         note_hold(&mut s, true, 1);
-        assert!(s.ledger.leased);
+        assert!(s.ledger.current.leased);
         let [None, Some(ask)] = drain(&mut s, sizing) else {
             panic!("an ask")
         };
@@ -857,17 +866,17 @@ mod tests {
             ..sizing
         };
         let mut r = state();
-        r.ledger.leased = false;
-        r.ledger.used = 30;
-        r.ledger.sent = 20;
-        r.ledger.direct = 20;
+        r.ledger.current.leased = false;
+        r.ledger.current.used = 30;
+        r.ledger.current.sent = 20;
+        r.ledger.current.direct = 20;
         r.ledger.keyed = true;
         let [None, Some(ask)] = drain(&mut r, periodic) else {
             panic!("a report")
         };
         assert!(!ask.first);
         apply_count(&mut r, &ask, 10, 10_000);
-        assert_eq!((r.ledger.sent, r.ledger.unsent()), (10, 20));
+        assert_eq!((r.ledger.current.sent, r.ledger.unsent()), (10, 20));
         // a timed-out report is taken as counted: never twice
         let [None, Some(ask)] = drain(&mut r, periodic) else {
             panic!("a report")
@@ -905,7 +914,7 @@ mod tests {
         );
         let ask = Ask {
             window_start_ms: s.window_start_ms,
-            gen: s.ledger.gen,
+            gen: s.ledger.current.gen,
             used: 2,
             want: 32,
             need: 0,
@@ -939,7 +948,7 @@ mod tests {
             commit(&mut s, Admitted::Leased, 1),
             "half of the lease used"
         );
-        while s.ledger.used < 32 {
+        while s.ledger.current.used < 32 {
             commit(&mut s, Admitted::Leased, 1);
         }
         assert_eq!(
@@ -972,8 +981,8 @@ mod tests {
         // a burst's rate would forecast thousands; Redis grants a forecast only out of the
         // spare budget, so the ask keeps no more than that past what waits
         let mut s = state();
-        s.ledger.used = 2000;
-        s.ledger.sent = 1990; // a periodic round reports it
+        s.ledger.current.used = 2000;
+        s.ledger.current.sent = 1990; // a periodic round reports it
         s.ledger.ceiling = 2500; // leased for 500 requests that went elsewhere
         s.ledger.fair = 100;
         s.ledger.demand = 2000;
@@ -999,7 +1008,7 @@ mod tests {
     fn a_lease_granted_to_a_window_that_ended_on_the_way_goes_back() {
         let t = tier(100);
         let mut s = state();
-        s.ledger.used = 40;
+        s.ledger.current.used = 40;
         s.ledger.ceiling = 40;
         s.ledger.need_milli = 20_000;
         let sizing = Sizing {
@@ -1050,8 +1059,8 @@ mod tests {
     #[test]
     fn drain_asks_for_what_waits_and_the_demand_and_only_what_has_something_to_say() {
         let mut s = state();
-        s.ledger.used = 100;
-        s.ledger.sent = 90;
+        s.ledger.current.used = 100;
+        s.ledger.current.sent = 90;
         s.ledger.ceiling = 500;
         s.ledger.fair = 100; // not the first ask of the window
         s.ledger.demand = 10; // 10 in the last 100 ms: 0.1/ms x 250 ms x 1.5 = 37
@@ -1093,7 +1102,7 @@ mod tests {
         };
         assert_eq!((held.used, held.need, held.want), (100, 2, 102));
         // a lease nobody used goes back at a periodic round, once others hold leases too
-        s.ledger.sent = 100;
+        s.ledger.current.sent = 100;
         s.ledger.ceiling = 130;
         let quiet = Sizing {
             spare: u64::MAX,
@@ -1124,7 +1133,7 @@ mod tests {
     #[test]
     fn answers_move_counts_from_unsent_to_the_fleet_total() {
         let mut s = state();
-        s.ledger.used = 7;
+        s.ledger.current.used = 7;
         s.current = 7;
         s.ledger.demand = 1;
         let sizing = Sizing {
@@ -1139,7 +1148,7 @@ mod tests {
         let [_, Some(ask)] = drain(&mut s, sizing) else {
             panic!("an ask")
         };
-        s.ledger.used += 2; // admitted while the round was in flight
+        s.ledger.current.used += 2; // admitted while the round was in flight
         let answer = Answer {
             total: 50,
             ceiling: 20,
@@ -1150,7 +1159,7 @@ mod tests {
             steps: Default::default(),
         };
         apply(&mut s, &ask, answer, 10_000);
-        assert_eq!(s.ledger.sent, 7);
+        assert_eq!(s.ledger.current.sent, 7);
         assert_eq!(s.current, 52, "the fleet's 50 and the 2 not yet sent");
         assert_eq!(s.ledger.ceiling, 20);
         assert_eq!(s.ledger.unsent(), 2);
@@ -1159,15 +1168,18 @@ mod tests {
     #[test]
     fn a_second_roll_before_an_answer_hands_over_the_oldest_record() {
         let mut s = state();
-        s.ledger.used = 5;
+        s.ledger.current.used = 5;
         assert_eq!(s.ledger.roll(10_000, false, true), None);
-        assert_eq!((s.ledger.prev_used, s.ledger.prev_start_ms), (5, 10_000));
-        s.ledger.used = 3;
+        assert_eq!(
+            (s.ledger.previous.used, s.ledger.previous_start_ms),
+            (5, 10_000)
+        );
+        s.ledger.current.used = 3;
         let orphan = s
             .ledger
             .roll(20_000, false, true)
             .expect("unsent counts kept");
         assert_eq!((orphan.window_start_ms, orphan.used), (10_000, 5));
-        assert_eq!(s.ledger.prev_used, 3);
+        assert_eq!(s.ledger.previous.used, 3);
     }
 }

@@ -191,8 +191,8 @@ fn stand_in(tier: &Quota, algo: Algorithm, now_ns: u64, seen: u64) -> TierState 
         ..TierState::default()
     };
     // never committed, never sent: the sketch count stands for what this instance admitted
-    s.ledger.gen = 1;
-    s.ledger.used = before;
+    s.ledger.current.gen = 1;
+    s.ledger.current.used = before;
     if algo.is_bucket() {
         let interval = (p_ms * NANOS_PER_MS / tier.threshold.max(1)).max(1);
         s.tat_ns = now_ns.saturating_add(before.saturating_mul(interval));
@@ -439,7 +439,7 @@ impl Limiter {
         ledger::note_demand(state, cx.units);
         if !self.fleet.plain_increments() {
             // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
-            state.ledger.leased = true;
+            state.ledger.current.leased = true;
         }
         // a counter whose cluster node is down while the rest of Redis answers
         let (leased, shared) =

@@ -12,15 +12,51 @@ pub fn next_gen() -> u32 {
     NEXT_GEN.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The fleet accounting of one tier: the current window's record and the previous one's.
+/// What this instance admitted in one window, and what of it Redis confirmed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Ledger {
-    /// Incarnation of the current window's record; part of this instance's name in Redis.
+pub struct Record {
+    /// Incarnation of the window's record; part of this instance's name in Redis.
     pub gen: u32,
-    /// Requests admitted here in the current window.
+    /// Requests admitted here in the window.
     pub used: u64,
     /// Of `used`, what Redis has confirmed.
     pub sent: u64,
+    /// Of `used`, what was reported as plain increments (the script hears of the rest).
+    pub direct: u64,
+    /// The record asks for leases (it left the direct zone, or never could be direct).
+    pub leased: bool,
+}
+
+impl Record {
+    /// Counts not yet confirmed by Redis.
+    pub fn unsent(&self) -> u64 {
+        self.used - self.sent.min(self.used)
+    }
+
+    /// The record as an orphan of the window starting at `window_start_ms`, if Redis has not
+    /// confirmed all of it.
+    fn orphan(&self, window_start_ms: u64) -> Option<Orphan> {
+        (self.used > self.sent).then_some(Orphan {
+            window_start_ms,
+            gen: self.gen,
+            used: self.used,
+            sent: self.sent,
+            direct: self.direct,
+            leased: self.leased,
+        })
+    }
+}
+
+/// The fleet accounting of one tier: the current window's record and the previous one's, and
+/// what the fleet said of them at the last answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// The current window's record (the window is the tier state's).
+    pub current: Record,
+    /// The previous window's record (starting at `previous_start_ms`), until Redis has
+    /// confirmed all of it.
+    pub previous: Record,
+    pub previous_start_ms: u64,
     /// The lease: `used` may grow to this in the window.
     pub ceiling: u64,
     /// `used` when the lease was granted (to see when half of it is gone).
@@ -67,10 +103,6 @@ pub struct Ledger {
     /// Its Redis Cluster node did not answer the last round while others did: the counter
     /// falls back to `on_failure` alone until its node answers (kept across windows).
     pub unreachable: bool,
-    /// The record asks for leases (it left the direct zone, or never could be direct).
-    pub leased: bool,
-    /// Of `used`, what was reported as plain increments (the script hears of the rest).
-    pub direct: u64,
     /// Late charges: of the last answers (halved past 1024), how many were charged anything:
     /// a request held for a lease asks for that share of its units (`note_hold`), not all of
     /// them (a rule counting one answer in ten would otherwise hold ten times the quota it
@@ -88,13 +120,6 @@ pub struct Ledger {
     /// When the round that Redis last answered for this record was drained (ms; 0: none):
     /// what it has not confirmed was admitted after that.
     pub settled_ms: u64,
-    /// The previous window's record, until Redis has confirmed all of it.
-    pub prev_start_ms: u64,
-    pub prev_gen: u32,
-    pub prev_used: u64,
-    pub prev_sent: u64,
-    pub prev_direct: u64,
-    pub prev_leased: bool,
 }
 
 /// Counts of a window record that could not stay in its counter (the counter was evicted,
@@ -119,8 +144,7 @@ impl Ledger {
 
     /// Counts not yet confirmed by Redis (both windows).
     pub fn unsent(&self) -> u64 {
-        (self.used - self.sent.min(self.used))
-            + (self.prev_used - self.prev_sent.min(self.prev_used))
+        self.current.unsent() + self.previous.unsent()
     }
 
     /// Move to a new window starting at `start_ms`; the old current window becomes the
@@ -130,34 +154,33 @@ impl Ledger {
     /// `adjacent`: the old window is the one just before the new (otherwise nothing this
     /// record knows bounds the previous window: the first answer will).
     pub fn roll(&mut self, old_start_ms: u64, bucket: bool, adjacent: bool) -> Option<Orphan> {
-        let orphan = (self.prev_used > self.prev_sent).then_some(self.prev_orphan());
+        let orphan = self.previous.orphan(self.previous_start_ms);
+        let cur = self.current;
         // a bucket's tokens outlive the window: what is left of the lease goes on (Redis moves
         // it at the next round, the old record giving it back and the new one adopting it)
         let carried = if bucket {
-            self.ceiling.saturating_sub(self.used)
+            self.ceiling.saturating_sub(cur.used)
         } else {
             0
         };
         *self = Ledger {
-            gen: next_gen(),
-            prev_start_ms: old_start_ms,
-            prev_gen: self.gen,
-            prev_used: self.used,
-            prev_sent: self.sent,
-            prev_held: self.leased && self.ceiling > self.used,
-            prev_direct: self.direct,
-            prev_leased: self.leased,
+            current: Record {
+                gen: next_gen(),
+                leased: bucket,
+                ..Record::default()
+            },
+            previous: cur,
+            previous_start_ms: old_start_ms,
+            prev_held: cur.leased && self.ceiling > cur.used,
             // what the fleet can have admitted in the window that ends: what the others had
             // admitted or held at the last answer, and all this instance admitted
             prev_bound: if adjacent {
-                self.others.saturating_add(self.used).max(
-                    self.base
-                        .saturating_add(self.used.saturating_sub(self.sent)),
-                )
+                self.others
+                    .saturating_add(cur.used)
+                    .max(self.base.saturating_add(cur.unsent()))
             } else {
                 0
             },
-            leased: bucket,
             fair: if bucket { self.fair } else { 0 },
             room: if bucket { self.room } else { 0 },
             contended: bucket && self.contended,
@@ -180,26 +203,8 @@ impl Ledger {
     /// replaced), leaving nothing unsent behind.
     pub fn orphans(&self, window_start_ms: u64) -> [Option<Orphan>; 2] {
         [
-            (self.prev_used > self.prev_sent).then_some(self.prev_orphan()),
-            (self.used > self.sent).then_some(Orphan {
-                window_start_ms,
-                gen: self.gen,
-                used: self.used,
-                sent: self.sent,
-                direct: self.direct,
-                leased: self.leased,
-            }),
+            self.previous.orphan(self.previous_start_ms),
+            self.current.orphan(window_start_ms),
         ]
-    }
-
-    fn prev_orphan(&self) -> Orphan {
-        Orphan {
-            window_start_ms: self.prev_start_ms,
-            gen: self.prev_gen,
-            used: self.prev_used,
-            sent: self.prev_sent,
-            direct: self.prev_direct,
-            leased: self.prev_leased,
-        }
     }
 }
