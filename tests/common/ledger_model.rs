@@ -1,4 +1,4 @@
-//! The Rust twin of the ledger script (`LEDGER_SCRIPT` in
+//! The Rust twin of the ledger scripts (one per algorithm family, `script::Family`, in
 //! `src/services/fleet_sync/backend/script.rs`): the same keys and answers on a model of Redis,
 //! for the fleet simulation and the ledger's tests. `tests/ledger_script.rs` holds the two to the
 //! same answers on a real redis-server. Included by the tests that use it
@@ -10,7 +10,7 @@ use tollgate::services::fleet_sync::backend::round::{CountUpdate, LedgerUpdate, 
 use tollgate::services::fleet_sync::backend::script::bucket_arg;
 use tollgate_limits::ledger::Answer;
 
-/// `LEDGER_SCRIPT` in Rust, on a model of the keys (`strings`: the counters, `hashes`: the
+/// The ledger scripts in Rust, on a model of the keys (`strings`: the counters, `hashes`: the
 /// ledgers). Expiry is not modelled.
 pub fn ledger_model(
     strings: &mut HashMap<String, i64>,

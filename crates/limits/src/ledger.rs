@@ -213,7 +213,7 @@ pub fn ceiling(
             let prev = l.prev_bound.saturating_add(others);
             let weight = if algorithm == Algorithm::SlidingLog {
                 // a log: what of the previous window is still in the span, as of the last
-                // answer (Redis counts it by instant: `LEDGER_SCRIPT`), only less since
+                // answer (Redis counts it by instant: the log's ledger script), only less since
                 prev
             } else {
                 previous_weight(prev, state.window_start_ms, p, now_ms)
@@ -458,7 +458,7 @@ pub struct Ask {
     /// known to exist yet), with no lease asked.
     pub count: bool,
     pub first: bool,
-    /// A sliding log's record: Redis counts its units by instant (`LEDGER_SCRIPT`), and
+    /// A sliding log's record: Redis counts its units by instant (the log's ledger script), and
     /// answers `prev` as what of the previous window is still in the span.
     pub log: bool,
 }

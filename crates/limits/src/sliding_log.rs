@@ -193,7 +193,7 @@ impl Log {
     /// What Redis hears of the newest `n` units admitted in the window `[start_ms, end_ms)`:
     /// how many fell in each of its buckets (`bucket_ms`, see `bucket_ms`), as (bucket, units),
     /// oldest first. Units the log no longer holds (older than the span) are left out: Redis
-    /// puts them in the oldest bucket named, later than they were (see `LEDGER_SCRIPT`).
+    /// puts them in the oldest bucket named, later than they were (see the log's ledger script).
     pub fn by_bucket(&self, start_ms: u64, end_ms: u64, n: u64) -> Vec<(u64, u64)> {
         let bucket = bucket_ms(end_ms.saturating_sub(start_ms));
         let (from, to) = (start_ms * NANOS_PER_MS, end_ms * NANOS_PER_MS);

@@ -42,7 +42,7 @@ const fn cmd(name: &'static str, acl: &'static str, args: &'static str, need: Ne
 }
 
 /// Every command a round sends, its script calls, or the heartbeat sends
-/// (`script::LEDGER_SCRIPT`, `backend::count_cmd`, `backend::add_heartbeat`), in the order
+/// (`script::sources`, `backend::count_cmd`, `backend::add_heartbeat`), in the order
 /// docs/operations.md lists them.
 pub const COMMANDS: [Command; 15] = [
     cmd(
@@ -336,7 +336,7 @@ mod tests {
     #[test]
     fn every_command_a_round_sends_is_checked() {
         // the script's calls and the round's own commands, as sent
-        let script = super::super::script::LEDGER_SCRIPT.to_lowercase();
+        let script = super::super::script::sources().concat().to_lowercase();
         let mut called: Vec<String> = script
             .split("redis.call('")
             .skip(1)

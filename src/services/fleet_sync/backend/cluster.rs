@@ -6,7 +6,7 @@ use super::round::{
     heartbeat_reply, Exchange, Heartbeat, Refusal, ReplyError, RoundError, SyncBackend, Update,
     HEARTBEAT_REPLIES,
 };
-use super::script::{no_script, LEDGER_SCRIPT};
+use super::script::{no_script, sources};
 use super::single::refused_load;
 use crate::config::model::{RedisEndpoint, RedisSettings};
 use crate::config::redis_client::tls_crypto;
@@ -105,17 +105,19 @@ async fn query_slot(
     match conn.route_pipeline(p.clone(), 0, n, to()).await {
         Ok(values) if no_script(&values) => {
             // a script that was not known ran nothing: the pipeline goes again whole
-            let mut load = redis::cmd("SCRIPT");
-            load.arg("LOAD").arg(LEDGER_SCRIPT);
-            if let Err(e) = conn
-                .route_command(load, RoutingInfo::SingleNode(to()))
-                .await
-            {
-                // refused (an ACL without `+script|load`): the round says why
-                return match ReplyError::of_redis(&e) {
-                    Some(refusal) => Ok(refused_load(values, &refusal)),
-                    None => Err(e),
-                };
+            for source in sources() {
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(source);
+                if let Err(e) = conn
+                    .route_command(load, RoutingInfo::SingleNode(to()))
+                    .await
+                {
+                    // refused (an ACL without `+script|load`): the round says why
+                    return match ReplyError::of_redis(&e) {
+                        Some(refusal) => Ok(refused_load(values, &refusal)),
+                        None => Err(e),
+                    };
+                }
             }
             conn.route_pipeline(p.clone(), 0, n, to()).await
         }

@@ -1,6 +1,6 @@
 //! Where counts go: one pipelined round trip per round. Each window record is one atomic Lua
 //! script, called by its hash (EVALSHA; loaded once per server, again after a NOSCRIPT answer)
-//! (`LEDGER_SCRIPT`: report the cumulative count, take a lease, set absolute expiry
+//! (`script`, one per algorithm family: report the cumulative count, take a lease, set absolute expiry
 //! times every instance computes alike, so no key is ever left without a TTL), or a plain
 //! `INCRBY` far from the limit; periodic rounds end with the heartbeat that counts live
 //! instances (four plain commands). Its Rust twin, for the simulation, is under the tests
@@ -8,7 +8,7 @@
 //! redis-server.
 //!
 //! [`round`] holds what a round sends and gets back and the [`SyncBackend`] trait, [`script`]
-//! the ledger script, [`pipeline`] the round's pipeline for one server;
+//! the ledger scripts, [`pipeline`] the round's pipeline for one server;
 //! [`make`] picks the backend: [`single`] (one server) or [`cluster`] (a Redis Cluster). The
 //! children use one another, never this module (no cycle between files).
 

@@ -247,8 +247,8 @@ pub fn count_reply(c: &CountUpdate, stage: u8, total: u64, v: &redis::Value) -> 
     }
 }
 
-/// What one window record of one counter sends in a round (see `LEDGER_SCRIPT`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What one window record of one counter sends in a round (see `script`: its family's script).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LedgerUpdate {
     /// The contract's key: the fleet's admitted count for the window.
     pub key: String,
@@ -300,11 +300,11 @@ pub struct LedgerUpdate {
     pub direct_cap: u64,
     /// Token buckets: what this member admitted and Redis has not charged yet was admitted
     /// at or after this instant (ms; 0: now). Charged from then, so that tokens admitted
-    /// while Redis was out of reach refill as they would have (see `LEDGER_SCRIPT`).
+    /// while Redis was out of reach refill as they would have (see `script::BUCKETS`).
     pub since_ms: u64,
 }
 
-/// What a sliding log's ask tells Redis of its units by instant (`LEDGER_SCRIPT`).
+/// What a sliding log's ask tells Redis of its units by instant (`script::Family::Log`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogReport {
     /// The length of one of the window's buckets (ms; 0: not a log).

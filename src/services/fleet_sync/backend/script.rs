@@ -1,22 +1,200 @@
-//! The ledger script: `LEDGER_SCRIPT` (the Lua a round runs for a lease ask), its loading and
-//! the call that runs it by hash (`ledger_cmd`). Its Rust twin, the same keys and answers for
-//! the simulation, is under the tests (`tests/common/ledger_model.rs`), not in the binary;
-//! `tests/ledger_script.rs` holds the two to the same answers on a real redis-server.
+//! The ledger scripts: the Lua a round runs for a lease ask, one script per algorithm family
+//! (`Family`: windows, buckets, the sliding log), each with its keys and named arguments in a
+//! documented order (`Family::keys`, `Family::args`: the script's first lines name them, made
+//! from the same lists), on a small library of functions they share (`LIBRARY`); their loading
+//! and the call that runs one by its hash (`ledger_cmd`). Their Rust twin, the same keys and
+//! answers for the simulation, is under the tests (`tests/common/ledger_model.rs`), not in the
+//! binary; `tests/ledger_script.rs` holds the two to the same answers on a real redis-server.
 
 use super::round::LedgerUpdate;
 use std::sync::LazyLock;
 
-static LEDGER: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LEDGER_SCRIPT));
+/// The algorithm families, each with a script of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Fixed and sliding windows (`WINDOWS`).
+    Windows,
+    /// Token and leaky buckets (`BUCKETS`).
+    Buckets,
+    /// The sliding log (`LOG`).
+    Log,
+}
+
+/// How a script takes an argument: as Redis gives it, or as a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Text,
+    Number,
+}
+
+use Kind::{Number, Text};
+
+/// Arguments every family takes first, in this order.
+const COMMON_ARGS: [(&str, Kind); 8] = [
+    // this instance and the record's incarnation
+    ("member", Text),
+    // its cumulative count in the window
+    ("used", Number),
+    // what it wants to be able to admit in all
+    ("want", Number),
+    ("now_ms", Number),
+    // until when the lease holds (the window's end; a bucket's: the next window's)
+    ("lease_until_ms", Text),
+    // when the keys expire (Unix ms)
+    ("expire_at_ms", Text),
+    // of `want - used`, the requests waiting now: granted first, from all that is free
+    ("need", Number),
+    // what all members together may hold unused beyond their needs
+    ("spare", Number),
+];
+
+const WINDOW_ARGS: [(&str, Kind); 4] = [
+    // the threshold
+    ("cap", Number),
+    // a sliding window: how much of the previous window still weighs (ms of `period_ms`);
+    // 0: a fixed window
+    ("weight_ms", Number),
+    ("period_ms", Number),
+    // what direct records can admit in the window in all (0: none can)
+    ("direct_cap", Number),
+];
+
+const BUCKET_ARGS: [(&str, Kind); 6] = [
+    ("period_ms", Number),
+    // µs per token, to the ns (`bucket_arg`)
+    ("bucket_us", Number),
+    // how far ahead the bucket may be booked (µs)
+    ("tolerance_us", Number),
+    // the lease carried over from the previous window's record
+    ("adopt", Number),
+    // of `used`, what Redis confirmed before (charged already if it lost its record)
+    ("confirmed", Number),
+    // what it has not charged yet was admitted at or after this instant (ms; 0: now)
+    ("since_ms", Number),
+];
+
+const LOG_ARGS: [(&str, Kind); 3] = [
+    // the threshold
+    ("cap", Number),
+    // where units named without their instants go: the bucket of now, or the window's last
+    ("last_bucket", Text),
+    // the previous window's buckets from this one are still in the span
+    ("from_bucket", Number),
+    // then (bucket, units) pairs, oldest first
+];
+
+impl Family {
+    /// The family of an update.
+    pub fn of(u: &LedgerUpdate) -> Family {
+        if u.bucket_ns > 0 {
+            Family::Buckets
+        } else if u.log.bucket_ms > 0 {
+            Family::Log
+        } else {
+            Family::Windows
+        }
+    }
+
+    /// The script's keys, in order (`KEYS[1]`, ...).
+    pub fn keys(self) -> &'static [&'static str] {
+        match self {
+            // the contract's count, this window's ledger, the previous window's ledger and
+            // count (a sliding window; else this window's again)
+            Family::Windows => &["count", "ledger", "prev_ledger", "prev_count"],
+            // the count, the ledger, the bucket (when it is full again, µs), the previous
+            // window's ledger (the leases its records hold until they move here)
+            Family::Buckets => &["count", "ledger", "bucket", "prev_ledger"],
+            // the count, the ledger, the previous window's ledger (its buckets in the span;
+            // this window's ledger again for a previous window's record)
+            Family::Log => &["count", "ledger", "prev_ledger"],
+        }
+    }
+
+    /// The script's arguments after the common ones, in order.
+    fn own_args(self) -> &'static [(&'static str, Kind)] {
+        match self {
+            Family::Windows => &WINDOW_ARGS,
+            Family::Buckets => &BUCKET_ARGS,
+            Family::Log => &LOG_ARGS,
+        }
+    }
+
+    /// The names of the script's arguments, in order (`ARGV[1]`, ...).
+    pub fn args(self) -> impl Iterator<Item = &'static str> {
+        COMMON_ARGS
+            .iter()
+            .chain(self.own_args())
+            .map(|&(name, _)| name)
+    }
+
+    fn body(self) -> &'static str {
+        match self {
+            Family::Windows => WINDOWS,
+            Family::Buckets => BUCKETS,
+            Family::Log => LOG,
+        }
+    }
+
+    /// The whole script: its keys and arguments named, the library, its body.
+    pub fn source(self) -> String {
+        let mut s = String::from("-- tollgate ledger script: ");
+        s.push_str(match self {
+            Family::Windows => "windows\n",
+            Family::Buckets => "buckets\n",
+            Family::Log => "log\n",
+        });
+        for (i, k) in self.keys().iter().enumerate() {
+            s.push_str(&format!(
+                "local KEY_{} = KEYS[{}]\n",
+                k.to_uppercase(),
+                i + 1
+            ));
+        }
+        for (i, &(name, kind)) in COMMON_ARGS.iter().chain(self.own_args()).enumerate() {
+            s.push_str(&match kind {
+                Text => format!("local {name} = ARGV[{}]\n", i + 1),
+                Number => format!("local {name} = tonumber(ARGV[{}])\n", i + 1),
+            });
+        }
+        let named = COMMON_ARGS.len() + self.own_args().len();
+        s.push_str(&format!("local FIRST_PAIR = {}\n", named + 1));
+        s.push_str(LIBRARY);
+        s.push_str(self.body());
+        s
+    }
+
+    fn script(self) -> &'static redis::Script {
+        match self {
+            Family::Windows => &SCRIPTS[0],
+            Family::Buckets => &SCRIPTS[1],
+            Family::Log => &SCRIPTS[2],
+        }
+    }
+
+    pub const ALL: [Family; 3] = [Family::Windows, Family::Buckets, Family::Log];
+}
+
+static SCRIPTS: LazyLock<[redis::Script; 3]> =
+    LazyLock::new(|| Family::ALL.map(|f| redis::Script::new(&f.source())));
+
+/// Every script's source (what `SCRIPT LOAD` sends, and the ACL check reads).
+pub fn sources() -> [String; 3] {
+    Family::ALL.map(Family::source)
+}
 
 /// Load the scripts into a server (rounds call them by hash).
 pub async fn load_scripts(conn: &mut impl redis::aio::ConnectionLike) -> redis::RedisResult<()> {
-    LEDGER.load_async(conn).await?;
+    for s in SCRIPTS.iter() {
+        s.load_async(conn).await?;
+    }
     Ok(())
 }
 
 /// The same, on a blocking connection (tests).
 pub fn load_scripts_blocking(conn: &mut dyn redis::ConnectionLike) -> redis::RedisResult<()> {
-    LEDGER.load(conn)?;
+    for s in SCRIPTS.iter() {
+        s.load(conn)?;
+    }
     Ok(())
 }
 
@@ -28,6 +206,9 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
     })
 }
 
+/// What every family shares: reading a ledger, reporting the count, the other members'
+/// leases, the lease itself, and the answer.
+///
 /// Report a cumulative count (only its growth reaches the key: re-sending changes nothing),
 /// then lease: keep what this member holds up to what it wants, and add from what is free,
 /// `cap - total - what the other members hold unused`: first the requests waiting at the
@@ -35,34 +216,23 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
 /// unused stays within `spare`, and while other members hold live leases, no member holds
 /// more than its fair part of it, in proportion to what each asked for beyond its count
 /// (`d:`), which is answered too so that a member holding more asks for less next time. A
-/// member that wants nothing more gives its lease back at once. Sliding windows: the cap is lowered by the previous window's
-/// weight at the lease's horizon, counting that window's leases as used (its count may not
-/// all have arrived); the member enforces the cap of each moment itself, from `prev` and
-/// `held` (answered).
+/// member that wants nothing more gives its lease back at once. The member enforces the cap
+/// of each moment of a sliding window itself, from `prev` and `held` (answered).
 ///
-/// Buckets: the cap is the tokens in a bucket kept in Redis (`prev_ledger_key`: the time
-/// at which it is full again of what the members admitted, in µs, which may lie in the past),
-/// of `ARGV[17]` µs (a token bucket's period; a leaky bucket's queue and one turn) less what the
-/// members hold leased and unused, in this window's ledger and in the previous
-/// window's (`prev_key`: its records hold their leases until they move here). Tokens are
-/// charged as the members report them admitted. Those a member admitted beyond what was
-/// charged (out of a lease, on credit, or while Redis was out of reach; after a restart of Redis,
-/// all but what it had confirmed) are charged from `since` (`ARGV[16]`), the earliest they can have
-/// been admitted, not from now: the refill since then covers them as it would have, had they
-/// been reported one by one, and since leases are not in the bucket's time, each member's go
-/// in behind the others' admitted tokens, not behind their leases. That errs towards
-/// admitting, by at most those tokens.
+/// Buckets: tokens are charged as the members report them admitted. Those a member admitted
+/// beyond what was charged (out of a lease, on credit, or while Redis was out of reach; after
+/// a restart of Redis, all but what it had confirmed) are charged from `since_ms`, the earliest
+/// they can have been admitted, not from now: the refill since then covers them as it would
+/// have, had they been reported one by one, and since leases are not in the bucket's time,
+/// each member's go in behind the others' admitted tokens, not behind their leases. That errs
+/// towards admitting, by at most those tokens.
 ///
 /// Direct records (far from the limit) report plain increments of the key and hold no lease;
 /// while the (weighted) count is under `direct_cap`, what they may still report (the cap less
 /// what they reported: the total less the members' counts) is kept out of leases.
-///
-/// Answer: `{total, ceiling, fair, room, held, prev}`, and for a sliding log the previous
-/// window's first `LOG_STEPS` buckets still in the span (bucket, units, ...).
-pub const LEDGER_SCRIPT: &str = r#"
-local me = ARGV[1]
-local used, want, cap, now = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local w, p = tonumber(ARGV[8]), tonumber(ARGV[9])
+const LIBRARY: &str = r#"
+-- the members' records in a ledger: counts (u:), ceilings (c:), lease ends (e:), what each
+-- asked for beyond its count (d:), the tokens charged to it (t:, buckets)
 local function fields(key)
   local u, c, e, d, t = {}, {}, {}, {}, {}
   local f = redis.call('HGETALL', key)
@@ -74,158 +244,229 @@ local function fields(key)
   end
   return u, c, e, d, t
 end
-local u, c, e, d, t = fields(KEYS[2])
-local adopt, adopted = tonumber(ARGV[11]), false
-if adopt > 0 and not c[me] then c[me] = adopt; e[me] = tonumber(ARGV[6]); adopted = true end
-local mine = u[me] or 0
-local lb = tonumber(ARGV[18])
+-- report the cumulative count: only its growth reaches the count (re-sending changes
+-- nothing); returns the member's count as the ledger now holds it
+local function report(mine)
+  if used <= mine then return mine end
+  redis.call('INCRBY', KEY_COUNT, used - mine)
+  redis.call('HSET', KEY_LEDGER, 'u:' .. member, used)
+  return used
+end
+-- what the other members hold leased and unused while their leases last, how many hold one,
+-- and what they asked for beyond their counts
+local function others(u, c, e, d)
+  local held, active, wanted = 0, 0, 0
+  for id, ceiling in pairs(c) do
+    if id ~= member and (e[id] or 0) > now_ms then
+      active = active + 1
+      local out = ceiling - (u[id] or 0)
+      if out > 0 then held = held + out end
+      wanted = wanted + (d[id] or 0)
+    end
+  end
+  return held, active, wanted
+end
+-- the lease out of `avail`: keep what this member holds up to what it wants, then the
+-- requests waiting (`need`) from all that is free, then its part of the spare budget; written
+-- to the ledger. Returns the ceiling, the fair part and what is left.
+local function lease(c, e, mine, avail, held, active, wanted)
+  local keep = mine
+  if c[member] and (e[member] or 0) > now_ms then keep = math.max(mine, math.min(want, c[member])) end
+  local desire = math.max(want - mine, 0)
+  local function fair_part(a)
+    if active == 0 then return a end
+    return math.max(1, math.ceil(a * math.max(desire, 1) / (math.max(desire, 1) + wanted)))
+  end
+  local free = avail - (keep - mine)
+  local fair = fair_part(math.min(avail, spare))
+  local n = math.max(math.min(mine + need - keep, free), 0)
+  local f = math.min(want - keep - n, free - n, fair - (keep - mine), spare - held - (keep - mine))
+  local ceiling = keep + n + math.max(f, 0)
+  local until_ms = lease_until_ms
+  if want <= mine then until_ms = now_ms end
+  redis.call('HSET', KEY_LEDGER, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire)
+  return ceiling, fair, avail - (ceiling - mine)
+end
+-- the keys' expiry, and the answer: {total, ceiling, fair, room, held, prev} and (a sliding
+-- log) the previous window's first buckets still in the span (bucket, units, ...)
+local function answer(total, ceiling, fair, left, held, prev, steps)
+  redis.call('PEXPIREAT', KEY_COUNT, expire_at_ms)
+  redis.call('PEXPIREAT', KEY_LEDGER, expire_at_ms)
+  local out = {total, ceiling, math.max(fair, 0), math.max(left, 0), held, prev}
+  for k = 1, math.min(#steps, 8) do
+    out[#out + 1] = steps[k][1]
+    out[#out + 1] = steps[k][2]
+  end
+  return out
+end
+"#;
+
+/// Fixed and sliding windows: the cap is the threshold, lowered for a sliding window by the
+/// previous window's weight at the lease's horizon (counting that window's leases as used);
+/// what direct records may still report is kept out of leases.
+const WINDOWS: &str = r#"
+local u, c, e, d = fields(KEY_LEDGER)
+local mine = report(u[member] or 0)
+local total = tonumber(redis.call('GET', KEY_COUNT) or '0')
+local prev, prevw = 0, 0
+if weight_ms > 0 then
+  local pu, pc = fields(KEY_PREV_LEDGER)
+  prev = tonumber(redis.call('GET', KEY_PREV_COUNT) or '0')
+  for id, v in pairs(pc) do prev = prev + math.max(v - (pu[id] or 0), 0) end
+  prevw = math.ceil(prev * weight_ms / period_ms)
+  cap = cap - prevw
+end
+-- what direct records may still report: kept out of leases while the (weighted) count is
+-- under the cap of what they can admit
+local reserve = 0
+if direct_cap > 0 and total + prevw < direct_cap then
+  local scripted = 0
+  for id, v in pairs(u) do if id ~= member then scripted = scripted + v end end
+  reserve = math.max(direct_cap - (total - scripted - mine), 0)
+end
+local held, active, wanted = others(u, c, e, d)
+local ceiling, fair, left = lease(c, e, mine, cap - total - held - reserve, held, active, wanted)
+return answer(total, ceiling, fair, left, held, prev, {})
+"#;
+
+/// Token and leaky buckets: the cap is the tokens of a bucket kept in Redis (the time at which
+/// it is full again of what the members admitted, µs, which may lie in the past) of
+/// `tolerance_us`, less what the members hold leased and unused in this window's ledger and the
+/// previous window's. Tokens admitted beyond what was charged are charged from `since_ms`.
+const BUCKETS: &str = r#"
+local u, c, e, d, t = fields(KEY_LEDGER)
+if adopt > 0 and not c[member] then c[member] = adopt; e[member] = tonumber(lease_until_ms) end
+local mine = report(u[member] or 0)
+local total = tonumber(redis.call('GET', KEY_COUNT) or '0')
+local held, active, wanted = others(u, c, e, d)
+local nowus = now_ms * 1000
+local charge = mine - (t[member] or confirmed)
+-- admitted tokens count from when they can first have come: behind the others' tokens
+-- admitted before, not behind leases (tokens of a lease count as admitted when used)
+local from = nowus
+if since_ms > 0 then from = math.min(since_ms * 1000, nowus) end
+local tat = tonumber(redis.call('GET', KEY_BUCKET) or '0')
+-- leases the previous window's records hold until they move to this one
+local pu, pc, pe = fields(KEY_PREV_LEDGER)
+for id, ceiling in pairs(pc) do
+  if (pe[id] or 0) > now_ms then held = held + math.max(ceiling - (pu[id] or 0), 0) end
+end
+if charge > 0 then tat = math.max(tat, from) + charge * bucket_us end
+local avail = math.floor((nowus + tolerance_us - math.max(tat, nowus)) / bucket_us) - held
+local ceiling, fair, left = lease(c, e, mine, avail, held, active, wanted)
+redis.call('HSET', KEY_LEDGER, 't:' .. member, mine)
+redis.call('SET', KEY_BUCKET, string.format('%.0f', tat))
+redis.call('PEXPIREAT', KEY_BUCKET, string.format('%.0f', math.ceil(math.max(tat, nowus) / 1000) + period_ms + 10000))
+return answer(total, ceiling, fair, left, held, 0, {})
+"#;
+
+/// The sliding log: the growth is also counted by bucket of the window (`b:`); the cap is
+/// lowered by what of the previous window is still in the span, its leases counted as used.
+const LOG: &str = r#"
+local u, c, e, d = fields(KEY_LEDGER)
+local mine = u[member] or 0
 if used > mine then
   -- (a script is not undone when a command in it fails: the sliding log's own command comes
   -- first, so that a user who may not run it gets an error before anything is written, and
   -- the count goes again, whole, once it may)
-  if lb > 0 then
-    -- a sliding log: the growth by bucket, the newest units named first; what is not named
-    -- goes to the oldest bucket named (or the window's last), later than it came
-    local g, j, at = used - mine, #ARGV - 1, ARGV[19]
-    while g > 0 and j >= 21 do
-      local n = math.min(tonumber(ARGV[j + 1]), g)
-      at = ARGV[j]
-      redis.call('HINCRBY', KEYS[2], 'b:' .. at, n)
-      g, j = g - n, j - 2
-    end
-    if g > 0 then redis.call('HINCRBY', KEYS[2], 'b:' .. at, g) end
+  -- the growth by bucket, the newest units named first; what is not named goes to the
+  -- oldest bucket named (or the window's last), later than it came
+  local g, j, at = used - mine, #ARGV - 1, last_bucket
+  while g > 0 and j >= FIRST_PAIR do
+    local n = math.min(tonumber(ARGV[j + 1]), g)
+    at = ARGV[j]
+    redis.call('HINCRBY', KEY_LEDGER, 'b:' .. at, n)
+    g, j = g - n, j - 2
   end
-  redis.call('INCRBY', KEYS[1], used - mine)
-  redis.call('HSET', KEYS[2], 'u:' .. me, used)
-  mine = used
+  if g > 0 then redis.call('HINCRBY', KEY_LEDGER, 'b:' .. at, g) end
 end
-local total = tonumber(redis.call('GET', KEYS[1]) or '0')
-local prev, prevw, steps = 0, 0, {}
-if lb > 0 and KEYS[3] ~= KEYS[2] then
-  -- a sliding log: what of the previous window is still in the span (its buckets from
-  -- ARGV[20]) and what its members hold leased, all of it
-  local f = redis.call('HGETALL', KEYS[3])
-  local from = tonumber(ARGV[20])
+mine = report(mine)
+local total = tonumber(redis.call('GET', KEY_COUNT) or '0')
+local prev, steps = 0, {}
+if KEY_PREV_LEDGER ~= KEY_LEDGER then
+  -- what of the previous window is still in the span (its buckets from `from_bucket`) and
+  -- what its members hold leased, all of it
+  local f = redis.call('HGETALL', KEY_PREV_LEDGER)
   for i = 1, #f, 2 do
-    if string.sub(f[i], 1, 2) == 'b:' and tonumber(string.sub(f[i], 3)) >= from then
+    if string.sub(f[i], 1, 2) == 'b:' and tonumber(string.sub(f[i], 3)) >= from_bucket then
       prev = prev + tonumber(f[i + 1])
       steps[#steps + 1] = {tonumber(string.sub(f[i], 3)), tonumber(f[i + 1])}
     end
   end
   table.sort(steps, function(a, b) return a[1] < b[1] end)
-  local pu, pc = fields(KEYS[3])
+  local pu, pc = fields(KEY_PREV_LEDGER)
   for id, v in pairs(pc) do prev = prev + math.max(v - (pu[id] or 0), 0) end
-  prevw = prev
-  cap = cap - prevw
-elseif w > 0 then
-  local pu, pc = fields(KEYS[3])
-  prev = tonumber(redis.call('GET', KEYS[4]) or '0')
-  for id, v in pairs(pc) do prev = prev + math.max(v - (pu[id] or 0), 0) end
-  prevw = math.ceil(prev * w / p)
-  cap = cap - prevw
+  cap = cap - prev
 end
--- what direct records may still report: kept out of leases while the (weighted) count is
--- under the cap of what they can admit
-local dcap, reserve = tonumber(ARGV[15]), 0
-if dcap > 0 and total + prevw < dcap then
-  local scripted = 0
-  for id, v in pairs(u) do if id ~= me then scripted = scripted + v end end
-  reserve = math.max(dcap - (total - scripted - mine), 0)
-end
-local held, active, wanted = 0, 0, 0
-for id, ceiling in pairs(c) do
-  if id ~= me and (e[id] or 0) > now then
-    active = active + 1
-    local out = ceiling - (u[id] or 0)
-    if out > 0 then held = held + out end
-    wanted = wanted + (d[id] or 0)
-  end
-end
-local keep = mine
-if c[me] and (e[me] or 0) > now then keep = math.max(mine, math.min(want, c[me])) end
-local desire = math.max(want - mine, 0)
-local function fair_part(avail)
-  if active == 0 then return avail end
-  return math.max(1, math.ceil(avail * math.max(desire, 1) / (math.max(desire, 1) + wanted)))
-end
-local need, spare = tonumber(ARGV[12]), tonumber(ARGV[13])
-local avail, free
-local tb = tonumber(ARGV[10])
-local tat, nowus = 0, now * 1000
-if tb > 0 then
-  -- a token bucket: the time it is full again of what the members admitted (in µs; it may
-  -- lie in the past), less the tokens they hold leased and unused
-  local charge = mine - (t[me] or tonumber(ARGV[14]))
-  -- admitted tokens count from when they can first have come: behind the others' tokens
-  -- admitted before, not behind leases (tokens of a lease count as admitted when used)
-  local from, since = nowus, tonumber(ARGV[16])
-  if since > 0 then from = math.min(since * 1000, nowus) end
-  tat = tonumber(redis.call('GET', KEYS[3]) or '0')
-  -- leases the previous window's records hold until they move to this one (`KEYS[4]`)
-  local pu, pc, pe = fields(KEYS[4])
-  for id, ceiling in pairs(pc) do
-    if (pe[id] or 0) > now then held = held + math.max(ceiling - (pu[id] or 0), 0) end
-  end
-  if charge > 0 then tat = math.max(tat, from) + charge * tb end
-  avail = math.floor((nowus + tonumber(ARGV[17]) - math.max(tat, nowus)) / tb) - held
-else
-  avail = cap - total - held - reserve
-end
-free = avail - (keep - mine)
-local fair = fair_part(math.min(avail, spare))
-local n = math.max(math.min(mine + need - keep, free), 0)
-local f = math.min(want - keep - n, free - n, fair - (keep - mine), spare - held - (keep - mine))
-local extra = n + math.max(f, 0)
-local ceiling = keep + extra
-local until_ms = ARGV[6]
-if want <= mine then until_ms = now end
-redis.call('HSET', KEYS[2], 'c:' .. me, ceiling, 'e:' .. me, until_ms, 'd:' .. me, desire)
-local left = avail - (ceiling - mine)
-if tb > 0 then
-  redis.call('HSET', KEYS[2], 't:' .. me, mine)
-  redis.call('SET', KEYS[3], string.format('%.0f', tat))
-  redis.call('PEXPIREAT', KEYS[3], string.format('%.0f', math.ceil(math.max(tat, nowus) / 1000) + p + 10000))
-end
-redis.call('PEXPIREAT', KEYS[1], ARGV[7])
-redis.call('PEXPIREAT', KEYS[2], ARGV[7])
-local out = {total, ceiling, math.max(fair, 0), math.max(left, 0), held, prev}
-for k = 1, math.min(#steps, 8) do
-  out[#out + 1] = steps[k][1]
-  out[#out + 1] = steps[k][2]
-end
-return out
+local held, active, wanted = others(u, c, e, d)
+local ceiling, fair, left = lease(c, e, mine, cap - total - held, held, active, wanted)
+return answer(total, ceiling, fair, left, held, prev, steps)
 "#;
 
-/// The script call for one update, by the script's hash (pipelined in rounds; alone in tests,
-/// after `load_scripts_blocking`).
+/// Arguments pushed by name, in the order the family's script names them (checked in debug
+/// builds, so every test that builds a call checks it).
+struct Named<'c, I: Iterator<Item = &'static str>> {
+    cmd: &'c mut redis::Cmd,
+    names: I,
+}
+
+impl<I: Iterator<Item = &'static str>> Named<'_, I> {
+    fn push(&mut self, name: &str, v: impl redis::ToRedisArgs) -> &mut Self {
+        let expected = self.names.next();
+        debug_assert_eq!(
+            expected,
+            Some(name),
+            "the script's arguments are in another order"
+        );
+        self.cmd.arg(v);
+        self
+    }
+}
+
+/// The script call for one update, by its family's script hash (pipelined in rounds; alone in
+/// tests, after `load_scripts_blocking`).
 pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
+    let family = Family::of(u);
     let mut c = redis::cmd("EVALSHA");
-    c.arg(LEDGER.get_hash())
-        .arg(4)
-        .arg(&u.key)
-        .arg(&u.ledger_key)
-        .arg(&u.prev_ledger_key)
-        .arg(&u.prev_key)
-        .arg(&u.member)
-        .arg(u.used)
-        .arg(u.want)
-        .arg(u.cap)
-        .arg(u.now_ms)
-        .arg(u.lease_until_ms)
-        .arg(u.expire_at_ms)
-        .arg(u.weight_ms)
-        .arg(u.period_ms)
-        .arg(bucket_arg(u.bucket_ns))
-        .arg(u.adopt)
-        .arg(u.need)
-        .arg(u.spare)
-        .arg(u.confirmed)
-        .arg(u.direct_cap)
-        .arg(u.since_ms)
-        .arg(u.tolerance_us)
-        .arg(u.log.bucket_ms)
-        .arg(u.log.last)
-        .arg(u.log.from);
+    c.arg(family.script().get_hash()).arg(family.keys().len());
+    c.arg(&u.key).arg(&u.ledger_key).arg(&u.prev_ledger_key);
+    if family != Family::Log {
+        c.arg(&u.prev_key);
+    }
+    let mut a = Named {
+        cmd: &mut c,
+        names: family.args(),
+    };
+    a.push("member", &u.member)
+        .push("used", u.used)
+        .push("want", u.want)
+        .push("now_ms", u.now_ms)
+        .push("lease_until_ms", u.lease_until_ms)
+        .push("expire_at_ms", u.expire_at_ms)
+        .push("need", u.need)
+        .push("spare", u.spare);
+    match family {
+        Family::Windows => a
+            .push("cap", u.cap)
+            .push("weight_ms", u.weight_ms)
+            .push("period_ms", u.period_ms)
+            .push("direct_cap", u.direct_cap),
+        Family::Buckets => a
+            .push("period_ms", u.period_ms)
+            .push("bucket_us", bucket_arg(u.bucket_ns))
+            .push("tolerance_us", u.tolerance_us)
+            .push("adopt", u.adopt)
+            .push("confirmed", u.confirmed)
+            .push("since_ms", u.since_ms),
+        Family::Log => a
+            .push("cap", u.cap)
+            .push("last_bucket", u.log.last)
+            .push("from_bucket", u.log.from),
+    };
+    debug_assert!(
+        a.names.next().is_none(),
+        "an argument of the script is missing"
+    );
     for &(b, n) in &u.log.units {
         c.arg(b).arg(n);
     }
@@ -236,4 +477,70 @@ pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
 /// number of µs would make a bucket of 17,606 per 10 s refill 0.2% too fast.
 pub fn bucket_arg(ns: u64) -> String {
     format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::services::fleet_sync::backend::LogReport;
+
+    fn update(family: Family) -> LedgerUpdate {
+        LedgerUpdate {
+            bucket_ns: if family == Family::Buckets { 3_333 } else { 0 },
+            log: LogReport {
+                bucket_ms: if family == Family::Log { 10 } else { 0 },
+                units: if family == Family::Log {
+                    vec![(1, 2), (3, 4)]
+                } else {
+                    Vec::new()
+                },
+                ..LogReport::default()
+            },
+            ..LedgerUpdate::default()
+        }
+    }
+
+    #[test]
+    fn each_family_names_its_keys_and_arguments_in_the_documented_order() {
+        for family in Family::ALL {
+            let src = family.source();
+            for (i, k) in family.keys().iter().enumerate() {
+                let line = format!("local KEY_{} = KEYS[{}]\n", k.to_uppercase(), i + 1);
+                assert!(src.contains(&line), "{family:?}: {line}");
+            }
+            for (i, name) in family.args().enumerate() {
+                let line = src
+                    .lines()
+                    .find(|l| l.starts_with(&format!("local {name} = ")))
+                    .unwrap_or_else(|| panic!("{family:?} does not name {name}"));
+                let argv = format!("ARGV[{}]", i + 1);
+                assert!(
+                    line.ends_with(&argv) || line.ends_with(&format!("{argv})")),
+                    "{family:?}: {line} is not argument {}",
+                    i + 1
+                );
+            }
+            // the bodies read arguments by name (the log's pairs after them excepted)
+            let body = family.body();
+            assert_eq!(
+                body.matches("ARGV[").count(),
+                if family == Family::Log { 2 } else { 0 },
+                "{family:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_call_passes_every_named_argument_of_its_family_and_nothing_else() {
+        for family in Family::ALL {
+            let u = update(family);
+            assert_eq!(Family::of(&u), family);
+            // (the order of the names is checked as the call is built, in debug builds)
+            let cmd = ledger_cmd(&u);
+            let pairs = if family == Family::Log { 4 } else { 0 };
+            // EVALSHA, the hash, the number of keys, then the keys and the arguments
+            let expected = 3 + family.keys().len() + family.args().count() + pairs;
+            assert_eq!(cmd.args_iter().count(), expected, "{family:?}");
+        }
+    }
 }
