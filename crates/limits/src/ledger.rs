@@ -175,25 +175,7 @@ pub fn ceiling(
                 None => Ceiling::LeaseUsed,
             };
         }
-        let credit = if l.fair == 0 {
-            // no answer yet in this window: a few, so that a burst on a fresh window does not
-            // wait for the first round
-            // (a leaky bucket: one; its requests wait their turn anyway, and its fleet bucket
-            // may be no larger than its queue)
-            let cold = match tier.queue {
-                Some(_) => 1,
-                None => cold_credit(tier.threshold, n),
-            };
-            l.current.used + l.pending + units <= cold
-        } else {
-            // one at a time while the window had room for every instance's credit at the
-            // last answer (a bucket: tokens); a request charged late holds its credit until
-            // its charge comes
-            !l.on_credit
-                && l.pending == 0
-                && l.room >= n
-                && (bucket || state.current + units <= tier.threshold)
-        };
+        let credit = credit_allows(state, tier, bucket, n, units);
         let on_credit = l.current.used + units > l.ceiling;
         if on_credit && !credit {
             return if l.short >= 2 {
@@ -203,33 +185,8 @@ pub fn ceiling(
             };
         }
         if let Some(now_ms) = sliding {
-            // A lease reaches to the cap one round gap ahead: use only what the cap of this
-            // moment leaves after what the others held at the answer. Each other instance may
-            // have one credit of the previous window still unreported, and may take one in
-            // this window: the previous count is taken that much higher, and a credit leaves
-            // room for theirs.
-            let p = tier.period_ms;
-            let others = n.max(2) - 1;
-            let prev = l.prev_bound.saturating_add(others);
-            let weight = if algorithm == Algorithm::SlidingLog {
-                // a log: what of the previous window is still in the span, as of the last
-                // answer (Redis counts it by instant: the log's ledger script), only less since
-                prev
-            } else {
-                previous_weight(prev, state.window_start_ms, p, now_ms)
-            };
-            let cap = tier.threshold.saturating_sub(weight);
-            let margin = if on_credit { others } else { 0 };
-            if l.current.used + l.others + margin + units > cap {
-                // the weighted count of this moment is full: no round changes that, time does
-                // (a log with no answer yet in this window knows the previous window only as
-                // a whole, or as its own answers saw it: the next answer says what is still in
-                // the span, so the request waits for it)
-                return if algorithm == Algorithm::SlidingLog && l.fair == 0 {
-                    Ceiling::LeaseUsed
-                } else {
-                    Ceiling::FleetFull
-                };
+            if let Some(full) = sliding_full(state, tier, algorithm, now_ms, n, units, on_credit) {
+                return full;
             }
         }
     } else if let (Some(n), false) = (shared, bucket) {
@@ -241,6 +198,73 @@ pub fn ceiling(
         }
     }
     Ceiling::Open
+}
+
+/// May a request of `units` be admitted on credit (past the lease, `n` instances sharing)?
+fn credit_allows(state: &TierState, tier: &Quota, bucket: bool, n: u64, units: u64) -> bool {
+    let l = &state.ledger;
+    if l.fair == 0 {
+        // no answer yet in this window: a few, so that a burst on a fresh window does not
+        // wait for the first round
+        // (a leaky bucket: one; its requests wait their turn anyway, and its fleet bucket
+        // may be no larger than its queue)
+        let cold = match tier.queue {
+            Some(_) => 1,
+            None => cold_credit(tier.threshold, n),
+        };
+        l.current.used + l.pending + units <= cold
+    } else {
+        // one at a time while the window had room for every instance's credit at the
+        // last answer (a bucket: tokens); a request charged late holds its credit until
+        // its charge comes
+        !l.on_credit
+            && l.pending == 0
+            && l.room >= n
+            && (bucket || state.current + units <= tier.threshold)
+    }
+}
+
+/// A sliding window or log under a lease: the weighted count of this moment is full (no round
+/// changes that, time does), or the log waits for its first answer to know its span. `None`:
+/// it has room.
+///
+/// A lease reaches to the cap one round gap ahead: use only what the cap of this moment leaves
+/// after what the others held at the answer. Each other instance may have one credit of the
+/// previous window still unreported, and may take one in this window: the previous count is
+/// taken that much higher, and a credit leaves room for theirs.
+fn sliding_full(
+    state: &TierState,
+    tier: &Quota,
+    algorithm: Algorithm,
+    now_ms: u64,
+    n: u64,
+    units: u64,
+    on_credit: bool,
+) -> Option<Ceiling> {
+    let l = &state.ledger;
+    let p = tier.period_ms;
+    let others = n.max(2) - 1;
+    let prev = l.prev_bound.saturating_add(others);
+    let weight = if algorithm == Algorithm::SlidingLog {
+        // a log: what of the previous window is still in the span, as of the last
+        // answer (Redis counts it by instant: the log's ledger script), only less since
+        prev
+    } else {
+        previous_weight(prev, state.window_start_ms, p, now_ms)
+    };
+    let cap = tier.threshold.saturating_sub(weight);
+    let margin = if on_credit { others } else { 0 };
+    if l.current.used + l.others + margin + units <= cap {
+        return None;
+    }
+    // (a log with no answer yet in this window knows the previous window only as a whole,
+    // or as its own answers saw it: the next answer says what is still in the span, so the
+    // request waits for it)
+    Some(if algorithm == Algorithm::SlidingLog && l.fair == 0 {
+        Ceiling::LeaseUsed
+    } else {
+        Ceiling::FleetFull
+    })
 }
 
 /// When `ceiling` said Open: how many requests, this one included, the fleet has left as this

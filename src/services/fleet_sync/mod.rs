@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use tollgate_limits::clock::{Clock, NANOS_PER_MS};
 use tollgate_limits::ledger::{self, Ask};
 use tollgate_limits::sliding_log;
-use tollgate_limits::store::{CounterRegistry, OrphanCount, RuleCounters, SHARDS};
+use tollgate_limits::store::{Counter, CounterRegistry, OrphanCount, RuleCounters, SHARDS};
 
 /// Keys live this long past the last moment they are needed.
 pub const KEY_GRACE_MS: u64 = 10_000;
@@ -77,6 +77,15 @@ impl Round {
             rest: None,
         }
     }
+}
+
+/// When a drain happens, as `ledger::Sizing` takes it.
+#[derive(Debug, Clone, Copy)]
+struct DrainTime {
+    now_ms: u64,
+    since_ms: u64,
+    horizon_ms: u64,
+    periodic: bool,
 }
 
 /// Where a round in parts goes on: the rule (by `uid`) and its shard.
@@ -213,92 +222,119 @@ impl Accounts {
                     round.rest = Some(Cursor { uid: rc.uid, shard });
                     return round;
                 }
-                let logged = rc.algorithm() == Algorithm::SlidingLog;
+                let when = DrainTime {
+                    now_ms,
+                    since_ms,
+                    horizon_ms,
+                    periodic,
+                };
                 rc.for_each_in(shard, |key, c| {
-                    for (ti, st) in c.tiers.iter_mut().enumerate() {
-                        let Some(tier) = lists.get(usize::from(c.list)).and_then(|l| l.get(ti))
-                        else {
-                            continue;
-                        };
-                        let end = match st.window_end_ms {
-                            0 => tier.window_end(st.window_start_ms),
-                            e => e,
-                        };
-                        let sizing = ledger::Sizing {
-                            now_ms,
-                            since_ms,
-                            horizon_ms,
-                            left_ms: end.saturating_sub(now_ms),
-                            periodic,
-                            bucket: counters.algorithm().is_bucket(),
-                            spare: ledger::spare(tier.threshold),
-                        };
-                        let asks = ledger::drain(st, sizing);
-                        for mut ask in asks.into_iter().flatten() {
-                            ask.log = logged;
-                            // a log's units by bucket, for Redis to count them by instant
-                            let units = match c.logs.as_deref().and_then(|l| l.get(ti)) {
-                                Some(log) => log.by_bucket(
-                                    ask.window_start_ms,
-                                    tier.window_end(ask.window_start_ms),
-                                    ask.used.saturating_sub(ask.confirmed),
-                                ),
-                                None => Vec::new(),
-                            };
-                            self.push(
-                                &mut round,
-                                settings,
-                                &counters,
-                                (key, c.list, ti),
-                                (ask, units),
-                                tier,
-                                false,
-                            );
-                        }
-                    }
+                    self.drain_counter(&mut round, settings, (&counters, &lists), (key, c), when);
                 });
             }
-            for o in rc.take_orphans() {
-                let OrphanCount {
-                    key,
-                    list,
-                    tier,
-                    orphan,
-                } = o;
-                let Some(quota) = lists
-                    .get(usize::from(list))
-                    .and_then(|l| l.get(tier as usize))
-                    .copied()
-                else {
-                    continue;
-                };
-                let ask = Ask {
-                    window_start_ms: orphan.window_start_ms,
-                    gen: orphan.gen,
-                    used: orphan.used,
-                    want: orphan.used,
-                    need: 0,
-                    confirmed: orphan.sent,
-                    since_ms: 0,
-                    previous: true,
-                    adopt: 0,
-                    direct: orphan.direct,
-                    count: !orphan.leased,
-                    first: false,
-                    log: rc.algorithm() == Algorithm::SlidingLog,
+            self.push_orphans(&mut round, settings, &rc);
+        }
+        round
+    }
+
+    /// What each tier of one counter asks in this round (`ledger::drain`), pushed to `round`.
+    fn drain_counter(
+        &self,
+        round: &mut Round,
+        settings: &RedisSettings,
+        (counters, lists): (
+            &Arc<RuleCounters>,
+            &[Vec<tollgate_limits::algorithm::Quota>],
+        ),
+        (key, c): (&[u8], &mut Counter),
+        when: DrainTime,
+    ) {
+        let logged = counters.algorithm() == Algorithm::SlidingLog;
+        for (ti, st) in c.tiers.iter_mut().enumerate() {
+            let Some(tier) = lists.get(usize::from(c.list)).and_then(|l| l.get(ti)) else {
+                continue;
+            };
+            let end = match st.window_end_ms {
+                0 => tier.window_end(st.window_start_ms),
+                e => e,
+            };
+            let sizing = ledger::Sizing {
+                now_ms: when.now_ms,
+                since_ms: when.since_ms,
+                horizon_ms: when.horizon_ms,
+                left_ms: end.saturating_sub(when.now_ms),
+                periodic: when.periodic,
+                bucket: counters.algorithm().is_bucket(),
+                spare: ledger::spare(tier.threshold),
+            };
+            let asks = ledger::drain(st, sizing);
+            for mut ask in asks.into_iter().flatten() {
+                ask.log = logged;
+                // a log's units by bucket, for Redis to count them by instant
+                let units = match c.logs.as_deref().and_then(|l| l.get(ti)) {
+                    Some(log) => log.by_bucket(
+                        ask.window_start_ms,
+                        tier.window_end(ask.window_start_ms),
+                        ask.used.saturating_sub(ask.confirmed),
+                    ),
+                    None => Vec::new(),
                 };
                 self.push(
-                    &mut round,
+                    round,
                     settings,
-                    &rc,
-                    (&key, list, tier as usize),
-                    (ask, Vec::new()),
-                    &quota,
-                    true,
+                    counters,
+                    (key, c.list, ti),
+                    (ask, units),
+                    tier,
+                    false,
                 );
             }
         }
-        round
+    }
+
+    /// The counts the counters of `rc` left behind when they had to make room (`Orphan`),
+    /// pushed to `round` as their previous windows' reports.
+    fn push_orphans(&self, round: &mut Round, settings: &RedisSettings, rc: &Arc<RuleCounters>) {
+        let lists = rc.tiers();
+        for o in rc.take_orphans() {
+            let OrphanCount {
+                key,
+                list,
+                tier,
+                orphan,
+            } = o;
+            let Some(quota) = lists
+                .get(usize::from(list))
+                .and_then(|l| l.get(tier as usize))
+                .copied()
+            else {
+                continue;
+            };
+            let ask = Ask {
+                window_start_ms: orphan.window_start_ms,
+                gen: orphan.gen,
+                used: orphan.used,
+                want: orphan.used,
+                need: 0,
+                confirmed: orphan.sent,
+                since_ms: 0,
+                previous: true,
+                adopt: 0,
+                direct: orphan.direct,
+                count: !orphan.leased,
+                first: false,
+                log: rc.algorithm() == Algorithm::SlidingLog,
+            };
+            self.push(
+                round,
+                settings,
+                rc,
+                (&key, list, tier as usize),
+                (ask, Vec::new()),
+                &quota,
+                true,
+            );
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -344,52 +380,21 @@ impl Accounts {
         }
         let ledger_key = format!("{contract_key}:fleet");
         let bucket = counters.algorithm().is_bucket();
-        let prev_window = || {
-            redis_key(
-                &settings.key_prefix,
-                &partition,
-                id,
-                start.saturating_sub(p),
-                start,
-            )
-        };
-        let (prev_ledger_key, prev_key, weight_ms) = if bucket {
-            let b = format!("{}:{{{partition}}}:{id}:bucket", settings.key_prefix);
-            // the previous window's ledger: the leases its records hold until they move here
-            (b, format!("{}:fleet", prev_window()), 0)
-        } else if sliding && !ask.previous {
-            // the weight one round gap ahead: a lease reaches a little past the cap of now (the
-            // member keeps the cap of each moment itself, see `ledger::ceiling`)
-            let elapsed = (round.sent_ms + MIN_ROUND_GAP_MS)
-                .saturating_sub(start)
-                .min(p);
-            let prev = prev_window();
-            // (a log's previous window is weighed by Redis, by bucket)
-            let weight = if logged { 0 } else { (p - elapsed).max(1) };
-            (format!("{prev}:fleet"), prev, weight)
-        } else {
-            (ledger_key.clone(), contract_key.clone(), 0)
-        };
+        let (prev_ledger_key, prev_key, weight_ms) = self.previous_keys(
+            settings,
+            (counters, &partition),
+            (start, p),
+            ask.previous,
+            (&contract_key, &ledger_key),
+            round.sent_ms,
+        );
         let threshold = counters
             .tiers()
             .get(usize::from(list))
             .and_then(|l| l.get(tier))
             .map_or(0, |t| t.threshold);
         let log = if logged {
-            let bucket_ms = sliding_log::bucket_ms(p);
-            LogReport {
-                bucket_ms,
-                // where units Redis hears of without their instants go (lost by a restart of
-                // Redis, or left out by the log): the bucket of now, or the window's last
-                last: (p - 1).min(round.sent_ms.saturating_sub(start)) / bucket_ms,
-                // the previous window's buckets that end after now - p: still in the span
-                from: round
-                    .sent_ms
-                    .saturating_sub(p)
-                    .saturating_sub(start.saturating_sub(p))
-                    / bucket_ms,
-                units: log_units,
-            }
+            log_report(start, p, round.sent_ms, log_units)
         } else {
             LogReport::default()
         };
@@ -432,6 +437,48 @@ impl Accounts {
             since_ms: if bucket { ask.since_ms } else { 0 },
         }));
         round.sources.push(source);
+    }
+
+    /// The keys a lease ask names besides its own and its weight (see `script::Family::keys`):
+    /// a bucket's time and the previous window's ledger (buckets); the previous window's
+    /// ledger and count, and its weight one round gap ahead (sliding windows; a log's previous
+    /// window is weighed by Redis, by bucket); else its own again.
+    fn previous_keys(
+        &self,
+        settings: &RedisSettings,
+        (counters, partition): (&RuleCounters, &str),
+        (start, p): (u64, u64),
+        previous: bool,
+        (contract_key, ledger_key): (&str, &str),
+        sent_ms: u64,
+    ) -> (String, String, u64) {
+        let id = &counters.identity.id;
+        let algorithm = counters.algorithm();
+        let prev_window = || {
+            redis_key(
+                &settings.key_prefix,
+                partition,
+                id,
+                start.saturating_sub(p),
+                start,
+            )
+        };
+        if algorithm.is_bucket() {
+            let b = format!("{}:{{{partition}}}:{id}:bucket", settings.key_prefix);
+            // the previous window's ledger: the leases its records hold until they move here
+            (b, format!("{}:fleet", prev_window()), 0)
+        } else if algorithm.is_sliding() && !previous {
+            // the weight one round gap ahead: a lease reaches a little past the cap of now (the
+            // member keeps the cap of each moment itself, see `ledger::ceiling`)
+            let elapsed = (sent_ms + MIN_ROUND_GAP_MS).saturating_sub(start).min(p);
+            let prev = prev_window();
+            // (a log's previous window is weighed by Redis, by bucket)
+            let logged = algorithm == Algorithm::SlidingLog;
+            let weight = if logged { 0 } else { (p - elapsed).max(1) };
+            (format!("{prev}:fleet"), prev, weight)
+        } else {
+            (ledger_key.to_string(), contract_key.to_string(), 0)
+        }
     }
 
     /// Apply Redis's answers (or, when it did not answer, keep what was drained for the next
@@ -950,6 +997,24 @@ impl BackgroundService for SyncService {
                 self.check_access(settings).await;
             }
         }
+    }
+}
+
+/// What a sliding log's ask tells Redis of its units by instant, for the window starting at
+/// `start` of `p` ms, sent at `sent_ms`.
+fn log_report(start: u64, p: u64, sent_ms: u64, units: Vec<(u64, u64)>) -> LogReport {
+    let bucket_ms = sliding_log::bucket_ms(p);
+    LogReport {
+        bucket_ms,
+        // where units Redis hears of without their instants go (lost by a restart of
+        // Redis, or left out by the log): the bucket of now, or the window's last
+        last: (p - 1).min(sent_ms.saturating_sub(start)) / bucket_ms,
+        // the previous window's buckets that end after now - p: still in the span
+        from: sent_ms
+            .saturating_sub(p)
+            .saturating_sub(start.saturating_sub(p))
+            / bucket_ms,
+        units,
     }
 }
 

@@ -3,8 +3,8 @@
 
 use super::pipeline::{finish_counts, first_replies, pipeline};
 use super::round::{
-    heartbeat_reply, Exchange, Heartbeat, Refusal, ReplyError, RoundError, SyncBackend, Update,
-    HEARTBEAT_REPLIES,
+    heartbeat_reply, Exchange, Heartbeat, Refusal, Reply, ReplyError, RoundError, SyncBackend,
+    Update, HEARTBEAT_REPLIES,
 };
 use super::script::{no_script, sources};
 use super::single::refused_load;
@@ -89,6 +89,20 @@ impl ClusterRedis {
         *guard = Some(made.clone());
         Ok(made)
     }
+
+    /// Note which slots answered this round (`heard`) and which did not. Returns how many are
+    /// down now.
+    fn note_down(&self, heard: Vec<(redis::cluster_routing::Slot, bool)>) -> usize {
+        let mut down = self.down.lock();
+        for (slot, ok) in heard {
+            if ok {
+                down.remove(&slot);
+            } else {
+                down.insert(slot);
+            }
+        }
+        down.len()
+    }
 }
 
 /// One slot's pipeline on the cluster connection (loading the script on that slot's master if
@@ -125,6 +139,65 @@ async fn query_slot(
     }
 }
 
+/// What one slot's pipeline got back: the answers by the slot's own indexes, the live
+/// instances (when it carried the heartbeat), and the refusals.
+type SlotAnswers = (Vec<Option<Reply>>, Option<u64>, Vec<Refusal>);
+
+/// One slot's pipeline (`n` replies expected) to its master, bounded by `timeout`.
+async fn exchange_slot(
+    mut conn: redis::cluster_async::ClusterConnection,
+    slot: redis::cluster_routing::Slot,
+    (p, n): (redis::Pipeline, usize),
+    mine: Vec<Update>,
+    timeout: Duration,
+) -> Result<SlotAnswers, RoundError> {
+    use redis::cluster_routing::{Route, SlotAddr};
+    let run = async {
+        let route = Route::with_slot(slot, SlotAddr::Master);
+        let values = query_slot(&mut conn, &p, n, route).await?;
+        if values.len() != n {
+            return Err(format!("expected {n} answers, got {}", values.len()).into());
+        }
+        let mut answers = vec![None; mine.len()];
+        let mut refused = Vec::new();
+        let (values, beat) = values.split_at(mine.len());
+        let pending = first_replies(&mine, 0..mine.len(), values, &mut answers, &mut refused)?;
+        finish_counts(&mut conn, &mine, pending, &mut answers, &mut refused).await?;
+        let instances = match heartbeat_reply(beat) {
+            Ok(n) => n,
+            Err(error) => {
+                refused.push(Refusal {
+                    update: None,
+                    error,
+                });
+                None
+            }
+        };
+        Ok::<_, RoundError>((answers, instances, refused))
+    };
+    tokio::time::timeout(timeout, run)
+        .await
+        .map_err(|_| RoundError::from(format!("no answer within {timeout:?}")))
+        .and_then(|r| r)
+}
+
+/// A slot's answers into the round's (`idxs`: the round's index of each of the slot's).
+fn merge_slot(out: &mut Exchange, idxs: &[usize], with_hb: bool, answered: SlotAnswers) {
+    let (answers, instances, refused) = answered;
+    for (k, &i) in idxs.iter().enumerate() {
+        out.answers[i] = answers.get(k).copied().flatten();
+    }
+    // the slot's own indexes, back to the round's
+    out.refused.extend(refused.into_iter().map(|r| Refusal {
+        update: r.update.and_then(|k| idxs.get(k).copied()),
+        error: r.error,
+    }));
+    if with_hb {
+        out.instances = instances;
+    }
+    out.slots_answered += 1;
+}
+
 #[async_trait]
 impl SyncBackend for ClusterRedis {
     async fn exchange(
@@ -132,7 +205,7 @@ impl SyncBackend for ClusterRedis {
         updates: &[Update],
         hb: Option<&Heartbeat>,
     ) -> Result<Exchange, RoundError> {
-        use redis::cluster_routing::{Route, Slot, SlotAddr};
+        use redis::cluster_routing::Slot;
         let conn = self.connection().await?;
         // group by slot: one pipeline each (a pipeline may not cross slots)
         let mut slots: HashMap<Slot, Vec<usize>> = HashMap::new();
@@ -157,37 +230,13 @@ impl SyncBackend for ClusterRedis {
                 .iter()
                 .filter_map(|&i| updates.get(i).cloned())
                 .collect();
-            let (mut conn, timeout) = (conn.clone(), self.timeout);
-            let task = tokio::spawn(async move {
-                let run = async {
-                    let route = Route::with_slot(slot, SlotAddr::Master);
-                    let values = query_slot(&mut conn, &p, n, route).await?;
-                    if values.len() != n {
-                        return Err(format!("expected {n} answers, got {}", values.len()).into());
-                    }
-                    let mut answers = vec![None; mine.len()];
-                    let mut refused = Vec::new();
-                    let (values, beat) = values.split_at(mine.len());
-                    let pending =
-                        first_replies(&mine, 0..mine.len(), values, &mut answers, &mut refused)?;
-                    finish_counts(&mut conn, &mine, pending, &mut answers, &mut refused).await?;
-                    let instances = match heartbeat_reply(beat) {
-                        Ok(n) => n,
-                        Err(error) => {
-                            refused.push(Refusal {
-                                update: None,
-                                error,
-                            });
-                            None
-                        }
-                    };
-                    Ok::<_, RoundError>((answers, instances, refused))
-                };
-                tokio::time::timeout(timeout, run)
-                    .await
-                    .map_err(|_| RoundError::from(format!("no answer within {timeout:?}")))
-                    .and_then(|r| r)
-            });
+            let task = tokio::spawn(exchange_slot(
+                conn.clone(),
+                slot,
+                (p, n),
+                mine,
+                self.timeout,
+            ));
             tasks.push((slot, idxs, with_hb.is_some(), task));
         }
         let mut out = Exchange {
@@ -202,19 +251,8 @@ impl SyncBackend for ClusterRedis {
                 .map_err(|e| RoundError::from(e.to_string()))
                 .and_then(|r| r);
             match result {
-                Ok((answers, instances, refused)) => {
-                    for (k, &i) in idxs.iter().enumerate() {
-                        out.answers[i] = answers.get(k).copied().flatten();
-                    }
-                    // the slot's own indexes, back to the round's
-                    out.refused.extend(refused.into_iter().map(|r| Refusal {
-                        update: r.update.and_then(|k| idxs.get(k).copied()),
-                        error: r.error,
-                    }));
-                    if with_hb {
-                        out.instances = instances;
-                    }
-                    out.slots_answered += 1;
+                Ok(answered) => {
+                    merge_slot(&mut out, &idxs, with_hb, answered);
                     heard.push((slot, true));
                 }
                 Err(e) => {
@@ -224,16 +262,7 @@ impl SyncBackend for ClusterRedis {
                 }
             }
         }
-        let mut down = self.down.lock();
-        for (slot, ok) in heard {
-            if ok {
-                down.remove(&slot);
-            } else {
-                down.insert(slot);
-            }
-        }
-        out.slots_down = down.len();
-        drop(down);
+        out.slots_down = self.note_down(heard);
         match last_error {
             Some(e) if out.slots_answered == 0 => Err(e),
             Some(e) => {
