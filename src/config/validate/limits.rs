@@ -3,6 +3,72 @@
 use super::checker::*;
 use super::routes::{check_host, check_methods, check_pattern};
 
+/// A tier's period: a length, or a calendar unit in `zone` (only a fixed window has one).
+fn check_period(
+    c: &mut Checker,
+    p: &str,
+    t: &TierFile,
+    algorithm: Algorithm,
+    zone: &str,
+) -> (Duration, Option<Calendar>) {
+    let (period, calendar) = match t.period {
+        PeriodFile::Fixed(d) => (d, None),
+        PeriodFile::Calendar(unit) => {
+            if algorithm != Algorithm::FixedWindow {
+                c.err(
+                    &format!("{p}.period"),
+                    format!(
+                        "a calendar period ({}) needs algorithm fixed_window: a {algorithm} has no calendar; write a fixed length such as 24h",
+                        unit.as_str()
+                    ),
+                );
+            }
+            let cal = Calendar::new(unit, zone)
+                .or_else(|_| Calendar::new(unit, "UTC"))
+                .ok();
+            (Duration::from_millis(unit.nominal_ms()), cal)
+        }
+    };
+    if period.is_zero() {
+        c.err(
+            &format!("{p}.period"),
+            "period must be greater than 0 (seconds, or a string such as \"500ms\")",
+        );
+    }
+    (period, calendar)
+}
+
+/// A tier's threshold: positive, within what the headers can carry (and a sliding log keep).
+fn check_threshold(c: &mut Checker, p: &str, threshold: i64, algorithm: Algorithm) {
+    if threshold <= 0 {
+        c.err(
+            &format!("{p}.threshold"),
+            format!("threshold must be a positive integer, got {}", threshold),
+        );
+    }
+    if threshold > MAX_THRESHOLD {
+        c.err(
+            &format!("{p}.threshold"),
+            format!(
+                "threshold {} is too large: the RateLimit headers carry it as a Structured \
+                 Field integer, at most {MAX_THRESHOLD} (15 digits)",
+                threshold
+            ),
+        );
+    }
+    if algorithm == Algorithm::SlidingLog && threshold > MAX_LOG_THRESHOLD {
+        c.err(
+            &format!("{p}.threshold"),
+            format!(
+                "threshold {} is too large for sliding_log, which keeps every admission of \
+                 the period (at most {MAX_LOG_THRESHOLD}): use sliding_window, which counts \
+                 in two windows and is within a few percent",
+                threshold
+            ),
+        );
+    }
+}
+
 /// A rule's tiers (or a plan's). `zone`: the rule's calendar time zone (checked by the
 /// caller), for tiers of `1d`, `1w`, `1mo`, which only a fixed window counts.
 pub(super) fn check_tiers(
@@ -30,60 +96,8 @@ pub(super) fn check_tiers(
     let mut out: Vec<Tier> = Vec::new();
     for (i, t) in tiers.iter().enumerate().take(MAX_TIERS) {
         let p = format!("{base}[{i}]");
-        let (period, calendar) = match t.period {
-            PeriodFile::Fixed(d) => (d, None),
-            PeriodFile::Calendar(unit) => {
-                if algorithm != Algorithm::FixedWindow {
-                    c.err(
-                        &format!("{p}.period"),
-                        format!(
-                            "a calendar period ({}) needs algorithm fixed_window: a {algorithm} has no calendar; write a fixed length such as 24h",
-                            unit.as_str()
-                        ),
-                    );
-                }
-                let cal = Calendar::new(unit, zone)
-                    .or_else(|_| Calendar::new(unit, "UTC"))
-                    .ok();
-                (Duration::from_millis(unit.nominal_ms()), cal)
-            }
-        };
-        if period.is_zero() {
-            c.err(
-                &format!("{p}.period"),
-                "period must be greater than 0 (seconds, or a string such as \"500ms\")",
-            );
-        }
-        if t.threshold.0 <= 0 {
-            c.err(
-                &format!("{p}.threshold"),
-                format!(
-                    "threshold must be a positive integer, got {}",
-                    t.threshold.0
-                ),
-            );
-        }
-        if t.threshold.0 > MAX_THRESHOLD {
-            c.err(
-                &format!("{p}.threshold"),
-                format!(
-                    "threshold {} is too large: the RateLimit headers carry it as a Structured \
-                     Field integer, at most {MAX_THRESHOLD} (15 digits)",
-                    t.threshold.0
-                ),
-            );
-        }
-        if algorithm == Algorithm::SlidingLog && t.threshold.0 > MAX_LOG_THRESHOLD {
-            c.err(
-                &format!("{p}.threshold"),
-                format!(
-                    "threshold {} is too large for sliding_log, which keeps every admission of \
-                     the period (at most {MAX_LOG_THRESHOLD}): use sliding_window, which counts \
-                     in two windows and is within a few percent",
-                    t.threshold.0
-                ),
-            );
-        }
+        let (period, calendar) = check_period(c, &p, t, algorithm, zone);
+        check_threshold(c, &p, t.threshold.0, algorithm);
         let threshold = t.threshold.0.max(1) as u64;
         let tier = Tier {
             period,
@@ -454,6 +468,59 @@ fn check_plan_tiers(
 /// the answer (`response_header`), `max` the smallest threshold unless given (one answer fills
 /// a window at most). Not with `concurrency` alone; a cost from the answer not with
 /// `action: delay` (as `count_when`).
+/// A number of units (`what` at `at`): 1 to the rule's smallest threshold (`why` says why).
+fn units_within(
+    c: &mut Checker,
+    (at, what, why): (&str, &str, &str),
+    n: i64,
+    smallest: i64,
+) -> u64 {
+    if n < 1 || n > smallest {
+        c.err(
+            at,
+            format!(
+                "{what} must be 1 to {smallest} (the rule's smallest threshold: {why}), got {n}"
+            ),
+        );
+        1
+    } else {
+        n as u64
+    }
+}
+
+/// Where a cost is read: its header's name, whether from the answer, and whether from its
+/// trailers. `None`: not exactly one of them named.
+fn cost_source(
+    c: &mut Checker,
+    path: &str,
+    h: &CostHeaderFile,
+) -> Option<(Option<HeaderName>, bool, bool)> {
+    Some(match (&h.header, &h.response_header, &h.response_trailer) {
+        (Some(name), None, None) => (
+            header_name(c, &format!("{path}.header"), name),
+            false,
+            false,
+        ),
+        (None, Some(name), None) => (
+            header_name(c, &format!("{path}.response_header"), name),
+            true,
+            false,
+        ),
+        (None, None, Some(name)) => (
+            header_name(c, &format!("{path}.response_trailer"), name),
+            true,
+            true,
+        ),
+        _ => {
+            c.err(
+            path,
+            "cost names one of a request `header`, a `response_header` or a `response_trailer` (the upstream's answer carries the cost), exactly one of them",
+        );
+            return None;
+        }
+    })
+}
+
 fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
     let Some(cost) = &r.cost else {
         return Cost::One;
@@ -476,16 +543,8 @@ fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
         // the tiers' own errors say why
         return Cost::One;
     }
-    let units = |c: &mut Checker, at: &str, n: i64, what: &str, why: &str| -> u64 {
-        if n < 1 || n > smallest {
-            c.err(
-                at,
-                format!("{what} must be 1 to {smallest} (the rule's smallest threshold: {why}), got {n}"),
-            );
-            1
-        } else {
-            n as u64
-        }
+    let units = |c: &mut Checker, at: &str, n: i64, what: &str, why: &str| {
+        units_within(c, (at, what, why), n, smallest)
     };
     const NEVER: &str = "a request that costs more could never pass";
     let h = match cost {
@@ -497,29 +556,8 @@ fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
         }
         CostFile::Header(h) => h,
     };
-    let (name, at_answer, trailer) = match (&h.header, &h.response_header, &h.response_trailer) {
-        (Some(name), None, None) => (
-            header_name(c, &format!("{path}.header"), name),
-            false,
-            false,
-        ),
-        (None, Some(name), None) => (
-            header_name(c, &format!("{path}.response_header"), name),
-            true,
-            false,
-        ),
-        (None, None, Some(name)) => (
-            header_name(c, &format!("{path}.response_trailer"), name),
-            true,
-            true,
-        ),
-        _ => {
-            c.err(
-                &path,
-                "cost names one of a request `header`, a `response_header` or a `response_trailer` (the upstream's answer carries the cost), exactly one of them",
-            );
-            return Cost::One;
-        }
+    let Some((name, at_answer, trailer)) = cost_source(c, &path, h) else {
+        return Cost::One;
     };
     if at_answer && r.action == Action::Delay {
         c.err(

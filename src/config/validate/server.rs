@@ -25,11 +25,9 @@ pub(super) fn check_pair(
     }
 }
 
-pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, Certificates) {
-    let mut certs = Certificates::default();
-    let (listen, listen_tls) = check_listeners(c, s, &mut certs);
-    check_certificates(c, s, &mut certs, &listen_tls);
-    let max_request_header_bytes = match s.max_request_header_bytes {
+/// `server.max_request_header_bytes`, within 1 KiB and pingora's own limit.
+fn check_header_bytes(c: &mut Checker, n: Option<usize>) -> usize {
+    match n {
         Some(n) if !(1024..=MAX_REQUEST_HEADER_BYTES).contains(&n) => {
             c.err(
                 "server.max_request_header_bytes",
@@ -39,7 +37,49 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
         }
         Some(n) => n,
         None => DEFAULT_MAX_REQUEST_HEADER_BYTES,
-    };
+    }
+}
+
+/// `server.admin`: an address of its own, not a data plane listener's.
+fn check_admin(c: &mut Checker, admin: Option<&str>, listen: &[SocketAddr]) -> Option<SocketAddr> {
+    admin.and_then(|a| match a.parse::<SocketAddr>() {
+        Ok(addr) => {
+            if listen.contains(&addr) {
+                c.err("server.admin", format!("{a} is also a data plane listener"));
+            }
+            Some(addr)
+        }
+        Err(_) => {
+            c.err(
+                "server.admin",
+                format!("invalid address {a:?}: expected IP:PORT such as \"127.0.0.1:9090\""),
+            );
+            None
+        }
+    })
+}
+
+/// `server.threads`: 1 to `MAX_THREADS`; the machine's parallelism when left out.
+fn check_threads(c: &mut Checker, threads: Option<usize>) -> usize {
+    match threads {
+        Some(0) => {
+            c.err("server.threads", "must be at least 1");
+            1
+        }
+        Some(n) if n > MAX_THREADS => {
+            c.err("server.threads", format!("must be at most {MAX_THREADS}"));
+            1
+        }
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
+}
+
+pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, Certificates) {
+    let mut certs = Certificates::default();
+    let (listen, listen_tls) = check_listeners(c, s, &mut certs);
+    check_certificates(c, s, &mut certs, &listen_tls);
+    let max_request_header_bytes = check_header_bytes(c, s.max_request_header_bytes);
     if s.max_body_bytes == Some(0) {
         c.err(
             "server.max_body_bytes",
@@ -73,36 +113,8 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
         }
     }
     let http2 = check_http2(c, s.http2.as_ref());
-    let admin = s
-        .admin
-        .as_ref()
-        .and_then(|a| match a.parse::<SocketAddr>() {
-            Ok(addr) => {
-                if listen.contains(&addr) {
-                    c.err("server.admin", format!("{a} is also a data plane listener"));
-                }
-                Some(addr)
-            }
-            Err(_) => {
-                c.err(
-                    "server.admin",
-                    format!("invalid address {a:?}: expected IP:PORT such as \"127.0.0.1:9090\""),
-                );
-                None
-            }
-        });
-    let threads = match s.threads {
-        Some(0) => {
-            c.err("server.threads", "must be at least 1");
-            1
-        }
-        Some(n) if n > MAX_THREADS => {
-            c.err("server.threads", format!("must be at most {MAX_THREADS}"));
-            1
-        }
-        Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
+    let admin = check_admin(c, s.admin.as_deref(), &listen);
+    let threads = check_threads(c, s.threads);
     let trusted = check_networks(c, "server.trusted_proxies", &s.trusted_proxies);
     let grace_period = match s.grace_period {
         Some(ConfDuration(d)) => d,

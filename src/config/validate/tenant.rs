@@ -201,6 +201,96 @@ fn check_keys(
     out
 }
 
+/// A tenant source any client can fill in with any tenant id: trusted (a warning), or not
+/// trusted while no proxy is (nothing will use it).
+fn warn_claimable(c: &mut Checker, at: &str, what: &str, trusted: bool, trusted_proxies: bool) {
+    if trusted {
+        c.warn(
+            at,
+            format!("{what} is trusted: any client can claim any tenant with it; trust it only behind a proxy that sets it (or list the proxy in server.trusted_proxies instead)"),
+        );
+    } else if !trusted_proxies {
+        c.warn(
+            at,
+            format!("{what} is not trusted and server.trusted_proxies is empty: no request will use it; list the proxies that set it, or add trusted: true"),
+        );
+    }
+}
+
+/// `tenant.from[i].api_key`: its header, and its keys from `keys` or `keys_file`.
+fn check_api_key(
+    c: &mut Checker,
+    base: &str,
+    k: &ApiKeyFile,
+    plans: &mut Plans,
+    includes: &mut Vec<PathBuf>,
+    key_tenants: &mut HashSet<String>,
+) -> (Option<HeaderName>, Option<ApiKeys>) {
+    let header = header_name(c, &format!("{base}.api_key.header"), &k.header);
+    let keys = match (&k.keys, &k.keys_file) {
+        (Some(map), None) => Some(check_keys(
+            c,
+            &format!("{base}.api_key.keys."),
+            map,
+            plans,
+            key_tenants,
+        )),
+        (None, Some(f)) => {
+            let target = resolve_relative(&c.file, f);
+            includes.push(target.clone());
+            read_include::<BTreeMap<String, KeyFile>>(
+                c,
+                &format!("{base}.api_key.keys_file"),
+                "keys_file.",
+                &target,
+            )
+            .map(|(map, loc)| {
+                let mut inc = Checker {
+                    file: target,
+                    loc,
+                    label: "keys_file.",
+                    errors: c.errors,
+                    warnings: c.warnings,
+                };
+                check_keys(&mut inc, "", &map, plans, key_tenants)
+            })
+        }
+        _ => {
+            c.err(
+                &format!("{base}.api_key"),
+                "give exactly one of `keys` (a map of key to tenant) or `keys_file` (a YAML file holding that map)",
+            );
+            None
+        }
+    };
+    (header, keys)
+}
+
+/// A plan member that no key maps to is probably a typo (only known when keys exist): an
+/// error under `tenant.strict`, else a warning.
+fn check_unkeyed_members(
+    c: &mut Checker,
+    strict: bool,
+    members: &[Member],
+    key_tenants: &HashSet<String>,
+) {
+    for m in members.iter().filter(|m| !key_tenants.contains(&m.tenant)) {
+        let message = format!(
+            "{}{}: tenant {:?} is not the tenant of any API key (a typo?)",
+            m.label, m.path, m.tenant
+        );
+        if strict {
+            c.errors.push(ConfigError::new(&m.file, m.pos, message));
+        } else {
+            c.warnings.push(ConfigError::new(
+                &m.file,
+                m.pos,
+                format!("warning: {message}; tenant.strict: true makes this an error"),
+            ));
+        }
+    }
+}
+
 pub(super) fn check_tenant(
     c: &mut Checker,
     t: &TenantFile,
@@ -216,60 +306,13 @@ pub(super) fn check_tenant(
     let mut any_keys = false;
     for (i, s) in t.from.iter().enumerate() {
         let base = format!("tenant.from[{i}]");
-        // a source any client can fill in with any tenant id
         let claimable = |c: &mut Checker, at: &str, what: &str, trusted: bool| {
-            if trusted {
-                c.warn(
-                    at,
-                    format!("{what} is trusted: any client can claim any tenant with it; trust it only behind a proxy that sets it (or list the proxy in server.trusted_proxies instead)"),
-                );
-            } else if !trusted_proxies {
-                c.warn(
-                    at,
-                    format!("{what} is not trusted and server.trusted_proxies is empty: no request will use it; list the proxies that set it, or add trusted: true"),
-                );
-            }
+            warn_claimable(c, at, what, trusted, trusted_proxies)
         };
         match s {
             TenantSourceFile::ApiKey(k) => {
                 any_keys = true;
-                let header = header_name(c, &format!("{base}.api_key.header"), &k.header);
-                let keys = match (&k.keys, &k.keys_file) {
-                    (Some(map), None) => Some(check_keys(
-                        c,
-                        &format!("{base}.api_key.keys."),
-                        map,
-                        plans,
-                        &mut key_tenants,
-                    )),
-                    (None, Some(f)) => {
-                        let target = resolve_relative(&c.file, f);
-                        includes.push(target.clone());
-                        read_include::<BTreeMap<String, KeyFile>>(
-                            c,
-                            &format!("{base}.api_key.keys_file"),
-                            "keys_file.",
-                            &target,
-                        )
-                        .map(|(map, loc)| {
-                            let mut inc = Checker {
-                                file: target,
-                                loc,
-                                label: "keys_file.",
-                                errors: c.errors,
-                                warnings: c.warnings,
-                            };
-                            check_keys(&mut inc, "", &map, plans, &mut key_tenants)
-                        })
-                    }
-                    _ => {
-                        c.err(
-                            &format!("{base}.api_key"),
-                            "give exactly one of `keys` (a map of key to tenant) or `keys_file` (a YAML file holding that map)",
-                        );
-                        None
-                    }
-                };
+                let (header, keys) = check_api_key(c, &base, k, plans, includes, &mut key_tenants);
                 if let (Some(header), Some(keys)) = (header, keys) {
                     if k.hide.unwrap_or(true) {
                         hidden.push(header.clone());
@@ -317,23 +360,8 @@ pub(super) fn check_tenant(
             TenantSourceFile::ClientIp(_) => sources.push(TenantSource::ClientIp),
         }
     }
-    // a plan member that no key maps to is probably a typo (only known when keys exist)
     if any_keys {
-        for m in members.iter().filter(|m| !key_tenants.contains(&m.tenant)) {
-            let message = format!(
-                "{}{}: tenant {:?} is not the tenant of any API key (a typo?)",
-                m.label, m.path, m.tenant
-            );
-            if t.strict {
-                c.errors.push(ConfigError::new(&m.file, m.pos, message));
-            } else {
-                c.warnings.push(ConfigError::new(
-                    &m.file,
-                    m.pos,
-                    format!("warning: {message}; tenant.strict: true makes this an error"),
-                ));
-            }
-        }
+        check_unkeyed_members(c, t.strict, &members, &key_tenants);
     }
     let (forward_header, strip_header) = match &t.forward_header {
         None => (Some(default_tenant_header()), default_tenant_header()),
