@@ -521,6 +521,21 @@ fn cost_source(
     })
 }
 
+/// A cost's `default` (when its header is missing): 1 to `max`, 1 when left out.
+fn cost_default(c: &mut Checker, path: &str, default: Option<i64>, max: u64) -> u64 {
+    match default {
+        None => 1,
+        Some(d) if (1..=max as i64).contains(&d) => d as u64,
+        Some(d) => {
+            c.err(
+                &format!("{path}.default"),
+                format!("default must be 1 to max ({max}), got {d}"),
+            );
+            1
+        }
+    }
+}
+
 fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
     let Some(cost) = &r.cost else {
         return Cost::One;
@@ -583,17 +598,7 @@ fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
             1
         }
     };
-    let default = match h.default {
-        None => 1,
-        Some(d) if (1..=max as i64).contains(&d) => d as u64,
-        Some(d) => {
-            c.err(
-                &format!("{path}.default"),
-                format!("default must be 1 to max ({max}), got {d}"),
-            );
-            1
-        }
-    };
+    let default = cost_default(c, &path, h.default, max);
     match (name, at_answer) {
         (Some(name), false) => Cost::Header { name, max, default },
         (Some(name), true) => Cost::Response {

@@ -75,6 +75,30 @@ fn check_threads(c: &mut Checker, threads: Option<usize>) -> usize {
     }
 }
 
+/// `server.client_header_timeout`, `send_timeout` and `keepalive_timeout`: positive.
+fn check_timeouts(c: &mut Checker, s: &ServerFile) -> (Duration, Duration, Duration) {
+    (
+        positive(
+            c,
+            "server.client_header_timeout",
+            s.client_header_timeout,
+            DEFAULT_CLIENT_HEADER_TIMEOUT,
+        ),
+        positive(
+            c,
+            "server.send_timeout",
+            s.send_timeout,
+            DEFAULT_SEND_TIMEOUT,
+        ),
+        positive(
+            c,
+            "server.keepalive_timeout",
+            s.keepalive_timeout,
+            DEFAULT_KEEPALIVE_TIMEOUT,
+        ),
+    )
+}
+
 pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, Certificates) {
     let mut certs = Certificates::default();
     let (listen, listen_tls) = check_listeners(c, s, &mut certs);
@@ -86,24 +110,7 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
             "must be at least 1 (leave it out for no limit)",
         );
     }
-    let client_header_timeout = positive(
-        c,
-        "server.client_header_timeout",
-        s.client_header_timeout,
-        DEFAULT_CLIENT_HEADER_TIMEOUT,
-    );
-    let send_timeout = positive(
-        c,
-        "server.send_timeout",
-        s.send_timeout,
-        DEFAULT_SEND_TIMEOUT,
-    );
-    let keepalive_timeout = positive(
-        c,
-        "server.keepalive_timeout",
-        s.keepalive_timeout,
-        DEFAULT_KEEPALIVE_TIMEOUT,
-    );
+    let (client_header_timeout, send_timeout, keepalive_timeout) = check_timeouts(c, s);
     for (key, n) in [
         ("server.max_connections", s.max_connections),
         ("server.max_connections_per_ip", s.max_connections_per_ip),

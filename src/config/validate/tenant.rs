@@ -104,6 +104,67 @@ fn plans_of(
 
 /// The keys of one `api_key` source (a map in the main file or a keys file): key -> tenant,
 /// and each key's plan joins `plans`.
+/// A key's `plan`: a known plan, the same for every key of its tenant (written to `plans`).
+fn key_plan(c: &mut Checker, base: &str, plan: &str, tenant: &str, plans: &mut Plans) {
+    match plans.names.iter().position(|n| n == plan) {
+        None => c.err(
+            &format!("{base}.plan"),
+            format!(
+                "unknown plan {plan:?}: expected one of the plans under `plans` ({})",
+                plans.names.join(", ")
+            ),
+        ),
+        Some(idx) => {
+            let t: Box<[u8]> = tenant.as_bytes().into();
+            match plans.by_tenant.get(&t) {
+                Some(&prev) if prev != idx => c.err(
+                    &format!("{base}.plan"),
+                    format!(
+                        "tenant {:?} is already in plan {:?}: a tenant belongs to one plan",
+                        tenant, plans.names[prev]
+                    ),
+                ),
+                _ => {
+                    plans.by_tenant.insert(t, idx);
+                }
+            }
+        }
+    }
+}
+
+/// Keys stored as they are: none also stored as its digest for another tenant, and one warning
+/// (at the first) that they are readable by anyone who reads the file.
+fn check_plain_keys(
+    c: &mut Checker,
+    prefix: &str,
+    keys: &BTreeMap<String, KeyFile>,
+    out: &ApiKeys,
+) {
+    // the same key both as itself and as its digest: one tenant, or the file contradicts itself
+    for (key, tenant) in &out.plain {
+        match out.hashed.get(&key_digest(key)) {
+            Some(other) if other != tenant => c.err_key(
+                &format!("{prefix}{key}"),
+                format!("this key's digest is also in the file, for tenant {other:?}: a key has one tenant"),
+            ),
+            _ => {}
+        }
+    }
+    // one warning, at the first key stored as it is
+    if let Some(first) = keys.keys().find(|k| out.plain.contains_key(*k)) {
+        let more = match out.plain.len() - 1 {
+            0 => String::new(),
+            n => format!(" (and {n} more)"),
+        };
+        c.warn(
+            &format!("{prefix}{first}"),
+            format!(
+                "this API key{more} is stored as it is: anyone who reads the file can use it; store the key's digest instead (`tollgate hash-key` prints it: `sha256:...`)"
+            ),
+        );
+    }
+}
+
 fn check_keys(
     c: &mut Checker,
     prefix: &str,
@@ -133,30 +194,7 @@ fn check_keys(
         };
         key_tenants.insert(entry.tenant.clone());
         if let Some(plan) = &entry.plan {
-            match plans.names.iter().position(|n| n == plan) {
-                None => c.err(
-                    &format!("{base}.plan"),
-                    format!(
-                        "unknown plan {plan:?}: expected one of the plans under `plans` ({})",
-                        plans.names.join(", ")
-                    ),
-                ),
-                Some(idx) => {
-                    let t: Box<[u8]> = entry.tenant.as_bytes().into();
-                    match plans.by_tenant.get(&t) {
-                        Some(&prev) if prev != idx => c.err(
-                            &format!("{base}.plan"),
-                            format!(
-                                "tenant {:?} is already in plan {:?}: a tenant belongs to one plan",
-                                entry.tenant, plans.names[prev]
-                            ),
-                        ),
-                        _ => {
-                            plans.by_tenant.insert(t, idx);
-                        }
-                    }
-                }
-            }
+            key_plan(c, &base, plan, &entry.tenant, plans);
         }
         let tenant = entry.tenant.clone();
         match digest {
@@ -175,29 +213,7 @@ fn check_keys(
             }
         }
     }
-    // the same key both as itself and as its digest: one tenant, or the file contradicts itself
-    for (key, tenant) in &out.plain {
-        match out.hashed.get(&key_digest(key)) {
-            Some(other) if other != tenant => c.err_key(
-                &format!("{prefix}{key}"),
-                format!("this key's digest is also in the file, for tenant {other:?}: a key has one tenant"),
-            ),
-            _ => {}
-        }
-    }
-    // one warning, at the first key stored as it is
-    if let Some(first) = keys.keys().find(|k| out.plain.contains_key(*k)) {
-        let more = match out.plain.len() - 1 {
-            0 => String::new(),
-            n => format!(" (and {n} more)"),
-        };
-        c.warn(
-            &format!("{prefix}{first}"),
-            format!(
-                "this API key{more} is stored as it is: anyone who reads the file can use it; store the key's digest instead (`tollgate hash-key` prints it: `sha256:...`)"
-            ),
-        );
-    }
+    check_plain_keys(c, prefix, keys, &out);
     out
 }
 
@@ -291,6 +307,51 @@ fn check_unkeyed_members(
     }
 }
 
+/// `tenant.from[i].path`: a pattern capturing the tenant with one `{tenant}` segment.
+fn check_path_source(
+    c: &mut Checker,
+    base: &str,
+    p: &str,
+    trusted: bool,
+    trusted_proxies: bool,
+) -> TenantSource {
+    let pat = check_pattern(c, &format!("{base}.path"), p);
+    if !pat.has_capture() && PathPattern::compile(p).is_ok() {
+        c.err(
+            &format!("{base}.path"),
+            format!("path {p:?} must capture the tenant with one `{{tenant}}` segment"),
+        );
+    }
+    warn_claimable(
+        c,
+        &format!("{base}.path"),
+        &format!("path {p}"),
+        trusted,
+        trusted_proxies,
+    );
+    TenantSource::Path {
+        pattern: pat,
+        trusted,
+    }
+}
+
+/// `tenant.forward_header`: the header the upstream is told the tenant in (none: off), and
+/// the one stripped from requests (the default's when off).
+fn check_forward_header(
+    c: &mut Checker,
+    f: Option<&ForwardHeaderFile>,
+) -> (Option<HeaderName>, HeaderName) {
+    match f {
+        None => (Some(default_tenant_header()), default_tenant_header()),
+        Some(ForwardHeaderFile::Off) => (None, default_tenant_header()),
+        Some(ForwardHeaderFile::Name(h)) => {
+            let name =
+                header_name(c, "tenant.forward_header", h).unwrap_or_else(default_tenant_header);
+            (Some(name.clone()), name)
+        }
+    }
+}
+
 pub(super) fn check_tenant(
     c: &mut Checker,
     t: &TenantFile,
@@ -330,18 +391,7 @@ pub(super) fn check_tenant(
                 }
             }
             TenantSourceFile::Path(p, trusted) => {
-                let pat = check_pattern(c, &format!("{base}.path"), p);
-                if !pat.has_capture() && PathPattern::compile(p).is_ok() {
-                    c.err(
-                        &format!("{base}.path"),
-                        format!("path {p:?} must capture the tenant with one `{{tenant}}` segment"),
-                    );
-                }
-                claimable(c, &format!("{base}.path"), &format!("path {p}"), *trusted);
-                sources.push(TenantSource::Path {
-                    pattern: pat,
-                    trusted: *trusted,
-                });
+                sources.push(check_path_source(c, &base, p, *trusted, trusted_proxies));
             }
             TenantSourceFile::Header(h, trusted) => {
                 if let Some(name) = header_name(c, &format!("{base}.header"), h) {
@@ -363,15 +413,7 @@ pub(super) fn check_tenant(
     if any_keys {
         check_unkeyed_members(c, t.strict, &members, &key_tenants);
     }
-    let (forward_header, strip_header) = match &t.forward_header {
-        None => (Some(default_tenant_header()), default_tenant_header()),
-        Some(ForwardHeaderFile::Off) => (None, default_tenant_header()),
-        Some(ForwardHeaderFile::Name(h)) => {
-            let name =
-                header_name(c, "tenant.forward_header", h).unwrap_or_else(default_tenant_header);
-            (Some(name.clone()), name)
-        }
-    };
+    let (forward_header, strip_header) = check_forward_header(c, t.forward_header.as_ref());
     TenantSettings {
         sources,
         required: t.required,
