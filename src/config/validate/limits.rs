@@ -141,6 +141,48 @@ pub(super) fn check_per(c: &mut Checker, path: &str, per: &Option<String>) -> Pa
     }
 }
 
+/// A rule's `concurrency`: 1 to `MAX_CONCURRENCY` requests in flight.
+fn check_concurrency(c: &mut Checker, base: &str, concurrency: Option<i64>) -> Option<u32> {
+    match concurrency {
+        None => None,
+        Some(n) if (1..=MAX_CONCURRENCY).contains(&n) => Some(n as u32),
+        Some(n) => {
+            c.err(
+                &format!("{base}.concurrency"),
+                format!("concurrency must be 1 to {MAX_CONCURRENCY} requests in flight, got {n}"),
+            );
+            None
+        }
+    }
+}
+
+/// A rule's own tiers (none for a `concurrency` limit alone, which rejects).
+fn check_rule_tiers(
+    c: &mut Checker,
+    base: &str,
+    r: &RuleFile,
+    (zone, queue): (&str, Option<u64>),
+) -> Vec<Tier> {
+    if r.tiers.is_empty() && r.concurrency.is_some() {
+        // a concurrency limit alone
+        if r.action != Action::Reject {
+            c.err(
+                &format!("{base}.action"),
+                format!("action {} applies to tiers; a rule with only `concurrency` rejects (status 429 or 503)", r.action),
+            );
+        }
+        Vec::new()
+    } else {
+        check_tiers(
+            c,
+            &format!("{base}.tiers"),
+            &r.tiers,
+            (r.algorithm, queue),
+            zone,
+        )
+    }
+}
+
 pub(super) fn check_rules(
     c: &mut Checker,
     prefix: &str,
@@ -158,37 +200,8 @@ pub(super) fn check_rules(
         check_id(c, &base, "rule", &r.id, &mut seen);
         let zone = check_calendar(c, &base, r);
         let queue = check_queue(c, &base, r);
-        let concurrency = match r.concurrency {
-            None => None,
-            Some(n) if (1..=MAX_CONCURRENCY).contains(&n) => Some(n as u32),
-            Some(n) => {
-                c.err(
-                    &format!("{base}.concurrency"),
-                    format!(
-                        "concurrency must be 1 to {MAX_CONCURRENCY} requests in flight, got {n}"
-                    ),
-                );
-                None
-            }
-        };
-        let tiers = if r.tiers.is_empty() && r.concurrency.is_some() {
-            // a concurrency limit alone
-            if r.action != Action::Reject {
-                c.err(
-                    &format!("{base}.action"),
-                    format!("action {} applies to tiers; a rule with only `concurrency` rejects (status 429 or 503)", r.action),
-                );
-            }
-            Vec::new()
-        } else {
-            check_tiers(
-                c,
-                &format!("{base}.tiers"),
-                &r.tiers,
-                (r.algorithm, queue),
-                &zone,
-            )
-        };
+        let concurrency = check_concurrency(c, &base, r.concurrency);
+        let tiers = check_rule_tiers(c, &base, r, (&zone, queue));
         let plan_tiers = check_plan_tiers(c, &base, r, plans, (&zone, queue));
         let status = check_status(c, &base, r);
         let max_delay = check_max_delay(c, &base, r);

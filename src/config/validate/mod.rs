@@ -21,6 +21,36 @@ use server::*;
 use tenant::*;
 use upstreams::*;
 
+/// `limits`: the rules inline, or from the file it names (added to `includes`).
+fn check_limits(
+    c: &mut Checker,
+    limits: Option<LimitsFile>,
+    plans: &Plans,
+    includes: &mut Vec<PathBuf>,
+) -> Vec<Arc<Rule>> {
+    match limits {
+        None => Vec::new(),
+        Some(LimitsFile::Inline(list)) => check_rules(c, "limits", &list, plans),
+        Some(LimitsFile::Include(name)) => {
+            let target = resolve_relative(&c.file, &name);
+            includes.push(target.clone());
+            match read_include::<Vec<RuleFile>>(c, "limits", "limits", &target) {
+                Some((list, inc_loc)) => {
+                    let mut inc = Checker {
+                        file: target,
+                        loc: inc_loc,
+                        label: "limits",
+                        errors: c.errors,
+                        warnings: c.warnings,
+                    };
+                    check_rules(&mut inc, "", &list, plans)
+                }
+                None => Vec::new(),
+            }
+        }
+    }
+}
+
 /// Validate a parsed file model. `file` is the main config's path.
 pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, ConfigErrors> {
     let mut errors = Vec::new();
@@ -53,27 +83,7 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
         ),
         None => TenantSettings::default(),
     };
-    let rules = match model.limits {
-        None => Vec::new(),
-        Some(LimitsFile::Inline(list)) => check_rules(&mut c, "limits", &list, &plans),
-        Some(LimitsFile::Include(name)) => {
-            let target = resolve_relative(file, &name);
-            includes.push(target.clone());
-            match read_include::<Vec<RuleFile>>(&mut c, "limits", "limits", &target) {
-                Some((list, inc_loc)) => {
-                    let mut inc = Checker {
-                        file: target,
-                        loc: inc_loc,
-                        label: "limits",
-                        errors: c.errors,
-                        warnings: c.warnings,
-                    };
-                    check_rules(&mut inc, "", &list, &plans)
-                }
-                None => Vec::new(),
-            }
-        }
-    };
+    let rules = check_limits(&mut c, model.limits, &plans, &mut includes);
     let redis = model.redis.as_ref().and_then(|r| check_redis(&mut c, r));
     let tracing = model.tracing.as_ref().map(|t| check_tracing(&mut c, t));
     let headers = model
