@@ -58,6 +58,83 @@ fn other_fields(rule: &Rule) -> String {
     )
 }
 
+/// What changed in a rule kept across a reload (`a` in `old`, `b` in `new`), and whether its
+/// counts are kept. `None`: nothing the log tells.
+fn rule_change(id: &str, (a, old): (&Rule, &Config), (b, new): (&Rule, &Config)) -> Option<String> {
+    let (la, lb) = (lists(a, old), lists(b, new));
+    let mut what = Vec::new();
+    if la != lb {
+        what.push(format!("tiers {} -> {}", lists_text(&la), lists_text(&lb)));
+    }
+    if a.algorithm != b.algorithm {
+        what.push(format!(
+            "algorithm {} -> {}",
+            algorithm_text(a.algorithm),
+            algorithm_text(b.algorithm)
+        ));
+    }
+    if a.per != b.per {
+        what.push(format!("per {} -> {}", per_text(&a.per), per_text(&b.per)));
+    }
+    if other_fields(a) != other_fields(b) {
+        what.push("matching or action".to_string());
+    }
+    if what.is_empty() {
+        return None;
+    }
+    let what = what.join(", ");
+    let counts = if identity(a, old) == identity(b, new) {
+        "counts kept".to_string()
+    } else {
+        let mut why = Vec::new();
+        if a.algorithm != b.algorithm {
+            why.push("algorithm");
+        }
+        if a.per != b.per {
+            why.push("per");
+        }
+        if why.is_empty() {
+            why.push("tier periods or plan lists");
+        }
+        format!("counts reset ({} changed)", why.join(", "))
+    };
+    Some(format!("rule {id} changed: {what}; {counts}"))
+}
+
+/// The pools added, removed and changed, a line each.
+fn pool_changes(old: &Config, new: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let pools =
+        |c: &Config| -> Vec<String> { c.upstreams.iter().map(|u| u.name.clone()).collect() };
+    let (pa, pb) = (pools(old), pools(new));
+    let pool_added: Vec<&str> = pb
+        .iter()
+        .filter(|p| !pa.contains(p))
+        .map(String::as_str)
+        .collect();
+    let pool_removed: Vec<&str> = pa
+        .iter()
+        .filter(|p| !pb.contains(p))
+        .map(String::as_str)
+        .collect();
+    let pool_changed: Vec<&str> = new
+        .upstreams
+        .iter()
+        .filter(|u| old.upstreams.iter().any(|o| o.name == u.name && o != *u))
+        .map(|u| u.name.as_str())
+        .collect();
+    for (what, list) in [
+        ("pools added", pool_added),
+        ("pools removed", pool_removed),
+        ("pools changed", pool_changed),
+    ] {
+        if !list.is_empty() {
+            out.push(format!("{what}: {}", list.join(", ")));
+        }
+    }
+    out
+}
+
 /// One line per change, in the order: rules added, removed, changed; pools.
 pub fn changes(old: &Config, new: &Config) -> Vec<String> {
     let mut out = Vec::new();
@@ -92,74 +169,11 @@ pub fn changes(old: &Config, new: &Config) -> Vec<String> {
         let Some(i) = find(&before, id) else {
             continue;
         };
-        let (a, b) = (&old.rules[i], &new.rules[*j]);
-        let (la, lb) = (lists(a, old), lists(b, new));
-        let mut what = Vec::new();
-        if la != lb {
-            what.push(format!("tiers {} -> {}", lists_text(&la), lists_text(&lb)));
-        }
-        if a.algorithm != b.algorithm {
-            what.push(format!(
-                "algorithm {} -> {}",
-                algorithm_text(a.algorithm),
-                algorithm_text(b.algorithm)
-            ));
-        }
-        if a.per != b.per {
-            what.push(format!("per {} -> {}", per_text(&a.per), per_text(&b.per)));
-        }
-        if other_fields(a) != other_fields(b) {
-            what.push("matching or action".to_string());
-        }
-        if what.is_empty() {
-            continue;
-        }
-        let what = what.join(", ");
-        let counts = if identity(a, old) == identity(b, new) {
-            "counts kept".to_string()
-        } else {
-            let mut why = Vec::new();
-            if a.algorithm != b.algorithm {
-                why.push("algorithm");
-            }
-            if a.per != b.per {
-                why.push("per");
-            }
-            if why.is_empty() {
-                why.push("tier periods or plan lists");
-            }
-            format!("counts reset ({} changed)", why.join(", "))
-        };
-        out.push(format!("rule {id} changed: {what}; {counts}"));
-    }
-    let pools =
-        |c: &Config| -> Vec<String> { c.upstreams.iter().map(|u| u.name.clone()).collect() };
-    let (pa, pb) = (pools(old), pools(new));
-    let pool_added: Vec<&str> = pb
-        .iter()
-        .filter(|p| !pa.contains(p))
-        .map(String::as_str)
-        .collect();
-    let pool_removed: Vec<&str> = pa
-        .iter()
-        .filter(|p| !pb.contains(p))
-        .map(String::as_str)
-        .collect();
-    let pool_changed: Vec<&str> = new
-        .upstreams
-        .iter()
-        .filter(|u| old.upstreams.iter().any(|o| o.name == u.name && o != *u))
-        .map(|u| u.name.as_str())
-        .collect();
-    for (what, list) in [
-        ("pools added", pool_added),
-        ("pools removed", pool_removed),
-        ("pools changed", pool_changed),
-    ] {
-        if !list.is_empty() {
-            out.push(format!("{what}: {}", list.join(", ")));
+        if let Some(line) = rule_change(id, (&old.rules[i], old), (&new.rules[*j], new)) {
+            out.push(line);
         }
     }
+    out.extend(pool_changes(old, new));
     out
 }
 

@@ -8,6 +8,7 @@
 pub mod diff;
 
 use crate::config;
+use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
 use crate::ticker::Ticker;
@@ -91,24 +92,7 @@ impl Reloader {
         for w in &cfg.warnings {
             log::warn!("reload: {w}");
         }
-        let (a, b) = (&old.config.server, &cfg.server);
-        if a.listen != b.listen
-            || a.listen_tls != b.listen_tls
-            || a.h2c != b.h2c
-            || a.admin != b.admin
-            || a.threads != b.threads
-            || a.max_connections != b.max_connections
-            || a.max_connections_per_ip != b.max_connections_per_ip
-        {
-            log::warn!(
-                "reload: changes to server.listen (addresses or tls on/off), server.h2c, server.admin, server.threads, server.max_connections or server.max_connections_per_ip need a restart or a graceful upgrade (tollgate -u); the running listeners, their limits and threads stay (certificates are reloaded)"
-            );
-        }
-        if old.config.tracing != cfg.tracing {
-            log::warn!(
-                "reload: a changed tracing section needs a restart or a graceful upgrade (tollgate -u); spans go on as the running process started"
-            );
-        }
+        warn_restart_needed(&old.config, &cfg);
         let snapshot = match Snapshot::build(cfg, &self.runtime) {
             Ok(s) => s,
             Err(e) => {
@@ -116,49 +100,12 @@ impl Reloader {
                 return fail(&why, format!("{}:1:1: {why}", self.path.display()));
             }
         };
-        let kept: std::collections::HashSet<String> =
-            snapshot.config.rules.iter().map(|r| r.id.clone()).collect();
-        let routes_kept: std::collections::HashSet<String> = snapshot
-            .config
-            .routes
-            .iter()
-            .map(|r| r.id.clone())
-            .collect();
         self.shared.store(Arc::new(snapshot));
-        // the series of rules the new config no longer has go with them
-        for gone in old.config.rules.iter().filter(|r| !kept.contains(&r.id)) {
-            for d in crate::limits::decision_metrics::DECISIONS {
-                for t in crate::limits::decision_metrics::tier_labels(gone) {
-                    let _ = self.metrics.decisions.remove_label_values(&[
-                        gone.id.as_str(),
-                        d,
-                        t.as_str(),
-                    ]);
-                }
-            }
-        }
-        // and so do those of removed routes
-        for gone in old
-            .config
-            .routes
-            .iter()
-            .filter(|r| !routes_kept.contains(&r.id))
-        {
-            let id = gone.id.as_str();
-            let _ = self.metrics.request_duration.remove_label_values(&[id]);
-            for code in 100..600u16 {
-                if let Ok(status) = http::StatusCode::from_u16(code) {
-                    let _ = self
-                        .metrics
-                        .requests
-                        .remove_label_values(&[id, status.as_str()]);
-                }
-            }
-        }
+        let new = self.shared.load();
+        self.forget_series(&old.config, &new.config);
         self.status.record(None);
         self.metrics.reloads.with_label_values(&["ok"]).inc();
-        let changes =
-            crate::services::reload::diff::changes(&old.config, &self.shared.load().config);
+        let changes = crate::services::reload::diff::changes(&old.config, &new.config);
         log::info!(
             "reload: configuration {} reloaded{}",
             self.path.display(),
@@ -172,6 +119,62 @@ impl Reloader {
             log::info!("reload: {line}");
         }
         true
+    }
+
+    /// The metric series of the rules and routes the new config no longer has go with them.
+    fn forget_series(&self, old: &Config, new: &Config) {
+        let kept: std::collections::HashSet<String> =
+            new.rules.iter().map(|r| r.id.clone()).collect();
+        let routes_kept: std::collections::HashSet<String> =
+            new.routes.iter().map(|r| r.id.clone()).collect();
+        // the series of rules the new config no longer has go with them
+        for gone in old.rules.iter().filter(|r| !kept.contains(&r.id)) {
+            for d in crate::limits::decision_metrics::DECISIONS {
+                for t in crate::limits::decision_metrics::tier_labels(gone) {
+                    let _ = self.metrics.decisions.remove_label_values(&[
+                        gone.id.as_str(),
+                        d,
+                        t.as_str(),
+                    ]);
+                }
+            }
+        }
+        // and so do those of removed routes
+        for gone in old.routes.iter().filter(|r| !routes_kept.contains(&r.id)) {
+            let id = gone.id.as_str();
+            let _ = self.metrics.request_duration.remove_label_values(&[id]);
+            for code in 100..600u16 {
+                if let Ok(status) = http::StatusCode::from_u16(code) {
+                    let _ = self
+                        .metrics
+                        .requests
+                        .remove_label_values(&[id, status.as_str()]);
+                }
+            }
+        }
+    }
+}
+
+/// Changes a reload cannot apply (the listeners, their limits, threads; tracing): warned of,
+/// the running ones stay.
+fn warn_restart_needed(old: &Config, new: &Config) {
+    let (a, b) = (&old.server, &new.server);
+    if a.listen != b.listen
+        || a.listen_tls != b.listen_tls
+        || a.h2c != b.h2c
+        || a.admin != b.admin
+        || a.threads != b.threads
+        || a.max_connections != b.max_connections
+        || a.max_connections_per_ip != b.max_connections_per_ip
+    {
+        log::warn!(
+            "reload: changes to server.listen (addresses or tls on/off), server.h2c, server.admin, server.threads, server.max_connections or server.max_connections_per_ip need a restart or a graceful upgrade (tollgate -u); the running listeners, their limits and threads stay (certificates are reloaded)"
+        );
+    }
+    if old.tracing != new.tracing {
+        log::warn!(
+            "reload: a changed tracing section needs a restart or a graceful upgrade (tollgate -u); spans go on as the running process started"
+        );
     }
 }
 
