@@ -4,10 +4,12 @@
 //! tenant, read from the counters without creating any). Tenant ids appear here and nowhere
 //! in metrics.
 
+use crate::config::Config;
 use crate::limits::fleet::{Fleet, Link};
 use crate::metrics::Metrics;
 use crate::services::reload::ReloadStatus;
 use crate::snapshot::SharedSnapshot;
+use crate::snapshot::Snapshot;
 use async_trait::async_trait;
 use parking_lot::Mutex;
 use pingora::server::ShutdownWatch;
@@ -189,24 +191,10 @@ pub fn redis_error(fleet: &Fleet) -> Value {
     }
 }
 
-/// `GET /api/status`.
-pub fn status(
-    shared: &SharedSnapshot,
-    fleet: &Fleet,
-    metrics: &Metrics,
-    rates: &DecisionRates,
-    reload: &ReloadStatus,
-) -> Value {
-    let snap = shared.load();
+/// The pools of `/api/status`: each one's servers, health and shaping.
+fn pools_status(snap: &Snapshot) -> Vec<Value> {
     let cfg = &snap.config;
-    let listeners: Vec<Value> = cfg
-        .server
-        .listen
-        .iter()
-        .zip(&cfg.server.listen_tls)
-        .map(|(a, tls)| json!({ "addr": a.to_string(), "tls": tls, "h2c": cfg.server.h2c && !tls }))
-        .collect();
-    let pools: Vec<Value> = cfg
+    cfg
         .upstreams
         .iter()
         .zip(&snap.pools)
@@ -238,21 +226,14 @@ pub fn status(
                 "shaping": shaping,
             })
         })
-        .collect();
-    let routes: Vec<Value> = cfg
-        .routes
-        .iter()
-        .map(|r| {
-            json!({
-                "id": r.id,
-                "match": r.matcher.describe(),
-                "upstream": cfg.upstreams[r.upstream].name,
-            })
-        })
-        .collect();
+        .collect()
+}
+
+/// The rules of `/api/status`: what each matches and counts, and its decisions per second.
+fn rules_status(snap: &Snapshot, rates: &DecisionRates) -> Vec<Value> {
+    let cfg = &snap.config;
     let per_second = rates.rates();
-    let rules: Vec<Value> = cfg
-        .rules
+    cfg.rules
         .iter()
         .map(|r| {
             let tiers: Vec<String> = r
@@ -289,8 +270,12 @@ pub fn status(
                 },
             })
         })
-        .collect();
-    let redis = match &cfg.redis {
+        .collect()
+}
+
+/// Redis in `/api/status`: its state and, when configured, its rounds.
+fn redis_status(cfg: &Config, fleet: &Fleet, metrics: &Metrics) -> Value {
+    match &cfg.redis {
         None => json!({ "state": redis_state(fleet) }),
         Some(r) => {
             let last = fleet.last_round();
@@ -305,7 +290,40 @@ pub fn status(
                 "pending_requests": metrics.redis_pending.get(),
             })
         }
-    };
+    }
+}
+
+/// `GET /api/status`.
+pub fn status(
+    shared: &SharedSnapshot,
+    fleet: &Fleet,
+    metrics: &Metrics,
+    rates: &DecisionRates,
+    reload: &ReloadStatus,
+) -> Value {
+    let snap = shared.load();
+    let cfg = &snap.config;
+    let listeners: Vec<Value> = cfg
+        .server
+        .listen
+        .iter()
+        .zip(&cfg.server.listen_tls)
+        .map(|(a, tls)| json!({ "addr": a.to_string(), "tls": tls, "h2c": cfg.server.h2c && !tls }))
+        .collect();
+    let pools = pools_status(&snap);
+    let routes: Vec<Value> = cfg
+        .routes
+        .iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "match": r.matcher.describe(),
+                "upstream": cfg.upstreams[r.upstream].name,
+            })
+        })
+        .collect();
+    let rules = rules_status(&snap, rates);
+    let redis = redis_status(cfg, fleet, metrics);
     // the token issuers' keys: how many, when fetched, the last fetch's error
     let jwks: Vec<Value> = cfg
         .tenant
