@@ -415,6 +415,56 @@ fn edge_service(
     Ok(proxy)
 }
 
+/// The admin listener on `addr` (one thread), and the sampler of what its operator view
+/// shows.
+fn add_admin(server: &mut Server, admin: Admin, addr: std::net::SocketAddr) {
+    server.add_service(background_service(
+        "operator view sampler",
+        OpsSampler {
+            shared: admin.shared.clone(),
+            rates: admin.rates.clone(),
+            metrics: admin.metrics.clone(),
+            fleet: admin.fleet.clone(),
+            interval: sample_interval(std::env::var("TOLLGATE_SAMPLE_INTERVAL_MS").ok().as_deref()),
+        },
+    ));
+    let mut service = Service::new("tollgate admin".to_string(), admin);
+    service.add_tcp(&addr.to_string());
+    service.threads = Some(1);
+    server.add_service(service);
+}
+
+/// The services that keep things fresh: upstream health checks, the token issuers' keys, the
+/// counter sweeper.
+fn add_upkeep(server: &mut Server, rt: &Runtime, shared: &SharedSnapshot) {
+    let metrics = &rt.metrics;
+    server.add_service(background_service(
+        "upstream health checks",
+        HealthChecker {
+            pools: {
+                let shared = shared.clone();
+                move || shared.load().pools.clone()
+            },
+        },
+    ));
+    // runs always: idle without a `jwks_uri`, so that a reload can add one
+    server.add_service(background_service(
+        "jwks fetcher",
+        crate::services::jwks::JwksFetcher {
+            shared: shared.clone(),
+            metrics: metrics.clone(),
+        },
+    ));
+    server.add_service(background_service(
+        "counter sweeper",
+        Sweeper {
+            registry: rt.registry.clone(),
+            clock: rt.clock.clone(),
+            tracked: metrics.tracked_counters.clone(),
+        },
+    ));
+}
+
 /// The services beside the proxy: the Redis sync, the reloader, the admin listener and its
 /// sampler, health checks, the counter sweeper and the readiness probe.
 fn add_background_services(
@@ -469,60 +519,19 @@ fn add_background_services(
         },
     ));
     if let Some(admin_addr) = server_cfg.admin {
-        server.add_service(background_service(
-            "operator view sampler",
-            OpsSampler {
-                shared: shared.clone(),
-                rates: rates.clone(),
-                metrics: metrics.clone(),
-                fleet: rt.fleet.clone(),
-                interval: sample_interval(
-                    std::env::var("TOLLGATE_SAMPLE_INTERVAL_MS").ok().as_deref(),
-                ),
-            },
-        ));
-        let mut admin = Service::new(
-            "tollgate admin".to_string(),
-            Admin {
-                shared: shared.clone(),
-                reload: reload_status,
-                rates,
-                metrics: metrics.clone(),
-                ready: ready.clone(),
-                draining,
-                fleet: rt.fleet.clone(),
-                connections,
-            },
-        );
-        admin.add_tcp(&admin_addr.to_string());
-        admin.threads = Some(1);
-        server.add_service(admin);
-    }
-    server.add_service(background_service(
-        "upstream health checks",
-        HealthChecker {
-            pools: {
-                let shared = shared.clone();
-                move || shared.load().pools.clone()
-            },
-        },
-    ));
-    // runs always: idle without a `jwks_uri`, so that a reload can add one
-    server.add_service(background_service(
-        "jwks fetcher",
-        crate::services::jwks::JwksFetcher {
+        let admin = Admin {
             shared: shared.clone(),
+            reload: reload_status,
+            rates,
             metrics: metrics.clone(),
-        },
-    ));
-    server.add_service(background_service(
-        "counter sweeper",
-        Sweeper {
-            registry: rt.registry.clone(),
-            clock: rt.clock.clone(),
-            tracked: metrics.tracked_counters.clone(),
-        },
-    ));
+            ready: ready.clone(),
+            draining,
+            fleet: rt.fleet.clone(),
+            connections,
+        };
+        add_admin(server, admin, admin_addr);
+    }
+    add_upkeep(server, rt, shared);
     server.add_service(background_service(
         "readiness probe",
         ReadinessProbe {
