@@ -274,14 +274,32 @@ where
         }
     }
 
-    /// HTTP/2: accept streams within the connection's budgets, each served on a task of its own.
-    async fn serve_h2(
+    /// Serve one stream of a connection on a task of its own.
+    fn spawn_stream(
         self: &Arc<Self>,
+        state: &Arc<H2Conn>,
+        session: HttpSession,
+        shutdown: &ShutdownWatch,
+    ) {
+        let serving = state.serve();
+        let app = Arc::clone(self);
+        let shutdown = shutdown.clone();
+        tokio::spawn(STREAM_OF.scope(Arc::clone(state), async move {
+            use pingora::apps::HttpServerApp;
+            let _serving = serving;
+            app.proxy
+                .process_new_http(ServerSession::new_http2(session), &shutdown)
+                .await;
+        }));
+    }
+
+    /// The HTTP/2 handshake, within the header timeout; the connection and its digest.
+    async fn h2_handshake(
+        &self,
         stream: Stream,
         peer: Option<std::net::IpAddr>,
-        shutdown: &ShutdownWatch,
         l: &Limits,
-    ) {
+    ) -> Option<(h2::server::Connection<Stream, bytes::Bytes>, Arc<Digest>)> {
         let digest = Arc::new(Digest {
             ssl_digest: stream.get_ssl_digest(),
             timing_digest: stream.get_timing_digest(),
@@ -292,7 +310,7 @@ where
         options
             .max_concurrent_streams(l.http2.max_concurrent_streams)
             .max_send_buffer_size(H2_SEND_BUFFER);
-        let mut conn = match tokio::time::timeout(
+        let conn = match tokio::time::timeout(
             l.header_timeout,
             h2server::handshake(stream, Some(options)),
         )
@@ -302,12 +320,48 @@ where
             Ok(Err(e)) => {
                 log::debug!("HTTP/2 handshake with {peer:?} failed: {e}");
                 self.metrics.client_error(ClientError::Protocol);
-                return;
+                return None;
             }
             Err(_) => {
                 self.metrics.client_error(ClientError::Timeout);
-                return;
+                return None;
             }
+        };
+        Some((conn, digest))
+    }
+
+    /// Whether the connection reset too many streams before their answer (a rapid-reset
+    /// attack): counted and logged, then the caller closes it with ENHANCE_YOUR_CALM.
+    fn rapid_reset(
+        &self,
+        state: &H2Conn,
+        started: u64,
+        peer: Option<std::net::IpAddr>,
+        l: &Limits,
+    ) -> bool {
+        let premature = state.premature_resets.load(Ordering::Relaxed);
+        if !too_many_resets(premature, started, l.http2.max_premature_resets) {
+            return false;
+        }
+        self.metrics.client_error(ClientError::Goaway);
+        // a warning: at most a few a second however many connections do it (log_limit)
+        log::warn!(
+            "HTTP/2 connection of {peer:?} closed (GOAWAY ENHANCE_YOUR_CALM): {premature} of its {started} streams reset before their answer (server.http2.max_premature_resets: {})",
+            l.http2.max_premature_resets
+        );
+        true
+    }
+
+    /// HTTP/2: accept streams within the connection's budgets, each served on a task of its own.
+    async fn serve_h2(
+        self: &Arc<Self>,
+        stream: Stream,
+        peer: Option<std::net::IpAddr>,
+        shutdown: &ShutdownWatch,
+        l: &Limits,
+    ) {
+        let Some((mut conn, digest)) = self.h2_handshake(stream, peer, l).await else {
+            return;
         };
         let state = Arc::new(H2Conn::default());
         let mut budget = StreamBudget::new(l.http2.max_streams_per_second, Instant::now());
@@ -361,14 +415,7 @@ where
                 }
                 Ok(Some(H2Accept::Session(s))) => s,
             };
-            let premature = state.premature_resets.load(Ordering::Relaxed);
-            if too_many_resets(premature, started, l.http2.max_premature_resets) {
-                self.metrics.client_error(ClientError::Goaway);
-                // a warning: at most a few a second however many connections do it (log_limit)
-                log::warn!(
-                    "HTTP/2 connection of {peer:?} closed (GOAWAY ENHANCE_YOUR_CALM): {premature} of its {started} streams reset before their answer (server.http2.max_premature_resets: {})",
-                    l.http2.max_premature_resets
-                );
+            if self.rapid_reset(&state, started, peer, l) {
                 session.shutdown_with_reason(h2::Reason::REFUSED_STREAM);
                 drop(session);
                 close(&mut conn, h2::Reason::ENHANCE_YOUR_CALM).await;
@@ -380,16 +427,7 @@ where
                 continue;
             }
             started += 1;
-            let serving = state.serve();
-            let app = Arc::clone(self);
-            let shutdown = shutdown.clone();
-            tokio::spawn(STREAM_OF.scope(Arc::clone(&state), async move {
-                use pingora::apps::HttpServerApp;
-                let _serving = serving;
-                app.proxy
-                    .process_new_http(ServerSession::new_http2(session), &shutdown)
-                    .await;
-            }));
+            self.spawn_stream(&state, session, shutdown);
         }
     }
 }
