@@ -126,6 +126,40 @@ fn problem(status: StatusCode, detail: &str) -> Response<Vec<u8>> {
     )
 }
 
+impl Admin {
+    /// `/readyz`: ready once every listener accepts, not draining and none at its connection
+    /// limit; with what Redis and the last reload say.
+    fn readyz(&self) -> Response<Vec<u8>> {
+        let draining = self.draining.load(Ordering::SeqCst);
+        let full: Vec<String> = self
+            .connections
+            .full()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let ready = self.ready.load(Ordering::Acquire) && !draining && full.is_empty();
+        let last = self.reload.last();
+        let body = serde_json::json!({
+            "ready": ready,
+            "draining": draining,
+            // listeners at server.max_connections: they close new connections at once
+            "listeners_full": full,
+            "config": "loaded",
+            "redis": api::redis_state(&self.fleet),
+            // Redis answers, refusing some commands: which kind, and why
+            "redis_error": api::redis_error(&self.fleet),
+            // a broken file on disk does not make the running process unready
+            "last_reload": last.map(|l| if l.ok { "ok" } else { "failed" }),
+        });
+        let status = if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        reply(status, "application/json", body.to_string().into_bytes())
+    }
+}
+
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
@@ -175,35 +209,7 @@ impl ServeHttp for Admin {
                 }
             }
             "/healthz" => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
-            "/readyz" => {
-                let draining = self.draining.load(Ordering::SeqCst);
-                let full: Vec<String> = self
-                    .connections
-                    .full()
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect();
-                let ready = self.ready.load(Ordering::Acquire) && !draining && full.is_empty();
-                let last = self.reload.last();
-                let body = serde_json::json!({
-                    "ready": ready,
-                    "draining": draining,
-                    // listeners at server.max_connections: they close new connections at once
-                    "listeners_full": full,
-                    "config": "loaded",
-                    "redis": api::redis_state(&self.fleet),
-                    // Redis answers, refusing some commands: which kind, and why
-                    "redis_error": api::redis_error(&self.fleet),
-                    // a broken file on disk does not make the running process unready
-                    "last_reload": last.map(|l| if l.ok { "ok" } else { "failed" }),
-                });
-                let status = if ready {
-                    StatusCode::OK
-                } else {
-                    StatusCode::SERVICE_UNAVAILABLE
-                };
-                reply(status, "application/json", body.to_string().into_bytes())
-            }
+            "/readyz" => self.readyz(),
             "/metrics" => reply(
                 StatusCode::OK,
                 "text/plain; version=0.0.4",
