@@ -400,6 +400,45 @@ impl Gateway {
             "the client left while it waited for its turn",
         )
     }
+
+    /// Count a request that ended: its route, status and time, and a gRPC call's code (a call
+    /// that ended with no status: the client cancelled it, or it never got one). Returns the
+    /// code's name.
+    fn count_done(
+        &self,
+        ctx: &RequestCtx,
+        (route, status, took): (&str, http::StatusCode, Duration),
+        (grpc_status, cancelled): (Option<u8>, bool),
+    ) -> Option<&'static str> {
+        match &ctx.snapshot {
+            Some(s) => s.requests.done(ctx.admitted.route, status, took),
+            None => {
+                self.metrics
+                    .requests
+                    .with_label_values(&[route, status.as_str()])
+                    .inc();
+                self.metrics
+                    .request_duration
+                    .with_label_values(&[route])
+                    .observe(took.as_secs_f64());
+            }
+        }
+        let grpc_code = ctx.grpc.then(|| match grpc_status {
+            Some(code) if usize::from(code) < grpc::NAMES.len() => code,
+            None if cancelled => grpc::CANCELLED,
+            _ => grpc::UNKNOWN,
+        });
+        match (&ctx.snapshot, grpc_code) {
+            (Some(s), Some(code)) => s.requests.grpc_done(ctx.admitted.route, code),
+            (None, Some(code)) => self
+                .metrics
+                .grpc_requests
+                .with_label_values(&[route, grpc::NAMES[usize::from(code)]])
+                .inc(),
+            (_, None) => {}
+        }
+        grpc_code.map(|c| grpc::NAMES[usize::from(c)])
+    }
 }
 
 #[async_trait]
@@ -917,35 +956,8 @@ impl ProxyHttp for Gateway {
             (Some(s), Some(r)) => s.config.routes[r].id.as_str(),
             _ => "none",
         };
-        match &ctx.snapshot {
-            Some(s) => s.requests.done(ctx.admitted.route, status, took),
-            None => {
-                self.metrics
-                    .requests
-                    .with_label_values(&[route, status.as_str()])
-                    .inc();
-                self.metrics
-                    .request_duration
-                    .with_label_values(&[route])
-                    .observe(took.as_secs_f64());
-            }
-        }
-        // a call that ended with no status: the client cancelled it (or it never got one)
-        let grpc_code = ctx.grpc.then(|| match grpc_status {
-            Some(code) if usize::from(code) < grpc::NAMES.len() => code,
-            None if by_client.is_some() || status == CLIENT_GONE => grpc::CANCELLED,
-            _ => grpc::UNKNOWN,
-        });
-        let grpc_name = grpc_code.map(|c| grpc::NAMES[usize::from(c)]);
-        match (&ctx.snapshot, grpc_code) {
-            (Some(s), Some(code)) => s.requests.grpc_done(ctx.admitted.route, code),
-            (None, Some(code)) => self
-                .metrics
-                .grpc_requests
-                .with_label_values(&[route, grpc::NAMES[usize::from(code)]])
-                .inc(),
-            (_, None) => {}
-        }
+        let cancelled = by_client.is_some() || status == CLIENT_GONE;
+        let grpc_name = self.count_done(ctx, (route, status, took), (grpc_status, cancelled));
         if ctx
             .snapshot
             .as_ref()
@@ -984,6 +996,44 @@ fn client_error(e: &Error) -> Option<ClientError> {
         }
         _ => ClientError::Protocol,
     })
+}
+
+/// A trace's attributes of each rule that applied: its decision, and the tier that decided
+/// (the first that refused, else the first) with what it had left.
+fn rule_attributes(
+    a: &mut Vec<opentelemetry::KeyValue>,
+    limiter: &crate::limits::Limiter,
+    d: &crate::limits::Decision,
+) {
+    use opentelemetry::KeyValue;
+    for &(rule, violated) in &d.applied {
+        let Some(cr) = limiter.rules.get(usize::from(rule)) else {
+            continue;
+        };
+        let id = &cr.rule.id;
+        let tiers = || d.tiers.iter().filter(|t| t.rule == rule);
+        let decided = tiers()
+            .find(|t| !t.verdict.allowed)
+            .or_else(|| tiers().next());
+        let decision = match (violated, cr.rule.action) {
+            (false, _) => "allowed",
+            (true, crate::config::model::Action::Shadow) => "shadow_denied",
+            (true, _) => "denied",
+        };
+        a.push(KeyValue::new(
+            format!("tollgate.rule.{id}.decision"),
+            decision,
+        ));
+        if let Some(t) = decided {
+            let mut tier = String::new();
+            crate::config::duration::write_period(&mut tier, t.period_ms, t.calendar);
+            a.push(KeyValue::new(format!("tollgate.rule.{id}.tier"), tier));
+            a.push(KeyValue::new(
+                format!("tollgate.rule.{id}.remaining"),
+                i64::try_from(t.verdict.remaining).unwrap_or(i64::MAX),
+            ));
+        }
+    }
 }
 
 /// End a traced request's spans: the HTTP semantic conventions' attributes, the route, the
@@ -1038,34 +1088,7 @@ fn end_trace(
         ));
     }
     if let (Some(snap), Some(d)) = (&ctx.snapshot, ctx.admitted.decision()) {
-        for &(rule, violated) in &d.applied {
-            let Some(cr) = snap.limiter.rules.get(usize::from(rule)) else {
-                continue;
-            };
-            let id = &cr.rule.id;
-            let tiers = || d.tiers.iter().filter(|t| t.rule == rule);
-            let decided = tiers()
-                .find(|t| !t.verdict.allowed)
-                .or_else(|| tiers().next());
-            let decision = match (violated, cr.rule.action) {
-                (false, _) => "allowed",
-                (true, crate::config::model::Action::Shadow) => "shadow_denied",
-                (true, _) => "denied",
-            };
-            a.push(KeyValue::new(
-                format!("tollgate.rule.{id}.decision"),
-                decision,
-            ));
-            if let Some(t) = decided {
-                let mut tier = String::new();
-                crate::config::duration::write_period(&mut tier, t.period_ms, t.calendar);
-                a.push(KeyValue::new(format!("tollgate.rule.{id}.tier"), tier));
-                a.push(KeyValue::new(
-                    format!("tollgate.rule.{id}.remaining"),
-                    i64::try_from(t.verdict.remaining).unwrap_or(i64::MAX),
-                ));
-            }
-        }
+        rule_attributes(&mut a, &snap.limiter, d);
     }
     trace::set(&spans.request, a);
     trace::end(
