@@ -56,6 +56,47 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+impl JwksFetcher {
+    /// A fetch's outcome: counted, the keys' error noted, and logged once per change (the
+    /// first error, a different one, the recovery; the keys' count the first time).
+    fn note_outcome(
+        &self,
+        f: &JwksFetch,
+        uri: &str,
+        outcome: &Result<usize, String>,
+        logged: &mut HashMap<String, Option<String>>,
+        first: bool,
+    ) {
+        let label = match &outcome {
+            Ok(_) => "ok",
+            Err(_) => "error",
+        };
+        self.metrics
+            .jwks_fetches
+            .with_label_values(&[&f.issuer, label])
+            .inc();
+        let error = outcome.as_ref().err().cloned();
+        if let Err(e) = &outcome {
+            f.keys.fetch_ends(now_ms(), Err(e.clone()));
+        }
+        // logged once per change: the first error, a different one, the recovery
+        let before = logged.insert(uri.to_string(), error.clone()).flatten();
+        match (&before, &error, &outcome) {
+            (_, Some(e), _) if before.as_ref() != Some(e) => log::error!(
+                "jwks {uri} (issuer {}): cannot fetch the keys: {e}; the keys held are kept",
+                f.issuer
+            ),
+            (Some(_), None, Ok(n)) => {
+                log::warn!("jwks {uri} (issuer {}): fetched again: {n} keys", f.issuer)
+            }
+            (None, None, Ok(n)) if first => {
+                log::info!("jwks {uri} (issuer {}): {n} keys", f.issuer)
+            }
+            _ => {}
+        }
+    }
+}
+
 #[async_trait]
 impl BackgroundService for JwksFetcher {
     async fn start(&self, mut shutdown: ShutdownWatch) {
@@ -106,33 +147,8 @@ impl BackgroundService for JwksFetcher {
                     }
                     Err(e) => (RETRY, Err(e)),
                 };
-                let label = match &outcome {
-                    Ok(_) => "ok",
-                    Err(_) => "error",
-                };
-                self.metrics
-                    .jwks_fetches
-                    .with_label_values(&[&f.issuer, label])
-                    .inc();
-                let error = outcome.as_ref().err().cloned();
-                if let Err(e) = &outcome {
-                    f.keys.fetch_ends(now_ms(), Err(e.clone()));
-                }
-                // logged once per change: the first error, a different one, the recovery
-                let before = logged.insert(uri.clone(), error.clone()).flatten();
-                match (&before, &error, &outcome) {
-                    (_, Some(e), _) if before.as_ref() != Some(e) => log::error!(
-                        "jwks {uri} (issuer {}): cannot fetch the keys: {e}; the keys held are kept",
-                        f.issuer
-                    ),
-                    (Some(_), None, Ok(n)) => {
-                        log::warn!("jwks {uri} (issuer {}): fetched again: {n} keys", f.issuer)
-                    }
-                    (None, None, Ok(n)) if !due.contains_key(&uri) => {
-                        log::info!("jwks {uri} (issuer {}): {n} keys", f.issuer)
-                    }
-                    _ => {}
-                }
+                let first = !due.contains_key(&uri);
+                self.note_outcome(f, &uri, &outcome, &mut logged, first);
                 due.insert(uri, Instant::now() + next);
             }
             tokio::select! {
