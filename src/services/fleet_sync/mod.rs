@@ -355,7 +355,6 @@ impl Accounts {
         let end = quota.window_end(start);
         let p = end.saturating_sub(start).max(1);
         let sliding = counters.algorithm().is_sliding();
-        let logged = counters.algorithm() == Algorithm::SlidingLog;
         let contract_key = redis_key(&settings.key_prefix, &partition, id, start, end);
         let keep = if sliding { p } else { 0 };
         let expire_at_ms = end + keep + KEY_GRACE_MS;
@@ -378,29 +377,43 @@ impl Accounts {
             round.sources.push(source);
             return;
         }
+        let lease = self.lease_update(
+            settings,
+            (counters, &partition),
+            (ask, log_units),
+            quota,
+            (contract_key, round.sent_ms, expire_at_ms),
+        );
+        round.updates.push(Update::Lease(lease));
+        round.sources.push(source);
+    }
+
+    /// The lease ask of a record (its window's count is `contract_key`).
+    fn lease_update(
+        &self,
+        settings: &RedisSettings,
+        (counters, partition): (&RuleCounters, &str),
+        (ask, log_units): (Ask, Vec<(u64, u64)>),
+        quota: &tollgate_limits::algorithm::Quota,
+        (contract_key, sent_ms, expire_at_ms): (String, u64, u64),
+    ) -> LedgerUpdate {
+        let start = ask.window_start_ms;
+        let p = quota.window_end(start).saturating_sub(start).max(1);
+        let logged = counters.algorithm() == Algorithm::SlidingLog;
         let ledger_key = format!("{contract_key}:fleet");
         let bucket = counters.algorithm().is_bucket();
         let (prev_ledger_key, prev_key, weight_ms) = self.previous_keys(
             settings,
-            (counters, &partition),
+            (counters, partition),
             (start, p),
             ask.previous,
             (&contract_key, &ledger_key),
-            round.sent_ms,
+            sent_ms,
         );
-        let threshold = counters
-            .tiers()
-            .get(usize::from(list))
-            .and_then(|l| l.get(tier))
-            .map_or(0, |t| t.threshold);
-        let log = if logged {
-            log_report(start, p, round.sent_ms, log_units)
-        } else {
-            LogReport::default()
-        };
         // the script hears of what did not go as plain increments
         let direct = ask.direct.min(ask.used);
-        round.updates.push(Update::Lease(LedgerUpdate {
+        let threshold = quota.threshold;
+        let mut u = LedgerUpdate {
             ledger_key,
             key: contract_key,
             prev_ledger_key,
@@ -409,9 +422,8 @@ impl Accounts {
             used: ask.used - direct,
             want: ask.want.saturating_sub(direct),
             cap: threshold,
-            now_ms: round.sent_ms,
-            // a bucket's record gives its lease back in the next window: it holds until then
-            lease_until_ms: start + if bucket { 2 * p } else { p },
+            now_ms: sent_ms,
+            lease_until_ms: start + p,
             expire_at_ms,
             weight_ms,
             period_ms: p,
@@ -419,24 +431,19 @@ impl Accounts {
             need: ask.need,
             spare: ledger::spare(threshold),
             confirmed: ask.confirmed.saturating_sub(direct),
-            bucket_ns: if bucket {
-                u64::try_from(tollgate_limits::algorithm::interval_ns(quota)).unwrap_or(u64::MAX)
-            } else {
-                0
-            },
-            tolerance_us: if bucket {
-                // (rounded up: a bucket of one token must hold one)
-                u64::try_from(tollgate_limits::algorithm::fleet_tolerance_ns(quota).div_ceil(1000))
-                    .unwrap_or(u64::MAX)
-            } else {
-                0
-            },
             direct_cap: ledger::direct_cap(threshold, counters.algorithm(), self.fleet.instances()),
-            log,
-
-            since_ms: if bucket { ask.since_ms } else { 0 },
-        }));
-        round.sources.push(source);
+            ..LedgerUpdate::default()
+        };
+        if bucket {
+            (u.bucket_ns, u.tolerance_us) = bucket_args(quota);
+            u.since_ms = ask.since_ms;
+            // a bucket's record gives its lease back in the next window: it holds until then
+            u.lease_until_ms = start + 2 * p;
+        }
+        if logged {
+            u.log = log_report(start, p, sent_ms, log_units);
+        }
+        u
     }
 
     /// The keys a lease ask names besides its own and its weight (see `script::Family::keys`):
@@ -998,6 +1005,16 @@ impl BackgroundService for SyncService {
             }
         }
     }
+}
+
+/// A bucket's time per token (ns) and how far ahead the fleet's bucket may be booked (µs,
+/// rounded up: a bucket of one token must hold one).
+fn bucket_args(quota: &tollgate_limits::algorithm::Quota) -> (u64, u64) {
+    use tollgate_limits::algorithm::{fleet_tolerance_ns, interval_ns};
+    (
+        u64::try_from(interval_ns(quota)).unwrap_or(u64::MAX),
+        u64::try_from(fleet_tolerance_ns(quota).div_ceil(1000)).unwrap_or(u64::MAX),
+    )
 }
 
 /// What a sliding log's ask tells Redis of its units by instant, for the window starting at
