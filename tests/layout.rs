@@ -563,8 +563,153 @@ fn the_admission_and_what_it_decides_with_know_nothing_of_pingora() {
     }
 }
 
+/// The most lines a function may have (from its `fn` line to its closing brace).
+const MAX_FN_LINES: usize = 80;
+
+/// Functions that are declarative tables (one entry per line), exempt: (file, function).
+const TABLES: [(&str, &str); 1] = [
+    // every metric's name, help and labels
+    ("src/metrics.rs", "new"),
+];
+
+/// Functions held shorter still: (file, function, most lines). `request_filter` reads as the
+/// list of the request's steps, each a function of its own.
+const SHORTER: [(&str, &str, usize); 1] = [("src/request/proxy.rs", "request_filter", 40)];
+
+/// The name of the function a line declares with a body, if it declares one.
+fn fn_name(line: &str) -> Option<&str> {
+    let mut rest = line.trim_start();
+    for prefix in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "const ",
+        "async ",
+        "unsafe ",
+    ] {
+        rest = rest.strip_prefix(prefix).unwrap_or(rest);
+    }
+    let rest = rest.strip_prefix("fn ")?;
+    let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_'))?;
+    Some(&rest[..end])
+}
+
+/// Where the body that starts at or after `from` ends: the index of its closing brace, braces
+/// counted outside string and char literals and comments. `None`: a declaration (`;` first).
+fn body_end(text: &[u8], from: usize) -> Option<usize> {
+    let (mut i, mut depth) = (from, 0usize);
+    while i < text.len() {
+        match text[i] {
+            b'/' if text.get(i + 1) == Some(&b'/') => {
+                while i < text.len() && text[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'r' if text.get(i + 1) == Some(&b'#') || text.get(i + 1) == Some(&b'"') => {
+                // a raw string: r"..." or r#"..."#
+                let hashes = text[i + 1..].iter().take_while(|&&c| c == b'#').count();
+                if text.get(i + 1 + hashes) == Some(&b'"') {
+                    let close: Vec<u8> = std::iter::once(b'"')
+                        .chain(std::iter::repeat_n(b'#', hashes))
+                        .collect();
+                    i += 2 + hashes;
+                    while i < text.len() && !text[i..].starts_with(&close) {
+                        i += 1;
+                    }
+                    i += close.len() - 1;
+                }
+            }
+            b'"' => {
+                i += 1;
+                while i < text.len() && text[i] != b'"' {
+                    i += if text[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'\'' => {
+                // a char literal ('x', '\n', '{'), not a lifetime ('a)
+                if text.get(i + 1) == Some(&b'\\') {
+                    i += 2;
+                    while i < text.len() && text[i] != b'\'' {
+                        i += 1;
+                    }
+                } else if text.get(i + 2) == Some(&b'\'') {
+                    i += 2;
+                }
+            }
+            b';' if depth == 0 => return None,
+            b'{' => depth += 1,
+            b'}' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Every function of `text` with a body (unit tests left out) and its length in lines.
+fn function_lengths(text: &str) -> Vec<(String, usize)> {
+    let text = text.split("#[cfg(test)]").next().unwrap_or("");
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for line in text.split_inclusive('\n') {
+        if let Some(name) = fn_name(line) {
+            if let Some(end) = body_end(bytes, at) {
+                let lines = text[at..=end].lines().count();
+                out.push((name.to_string(), lines));
+            }
+        }
+        at += line.len();
+    }
+    out
+}
+
+#[test]
+fn no_function_is_longer_than_80_lines_but_declarative_tables() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    sources(&src(), &mut files);
+    sources(&limits_src(), &mut files);
+    let mut long = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(root).expect("in the workspace");
+        let rel = rel.to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&f).expect("readable");
+        for (name, lines) in function_lengths(&text) {
+            let most = SHORTER
+                .iter()
+                .find(|(f, n, _)| *f == rel && *n == name)
+                .map_or(MAX_FN_LINES, |s| s.2);
+            if lines > most && !TABLES.contains(&(rel.as_str(), name.as_str())) {
+                long.push(format!(
+                    "{rel}: fn {name} has {lines} lines (at most {most})"
+                ));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "over {MAX_FN_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
 #[test]
 fn the_checks_can_fail() {
+    // a planted function of 90 lines, braces in its strings and chars not counted
+    let long = format!(
+        "pub(crate) async fn planted(x: &'static str) {{\n    let a = \"{{\";\n    let b = '{{';\n    let c = r#\"}}\"#;\n{}}}\nfn short() {{}}\nfn declared();\n",
+        "    x;\n".repeat(86)
+    );
+    assert_eq!(
+        function_lengths(&long),
+        vec![("planted".to_string(), 91), ("short".to_string(), 1)]
+    );
     // a planted dependency of the limits core on the runtime, two steps away
     let lock = "[[package]]\nname = \"tollgate-limits\"\ndependencies = [\n \"a\",\n]\n\n\
                 [[package]]\nname = \"a\"\ndependencies = [\n \"tokio 1.0.0\",\n]\n\n\
