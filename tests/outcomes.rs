@@ -173,6 +173,63 @@ fn a_fleet_counts_costs_in_units() {
     assert!(eventually(Duration::from_secs(3), || key() == Some(used)));
 }
 
+/// docs/configuration.md "Quota headers", units: a tokens rule charged from the answer beside
+/// a requests rule on one route, through the real gateway. `RateLimit` tells each unit's most
+/// restrictive tier in its own terms (requests first), `x-ratelimit-*` the requests tier; a
+/// denial by tokens tells the violated tier alone, with nothing left.
+#[test]
+fn the_quota_headers_tell_each_unit_in_its_own_terms() {
+    let up = Upstream::start("u");
+    let period = period_with_room(3600, 20);
+    let gw = Gateway::start(&format!(
+        "{}{TENANT}limits:\n  - id: calls\n    pathPattern: /v1/**\n    tiers: [{{ period: {period}, threshold: 10 }}]\n  - id: tokens\n    pathPattern: /v1/**\n    unit: tokens\n    cost: {{ response_header: x-usage-tokens, default: 50 }}\n    tiers: [{{ period: {period}, threshold: 1000 }}]\n",
+        one_route_config(up.addr, 1, "")
+    ));
+    let t = [("x-org-id", "acme")];
+    let items = |r: &common::Response| -> Vec<String> {
+        let v = r.header("ratelimit").unwrap_or("").to_string();
+        v.split(", ").map(str::to_string).collect()
+    };
+    // 9 requests left, 600 tokens: fewer requests, yet both are told, each in its own unit
+    let r = gw.get("/v1/chat/usage/400", &t);
+    assert_eq!(r.status, 200);
+    let rl = items(&r);
+    assert_eq!(rl.len(), 2, "{rl:?}");
+    assert!(
+        rl[0].starts_with("\"calls/") && rl[0].contains(";r=9;"),
+        "{rl:?}"
+    );
+    assert!(
+        rl[1].starts_with("\"tokens/") && rl[1].contains(";r=600;"),
+        "{rl:?}"
+    );
+    assert_eq!(r.header("x-ratelimit-limit"), Some("10"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("9"));
+    let policy = r.header("ratelimit-policy").unwrap_or("");
+    assert!(
+        policy.contains(";q=1000;") && policy.contains("qu=\"tokens\""),
+        "{policy}"
+    );
+    // fewer tokens left than requests: the order stays, requests first
+    let r = gw.get("/v1/chat/usage/595", &t);
+    let rl = items(&r);
+    assert!(rl[0].contains(";r=8;") && rl[1].contains(";r=5;"), "{rl:?}");
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("8"));
+    // 700 more charged (admitted: 5 tokens left), then the next is refused by tokens
+    assert_eq!(gw.get("/v1/chat/usage/700", &t).status, 200);
+    let r = gw.get("/v1/chat/usage/1", &t);
+    assert_eq!(r.status, 429);
+    let rl = items(&r);
+    assert_eq!(rl.len(), 1, "{rl:?}");
+    assert!(
+        rl[0].starts_with("\"tokens/") && rl[0].contains(";r=0;"),
+        "{rl:?}"
+    );
+    assert_eq!(r.header("x-ratelimit-limit"), Some("1000"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(up.hits(), 3);
+}
+
 /// docs/configuration.md "Cost from the answer", through the real gateway: admitted while the
 /// window has room, charged what the answer's `x-usage-tokens` says (its quota headers show
 /// it), an answer without it costs `default`, and past the threshold by the one in flight the

@@ -84,13 +84,73 @@ pub fn most_restrictive(d: &Decision, denied: bool) -> Option<&TierReport> {
             .filter(|t| !t.verdict.allowed)
             .max_by_key(|t| t.verdict.retry_after_ms)
     } else {
-        shown.min_by(|a, b| {
-            a.verdict
-                .remaining
-                .cmp(&b.verdict.remaining)
-                .then(b.verdict.reset_ms.cmp(&a.verdict.reset_ms))
-        })
+        fewest_left(shown)
     }
+}
+
+/// The tier with the fewest left among `shown` (ties: the later reset).
+fn fewest_left<'d>(shown: impl Iterator<Item = &'d TierReport>) -> Option<&'d TierReport> {
+    shown.min_by(|a, b| {
+        a.verdict
+            .remaining
+            .cmp(&b.verdict.remaining)
+            .then(b.verdict.reset_ms.cmp(&a.verdict.reset_ms))
+    })
+}
+
+/// The tiers the headers tell: `x-ratelimit-*`'s first, then the others `RateLimit` lists.
+/// One unit, or a denial: the most restrictive tier (after a denial, the violated one with the
+/// longest wait, with nothing left). Several units on an admitted request (requests and tokens,
+/// say): each unit's tier with the fewest left, in its own terms, requests first:
+/// `x-ratelimit-*` tell the requests tier (when none applies, the first unit's).
+fn told<'d>(limiter: &Limiter, d: &'d Decision, denied: bool) -> SmallVec<[&'d TierReport; 2]> {
+    let mut out = SmallVec::new();
+    if !limiter.mixed_units || denied {
+        out.extend(most_restrictive(d, denied));
+        return out;
+    }
+    let unit = |t: &TierReport| {
+        limiter
+            .rules
+            .get(usize::from(t.rule))
+            .map_or(0, |cr| cr.unit)
+    };
+    let shown = || d.tiers.iter().filter(|t| !t.shadow);
+    let mut units: SmallVec<[u16; 2]> = SmallVec::new();
+    for t in shown() {
+        let u = unit(t);
+        if !units.contains(&u) {
+            units.push(u);
+        }
+    }
+    units.sort_unstable_by_key(|&u| u != 0);
+    for u in units {
+        out.extend(fewest_left(shown().filter(|t| unit(t) == u)));
+    }
+    out
+}
+
+/// `RateLimit`'s value for (name, remaining, seconds) items, made at its exact size: one
+/// allocation, none given back (a `Bytes` made from it keeps no spare capacity).
+fn rate_limit_value(items: &[(&str, u64, u64)]) -> String {
+    let digits = |n: u64| itoa::Buffer::new().format(n).len();
+    let len = items
+        .iter()
+        .map(|&(name, r, t)| name.len() + digits(r) + digits(t) + 6)
+        .sum::<usize>()
+        + 2 * items.len().saturating_sub(1);
+    let mut rl = String::with_capacity(len);
+    for (i, &(name, r, t)) in items.iter().enumerate() {
+        if i > 0 {
+            rl.push_str(", ");
+        }
+        rl.push_str(name);
+        rl.push_str(";r=");
+        rl.push_str(itoa::Buffer::new().format(r));
+        rl.push_str(";t=");
+        rl.push_str(itoa::Buffer::new().format(t));
+    }
+    rl
 }
 
 /// Add the quota headers to a response's headers. Nothing is added when no (non-shadow) rule
@@ -102,41 +162,45 @@ pub fn apply(
     settings: HeaderSettings,
     denied: bool,
 ) {
-    let Some(top) = most_restrictive(d, denied) else {
+    if !settings.x_ratelimit && !settings.ietf {
+        return;
+    }
+    let told = told(limiter, d, denied);
+    let Some(&top) = told.first() else {
         return;
     };
     let Some(top_text) = text(limiter, top) else {
         return;
     };
-    let remaining = if denied { 0 } else { top.verdict.remaining };
-    let reset = ceil_secs(top.verdict.reset_ms).max(1);
-    // `t=` is when quota comes back: after a denial, when the violated tier admits again
-    // (a sliding window's or a bucket's wait is not its window's end), as `Retry-After` says
-    let back = if denied {
-        ceil_secs(top.verdict.retry_after_ms).max(1)
-    } else {
-        reset
+    // what is left, and when quota comes back (`t=`): after a denial, when the violated tier
+    // admits again (a sliding window's or a bucket's wait is not its window's end), as
+    // `Retry-After` says
+    let left = |t: &TierReport| {
+        if denied && !t.verdict.allowed {
+            (0, ceil_secs(t.verdict.retry_after_ms).max(1))
+        } else {
+            (t.verdict.remaining, ceil_secs(t.verdict.reset_ms).max(1))
+        }
     };
-    if !settings.x_ratelimit && !settings.ietf {
-        return;
-    }
     let policy = if settings.ietf {
         limiter.policy_cache.value(limiter, d)
     } else {
         None
     };
-    // `RateLimit`, made at its exact size: one allocation, none given back
-    let mut rl = String::new();
-    if settings.ietf {
-        let (mut r, mut t) = (itoa::Buffer::new(), itoa::Buffer::new());
-        let (r, t) = (r.format(remaining), t.format(back));
-        rl.reserve_exact(top_text.name.len() + r.len() + t.len() + 6);
-        rl.push_str(&top_text.name);
-        rl.push_str(";r=");
-        rl.push_str(r);
-        rl.push_str(";t=");
-        rl.push_str(t);
-    }
+    let rl = if settings.ietf {
+        let items: SmallVec<[(&str, u64, u64); 2]> = told
+            .iter()
+            .filter_map(|&t| {
+                let (r, back) = left(t);
+                Some((&*text(limiter, t)?.name, r, back))
+            })
+            .collect();
+        rate_limit_value(&items)
+    } else {
+        String::new()
+    };
+    let (remaining, _) = left(top);
+    let reset = ceil_secs(top.verdict.reset_ms).max(1);
     // The two values that change with every request (`remaining`, `RateLimit`) are marked
     // sensitive: HTTP/2 then sends them as never-indexed literals (RFC 7541 6.2.3) instead of
     // filling the connection's HPACK table with values that never come again, each of which

@@ -32,6 +32,9 @@ pub struct CompiledRule {
     pub metrics: RuleMetrics,
     /// Header texts of each tier, by tier list then tier, made once per config.
     pub texts: Vec<Vec<TierText>>,
+    /// What its quota counts, by number: 0 for requests, then each other `unit` of the config
+    /// in the order the rules name them (the quota headers tell each unit apart).
+    pub unit: u16,
 }
 
 impl CompiledRule {
@@ -51,6 +54,27 @@ impl From<&Tier> for Quota {
             queue: tier.queue,
         }
     }
+}
+
+/// Number the units the rules count in (`CompiledRule::unit`: 0 for requests, then each other
+/// unit in rule order). Returns how many distinct units there are.
+fn number_units(rules: &mut [CompiledRule]) -> usize {
+    let mut names: Vec<Box<str>> = Vec::new();
+    for cr in rules.iter_mut() {
+        let n = match cr.rule.unit.as_deref() {
+            None => 0,
+            Some(u) => match names.iter().position(|x| &**x == u) {
+                Some(i) => i + 1,
+                None => {
+                    names.push(u.into());
+                    names.len()
+                }
+            },
+        };
+        cr.unit = u16::try_from(n).unwrap_or(u16::MAX);
+    }
+    let requests = rules.iter().any(|cr| cr.unit == 0);
+    names.len() + usize::from(requests)
 }
 
 /// What a rule does over its limit, in the core's terms.
@@ -81,6 +105,9 @@ pub struct Limiter {
     pub(crate) policy_cache: PolicyCache,
     /// Some rule takes its cost from a request header (`cost_refusal` has work to do).
     header_costs: bool,
+    /// The rules count in more than one unit (requests and tokens, say): the quota headers
+    /// tell each unit's most restrictive tier.
+    pub mixed_units: bool,
 }
 
 /// What the limiter needs to know about a request.
@@ -184,6 +211,7 @@ impl Limiter {
                     rule: Arc::clone(r),
                     plan_lists,
                     metrics,
+                    unit: 0,
                 };
                 let limit = Limit::new(counters, tier_lists, enforcement(r), r.charges_late());
                 (compiled, limit)
@@ -204,6 +232,8 @@ impl Limiter {
         let header_costs = compiled
             .iter()
             .any(|cr| matches!(cr.rule.cost, Cost::Header { .. }));
+        let mut compiled = compiled;
+        let units = number_units(&mut compiled);
         Limiter {
             rules: compiled,
             core: tollgate_limits::limiter::Limiter::new(limits, clock, Arc::clone(&fleet.state)),
@@ -211,6 +241,7 @@ impl Limiter {
             fleet,
             policy_cache: PolicyCache::default(),
             header_costs,
+            mixed_units: units > 1,
         }
     }
 
