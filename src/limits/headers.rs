@@ -106,7 +106,9 @@ fn fewest_left<'d>(shown: impl Iterator<Item = &'d TierReport>) -> Option<&'d Ti
 fn told<'d>(limiter: &Limiter, d: &'d Decision, denied: bool) -> SmallVec<[&'d TierReport; 2]> {
     let mut out = SmallVec::new();
     if !limiter.mixed_units || denied {
-        out.extend(most_restrictive(d, denied));
+        if let Some(t) = most_restrictive(d, denied) {
+            out.push(t);
+        }
         return out;
     }
     let unit = |t: &TierReport| {
@@ -125,30 +127,49 @@ fn told<'d>(limiter: &Limiter, d: &'d Decision, denied: bool) -> SmallVec<[&'d T
     }
     units.sort_unstable_by_key(|&u| u != 0);
     for u in units {
-        out.extend(fewest_left(shown().filter(|t| unit(t) == u)));
+        if let Some(t) = fewest_left(shown().filter(|t| unit(t) == u)) {
+            out.push(t);
+        }
     }
     out
 }
 
-/// `RateLimit`'s value for (name, remaining, seconds) items, made at its exact size: one
-/// allocation, none given back (a `Bytes` made from it keeps no spare capacity).
-fn rate_limit_value(items: &[(&str, u64, u64)]) -> String {
-    let digits = |n: u64| itoa::Buffer::new().format(n).len();
+/// One item of `RateLimit`: the tier's name, (remaining, seconds), and room to format both.
+type Item<'t> = (&'t str, (u64, u64), [itoa::Buffer; 2]);
+
+/// `RateLimit`'s value for the tiers `told`, each with (remaining, seconds) from `left`, made at
+/// its exact size: one allocation, none given back (a `Bytes` made from it keeps no spare
+/// capacity).
+fn rate_limit_value(
+    limiter: &Limiter,
+    told: &[&TierReport],
+    left: impl Fn(&TierReport) -> (u64, u64),
+) -> String {
+    let mut numbers: SmallVec<[Item; 2]> = SmallVec::new();
+    for &t in told {
+        if let Some(tt) = text(limiter, t) {
+            numbers.push((&tt.name, left(t), [itoa::Buffer::new(); 2]));
+        }
+    }
+    let mut items: SmallVec<[(&str, &str, &str); 2]> = SmallVec::new();
+    for (name, (r, back), [rb, tb]) in numbers.iter_mut() {
+        items.push((name, rb.format(*r), tb.format(*back)));
+    }
     let len = items
         .iter()
-        .map(|&(name, r, t)| name.len() + digits(r) + digits(t) + 6)
+        .map(|(name, r, t)| name.len() + r.len() + t.len() + 6)
         .sum::<usize>()
         + 2 * items.len().saturating_sub(1);
     let mut rl = String::with_capacity(len);
-    for (i, &(name, r, t)) in items.iter().enumerate() {
+    for (i, (name, r, t)) in items.iter().enumerate() {
         if i > 0 {
             rl.push_str(", ");
         }
         rl.push_str(name);
         rl.push_str(";r=");
-        rl.push_str(itoa::Buffer::new().format(r));
+        rl.push_str(r);
         rl.push_str(";t=");
-        rl.push_str(itoa::Buffer::new().format(t));
+        rl.push_str(t);
     }
     rl
 }
@@ -188,14 +209,7 @@ pub fn apply(
         None
     };
     let rl = if settings.ietf {
-        let items: SmallVec<[(&str, u64, u64); 2]> = told
-            .iter()
-            .filter_map(|&t| {
-                let (r, back) = left(t);
-                Some((&*text(limiter, t)?.name, r, back))
-            })
-            .collect();
-        rate_limit_value(&items)
+        rate_limit_value(limiter, &told, left)
     } else {
         String::new()
     };
