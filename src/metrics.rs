@@ -37,6 +37,8 @@ pub struct Metrics {
     pub redis_pending: IntGauge,
     /// `tollgate_fleet_held_total`
     pub fleet_held: IntCounter,
+    /// `tollgate_fleet_hold_seconds`: how long each held request waited for the fleet
+    pub fleet_hold: Histogram,
     /// `tollgate_trace_spans_dropped_total`
     pub trace_spans_dropped: IntCounter,
     /// `tollgate_queue_waited_total`, `tollgate_queue_left_total`
@@ -258,6 +260,16 @@ impl Metrics {
                 &r,
                 "tollgate_fleet_held_total",
                 "Requests under their limits that waited for a sync round because this instance's lease of the fleet's quota was used (admitted or refused after)",
+            )?,
+            fleet_hold: registered(
+                &r,
+                histogram(
+                    "tollgate_fleet_hold_seconds",
+                    "How long a request held for the fleet waited, from its first hold to its final decision (one observation per tollgate_fleet_held_total)",
+                    &[
+                        0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    ],
+                ),
             )?,
             trace_spans_dropped: reg_counter(
                 &r,

@@ -183,7 +183,7 @@ impl Rig {
         let mut admitted = Admitted::default();
         let mut a = admit(&self.snap, &req, &self.metrics, &mut admitted);
         if let Admission::Hold(h) = a {
-            a = h.wait(&self.snap, &req, &mut admitted).await;
+            a = h.wait(&self.snap, &req, &self.metrics, &mut admitted).await;
         }
         self.finish(a, admitted)
     }

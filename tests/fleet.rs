@@ -790,7 +790,20 @@ fn a_request_past_its_lease_waits_for_the_round_that_grants_it_room() {
             0.0,
             "{m}"
         );
-        if metric_sum(&m, "tollgate_fleet_held_total") >= 1.0 {
+        let held = metric_sum(&m, "tollgate_fleet_held_total");
+        if held >= 1.0 {
+            // each held request's wait is in the histogram, none past four hold limits
+            // (4 x (2 x 100 ms + 100 ms) = 1.2 s)
+            assert_eq!(
+                metric_sum(&m, "tollgate_fleet_hold_seconds_count"),
+                held,
+                "{m}"
+            );
+            assert_eq!(
+                metric_sum(&m, "tollgate_fleet_hold_seconds_bucket{le=\"2.5\"}"),
+                held,
+                "{m}"
+            );
             return;
         }
     }

@@ -245,6 +245,7 @@ impl Held {
         self,
         snap: &Snapshot,
         req: &Incoming<'_>,
+        metrics: &Metrics,
         admitted: &mut Admitted,
     ) -> Admission {
         let path = normalize_path(req.head.uri.path());
@@ -258,20 +259,26 @@ impl Held {
             client_ip: admitted.client_ip.unwrap_or(req.peer),
             headers: &req.head.headers,
         };
-        let (d, delayed) = hold(&snap.limiter, &lreq, &snap.config.plans, *self.decision).await;
+        let (d, delayed, held_ns) =
+            hold(&snap.limiter, &lreq, &snap.config.plans, *self.decision).await;
+        if let Some(ns) = held_ns {
+            metrics
+                .fleet_hold
+                .observe(Duration::from_nanos(ns).as_secs_f64());
+        }
         admitted.outcome = Some(Box::new(d));
         finish(snap, admitted, delayed)
     }
 }
 
-/// The wait of [`Held::wait`]. Returns the last decision and whether the request waited for
-/// `action: delay`.
+/// The wait of [`Held::wait`]. Returns the last decision, whether the request waited for
+/// `action: delay`, and how long it was held for the fleet (from its first hold; none: never).
 async fn hold(
     limiter: &Limiter,
     lreq: &LimitRequest<'_>,
     plans: &crate::config::model::Plans,
     mut d: Decision,
-) -> (Decision, bool) {
+) -> (Decision, bool, Option<u64>) {
     let mut delayed = false;
     // every instant here is the limiter's clock (ns), and so are the waits
     let clock = limiter.core.clock();
@@ -279,6 +286,7 @@ async fn hold(
     let patience = limiter.fleet.hold_ms().saturating_mul(NANOS_PER_MS);
     let mut held_until = start.saturating_add(patience);
     let mut delay_until = None;
+    let mut held_since = None;
     loop {
         let wake = match d.verdict {
             Verdict::Delay {
@@ -298,7 +306,10 @@ async fn hold(
                 delayed = true;
                 wake
             }
-            Verdict::Hold => held_until,
+            Verdict::Hold => {
+                held_since.get_or_insert_with(|| clock.now_ns());
+                held_until
+            }
             _ => break,
         };
         // until room can appear: the refill time, or the end of the sync round that may
@@ -319,7 +330,8 @@ async fn hold(
             _ => limiter.decide(lreq, plans),
         };
     }
-    (d, delayed)
+    let held_ns = held_since.map(|t| clock.now_ns().saturating_sub(t));
+    (d, delayed, held_ns)
 }
 
 /// The final decision (`admitted.outcome`): counted, then the answer of its action.

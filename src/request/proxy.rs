@@ -356,7 +356,7 @@ impl Gateway {
         if let Admission::Hold(held) = admission {
             // rare: boxed, so that the request's future stays small for the common case
             let deadline = ctx.deadline;
-            let wait = Box::pin(held.wait(snap, incoming, &mut ctx.admitted));
+            let wait = Box::pin(held.wait(snap, incoming, &self.metrics, &mut ctx.admitted));
             admission = match deadline {
                 // a gRPC call is held no longer than its deadline (nothing is counted for it
                 // until the hold ends)
