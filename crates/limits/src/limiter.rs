@@ -751,3 +751,122 @@ impl Limiter {
         wake
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The limiter on its own, as a caller outside the gateway uses it: limits built from the
+    //! store, the applying rules found by the caller, decisions under a fake clock.
+    use super::*;
+    use crate::clock::FakeClock;
+    use crate::partition::{PartitionBy, PartitionValue};
+    use crate::store::{CounterRegistry, RuleIdentity};
+    use std::time::Duration;
+
+    const T0: u64 = 1_800_000_000_000;
+
+    struct Rig {
+        limiter: Limiter,
+        clock: Arc<FakeClock>,
+    }
+
+    /// One limit per (id, threshold per second, enforcement), per tenant, fixed windows.
+    fn rig(limits: &[(&str, u64, Enforcement)]) -> Rig {
+        let counter = |name: &str| prometheus::IntCounter::new(name, "test").expect("counter");
+        let registry = CounterRegistry::new(counter("evictions"), counter("untracked"));
+        let limits = limits
+            .iter()
+            .map(|&(id, threshold, enforcement)| {
+                let quota = Quota {
+                    threshold,
+                    period_ms: 1000,
+                    calendar: None,
+                    queue: None,
+                };
+                let identity = RuleIdentity::of(
+                    id,
+                    Algorithm::FixedWindow,
+                    &PartitionBy::Tenant,
+                    [(None, vec![(Duration::from_secs(1), None)])],
+                );
+                let counters = registry.get_or_create(identity, vec![vec![quota]], 1000);
+                Limit::new(counters, vec![vec![quota]], enforcement, false)
+            })
+            .collect();
+        let clock = Arc::new(FakeClock::at_ms(T0));
+        let fleet = Arc::new(FleetState::new(300));
+        Rig {
+            limiter: Limiter::new(limits, clock.clone(), fleet),
+            clock,
+        }
+    }
+
+    impl Rig {
+        /// A request of `tenant` to which every limit applies.
+        fn decide(&self, tenant: &str) -> Decision {
+            let mut keys: SmallVec<[u8; 64]> = SmallVec::new();
+            PartitionValue::Bytes(tenant.as_bytes()).store_key(&mut keys);
+            let mut applying: SmallVec<[Applying; 4]> = self
+                .limiter
+                .limits
+                .iter()
+                .enumerate()
+                .map(|(i, l)| Applying {
+                    rule: i as u16,
+                    list: 0,
+                    units: 1,
+                    hash: l.counters.hash_of(&keys),
+                    uid: l.counters.uid,
+                    key_start: 0,
+                    key_end: keys.len(),
+                })
+                .collect();
+            let mut d = Decision::none();
+            let mode = self.limiter.fleet().mode();
+            let now = self.limiter.now_ns();
+            self.limiter
+                .decide(&mut applying, &keys, now, (mode, Patience::First), &mut d);
+            d
+        }
+    }
+
+    const REJECT: Enforcement = Enforcement::Reject { status: 429 };
+
+    #[test]
+    fn a_request_over_one_limit_takes_nothing_from_the_others_until_the_window_rolls() {
+        let r = rig(&[("narrow", 2, REJECT), ("wide", 100, REJECT)]);
+        for _ in 0..2 {
+            assert_eq!(r.decide("acme").verdict, Verdict::Allow);
+        }
+        for _ in 0..5 {
+            let d = r.decide("acme");
+            assert_eq!(d.verdict, Verdict::Reject { status: 429 });
+            // the wide limit counted the two admitted only: 97 would be left after this one
+            assert_eq!(d.tiers[1].verdict.remaining, 97, "{:?}", d.tiers);
+        }
+        r.clock.advance_ms(1000);
+        let d = r.decide("acme");
+        assert_eq!(d.verdict, Verdict::Allow);
+        assert_eq!(d.tiers[1].verdict.remaining, 99, "{:?}", d.tiers);
+        // another tenant has its own counters
+        assert_eq!(r.decide("other").verdict, Verdict::Allow);
+    }
+
+    #[test]
+    fn reject_beats_delay_and_a_shadow_limit_never_decides() {
+        let delay = Enforcement::Delay {
+            max_delay_ms: 5000,
+            status: 503,
+        };
+        let r = rig(&[("shadow", 1, Enforcement::Shadow), ("slow", 1, delay)]);
+        assert_eq!(r.decide("acme").verdict, Verdict::Allow);
+        let d = r.decide("acme");
+        assert!(
+            matches!(d.verdict, Verdict::Delay { status: 503, .. }),
+            "{:?}",
+            d.verdict
+        );
+        let r = rig(&[("slow", 1, delay), ("hard", 1, REJECT)]);
+        r.decide("acme");
+        assert_eq!(r.decide("acme").verdict, Verdict::Reject { status: 429 });
+    }
+}
