@@ -249,7 +249,7 @@ impl Limiter {
         let mut wake = false;
         for (a, guard) in applying.iter().zip(guards.iter_mut()) {
             let key = &keys[a.key_start..a.key_end];
-            let (slot, w) = self.check(a, guard, key, now, mode, patience, decision);
+            let (slot, w) = self.check(a, (guard, key), (now, mode, patience), decision);
             wake |= w;
             slots.push(slot);
         }
@@ -335,15 +335,11 @@ impl Limiter {
 
     /// Check every tier of one applying rule (its shard locked); report each tier in
     /// `decision`. Returns the slot to commit to, and whether a fleet round is wanted now.
-    #[allow(clippy::too_many_arguments)]
     fn check<'g>(
         &self,
         a: &Applying,
-        shard: &'g mut Shard,
-        key: &[u8],
-        now: u64,
-        mode: FleetMode,
-        patience: Patience,
+        (shard, key): (&'g mut Shard, &[u8]),
+        (now, mode, patience): (u64, FleetMode, Patience),
         decision: &mut Decision,
     ) -> (Slot<'g>, bool) {
         let cr = &self.limits[a.rule as usize];
@@ -448,17 +444,7 @@ impl Limiter {
             } else {
                 cx.mode.ledger_modes()
             };
-        let wake = self.fleet_ceiling(
-            state,
-            (tier, cx.units),
-            algo,
-            now / NANOS_PER_MS,
-            (leased, shared),
-            cx.patience,
-            cx.shadow,
-            &mut verdict,
-            held,
-        );
+        let wake = self.fleet_ceiling(cx, state, tier, (leased, shared), (&mut verdict, held));
         let used = counted + if verdict.allowed { cx.units } else { 0 };
         TierCheck {
             verdict,
@@ -472,19 +458,16 @@ impl Limiter {
     /// as the fleet knows it), a hold for the next round (this instance's lease is used), or
     /// a refusal (the fleet is full; this instance's share is used while Redis is away).
     /// Returns whether a round must be asked for at once.
-    #[allow(clippy::too_many_arguments)]
     fn fleet_ceiling(
         &self,
+        cx: &RuleCheck,
         state: &mut TierState,
-        (tier, units): (&Quota, u64),
-        algo: Algorithm,
-        now_ms: u64,
+        tier: &Quota,
         (leased, shared): (Option<u64>, Option<u64>),
-        patience: Patience,
-        shadow: bool,
-        verdict: &mut TierVerdict,
-        held: &mut bool,
+        (verdict, held): (&mut TierVerdict, &mut bool),
     ) -> bool {
+        let (units, algo, patience, shadow) = (cx.units, cx.algo, cx.patience, cx.shadow);
+        let now_ms = cx.now / NANOS_PER_MS;
         let mut wake = false;
         let fleet = match verdict.allowed {
             false => Ceiling::Open,

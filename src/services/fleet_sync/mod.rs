@@ -285,8 +285,7 @@ impl Accounts {
                     counters,
                     (key, c.list, ti),
                     (ask, units),
-                    tier,
-                    false,
+                    (tier, false),
                 );
             }
         }
@@ -331,13 +330,13 @@ impl Accounts {
                 rc,
                 (&key, list, tier as usize),
                 (ask, Vec::new()),
-                &quota,
-                true,
+                (&quota, true),
             );
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Push one record's report (a plain count, or a lease ask) to `round`, with its source.
+    /// `orphan`: the record left its counter.
     fn push(
         &self,
         round: &mut Round,
@@ -345,8 +344,7 @@ impl Accounts {
         counters: &Arc<RuleCounters>,
         (key, list, tier): (&[u8], u16, usize),
         (ask, log_units): (Ask, Vec<(u64, u64)>),
-        quota: &tollgate_limits::algorithm::Quota,
-        orphan: bool,
+        (quota, orphan): (&tollgate_limits::algorithm::Quota, bool),
     ) {
         let id = &counters.identity.id;
         let partition = redis_partition(&counters.identity.per, key);
