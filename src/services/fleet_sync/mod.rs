@@ -379,24 +379,23 @@ impl Accounts {
             settings,
             (counters, &partition),
             (ask, log_units),
-            quota,
+            (quota, p),
             (contract_key, round.sent_ms, expire_at_ms),
         );
         round.updates.push(Update::Lease(lease));
         round.sources.push(source);
     }
 
-    /// The lease ask of a record (its window's count is `contract_key`).
+    /// The lease ask of a record (its window's count is `contract_key`, its length `p` ms).
     fn lease_update(
         &self,
         settings: &RedisSettings,
         (counters, partition): (&RuleCounters, &str),
         (ask, log_units): (Ask, Vec<(u64, u64)>),
-        quota: &tollgate_limits::algorithm::Quota,
+        (quota, p): (&tollgate_limits::algorithm::Quota, u64),
         (contract_key, sent_ms, expire_at_ms): (String, u64, u64),
     ) -> LedgerUpdate {
         let start = ask.window_start_ms;
-        let p = quota.window_end(start).saturating_sub(start).max(1);
         let logged = counters.algorithm() == Algorithm::SlidingLog;
         let ledger_key = format!("{contract_key}:fleet");
         let bucket = counters.algorithm().is_bucket();
