@@ -125,7 +125,9 @@ fn told<'d>(limiter: &Limiter, d: &'d Decision, denied: bool) -> SmallVec<[&'d T
             units.push(u);
         }
     }
-    units.sort_unstable_by_key(|&u| u != 0);
+    // requests (0) first, then the units in the order the rules name them (their numbers),
+    // whatever order the decision locked the counters in
+    units.sort_unstable();
     for u in units {
         if let Some(t) = fewest_left(shown().filter(|t| unit(t) == u)) {
             out.push(t);
@@ -364,5 +366,40 @@ mod tests {
         assert_eq!(sensitive("x-ratelimit-limit"), Some(false));
         assert_eq!(sensitive("x-ratelimit-reset"), Some(false));
         assert_eq!(sensitive("ratelimit-policy"), Some(false));
+    }
+
+    /// Units other than requests are told in the order the rules name them, whatever order the
+    /// decision's tiers are in (it locks counters by their `uid`, which a reload may reorder).
+    #[test]
+    fn units_are_told_in_rule_order_after_requests() {
+        let rules = [
+            rule("tokens", "    unit: tokens\n", "1h", 500),
+            rule("bytes", "    unit: content-bytes\n", "1h", 9000),
+            rule("calls", "", "1h", 1000),
+        ]
+        .concat();
+        let r = rig(&rules);
+        let mut d = r.decide("/x", "t");
+        for order in [false, true] {
+            if order {
+                d.tiers.reverse();
+            }
+            let mut h = HeaderMap::new();
+            apply(&mut h, &r.limiter, &d, r.cfg.headers, false);
+            let rl = h
+                .get("ratelimit")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let names: Vec<&str> = rl.split(", ").filter_map(|i| i.split(';').next()).collect();
+            assert_eq!(
+                names,
+                ["\"calls/1h\"", "\"tokens/1h\"", "\"bytes/1h\""],
+                "{rl}"
+            );
+            assert_eq!(
+                h.get("x-ratelimit-limit").map(|v| v.as_bytes()),
+                Some(&b"1000"[..])
+            );
+        }
     }
 }
