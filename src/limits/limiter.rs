@@ -250,11 +250,6 @@ impl Limiter {
         self.core.now_ns()
     }
 
-    /// The core's view of rule `rule` (its counters, tiers and enforcement).
-    pub fn limit(&self, rule: u16) -> Option<&Limit> {
-        self.core.limits.get(usize::from(rule))
-    }
-
     /// No rule limits anything (neither rates nor requests in flight).
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty() && self.concurrency.is_empty()
