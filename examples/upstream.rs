@@ -17,6 +17,9 @@ use std::pin::Pin;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+/// What `/bytes/N` answers, a chunk at a time.
+static CHUNK: [u8; 64 << 10] = [b'x'; 64 << 10];
+
 /// Requests served, but `/healthz` and `/hits` (which reports it).
 static HITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -120,6 +123,13 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, name: String) {
         if path != "/healthz" && path != "/hits" {
             HITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
+        // `/bytes/N`: N bytes written a chunk at a time as the socket takes them (answers held
+        // whole would make the upstream, not the gateway, the machine's work under many of them)
+        let streamed = path
+            .split_once("/bytes/")
+            .and_then(|(_, n)| n.split('/').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .map(|n| n.min(64 << 20));
         let (status, body) = if path == "/healthz" {
             (200u16, "ok\n".to_string())
         } else if path == "/hits" {
@@ -128,11 +138,8 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, name: String) {
                 200,
                 format!("{{\"server\":{},\"hits\":{n}}}", json_str(&name)),
             )
-        } else if let Some(n) = path
-            .split_once("/bytes/")
-            .and_then(|(_, n)| n.parse::<usize>().ok())
-        {
-            (200, "x".repeat(n.min(64 << 20)))
+        } else if streamed.is_some() {
+            (200, String::new())
         } else if let Some(code) = path
             .strip_prefix("/status/")
             .or_else(|| {
@@ -179,10 +186,21 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut sock: S, name: String) {
             .map_or(String::new(), |n| format!("x-usage-tokens: {n}\r\n"));
         let resp = format!(
             "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{usage}{}\r\n{body}",
-            body.len(),
+            streamed.unwrap_or(body.len()),
             if close { "connection: close\r\n" } else { "" }
         );
-        if sock.write_all(resp.as_bytes()).await.is_err() || close {
+        if sock.write_all(resp.as_bytes()).await.is_err() {
+            return;
+        }
+        let mut left = streamed.unwrap_or(0);
+        while left > 0 {
+            let n = left.min(CHUNK.len());
+            if sock.write_all(&CHUNK[..n]).await.is_err() {
+                return;
+            }
+            left -= n;
+        }
+        if close {
             return;
         }
         buf.drain(..body_end);
