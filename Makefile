@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 # command:debian-package pairs
 BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.h:libssl-dev openssl:openssl /usr/share/zoneinfo/Europe/Berlin:tzdata
-TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools wrk:wrk curl:curl chromium:chromium
+TEST_DEPS  := redis-server:redis-server redis-cli:redis-tools redis-sentinel:redis-sentinel wrk:wrk curl:curl chromium:chromium
 BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client
 DEB_DEPS   := dpkg-shlibdeps:dpkg-dev adduser:adduser curl:curl
 # the package under a real systemd in a container (scripts/deb-systemd-check)
@@ -45,13 +45,13 @@ lint: deps
 
 ## Lints, then every unit and integration test (real gateway, upstreams and redis-server),
 ## then, on the release build, the fleet simulation (thousands of seeds), the fleet under
-## wrk load and Redis Cluster under faults. The integration tests run the example upstream,
+## wrk load, Redis Cluster under faults and a Sentinel failover. The integration tests run the example upstream,
 ## so examples are built first.
 test: deps-test demo-cert lint
 	$(CARGO) build --examples
 	$(CARGO) build --release --bins --examples
 	$(CARGO) test --workspace --lib --bins --tests 2>&1 | tee target/test.log
-	$(CARGO) test --release --test fleet_sim --test fleet_load --test cluster 2>&1 | tee -a target/test.log
+	$(CARGO) test --release --test fleet_sim --test fleet_load --test cluster --test sentinel 2>&1 | tee -a target/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "tests: %d passed, %d failed\n", p, f }' target/test.log
 
 ## Outside test suites against a real gateway (CI runs it after `make test`): sslyze with

@@ -9,11 +9,11 @@
 #![cfg(not(debug_assertions))]
 
 mod common;
+use common::failover::{nothing_failed_or_lost, until_tiny_is_full, wrk, wrk_result};
 use common::{
     eventually, metric_sum, period_with_room, redis_cmd, wait_redis_state, Cluster, Gateway,
     TempDir, Upstream,
 };
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,82 +36,12 @@ fn config(up: &Upstream, seeds: &str) -> String {
     )
 }
 
-/// wrk over the five tenants, every other request on `/tiny/x`.
-fn wrk(dir: &TempDir, gw: &Gateway, secs: u64) -> std::process::Child {
-    let lua = r#"local n = 0
-request = function()
-  n = n + 1
-  local path = (n % 2 == 0) and "/tiny/x" or "/x"
-  return wrk.format("GET", path, { ["x-org-id"] = "t" .. (n % 5) })
-end
-done = function(summary, latency, requests)
-  io.write(string.format("RESULT requests=%d errors=%d\n", summary.requests,
-    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
-end
-"#;
-    let script = dir.write("load.lua", lua);
-    Command::new("wrk")
-        .args(["-t1", "-c4", &format!("-d{secs}s"), "-s"])
-        .arg(&script)
-        .arg(format!("http://{}/", gw.addr))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("wrk (install wrk)")
-}
-
-/// (requests, socket errors) of a finished wrk.
-fn wrk_result(child: std::process::Child) -> (u64, u64) {
-    let out = child.wait_with_output().expect("wrk runs");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("RESULT "))
-        .unwrap_or_else(|| panic!("no RESULT from wrk:\n{text}"));
-    let field = |k: &str| {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("requests"), field("errors"))
-}
-
-/// Answers with a 5xx status, from the gateway's metrics.
-fn five_xx(gw: &Gateway) -> f64 {
-    gw.metrics()
-        .lines()
-        .filter(|l| l.starts_with("tollgate_requests_total{") && l.contains("status=\"5"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// What the gateways admitted under rule `rule`.
-fn allowed(gws: &[&Gateway], rule: &str) -> f64 {
-    gws.iter()
-        .map(|g| {
-            metric_sum(
-                &g.metrics(),
-                &format!(
-                    "tollgate_ratelimit_decisions_total{{decision=\"allowed\",rule=\"{rule}\""
-                ),
-            )
-        })
-        .sum()
-}
-
 /// What Redis holds for rule `rule`, over every tenant.
 fn in_redis(cluster: &Cluster, rule: &str) -> i64 {
     cluster
         .keys(&format!("cl:{{*}}:{rule}:*"))
         .iter()
         .map(|(_, _, v)| v)
-        .sum()
-}
-
-fn pending(gws: &[&Gateway]) -> f64 {
-    gws.iter()
-        .map(|g| metric_sum(&g.metrics(), "tollgate_redis_pending_deltas"))
         .sum()
 }
 
@@ -128,20 +58,7 @@ fn a_master_killed_under_load_fails_over_and_counting_resumes() {
     let dir = TempDir::new();
     let victim = cluster.master_of("{t0}").expect("t0's master");
     let load = [wrk(&dir, &a, 6), wrk(&dir, &b, 6)];
-    // until the tiny limit is full before the fault: both gateways refuse its requests
-    let tiny_denied = |g: &Gateway| {
-        metric_sum(
-            &g.metrics(),
-            "tollgate_ratelimit_decisions_total{decision=\"denied\",rule=\"tiny\"",
-        )
-    };
-    assert!(
-        eventually(Duration::from_secs(5), || tiny_denied(&a) > 0.0
-            && tiny_denied(&b) > 0.0),
-        "the tiny limit is not full: tiny holds {}",
-        in_redis(&cluster, "tiny")
-    );
-    assert!(in_redis(&cluster, "tiny") > 0, "counting before the fault");
+    until_tiny_is_full([&a, &b], |rule| in_redis(&cluster, rule));
     let killed = Instant::now();
     cluster.nodes[victim].kill();
     // the replica is promoted; the gateways find it and round to it
@@ -171,32 +88,14 @@ fn a_master_killed_under_load_fails_over_and_counting_resumes() {
     );
     let gap = killed.elapsed();
     let results: Vec<(u64, u64)> = load.into_iter().map(wrk_result).collect();
-    for (gw, (requests, errors)) in [&a, &b].iter().zip(&results) {
-        assert!(*requests > 1000, "{requests} requests");
-        assert_eq!(*errors, 0, "socket errors");
-        assert_eq!(five_xx(gw), 0.0, "no 5xx with on_failure: local_share");
-    }
-    // every count reaches Redis, once
-    assert!(
-        eventually(Duration::from_secs(10), || pending(&[&a, &b]) == 0.0
-            && in_redis(&cluster, "all") as f64 == allowed(&[&a, &b], "all")),
-        "Redis holds {} of {} admitted",
-        in_redis(&cluster, "all"),
-        allowed(&[&a, &b], "all")
-    );
-    // the tiny limit (200 per tenant, full before the fault) drifted by at most one
-    // threshold per tenant (the bound of a window a shard fails in)
-    let tiny = in_redis(&cluster, "tiny");
-    let drift = tiny - 200 * TENANTS.len() as i64;
-    eprintln!(
-        "failover: {gap:?} from SIGKILL to the gateways' first round to the promoted replica; \
-         {} requests; tiny admitted {tiny} for a limit of {} (drift {drift})",
-        results.iter().map(|r| r.0).sum::<u64>(),
-        200 * TENANTS.len()
-    );
-    assert!(
-        (0..=200 * TENANTS.len() as i64).contains(&drift),
-        "drift {drift}"
+    nothing_failed_or_lost(
+        [&a, &b],
+        &results,
+        TENANTS.len(),
+        |rule| in_redis(&cluster, rule),
+        &format!(
+            "failover: {gap:?} from SIGKILL to the gateways' first round to the promoted replica"
+        ),
     );
 }
 

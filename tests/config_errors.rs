@@ -394,6 +394,59 @@ fn a_redis_url_the_client_refuses_is_refused_by_dash_t() {
 }
 
 #[test]
+fn a_sentinel_endpoint_is_checked_by_dash_t() {
+    let sentinel = |body: &str| with("plans:\n", &format!("redis:\n  sentinel: {body}\nplans:\n"));
+    let text = sentinel("{ master: \"my master\", nodes: [\"redis://127.0.0.1:26379\"] }");
+    assert_error(
+        &text,
+        17,
+        23,
+        &["redis.sentinel.master", "invalid master name"],
+    );
+    let text = sentinel("{ master: m, nodes: [] }");
+    assert_error(
+        &text,
+        17,
+        33,
+        &["redis.sentinel.nodes", "at least one sentinel"],
+    );
+    let text = sentinel("{ master: m, nodes: [\"redis://a:1\", \"unix:///tmp/s\"] }");
+    assert_error(&text, 17, 49, &["redis.sentinel.nodes[1]", "over TCP"]);
+    let text = sentinel("{ master: m, nodes: [\"redis://a:1\", \"rediss://b:2\"] }");
+    assert_error(
+        &text,
+        17,
+        33,
+        &["redis.sentinel.nodes", "mixes redis:// and rediss://"],
+    );
+    let text = sentinel("{ master: m, nodes: [\"redis://a:1\"], role: replica }");
+    assert_error(
+        &text,
+        17,
+        50,
+        &["unknown field `role`", "expected `master` or `nodes`"],
+    );
+    // one endpoint only
+    let text = with(
+        "plans:\n",
+        "redis:\n  url: redis://127.0.0.1:6379\n  sentinel: { master: m, nodes: [\"redis://a:1\"] }\nplans:\n",
+    );
+    assert_error(&text, 17, 6, &["exactly one of `url`", "`sentinel`"]);
+    // a valid one is summed up by -t
+    let dir = TempDir::new();
+    let ok = sentinel("{ master: mymaster, nodes: [\"redis://:pw@127.0.0.1:26379\", \"redis://127.0.0.1:26380\"] }");
+    let p = dir.write("gateway.yaml", &ok).display().to_string();
+    let (code, out, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "redis: sentinel mymaster [redis://***@127.0.0.1:26379, redis://127.0.0.1:26380]"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
 fn duplicate_keys_are_errors_with_both_positions() {
     // an API key given twice: the second would silently win
     let text = with(

@@ -54,6 +54,11 @@ struct TlsRedis {
 
 impl TlsRedis {
     fn start() -> TlsRedis {
+        Self::start_with_acl(&[])
+    }
+
+    /// With `more` rights for the gateway's user (`+role`) after the documented ones.
+    fn start_with_acl(more: &[&str]) -> TlsRedis {
         let certs = TempDir::new();
         make_cert(&certs.0, "ca", "test-ca");
         make_signed_cert(&certs.0, "ca", "server", "localhost");
@@ -80,6 +85,7 @@ impl TlsRedis {
         ];
         let acl = acl();
         args.extend(acl.iter().map(String::as_str));
+        args.extend(more);
         // the plain port answers the test (as the default user), the TLS port the gateway
         let server = RedisServer::start_with(&args);
         TlsRedis {
@@ -164,7 +170,13 @@ fn counts_reach_a_tls_redis_as_an_acl_user_with_the_readme_commands_only() {
     let r = TlsRedis::start();
     let url = format!("rediss://localhost:{}", r.tls_port);
     let gw = start(&up, &r, &url, TLS);
-    assert!(wait_redis_state(&gw, "connected"), "{}", gw.log());
+    counts_reach(&gw, &r);
+}
+
+/// The gateway connects, its counts reach `r` under the user's key prefix with no command
+/// refused by the ACL, and the limit (5 a minute) holds through Redis.
+fn counts_reach(gw: &Gateway, r: &TlsRedis) {
+    assert!(wait_redis_state(gw, "connected"), "{}", gw.log());
     for _ in 0..3 {
         assert_eq!(gw.get("/x", &[("x-org-id", "acme")]).status, 200);
     }
@@ -185,6 +197,59 @@ fn counts_reach_a_tls_redis_as_an_acl_user_with_the_readme_commands_only() {
         .map(|_| gw.get("/x", &[("x-org-id", "acme")]).status)
         .collect();
     assert_eq!(statuses, [200, 200, 429], "{}", gw.log());
+}
+
+/// Redis Sentinel over TLS: the sentinel and the primary take `rediss://` only from clients
+/// with a certificate of the private CA (`tls-auth-clients yes` on the primary), the sentinel
+/// names the primary by the name its certificate holds (`announce-hostnames`), and the
+/// gateway logs in to the primary as the ACL user with the documented commands and `+role`.
+#[test]
+fn counts_reach_a_primary_found_through_a_tls_sentinel_as_an_acl_user() {
+    let up = Upstream::start("app");
+    let r = TlsRedis::start_with_acl(&["+role"]);
+    let p = |n: &str| r.certs.0.join(n).display().to_string();
+    let sentinel_tls = common::free_port();
+    let conf = format!(
+        "tls-port {sentinel_tls}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n\
+         tls-auth-clients yes\ntls-replication yes\nsentinel resolve-hostnames yes\n\
+         sentinel announce-hostnames yes\nsentinel monitor mymaster localhost {} 1\n\
+         sentinel auth-user mymaster default\nsentinel auth-pass mymaster admin-secret\n",
+        p("server.pem"),
+        p("server.key"),
+        p("ca.pem"),
+        r.tls_port
+    );
+    let sentinel = common::sentinel::Sentinel::start(&conf);
+    assert_eq!(
+        sentinel.primary_addr(),
+        Some(("localhost".to_string(), r.tls_port))
+    );
+    let files = files(&r);
+    let files: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let cfg = config(up.addr, "-", TLS).edit(
+        "  url: \"-\"\n",
+        &format!(
+            "  sentinel: {{ master: mymaster, nodes: [\"rediss://localhost:{sentinel_tls}\"] }}\n"
+        ),
+    );
+    let gw = Gateway::start_with_files(&cfg, &files);
+    counts_reach(&gw, &r);
+    // and the check at start-up found nothing missing, `+role` included
+    assert!(
+        !gw.log().contains("may not run"),
+        "a command was missing: {}",
+        gw.log()
+    );
+    // without `+role` the Sentinel client cannot confirm the primary, and says so
+    r.admin(&["ACL", "SETUSER", "gateway", "-role"]);
+    let without = Gateway::start_with_files(&cfg, &files);
+    assert!(
+        eventually(Duration::from_secs(10), || without
+            .log()
+            .contains("no permissions to run the 'role' command")),
+        "{}",
+        without.log()
+    );
 }
 
 #[test]

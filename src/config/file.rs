@@ -883,6 +883,8 @@ pub struct RedisFile {
     #[serde(default)]
     pub cluster: Option<Vec<String>>,
     #[serde(default)]
+    pub sentinel: Option<RedisSentinelFile>,
+    #[serde(default)]
     pub sync_interval: Option<ConfDuration>,
     #[serde(default)]
     pub timeout: Option<ConfDuration>,
@@ -899,6 +901,14 @@ pub struct RedisFile {
     /// `rediss://` only: the CA to verify the server against, and a client certificate.
     #[serde(default)]
     pub tls: Option<RedisTlsFile>,
+}
+
+/// `redis.sentinel`: the primary that Redis Sentinel names for `master`, asked of `nodes`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSentinelFile {
+    pub master: String,
+    pub nodes: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -601,6 +601,23 @@ pub struct ShadowbanReply {
 pub enum RedisEndpoint {
     Single(String),
     Cluster(Vec<String>),
+    /// The primary Redis Sentinel names for `master`, asked of the sentinels at `nodes` (URLs).
+    Sentinel {
+        master: String,
+        nodes: Vec<String>,
+    },
+}
+
+impl RedisEndpoint {
+    /// The URLs the config names: the server, the cluster's seeds, or the sentinels.
+    pub fn urls(&self) -> Vec<&String> {
+        match self {
+            RedisEndpoint::Single(u) => vec![u],
+            RedisEndpoint::Cluster(nodes) | RedisEndpoint::Sentinel { nodes, .. } => {
+                nodes.iter().collect()
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

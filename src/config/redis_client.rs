@@ -51,3 +51,56 @@ pub fn tls_certificates(access: &RedisAccess) -> Option<redis::TlsCertificates> 
         root_cert: access.ca.clone(),
     })
 }
+
+/// The client of a primary that Redis Sentinel names for `master`, asked of the sentinels at
+/// `nodes` (URLs: their own user and password, if any, from the first URL that gives them).
+/// `rediss://` sentinels mean TLS to the primary too; `redis.tls` applies to both, and
+/// `redis.username` / `password_file` to the primary.
+pub fn sentinel_client(
+    master: &str,
+    nodes: &[String],
+    access: &RedisAccess,
+) -> Result<redis::sentinel::SentinelClient, String> {
+    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+    let mut addrs = Vec::with_capacity(nodes.len());
+    let mut login = None;
+    for n in nodes {
+        let info = redis::IntoConnectionInfo::into_connection_info(n.as_str())
+            .map_err(|e| format!("{n:?}: {e}"))?;
+        let settings = info.redis_settings();
+        if login.is_none() && (settings.username().is_some() || settings.password().is_some()) {
+            login = Some((
+                settings.username().map(str::to_string),
+                settings.password().map(str::to_string),
+            ));
+        }
+        addrs.push(info.addr().clone());
+    }
+    let tls = nodes.iter().all(|n| n.starts_with("rediss://"));
+    let mut b = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
+        .map_err(|e| e.to_string())?;
+    if let Some((user, password)) = login {
+        if let Some(u) = user {
+            b = b.set_client_to_sentinel_username(u);
+        }
+        if let Some(p) = password {
+            b = b.set_client_to_sentinel_password(p);
+        }
+    }
+    if let Some(u) = &access.username {
+        b = b.set_client_to_redis_username(u);
+    }
+    if let Some(p) = &access.password {
+        b = b.set_client_to_redis_password(p);
+    }
+    if tls {
+        tls_crypto();
+        b = b.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+        if let Some(certs) = tls_certificates(access) {
+            b = b
+                .set_client_to_sentinel_certificates(certs.clone())
+                .set_client_to_redis_certificates(certs);
+        }
+    }
+    b.build().map_err(|e| e.to_string())
+}

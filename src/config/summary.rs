@@ -259,6 +259,14 @@ fn write_redis_and_headers(s: &mut String, cfg: &Config) {
                     "cluster [{}]",
                     n.iter().map(|u| redact(u)).collect::<Vec<_>>().join(", ")
                 ),
+                RedisEndpoint::Sentinel { master, nodes } => format!(
+                    "sentinel {master} [{}]",
+                    nodes
+                        .iter()
+                        .map(|u| redact(u))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             };
             let _ = writeln!(
                 s,

@@ -3,8 +3,10 @@
 //! `request` is a small HTTP/1.1 client over a plain TCP socket.
 #![allow(dead_code)]
 
+pub mod failover;
 pub mod grpc;
 pub mod recording;
+pub mod sentinel;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

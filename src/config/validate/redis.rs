@@ -24,12 +24,12 @@ pub(super) fn check_redis_url(c: &mut Checker, path: &str, url: &str) -> bool {
 }
 
 pub(super) fn check_redis(c: &mut Checker, r: &RedisFile) -> Option<RedisSettings> {
-    let endpoint = match (&r.url, &r.cluster) {
-        (Some(u), None) => {
+    let endpoint = match (&r.url, &r.cluster, &r.sentinel) {
+        (Some(u), None, None) => {
             check_redis_url(c, "redis.url", u);
             RedisEndpoint::Single(u.clone())
         }
-        (None, Some(nodes)) => {
+        (None, Some(nodes), None) => {
             if nodes.is_empty() {
                 c.err(
                     "redis.cluster",
@@ -41,10 +41,12 @@ pub(super) fn check_redis(c: &mut Checker, r: &RedisFile) -> Option<RedisSetting
             }
             RedisEndpoint::Cluster(nodes.clone())
         }
+        (None, None, Some(s)) => check_sentinel(c, &s.master, &s.nodes),
         _ => {
             c.err(
                 "redis",
-                "give exactly one of `url` (one server) or `cluster` (seed nodes)",
+                "give exactly one of `url` (one server), `cluster` (seed nodes) or `sentinel` \
+                 (a primary that Redis Sentinel names)",
             );
             return None;
         }
@@ -79,6 +81,48 @@ pub(super) fn check_redis(c: &mut Checker, r: &RedisFile) -> Option<RedisSetting
     })
 }
 
+/// `redis.sentinel`: the master's name and the sentinels' URLs (TCP, all with TLS or none).
+fn check_sentinel(c: &mut Checker, master: &str, nodes: &[String]) -> RedisEndpoint {
+    if master.is_empty()
+        || master
+            .bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
+        c.err(
+            "redis.sentinel.master",
+            format!("invalid master name {master:?}: the name the sentinels monitor, such as \"mymaster\""),
+        );
+    }
+    if nodes.is_empty() {
+        c.err(
+            "redis.sentinel.nodes",
+            "must list at least one sentinel such as \"redis://127.0.0.1:26379\"",
+        );
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        let path = format!("redis.sentinel.nodes[{i}]");
+        if n.starts_with("unix://") {
+            c.err(
+                &path,
+                format!("{n:?}: sentinels are reached over TCP (redis:// or rediss://)"),
+            );
+        } else {
+            check_redis_url(c, &path, n);
+        }
+    }
+    let tls = nodes.iter().filter(|n| n.starts_with("rediss://")).count();
+    if tls != 0 && tls != nodes.len() {
+        c.err(
+            "redis.sentinel.nodes",
+            "mixes redis:// and rediss:// sentinels: the scheme also says how the primary is reached, so give one",
+        );
+    }
+    RedisEndpoint::Sentinel {
+        master: master.to_string(),
+        nodes: nodes.to_vec(),
+    }
+}
+
 /// A PEM file named in the config (relative to it), read now.
 fn read_pem(c: &mut Checker, path: &str, name: &str) -> Option<Vec<u8>> {
     let (file, pem) = c.read_file(path, name)?;
@@ -92,12 +136,13 @@ fn read_pem(c: &mut Checker, path: &str, name: &str) -> Option<Vec<u8>> {
 /// `redis.username`, `redis.password_file` and `redis.tls`: read now, checked against what
 /// the URLs already say.
 fn check_access(c: &mut Checker, r: &RedisFile, endpoint: &RedisEndpoint) -> RedisAccess {
-    let urls: Vec<&String> = match endpoint {
-        RedisEndpoint::Single(u) => vec![u],
-        RedisEndpoint::Cluster(nodes) => nodes.iter().collect(),
-    };
+    let urls = endpoint.urls();
+    // a sentinel's URL holds the sentinel's own login; `username` and `password_file` are the
+    // primary's
+    let sentinel = matches!(endpoint, RedisEndpoint::Sentinel { .. });
     let infos: Vec<_> = urls
         .iter()
+        .filter(|_| !sentinel)
         .filter_map(|u| ::redis::Client::open(u.as_str()).ok())
         .map(|cl| cl.get_connection_info().redis_settings().clone())
         .collect();
@@ -138,28 +183,16 @@ fn check_access(c: &mut Checker, r: &RedisFile, endpoint: &RedisEndpoint) -> Red
         }
     }
     if let Some(tls) = &r.tls {
-        if let Some(u) = urls.iter().find(|u| !u.starts_with("rediss://")) {
-            c.err(
-                "redis.tls",
-                format!("applies to rediss:// URLs only, and {u:?} is not one"),
-            );
-        }
-        access.ca = tls.ca.as_ref().and_then(|f| read_pem(c, "redis.tls.ca", f));
-        match (&tls.cert, &tls.key) {
-            (Some(cert), Some(key)) => {
-                let cert = read_pem(c, "redis.tls.cert", cert);
-                let key = read_pem(c, "redis.tls.key", key);
-                if let (Some(cert), Some(key)) = (cert, key) {
-                    access.client = Some((cert, key));
-                }
-            }
-            (Some(_), None) => c.err("redis.tls", "`cert` needs its `key`"),
-            (None, Some(_)) => c.err("redis.tls", "`key` needs its `cert`"),
-            (None, None) => {}
-        }
+        check_tls(c, tls, &urls, &mut access);
     }
     if c.errors.len() == errors_before {
         // as start-up will build the client, so that `-t` refuses what start-up would
+        if let RedisEndpoint::Sentinel { master, nodes } = endpoint {
+            if let Err(e) = crate::config::redis_client::sentinel_client(master, nodes, &access) {
+                c.err("redis.sentinel", e);
+            }
+            return access;
+        }
         for u in &urls {
             if let Err(e) = crate::config::redis_client::client(u, &access) {
                 c.err("redis", format!("{u:?}: {e}"));
@@ -168,4 +201,27 @@ fn check_access(c: &mut Checker, r: &RedisFile, endpoint: &RedisEndpoint) -> Red
         }
     }
     access
+}
+
+/// `redis.tls`: for `rediss://` URLs only; its PEM files read now.
+fn check_tls(c: &mut Checker, tls: &RedisTlsFile, urls: &[&String], access: &mut RedisAccess) {
+    if let Some(u) = urls.iter().find(|u| !u.starts_with("rediss://")) {
+        c.err(
+            "redis.tls",
+            format!("applies to rediss:// URLs only, and {u:?} is not one"),
+        );
+    }
+    access.ca = tls.ca.as_ref().and_then(|f| read_pem(c, "redis.tls.ca", f));
+    match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => {
+            let cert = read_pem(c, "redis.tls.cert", cert);
+            let key = read_pem(c, "redis.tls.key", key);
+            if let (Some(cert), Some(key)) = (cert, key) {
+                access.client = Some((cert, key));
+            }
+        }
+        (Some(_), None) => c.err("redis.tls", "`cert` needs its `key`"),
+        (None, Some(_)) => c.err("redis.tls", "`key` needs its `cert`"),
+        (None, None) => {}
+    }
 }

@@ -18,6 +18,8 @@ pub enum Need {
     Only(&'static [Algorithm]),
     /// A Redis Cluster (the client reads the slot map, and pings the nodes).
     Cluster,
+    /// A primary found through Redis Sentinel (the client asks it its `ROLE`).
+    Sentinel,
 }
 
 /// A command the gateway sends, as Redis's ACL names it.
@@ -44,7 +46,7 @@ const fn cmd(name: &'static str, acl: &'static str, args: &'static str, need: Ne
 /// Every command a round sends, its script calls, or the heartbeat sends
 /// (`script::sources`, `backend::count_cmd`, `backend::add_heartbeat`), in the order
 /// docs/operations.md lists them.
-pub const COMMANDS: [Command; 15] = [
+pub const COMMANDS: [Command; 16] = [
     cmd(
         "EVALSHA",
         "evalsha",
@@ -90,6 +92,7 @@ pub const COMMANDS: [Command; 15] = [
         "cluster slots",
         Need::Cluster,
     ),
+    cmd("ROLE", "role", "role", Need::Sentinel),
 ];
 
 /// Answers the indexes (1-based) of the checks the caller may not run. Each `ARGV` is one
@@ -128,6 +131,8 @@ pub fn user(settings: &RedisSettings) -> String {
     let url = match &settings.endpoint {
         RedisEndpoint::Single(u) => Some(u),
         RedisEndpoint::Cluster(seeds) => seeds.first(),
+        // a sentinel's URL names the sentinel's user, not the primary's
+        RedisEndpoint::Sentinel { .. } => None,
     };
     url.and_then(|u| redis::Client::open(u.as_str()).ok())
         .and_then(|c| {
@@ -139,12 +144,13 @@ pub fn user(settings: &RedisSettings) -> String {
         .unwrap_or_else(|| "default".to_string())
 }
 
-/// Whether the rules of `algorithms` (those the config has) need `c` (`cluster`: the endpoint is one).
-pub fn needed(c: &Command, algorithms: &[Algorithm], cluster: bool) -> bool {
+/// Whether the rules of `algorithms` (those the config has) and `endpoint` need `c`.
+pub fn needed(c: &Command, algorithms: &[Algorithm], endpoint: &RedisEndpoint) -> bool {
     match c.need {
         Need::Every => true,
         Need::Only(these) => algorithms.iter().any(|a| these.contains(a)),
-        Need::Cluster => cluster,
+        Need::Cluster => matches!(endpoint, RedisEndpoint::Cluster(_)),
+        Need::Sentinel => matches!(endpoint, RedisEndpoint::Sentinel { .. }),
     }
 }
 
@@ -154,6 +160,7 @@ pub fn advice(user: &str, c: &Command) -> String {
     let who = match c.need {
         Need::Every => "every rule needs it".to_string(),
         Need::Cluster => "a Redis Cluster needs it".to_string(),
+        Need::Sentinel => "a primary found through Sentinel needs it".to_string(),
         Need::Only(algs) => {
             let names: Vec<String> = algs.iter().map(|a| algorithm_name(*a)).collect();
             format!("{} rules need it", names.join(" and "))
@@ -172,16 +179,22 @@ fn algorithm_name(a: Algorithm) -> String {
 /// Ask Redis (the server, or the first cluster seed that answers) whether the user may run
 /// every command of `COMMANDS`, within `timeout` per step.
 pub async fn check(settings: &RedisSettings, timeout: Duration) -> Access {
-    let urls: Vec<&String> = match &settings.endpoint {
-        RedisEndpoint::Single(u) => vec![u],
-        RedisEndpoint::Cluster(seeds) => seeds.iter().collect(),
+    let clients: Vec<Result<redis::Client, String>> = match &settings.endpoint {
+        RedisEndpoint::Sentinel { master, nodes } => {
+            vec![primary(master, nodes, settings, timeout).await]
+        }
+        e => e
+            .urls()
+            .into_iter()
+            .map(|url| crate::config::redis_client::client(url, &settings.access))
+            .collect(),
     };
     let mut last = Access::Unchecked {
         reason: "no Redis URL".into(),
         reachable: false,
     };
-    for url in urls {
-        let client = match crate::config::redis_client::client(url, &settings.access) {
+    for client in clients {
+        let client = match client {
             Ok(c) => c,
             Err(reason) => {
                 return Access::Unchecked {
@@ -225,6 +238,25 @@ pub async fn check(settings: &RedisSettings, timeout: Duration) -> Access {
         };
     }
     last
+}
+
+/// The client of the primary the sentinels name now.
+async fn primary(
+    master: &str,
+    nodes: &[String],
+    settings: &RedisSettings,
+    timeout: Duration,
+) -> Result<redis::Client, String> {
+    let mut sentinels =
+        crate::config::redis_client::sentinel_client(master, nodes, &settings.access)?;
+    match tokio::time::timeout(timeout * 2, sentinels.async_get_client()).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(format!("no primary from the sentinels: {e}")),
+        Err(_) => Err(format!(
+            "no primary from the sentinels within {:?}",
+            timeout * 2
+        )),
+    }
 }
 
 /// The check on one connection.
@@ -285,7 +317,6 @@ async fn ask(conn: &mut impl redis::aio::ConnectionLike, prefix: &str) -> Access
 /// mentioned for one server.
 pub fn report(settings: &RedisSettings, algorithms: &[Algorithm], access: &Access) -> Report {
     let user = user(settings);
-    let cluster = matches!(settings.endpoint, RedisEndpoint::Cluster(_));
     let mut r = Report::default();
     match access {
         Access::Allowed => r.info.push(format!(
@@ -296,9 +327,10 @@ pub fn report(settings: &RedisSettings, algorithms: &[Algorithm], access: &Acces
             rest_unchecked,
         } => {
             for c in commands {
-                if needed(c, algorithms, cluster) {
+                if needed(c, algorithms, &settings.endpoint) {
                     r.errors.push(advice(&user, c));
-                } else if c.need != Need::Cluster || cluster {
+                } else if matches!(c.need, Need::Only(_)) {
+                    // a reload that adds such a rule would need it
                     r.warnings.push(advice(&user, c));
                 }
             }
@@ -360,7 +392,20 @@ mod tests {
             advice("gateway", &c),
             "redis: user \"gateway\" may not run HINCRBY (NOPERM): add +hincrby to its ACL (sliding_log rules need it)"
         );
-        assert!(needed(&c, &[Algorithm::SlidingLog], false));
-        assert!(!needed(&c, &[Algorithm::FixedWindow], false));
+        let one = RedisEndpoint::Single("redis://127.0.0.1:6379".into());
+        assert!(needed(&c, &[Algorithm::SlidingLog], &one));
+        assert!(!needed(&c, &[Algorithm::FixedWindow], &one));
+        // the primary's ROLE, which the Sentinel client asks, for Sentinel alone
+        let role = COMMANDS.iter().find(|c| c.acl == "role").copied();
+        let Some(role) = role else {
+            panic!("role is checked")
+        };
+        let sentinel = RedisEndpoint::Sentinel {
+            master: "m".into(),
+            nodes: vec!["redis://127.0.0.1:26379".into()],
+        };
+        assert!(needed(&role, &[], &sentinel));
+        assert!(!needed(&role, &[], &one));
+        assert!(!needed(&role, &[], &RedisEndpoint::Cluster(vec![])));
     }
 }

@@ -9,7 +9,8 @@
 //!
 //! [`round`] holds what a round sends and gets back and the [`SyncBackend`] trait, [`script`]
 //! the ledger scripts, [`pipeline`] the round's pipeline for one server;
-//! [`make`] picks the backend: [`single`] (one server) or [`cluster`] (a Redis Cluster). The
+//! [`make`] picks the backend: [`single`] (one server), [`cluster`] (a Redis Cluster) or
+//! [`sentinel`] (the primary Redis Sentinel names). The
 //! children use one another, never this module (no cycle between files).
 
 pub mod access;
@@ -17,12 +18,14 @@ pub mod cluster;
 pub mod pipeline;
 pub mod round;
 pub mod script;
+pub mod sentinel;
 pub mod single;
 
 use crate::config::model::{RedisEndpoint, RedisSettings};
 use cluster::ClusterRedis;
 pub use pipeline::*;
 pub use round::*;
+use sentinel::SentinelRedis;
 use single::SingleRedis;
 
 /// The backend for the configured endpoint. Call inside the runtime: connections are made
@@ -31,6 +34,7 @@ pub fn make(settings: &RedisSettings) -> Result<Box<dyn SyncBackend>, String> {
     Ok(match &settings.endpoint {
         RedisEndpoint::Single(_) => Box::new(SingleRedis::new(settings)?),
         RedisEndpoint::Cluster(_) => Box::new(ClusterRedis::new(settings)?),
+        RedisEndpoint::Sentinel { .. } => Box::new(SentinelRedis::new(settings)?),
     })
 }
 

@@ -86,46 +86,55 @@ impl SyncBackend for SingleRedis {
         updates: &[Update],
         hb: Option<&Heartbeat>,
     ) -> Result<Exchange, RoundError> {
-        let mut conn = self.conn.clone();
-        let mut p = pipeline(updates.iter(), hb);
-        // each command's error in its place: a command Redis refused (a full Redis with
-        // `noeviction`: OOM; a replica: READONLY; an ACL: NOPERM; an error in the script) was
-        // not applied, the others were
-        p.ignore_errors();
-        let mut values = query_round(&p, &mut conn).await?;
-        let n = updates.len() + if hb.is_some() { HEARTBEAT_REPLIES } else { 0 };
-        if values.len() != n {
-            return Err(format!("expected {n} answers, got {}", values.len()).into());
-        }
-        let mut refused = Vec::new();
-        let beat = values.split_off(updates.len());
-        let instances = match hb.map(|_| heartbeat_reply(&beat)) {
-            Some(Ok(n)) => n,
-            Some(Err(error)) => {
-                refused.push(Refusal {
-                    update: None,
-                    error,
-                });
-                None
-            }
-            None => None,
-        };
-        // the refused updates have no answer: they go again with a later round, and their
-        // counters fall back to `on_failure` meanwhile
-        let mut answers = vec![None; updates.len()];
-        let pending = first_replies(
-            updates,
-            0..updates.len(),
-            &values,
-            &mut answers,
-            &mut refused,
-        )?;
-        finish_counts(&mut conn, updates, pending, &mut answers, &mut refused).await?;
-        Ok(Exchange {
-            answers,
-            instances,
-            refused,
-            ..Exchange::default()
-        })
+        exchange_on(&mut self.conn.clone(), updates, hb).await
     }
+}
+
+/// A round on one server's connection: the pipeline, the scripts loaded if it did not know
+/// them, the replies sorted into answers and refusals, the plain increments' expiries.
+pub(super) async fn exchange_on<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    updates: &[Update],
+    hb: Option<&Heartbeat>,
+) -> Result<Exchange, RoundError> {
+    let mut p = pipeline(updates.iter(), hb);
+    // each command's error in its place: a command Redis refused (a full Redis with
+    // `noeviction`: OOM; a replica: READONLY; an ACL: NOPERM; an error in the script) was
+    // not applied, the others were
+    p.ignore_errors();
+    let mut values = query_round(&p, conn).await?;
+    let n = updates.len() + if hb.is_some() { HEARTBEAT_REPLIES } else { 0 };
+    if values.len() != n {
+        return Err(format!("expected {n} answers, got {}", values.len()).into());
+    }
+    let mut refused = Vec::new();
+    let beat = values.split_off(updates.len());
+    let instances = match hb.map(|_| heartbeat_reply(&beat)) {
+        Some(Ok(n)) => n,
+        Some(Err(error)) => {
+            refused.push(Refusal {
+                update: None,
+                error,
+            });
+            None
+        }
+        None => None,
+    };
+    // the refused updates have no answer: they go again with a later round, and their
+    // counters fall back to `on_failure` meanwhile
+    let mut answers = vec![None; updates.len()];
+    let pending = first_replies(
+        updates,
+        0..updates.len(),
+        &values,
+        &mut answers,
+        &mut refused,
+    )?;
+    finish_counts(conn, updates, pending, &mut answers, &mut refused).await?;
+    Ok(Exchange {
+        answers,
+        instances,
+        refused,
+        ..Exchange::default()
+    })
 }
