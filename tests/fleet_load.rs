@@ -509,3 +509,85 @@ fn leaky_bucket_even_load_stays_within_its_queue_and_outflow() {
         "Redis holds what the fleet admitted"
     );
 }
+
+/// Issue 43's small limits, flat out: `instances` gateways each under wrk, `threshold` per
+/// `period_s`. No credit under 500 (docs/fleet.md, "Small limits"): every window Redis counts
+/// holds at most the threshold, every whole window of the load at least the threshold less
+/// one per instance, and Redis holds exactly what the gateways admitted.
+fn small_limit_flat_out(instances: usize, threshold: u64, period_s: u64) {
+    let _turn = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    ensure_upstream_built();
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let dir = TempDir::new();
+    let script = wrk_script(&dir);
+    let cfg = config_with(
+        &up,
+        &redis,
+        "fixed_window",
+        &format!("{period_s}s"),
+        threshold,
+    )
+    .replace("threads: 2", "threads: 1");
+    let gws: Vec<Gateway> = (0..instances).map(|_| Gateway::start(&cfg)).collect();
+    for g in &gws {
+        assert!(wait_redis_state(g, "connected"), "{}", g.log());
+    }
+    let seen = instances as f64;
+    assert!(
+        eventually(Duration::from_secs(5), || gws
+            .iter()
+            .all(
+                |g| metric_sum(&g.metrics(), "tollgate_redis_live_instances") == seen
+            )),
+        "the gateways do not see each other"
+    );
+    let load_start = now_ms();
+    let wrk = run_wrk(&script, &gws.iter().collect::<Vec<_>>());
+    let load_end = now_ms();
+    let admitted: u64 = gws.iter().map(allowed).sum();
+    let in_redis = || -> i64 {
+        contract_keys(&redis)
+            .iter()
+            .map(|(k, _, _)| redis.int(&["GET", k]))
+            .sum()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || in_redis() == admitted as i64),
+        "Redis holds {} of {admitted} admitted",
+        in_redis()
+    );
+    let mut windows: Vec<(u64, u64, i64)> = contract_keys(&redis)
+        .into_iter()
+        .map(|(k, s, e)| (s, e, redis.int(&["GET", &k])))
+        .collect();
+    windows.sort_unstable();
+    let offered: u64 = wrk.iter().map(|w| w.requests).sum();
+    eprintln!(
+        "{threshold} per {period_s} s on {instances} instances: offered {offered} in {} ms, \
+         admitted {admitted}; per window {:?}",
+        load_end - load_start,
+        windows.iter().map(|w| w.2).collect::<Vec<_>>()
+    );
+    assert!(offered > 30 * threshold, "harness: offered only {offered}");
+    let t = threshold as i64;
+    for &(s, e, n) in &windows {
+        assert!(n <= t, "window {s}..{e} admitted {n}: {windows:?}");
+        if load_start <= s && e <= load_end {
+            assert!(
+                n >= t - instances as i64,
+                "whole window {s}..{e} admitted only {n}: {windows:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn ten_per_second_on_three_instances_flat_out_admits_at_most_ten_a_window() {
+    small_limit_flat_out(3, 10, 1);
+}
+
+#[test]
+fn twenty_per_second_on_ten_instances_flat_out_admits_at_most_twenty_a_window() {
+    small_limit_flat_out(10, 20, 1);
+}

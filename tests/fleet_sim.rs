@@ -484,8 +484,9 @@ struct Outcome {
     /// Updates sent to Redis (one script call each), and requests admitted.
     updates: u64,
     total_admitted: u64,
-    /// The longest a request was held (ms).
+    /// The longest a request was held (ms), and how long each held request was (ms).
     longest_hold: u64,
+    holds: Vec<u64>,
     /// The first ms of the run.
     t0: u64,
     /// Late charges: the most units owed by requests in flight on one instance at one moment
@@ -885,9 +886,11 @@ fn simulate(s: &Scenario) -> Outcome {
                     inst.held.push_back((since.unwrap_or(step), until, units));
                     continue;
                 }
-                out.longest_hold = out
-                    .longest_hold
-                    .max(since.map_or(0, |at| step.saturating_sub(at)));
+                if let Some(at) = since {
+                    let held = step.saturating_sub(at);
+                    out.longest_hold = out.longest_hold.max(held);
+                    out.holds.push(held);
+                }
                 if d.verdict != Verdict::Allow {
                     out.refusals += 1;
                     // judged a round trip later (see `judge_ms`)
@@ -1081,7 +1084,15 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     // that filled it
     // (with costs: one of the largest requests on credit per instance)
     // (a leaky bucket: one request on credit per instance, see `capacity`)
-    let slack = if s.queue.is_some() {
+    let slack = if t < tollgate_limits::ledger::CREDIT_FROM {
+        // no credit: the leases alone (with costs: one of the largest requests, whose units
+        // may not fit whole)
+        if s.cost_max > 0 {
+            s.units()
+        } else {
+            0
+        }
+    } else if s.queue.is_some() {
         n * s.units()
     } else if t < 100 {
         t / 50 + n * s.units()
@@ -1391,6 +1402,67 @@ fn the_fleet_holds_its_limits_over_many_seeds() {
         failures.len(),
         failures
     );
+}
+
+/// Issue 43's small limits, as measured before they took no credit (docs/fleet.md, "Small
+/// limits"): 10 and 20 per second on 10 instances, 10 per second on 3, 50 per 5 s on 10,
+/// offered ten times the threshold in every shape, fixed and sliding windows, Redis 0.5 to 5
+/// ms away: every window holds at most `threshold + 1` (the general check, which also
+/// refuses a refusal under 0.9 x threshold), and the holds this costs are printed.
+#[test]
+fn small_limits_hold_their_threshold_flat_out() {
+    let mut failures = Vec::new();
+    for (instances, threshold, period_ms) in [
+        (10, 10, 1000),
+        (10, 20, 1000),
+        (3, 10, 1000),
+        (10, 50, 5000),
+    ] {
+        let (mut most, mut holds, mut held_of, mut updates, mut admitted) =
+            (0.0f64, Vec::new(), 0, 0, 0);
+        for seed in seeds_of("FLEET_SIM_SMALL_SEEDS", 10, 100) {
+            let mut s = Scenario::draw(seed);
+            s.instances = instances;
+            s.threshold = threshold;
+            s.period_ms = period_ms;
+            s.span_ms = 3 * period_ms;
+            s.phase_ms %= period_ms;
+            s.rate = 10.0 * threshold as f64 * 1000.0 / period_ms as f64;
+            s.bucket = false;
+            s.faults = Faults::None;
+            let o = simulate(&s);
+            for (&w, &a) in &o.admitted {
+                most = most.max(a as f64 / threshold as f64);
+                let _ = w;
+            }
+            held_of += o.total_admitted;
+            holds.extend(o.holds.iter().copied());
+            updates += o.updates;
+            admitted += o.total_admitted;
+            let why = check(&s, &o);
+            if !why.is_empty() {
+                eprintln!("small seed {seed} failed: {s:?}\n  {}", why.join("\n  "));
+                failures.push(seed);
+            }
+        }
+        holds.sort_unstable();
+        let q = |p: f64| {
+            holds
+                .get(((holds.len() as f64 * p) as usize).min(holds.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(0)
+        };
+        eprintln!(
+            "{threshold} per {period_ms} ms on {instances} instances: the fullest window {most:.2} x threshold; {} holds for {held_of} admitted requests, p50 {} ms, p99 {} ms, max {} ms ({} over 300 ms); {:.3} Redis updates per admitted request",
+            holds.len(),
+            q(0.5),
+            q(0.99),
+            holds.last().copied().unwrap_or(0),
+            holds.iter().filter(|&&h| h > 300).count(),
+            updates as f64 / admitted.max(1) as f64
+        );
+    }
+    assert_none_failed("small", &failures);
 }
 
 /// Simulate and check the scenario `draw` makes of each seed, handing each to `visit`; the

@@ -200,9 +200,17 @@ pub fn ceiling(
     Ceiling::Open
 }
 
+/// Thresholds under this take no credit: one request on credit per instance would pass
+/// them by more than one (`threshold / 50` is under `COLD_FLEET`), so each request past the
+/// lease waits for the round that asks for it (docs/fleet.md, "Small limits").
+pub const CREDIT_FROM: u64 = 50 * COLD_FLEET;
+
 /// May a request of `units` be admitted on credit (past the lease, `n` instances sharing)?
 fn credit_allows(state: &TierState, tier: &Quota, bucket: bool, n: u64, units: u64) -> bool {
     let l = &state.ledger;
+    if tier.threshold < CREDIT_FROM {
+        return false;
+    }
     if l.fair == 0 {
         // no answer yet in this window: a few, so that a burst on a fresh window does not
         // wait for the first round
@@ -243,7 +251,12 @@ fn sliding_full(
 ) -> Option<Ceiling> {
     let l = &state.ledger;
     let p = tier.period_ms;
-    let others = n.max(2) - 1;
+    // (no credit under `CREDIT_FROM`: nobody else's to leave room for)
+    let others = if tier.threshold < CREDIT_FROM {
+        0
+    } else {
+        n.max(2) - 1
+    };
     let prev = l.prev_bound.saturating_add(others);
     let weight = if algorithm == Algorithm::SlidingLog {
         // a log: what of the previous window is still in the span, as of the last
@@ -907,6 +920,40 @@ mod tests {
         };
         assume_counted(&mut r, &ask);
         assert_eq!(r.ledger.unsent(), 0);
+    }
+
+    #[test]
+    fn a_small_threshold_admits_its_lease_alone_and_holds_the_rest() {
+        // 499 on 10 instances: one credit each would pass it by 9, more than a fiftieth
+        let t = tier(CREDIT_FROM - 1);
+        let mut s = state();
+        // no answer yet: no cold credit, the first request waits for the round
+        assert_eq!(
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(10), None, 1),
+            Ceiling::LeaseUsed
+        );
+        // leased 2 with room to spare: 2, then the third waits again (no credit)
+        s.ledger.ceiling = 2;
+        s.ledger.fair = 49;
+        s.ledger.room = 400;
+        for _ in 0..2 {
+            assert_eq!(
+                ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(10), None, 1),
+                Ceiling::Open
+            );
+            commit(&mut s, Admitted::Leased, 1);
+            s.current += 1;
+        }
+        assert_eq!(
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(10), None, 1),
+            Ceiling::LeaseUsed
+        );
+        // the same from CREDIT_FROM up: one on credit
+        let t = tier(CREDIT_FROM);
+        assert_eq!(
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(10), None, 1),
+            Ceiling::Open
+        );
     }
 
     #[test]
