@@ -400,8 +400,8 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
             since_ms: 0,
         },
     );
-    // the cold credit, then held; one answer without room: held once more (asked again)
-    assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Allow);
+    // no credit under 500 (docs/fleet.md, "Small limits"): held at once; one answer without
+    // room: held once more (asked again)
     assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Hold);
     f.round(&cfg);
     assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Hold);
