@@ -356,8 +356,9 @@ fn a_request_held_while_rounds_are_only_slow_is_decided_as_on_failure_says_not_r
     );
 }
 
-#[test]
-fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_ends() {
+/// A fleet whose other instance has admitted `used` of an hour's 100 and holds the rest
+/// (leased for requests waiting on it); this instance's limiter.
+fn others_hold_the_rest(used: u64) -> (Fleet, Config, Limiter) {
     let mut f = Fleet::new();
     let cfg = config(
         "  - { id: r, pathPattern: /**, tiers: [{ period: 1h, threshold: 100 }] }",
@@ -366,7 +367,6 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
     );
     let limiter = f.limiter(&cfg);
     f.round(&cfg); // connected
-                   // another instance holds the whole hour's quota for requests waiting on it
     let (start, end) = (
         T0 / 3_600_000 * 3_600_000,
         T0 / 3_600_000 * 3_600_000 + 3_600_000,
@@ -381,7 +381,7 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
             prev_key: key.clone(),
             key,
             member: "other.1".into(),
-            used: 0,
+            used,
             want: 100,
             cap: 100,
             now_ms: T0,
@@ -393,13 +393,19 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
             tolerance_us: 0,
             log: LogReport::default(),
             adopt: 0,
-            need: 100,
+            need: 100 - used,
             spare: 4,
             confirmed: 0,
             direct_cap: 0,
             since_ms: 0,
         },
     );
+    (f, cfg, limiter)
+}
+
+#[test]
+fn when_others_hold_the_rest_of_a_nearly_full_window_two_answers_refuse_until_it_ends() {
+    let (mut f, cfg, limiter) = others_hold_the_rest(95);
     // no credit under 500 (docs/fleet.md, "Small limits"): held at once; one answer without
     // room: held once more (asked again)
     assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Hold);
@@ -422,6 +428,23 @@ fn when_others_hold_the_rest_two_answers_without_room_refuse_until_the_window_en
         retry > 3_500_000 && retry <= 3_600_000,
         "retry after {retry} ms"
     );
+}
+
+/// The same with the fleet at 50 of 100: not full (the others may give back what they hold,
+/// or a lost reply stranded it), so answers without room keep the request waiting and asking,
+/// within its hold limit; refused only once it has waited that out (docs/fleet.md, "Holding").
+#[test]
+fn when_others_hold_the_rest_of_an_emptier_window_requests_wait_on() {
+    let (mut f, cfg, limiter) = others_hold_the_rest(50);
+    assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Hold);
+    for _ in 0..5 {
+        f.round(&cfg);
+        assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Hold);
+    }
+    assert!(matches!(
+        f.decide_as(&limiter, &cfg, "acme", true).verdict,
+        Verdict::Reject { status: 429 }
+    ));
 }
 
 #[test]

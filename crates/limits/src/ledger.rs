@@ -732,7 +732,7 @@ pub fn assume_counted(state: &mut TierState, ask: &Ask) {
 
 /// Apply Redis's answer to an ask. Records that have moved on (another window, another
 /// incarnation) only take what still concerns them.
-pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
+pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, threshold): (u64, u64)) {
     let l = &mut state.ledger;
     if !ask.previous && l.current.gen == ask.gen && state.window_start_ms == ask.window_start_ms {
         l.current.sent = l.current.sent.max(ask.used);
@@ -752,10 +752,17 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, period_ms: u64) {
         l.lease_from = ask.used;
         l.on_credit = false;
         l.adopt = 0;
-        l.short = if ceiling < ask.used + ask.need {
-            l.short.saturating_add(1)
-        } else {
+        let under = answer.total.saturating_mul(10) < threshold.saturating_mul(9);
+        l.short = if ceiling >= ask.used + ask.need {
             0
+        } else if answer.held > 0 && under {
+            // the answer could not grant what waited, but the fleet has admitted under 0.9 x
+            // threshold and others hold the rest unused (leases they will use or give back,
+            // or one a lost reply granted, which its holder's next round frees): not full
+            // yet, so the requests wait on (within their hold limit) and ask again
+            1
+        } else {
+            l.short.saturating_add(1)
         };
         // requests held since the ask was drained (counted for the next one) are admitted out
         // of what it granted past this instance's count and the requests it asked for: the
@@ -891,7 +898,7 @@ mod tests {
             prev: 0,
             steps: Default::default(),
         };
-        apply(&mut s, &ask, answer, 10_000);
+        apply(&mut s, &ask, answer, (10_000, 1000));
         assert_eq!(
             s.ledger.ceiling, 139,
             "granted in the script's terms, and the 99"
@@ -957,6 +964,62 @@ mod tests {
     }
 
     #[test]
+    fn answers_without_room_refuse_only_once_the_fleet_is_near_full() {
+        let t = tier(100);
+        let mut s = state();
+        let ask = Ask {
+            window_start_ms: s.window_start_ms,
+            gen: s.ledger.current.gen,
+            used: 0,
+            want: 1,
+            need: 1,
+            confirmed: 0,
+            since_ms: 0,
+            previous: false,
+            adopt: 0,
+            direct: 0,
+            count: false,
+            first: false,
+            log: false,
+        };
+        // the fleet at 50 of 100, the others holding the rest: not full, ask again
+        let short = |total, held| Answer {
+            total,
+            ceiling: 0,
+            fair: 1,
+            room: 0,
+            held,
+            prev: 0,
+            steps: Default::default(),
+        };
+        for _ in 0..5 {
+            apply(&mut s, &ask, short(50, 50), (10_000, 100));
+            assert_eq!(s.ledger.short, 1);
+            assert_eq!(
+                ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
+                Ceiling::LeaseUsed
+            );
+        }
+        // at 90, two such answers: full
+        apply(&mut s, &ask, short(90, 10), (10_000, 100));
+        assert_eq!(s.ledger.short, 2);
+        assert_eq!(
+            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
+            Ceiling::FleetFull
+        );
+        // nobody holding anything at 50: that answer is the fleet's truth (full as far as
+        // Redis knows: say a sliding window's weighted count), counted towards a refusal
+        let mut s = state();
+        let ask = Ask {
+            gen: s.ledger.current.gen,
+            ..ask
+        };
+        apply(&mut s, &ask, short(50, 0), (10_000, 100));
+        apply(&mut s, &ask, short(50, 0), (10_000, 100));
+        assert_eq!(s.ledger.short, 2);
+    }
+
+    #[test]
     fn admits_up_to_the_lease_and_one_on_credit_per_answer() {
         let t = tier(1000);
         let mut s = state();
@@ -1007,7 +1070,7 @@ mod tests {
             prev: 0,
             steps: Default::default(),
         };
-        apply(&mut s, &ask, answer, 10_000);
+        apply(&mut s, &ask, answer, (10_000, 1000));
         for _ in 0..14 {
             assert_eq!(
                 ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
@@ -1109,7 +1172,7 @@ mod tests {
             prev: 0,
             steps: Default::default(),
         };
-        apply(&mut s, &ask, granted, 10_000);
+        apply(&mut s, &ask, granted, (10_000, 1000));
         assert!(
             s.ledger.prev_held,
             "24 leased to a window nobody can admit in"
@@ -1229,7 +1292,7 @@ mod tests {
             prev: 0,
             steps: Default::default(),
         };
-        apply(&mut s, &ask, answer, 10_000);
+        apply(&mut s, &ask, answer, (10_000, 1000));
         assert_eq!(s.ledger.current.sent, 7);
         assert_eq!(s.current, 52, "the fleet's 50 and the 2 not yet sent");
         assert_eq!(s.ledger.ceiling, 20);

@@ -52,6 +52,7 @@ struct Source {
     tier: usize,
     ask: Ask,
     period_ms: u64,
+    threshold: u64,
     /// The update came from the orphans (the counter had moved on).
     orphan: bool,
 }
@@ -363,6 +364,7 @@ impl Accounts {
             tier,
             ask,
             period_ms: p,
+            threshold: quota.threshold,
             orphan,
         };
         if ask.count {
@@ -507,7 +509,7 @@ impl Accounts {
                     }
                     match (c.tiers.get_mut(src.tier), answer) {
                         (Some(st), Some(Reply::Lease(a))) => {
-                            ledger::apply(st, &src.ask, a, src.period_ms)
+                            ledger::apply(st, &src.ask, a, (src.period_ms, src.threshold))
                         }
                         (Some(st), Some(Reply::Count(total))) => {
                             ledger::apply_count(st, &src.ask, total, src.period_ms)
