@@ -963,16 +963,14 @@ mod tests {
         );
     }
 
-    #[test]
-    fn answers_without_room_refuse_only_once_the_fleet_is_near_full() {
-        let t = tier(100);
-        let mut s = state();
-        let ask = Ask {
+    /// A lease ask of the current record of `s`.
+    fn lease_ask(s: &TierState, used: u64, want: u64, need: u64) -> Ask {
+        Ask {
             window_start_ms: s.window_start_ms,
             gen: s.ledger.current.gen,
-            used: 0,
-            want: 1,
-            need: 1,
+            used,
+            want,
+            need,
             confirmed: 0,
             since_ms: 0,
             previous: false,
@@ -981,7 +979,14 @@ mod tests {
             count: false,
             first: false,
             log: false,
-        };
+        }
+    }
+
+    #[test]
+    fn answers_without_room_refuse_only_once_the_fleet_is_near_full() {
+        let t = tier(100);
+        let mut s = state();
+        let ask = lease_ask(&s, 0, 1, 1);
         // the fleet at 50 of 100, the others holding the rest: not full, ask again
         let short = |total, held| Answer {
             total,
@@ -1010,10 +1015,7 @@ mod tests {
         // nobody holding anything at 50: that answer is the fleet's truth (full as far as
         // Redis knows: say a sliding window's weighted count), counted towards a refusal
         let mut s = state();
-        let ask = Ask {
-            gen: s.ledger.current.gen,
-            ..ask
-        };
+        let ask = lease_ask(&s, 0, 1, 1);
         apply(&mut s, &ask, short(50, 0), (10_000, 100));
         apply(&mut s, &ask, short(50, 0), (10_000, 100));
         assert_eq!(s.ledger.short, 2);
@@ -1046,21 +1048,7 @@ mod tests {
             ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
             Ceiling::LeaseUsed
         );
-        let ask = Ask {
-            window_start_ms: s.window_start_ms,
-            gen: s.ledger.current.gen,
-            used: 2,
-            want: 32,
-            need: 0,
-            confirmed: 0,
-            since_ms: 0,
-            previous: false,
-            adopt: 0,
-            direct: 0,
-            count: false,
-            first: false,
-            log: false,
-        };
+        let ask = lease_ask(&s, 2, 32, 0);
         let answer = Answer {
             total: 2,
             ceiling: 32,
