@@ -10,7 +10,7 @@
 #![cfg(not(debug_assertions))]
 
 mod common;
-use common::failover::{nothing_failed_or_lost, until_tiny_is_full, wrk, wrk_result};
+use common::failover::{allowed, nothing_failed_or_lost, until_tiny_is_full, wrk, wrk_result};
 use common::sentinel::Sentinel;
 use common::{
     eventually, period_with_room, redis_cmd, wait_redis_state, Gateway, RedisServer, TempDir,
@@ -43,9 +43,10 @@ fn in_redis(server: &RedisServer, rule: &str) -> i64 {
         .sum()
 }
 
-#[test]
-fn the_primary_killed_under_load_fails_over_through_the_sentinels_and_counting_resumes() {
-    let mut primary = RedisServer::start();
+/// A primary, its replica (synced), and three sentinels that know both and one another: down
+/// after 500 ms without an answer, two of the three to agree.
+fn sentinel_fleet() -> (RedisServer, RedisServer, Vec<Sentinel>) {
+    let primary = RedisServer::start();
     let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
     let synced = || {
         redis_cmd(replica.port, &["INFO", "replication"]).is_ok_and(|v| {
@@ -71,6 +72,12 @@ fn the_primary_killed_under_load_fails_over_through_the_sentinels_and_counting_r
         "the sentinels did not find the replica and one another: {:?}",
         sentinels.iter().map(Sentinel::knows).collect::<Vec<_>>()
     );
+    (primary, replica, sentinels)
+}
+
+#[test]
+fn the_primary_killed_under_load_fails_over_through_the_sentinels_and_counting_resumes() {
+    let (mut primary, replica, sentinels) = sentinel_fleet();
     let up = Upstream::start("u");
     let cfg = config(&up, &sentinels);
     let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
@@ -108,5 +115,55 @@ fn the_primary_killed_under_load_fails_over_through_the_sentinels_and_counting_r
             "sentinel failover: promoted {promoted:?} after SIGKILL, the gateways' first round \
              to it {found:?} after"
         ),
+    );
+}
+
+/// A failover that demotes a primary still running (`SENTINEL FAILOVER`): its connection may
+/// stay open and answer READONLY, or close; either way the gateway asks the sentinels again,
+/// and every count reaches the new primary, once.
+#[test]
+fn a_failover_that_demotes_the_running_primary_moves_the_rounds_to_the_new_one() {
+    let (primary, replica, sentinels) = sentinel_fleet();
+    let up = Upstream::start("u");
+    let gw = Gateway::start(&config(&up, &sentinels));
+    assert!(wait_redis_state(&gw, "connected"), "{}", gw.log());
+    let get = |n: usize| {
+        for i in 0..n {
+            let tenant = format!("t{}", i % TENANTS);
+            assert_eq!(gw.get("/x", &[("x-org-id", &tenant)]).status, 200);
+        }
+    };
+    get(20);
+    assert!(
+        eventually(Duration::from_secs(5), || in_redis(&primary, "all") == 20),
+        "the primary holds {}",
+        in_redis(&primary, "all")
+    );
+    redis_cmd(sentinels[0].port, &["SENTINEL", "FAILOVER", "mymaster"]).expect("failover");
+    assert!(
+        eventually(Duration::from_secs(15), || sentinels
+            .iter()
+            .all(|s| s.primary() == Some(replica.port))),
+        "no failover: the sentinels name {:?}",
+        sentinels.iter().map(Sentinel::primary).collect::<Vec<_>>()
+    );
+    // the old primary now a replica of the new one
+    let demoted = || {
+        redis_cmd(primary.port, &["INFO", "replication"]).is_ok_and(|v| {
+            matches!(v, redis::Value::BulkString(b) if String::from_utf8_lossy(&b).contains("role:slave"))
+        })
+    };
+    assert!(eventually(Duration::from_secs(15), demoted), "not demoted");
+    get(20);
+    assert!(
+        eventually(Duration::from_secs(15), || in_redis(&replica, "all") == 40),
+        "the new primary holds {} of 40; log:\n{}",
+        in_redis(&replica, "all"),
+        gw.log()
+    );
+    assert_eq!(
+        allowed(&[&gw], "all"),
+        40.0,
+        "every request admitted, none refused"
     );
 }
