@@ -43,6 +43,17 @@ fn in_redis(server: &RedisServer, rule: &str) -> i64 {
         .sum()
 }
 
+/// Until every sentinel names the server on `port` as the primary (a failover ended).
+fn until_the_sentinels_name(sentinels: &[Sentinel], port: u16) {
+    assert!(
+        eventually(Duration::from_secs(15), || sentinels
+            .iter()
+            .all(|s| s.primary() == Some(port))),
+        "no failover: the sentinels name {:?}",
+        sentinels.iter().map(Sentinel::primary).collect::<Vec<_>>()
+    );
+}
+
 /// A primary, its replica (synced), and three sentinels that know both and one another: down
 /// after 500 ms without an answer, two of the three to agree.
 fn sentinel_fleet() -> (RedisServer, RedisServer, Vec<Sentinel>) {
@@ -89,13 +100,7 @@ fn the_primary_killed_under_load_fails_over_through_the_sentinels_and_counting_r
     until_tiny_is_full([&a, &b], |rule| in_redis(&primary, rule));
     let killed = Instant::now();
     primary.kill();
-    assert!(
-        eventually(Duration::from_secs(15), || sentinels
-            .iter()
-            .all(|s| s.primary() == Some(replica.port))),
-        "no failover: the sentinels name {:?}",
-        sentinels.iter().map(Sentinel::primary).collect::<Vec<_>>()
-    );
+    until_the_sentinels_name(&sentinels, replica.port);
     let promoted = killed.elapsed();
     // the gateways ask the sentinels again and round to the promoted replica
     let before = in_redis(&replica, "all");
@@ -140,13 +145,7 @@ fn a_failover_that_demotes_the_running_primary_moves_the_rounds_to_the_new_one()
         in_redis(&primary, "all")
     );
     redis_cmd(sentinels[0].port, &["SENTINEL", "FAILOVER", "mymaster"]).expect("failover");
-    assert!(
-        eventually(Duration::from_secs(15), || sentinels
-            .iter()
-            .all(|s| s.primary() == Some(replica.port))),
-        "no failover: the sentinels name {:?}",
-        sentinels.iter().map(Sentinel::primary).collect::<Vec<_>>()
-    );
+    until_the_sentinels_name(&sentinels, replica.port);
     // the old primary now a replica of the new one
     let demoted = || {
         redis_cmd(primary.port, &["INFO", "replication"]).is_ok_and(|v| {
