@@ -23,7 +23,16 @@ pub fn ledger_model(
         |h: &HashMap<String, i64>, kind: &str, id: &str| h.get(&format!("{kind}:{id}")).copied();
     let (mut prev, mut prevw) = (0, 0);
     let mut steps: Vec<(u64, u64)> = Vec::new();
-    let mut cap = as_i(up.cap);
+    // what an operator granted to the window (a bucket's: tokens, given back by its time)
+    let grant_of = |hashes: &HashMap<String, HashMap<String, i64>>, key: &str| {
+        hashes
+            .get(key)
+            .and_then(|h| h.get("g:"))
+            .copied()
+            .unwrap_or(0)
+    };
+    let grant = grant_of(hashes, &up.ledger_key);
+    let mut cap = as_i(up.cap) + if up.bucket_ns > 0 { 0 } else { grant };
     if up.log.bucket_ms > 0 && up.prev_ledger_key != up.ledger_key {
         if let Some(ph) = hashes.get(&up.prev_ledger_key) {
             for (name, &v) in ph {
@@ -37,6 +46,7 @@ pub fn ledger_model(
                 }
             }
         }
+        prev = (prev - grant_of(hashes, &up.prev_ledger_key)).max(0);
         prevw = prev;
         cap -= prevw;
         steps.sort_unstable();
@@ -49,6 +59,7 @@ pub fn ledger_model(
                 }
             }
         }
+        prev = (prev - grant_of(hashes, &up.prev_ledger_key)).max(0);
         let p = as_i(up.period_ms).max(1);
         prevw = (prev * as_i(up.weight_ms) + p - 1).div_euclid(p);
         cap -= prevw;
@@ -183,6 +194,7 @@ pub fn ledger_model(
         room: u(left),
         held: u(held),
         prev: u(prev),
+        grant: u(grant),
         steps: std::array::from_fn(|k| steps.get(k).copied().unwrap_or_default()),
     }
 }

@@ -193,7 +193,12 @@ pub fn roll(
     let adjacent = old_end == start;
     state.window_end_ms = end;
     if !algorithm.is_bucket() {
-        state.previous = if adjacent { state.current } else { 0 };
+        // (what was granted to the old window is forgiven there: it weighs on no other)
+        state.previous = if adjacent {
+            state.current.saturating_sub(state.ledger.grant)
+        } else {
+            0
+        };
         state.current = 0;
     }
     let old = std::mem::replace(&mut state.window_start_ms, start);

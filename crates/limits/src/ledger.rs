@@ -463,6 +463,92 @@ pub fn release(state: &mut TierState, units: u64, charged: u64) {
     l.charged_answers += u32::from(charged > 0);
 }
 
+/// Note that the count refused a request while Redis answers: after an operator's reset or
+/// grant anywhere in the fleet (the heartbeat reads its mark), the record asks at the next
+/// round, so that it hears of it; until then it costs Redis nothing.
+pub fn note_count_full(state: &mut TierState) {
+    state.ledger.count_full = true;
+}
+
+/// The tier as a window's grant widens it (`Ledger::grant`): a window or log admits that much
+/// past the threshold (a bucket's grant moved its time instead).
+pub fn granted(tier: &Quota, state: &TierState, algorithm: Algorithm) -> Quota {
+    let grant = state.ledger.grant;
+    if grant == 0 || algorithm.is_bucket() {
+        return *tier;
+    }
+    Quota {
+        threshold: tier.threshold.saturating_add(grant),
+        ..*tier
+    }
+}
+
+/// What an operator does to a partition's window (`POST /api/tenants/{id}/reset`, `/grant`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Adjust {
+    /// Without Redis: start the window again (a sliding window: its previous one weighs
+    /// nothing; a bucket: full).
+    Reset,
+    /// Without Redis: `units` more for the current window (a bucket: tokens, up to full).
+    Grant(u64),
+    /// With Redis: what the fleet's ledger now holds after the operator's call (`grant`, the
+    /// window's whole grant; `reset`: the previous window was forgiven too).
+    Fleet { grant: u64, reset: bool },
+}
+
+/// Apply an operator's adjustment to a tier's state, rolled to now (`period_ms`, `threshold`:
+/// the tier's; a bucket's time per token is their ratio).
+pub fn adjust(
+    state: &mut TierState,
+    algorithm: Algorithm,
+    how: Adjust,
+    (period_ms, threshold): (u64, u64),
+) {
+    let bucket = algorithm.is_bucket();
+    match how {
+        Adjust::Reset if bucket => state.tat_ns = 0,
+        Adjust::Reset => {
+            // what the window counted no longer counts; what was granted and not used stays
+            let l = &mut state.ledger;
+            l.grant = l.grant.saturating_sub(state.current);
+            state.current = 0;
+            state.previous = 0;
+        }
+        Adjust::Grant(units) => {
+            let g = state.ledger.grant.saturating_add(units);
+            learn_grant(state, g, period_ms, threshold);
+        }
+        Adjust::Fleet { grant, reset } => {
+            learn_grant(state, grant, period_ms, threshold);
+            if reset && bucket {
+                state.tat_ns = 0;
+            } else if reset {
+                state.previous = 0;
+                state.ledger.prev_bound = 0;
+            }
+        }
+    }
+}
+
+/// A window's grant as Redis (or the operator) says it now: it only grows in a window (a
+/// reset makes it what the window counted, if that is more); a bucket's new tokens move its
+/// time back (never past full).
+fn learn_grant(state: &mut TierState, grant: u64, period_ms: u64, threshold: u64) {
+    let l = &mut state.ledger;
+    if grant <= l.grant {
+        return;
+    }
+    let more = grant - l.grant;
+    l.grant = grant;
+    // (only a bucket keeps a time; its time per token as `algorithm::interval_ns`)
+    if state.tat_ns > 0 {
+        let interval =
+            (u128::from(period_ms.max(1)) * 1_000_000 / u128::from(threshold.max(1))).max(1);
+        let back = u64::try_from(u128::from(more) * interval).unwrap_or(u64::MAX);
+        state.tat_ns = state.tat_ns.saturating_sub(back);
+    }
+}
+
 /// Note that a request of `units` wanted this tier (admitted or not): the size of the next ask.
 pub fn note_demand(state: &mut TierState, units: u64) {
     state.ledger.demand += units;
@@ -516,6 +602,8 @@ pub struct Answer {
     /// Sliding windows: the previous window's count, its leases included (a sliding log: what
     /// of it is still in the span).
     pub prev: u64,
+    /// Units granted to the window (`Ledger::grant`; a bucket's: tokens given back).
+    pub grant: u64,
     /// A sliding log: the previous window's buckets that leave the span next, oldest first
     /// (bucket, units; `LOG_STEPS` at most, the rest (0, 0)): the member lowers `prev` as
     /// each leaves (`sliding_log::Log::fleet_prev`).
@@ -740,6 +828,9 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         // one round in flight: the record was last drained into this one
         l.settled_ms = l.drained_ms;
         l.base = answer.total;
+        l.count_full = false;
+        learn_grant(state, answer.grant, period_ms, threshold);
+        let l = &mut state.ledger;
         // the script granted the ceiling of what it hears of (the plain increments apart)
         let ceiling = answer.ceiling.saturating_add(ask.direct);
         if answer.total < ask.used && l.current.direct > 0 {
@@ -752,7 +843,8 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         l.lease_from = ask.used;
         l.on_credit = false;
         l.adopt = 0;
-        let under = answer.total.saturating_mul(10) < threshold.saturating_mul(9);
+        let under =
+            answer.total.saturating_mul(10) < threshold.saturating_add(l.grant).saturating_mul(9);
         l.short = if ceiling >= ask.used + ask.need {
             0
         } else if answer.held > 0 && under {
@@ -793,8 +885,9 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         l.prev_held = answer.ceiling > l.previous.used;
         if l.previous_start_ms + period_ms == state.window_start_ms {
             // the fleet's count of the previous window, for the sliding window's weight
-            state.previous =
-                answer.total + (l.previous.used - l.previous.sent.min(l.previous.used));
+            // (less what was granted to it)
+            state.previous = answer.total.saturating_sub(answer.grant)
+                + (l.previous.used - l.previous.sent.min(l.previous.used));
         }
     }
 }
@@ -896,6 +989,7 @@ mod tests {
             room: 1000,
             held: 0,
             prev: 0,
+            grant: 0,
             steps: Default::default(),
         };
         apply(&mut s, &ask, answer, (10_000, 1000));
@@ -995,6 +1089,7 @@ mod tests {
             room: 0,
             held,
             prev: 0,
+            grant: 0,
             steps: Default::default(),
         };
         for _ in 0..5 {
@@ -1056,6 +1151,7 @@ mod tests {
             room: 968,
             held: 0,
             prev: 0,
+            grant: 0,
             steps: Default::default(),
         };
         apply(&mut s, &ask, answer, (10_000, 1000));
@@ -1158,6 +1254,7 @@ mod tests {
             room: 36,
             held: 0,
             prev: 0,
+            grant: 0,
             steps: Default::default(),
         };
         apply(&mut s, &ask, granted, (10_000, 1000));
@@ -1278,6 +1375,7 @@ mod tests {
             room: 0,
             held: 0,
             prev: 0,
+            grant: 0,
             steps: Default::default(),
         };
         apply(&mut s, &ask, answer, (10_000, 1000));

@@ -378,6 +378,8 @@ impl Limiter {
                 }
             }
             let log = logs.as_deref_mut().and_then(|l| l.get_mut(ti));
+            // (an operator's grant widens the window's threshold)
+            let tier = &ledger::granted(tier, state, cx.algo);
             let t = self.check_tier(&cx, state, tier, log, &mut decision.held);
             wake |= t.wake;
             violated |= !t.verdict.allowed;
@@ -444,6 +446,9 @@ impl Limiter {
             } else {
                 cx.mode.ledger_modes()
             };
+        if !verdict.allowed && leased.is_some() {
+            ledger::note_count_full(state);
+        }
         let wake = self.fleet_ceiling(cx, state, tier, (leased, shared), (&mut verdict, held));
         let used = counted + if verdict.allowed { cx.units } else { 0 };
         TierCheck {
@@ -615,13 +620,13 @@ impl Limiter {
         let now_ms = now / NANOS_PER_MS;
         let algo = cr.counters.algorithm();
         let mut wake = false;
-        if let Some(logs) = c.logs.as_deref_mut() {
-            for (log, tier) in logs.iter_mut().zip(cr.tiers(c.list)) {
+        let mut logs = c.logs.as_deref_mut();
+        for (ti, (state, tier)) in c.tiers.iter_mut().zip(cr.tiers(c.list)).enumerate() {
+            let tier = &ledger::granted(tier, state, algo);
+            if let Some(log) = logs.as_deref_mut().and_then(|l| l.get_mut(ti)) {
                 log.prune(tier, now);
                 log.commit(tier, now, units);
             }
-        }
-        for (state, tier) in c.tiers.iter_mut().zip(cr.tiers(c.list)) {
             // as `check` found it (the state has not changed since)
             let how = match leased.filter(|_| !state.ledger.unreachable) {
                 Some(n) => ledger::direct(state, tier, algo, now_ms, n, units)
@@ -699,6 +704,53 @@ impl Limiter {
         units > 0 && Self::commit_tiers(cr, c, now, leased, units)
     }
 
+    /// An operator's adjustment of one tier (`ti`) of one partition (`key`, tier list
+    /// `list`) of the limit `rule`: the window rolled to now, then `ledger::adjust` (a reset
+    /// also empties a sliding log's span). A reset touches only a partition counted here; a
+    /// grant makes its counter if there is none yet. Returns whether a counter was changed.
+    pub fn adjust(
+        &self,
+        rule: u16,
+        (key, list): (&[u8], u16),
+        ti: usize,
+        how: ledger::Adjust,
+    ) -> bool {
+        let Some(cr) = self.limits.get(usize::from(rule)) else {
+            return false;
+        };
+        let Some(tier) = cr.tiers(list).get(ti).copied() else {
+            return false;
+        };
+        let rc = &cr.counters;
+        let algo = rc.algorithm();
+        let now = self.clock.now_ns();
+        let reset = matches!(
+            how,
+            ledger::Adjust::Reset | ledger::Adjust::Fleet { reset: true, .. }
+        );
+        let hash = rc.hash_of(key);
+        let mut shard = rc.lock(RuleCounters::shard_of_hash(hash));
+        if how == ledger::Adjust::Reset && !shard.holds(key, hash) {
+            return false;
+        }
+        let Ok(c) = rc.counter(&mut shard, key, hash, list, now) else {
+            return false;
+        };
+        let Some(state) = c.tiers.get_mut(ti) else {
+            return false;
+        };
+        if let Some(orphan) = algorithm::roll(state, &tier, algo, now) {
+            rc.keep_orphan(key, list, ti, orphan);
+        }
+        ledger::adjust(state, algo, how, (tier.period_ms, tier.threshold));
+        if let Some(log) = c.logs.as_deref_mut().and_then(|l| l.get_mut(ti)) {
+            if reset {
+                log.forget();
+            }
+        }
+        true
+    }
+
     fn commit(
         &self,
         applying: &[Applying],
@@ -754,6 +806,11 @@ mod tests {
 
     /// One limit per (id, threshold per second, enforcement), per tenant, fixed windows.
     fn rig(limits: &[(&str, u64, Enforcement)]) -> Rig {
+        rig_of(Algorithm::FixedWindow, limits)
+    }
+
+    /// The same, of one algorithm.
+    fn rig_of(algorithm: Algorithm, limits: &[(&str, u64, Enforcement)]) -> Rig {
         let counter = |name: &str| prometheus::IntCounter::new(name, "test").expect("counter");
         let registry = CounterRegistry::new(counter("evictions"), counter("untracked"));
         let limits = limits
@@ -767,7 +824,7 @@ mod tests {
                 };
                 let identity = RuleIdentity::of(
                     id,
-                    Algorithm::FixedWindow,
+                    algorithm,
                     &PartitionBy::Tenant,
                     [(None, vec![(Duration::from_secs(1), None)])],
                 );
@@ -813,6 +870,91 @@ mod tests {
     }
 
     const REJECT: Enforcement = Enforcement::Reject { status: 429 };
+
+    /// Requests of `tenant` admitted in a row, up to `most`.
+    fn admitted_in_a_row(r: &Rig, tenant: &str, most: u32) -> u32 {
+        (0..most)
+            .take_while(|_| r.decide(tenant).verdict == Verdict::Allow)
+            .count() as u32
+    }
+
+    #[test]
+    fn a_reset_starts_the_window_again_and_a_grant_admits_that_many_more_in_it_alone() {
+        for algo in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+            Algorithm::SlidingLog,
+            Algorithm::TokenBucket,
+        ] {
+            let r = rig_of(algo, &[("api", 10, REJECT)]);
+            let mut key: SmallVec<[u8; 64]> = SmallVec::new();
+            PartitionValue::Bytes(b"acme").store_key(&mut key);
+            // a reset of a partition not counted here changes nothing, and makes no counter
+            assert!(
+                !r.limiter.adjust(0, (&key, 0), 0, ledger::Adjust::Reset),
+                "{algo}"
+            );
+            assert!(r.limiter.limits[0].counters.get(&key).is_none());
+            assert_eq!(admitted_in_a_row(&r, "acme", 20), 10, "{algo}");
+            assert!(r.limiter.adjust(0, (&key, 0), 0, ledger::Adjust::Reset));
+            assert_eq!(
+                admitted_in_a_row(&r, "acme", 20),
+                10,
+                "{algo}: after a reset"
+            );
+            assert!(r.limiter.adjust(0, (&key, 0), 0, ledger::Adjust::Grant(5)));
+            assert_eq!(
+                admitted_in_a_row(&r, "acme", 20),
+                5,
+                "{algo}: after a grant"
+            );
+            // another tenant's counters are its own
+            assert_eq!(admitted_in_a_row(&r, "other", 20), 10, "{algo}");
+            // a grant is for the window it was made in (a bucket: tokens, up to full)
+            r.clock.advance_ms(2000);
+            assert_eq!(
+                admitted_in_a_row(&r, "acme", 20),
+                10,
+                "{algo}: the next window"
+            );
+            assert!(r.limiter.adjust(0, (&key, 0), 0, ledger::Adjust::Grant(3)));
+            let more = admitted_in_a_row(&r, "acme", 20);
+            assert_eq!(more, 3, "{algo}: a grant on a full window");
+        }
+    }
+
+    #[test]
+    fn a_sliding_window_weighs_only_what_came_after_its_reset() {
+        for algo in [Algorithm::SlidingWindow, Algorithm::SlidingLog] {
+            let r = rig_of(algo, &[("api", 10, REJECT)]);
+            let mut key: SmallVec<[u8; 64]> = SmallVec::new();
+            PartitionValue::Bytes(b"acme").store_key(&mut key);
+            r.clock.advance_ms(900);
+            assert_eq!(admitted_in_a_row(&r, "acme", 20), 10, "{algo}");
+            r.clock.advance_ms(200);
+            // the previous window weighs nearly all: one passes at most
+            assert!(admitted_in_a_row(&r, "acme", 20) <= 1, "{algo}");
+            assert!(r.limiter.adjust(0, (&key, 0), 0, ledger::Adjust::Reset));
+            assert_eq!(
+                admitted_in_a_row(&r, "acme", 20),
+                10,
+                "{algo}: after a reset"
+            );
+            // a grant admits its units in its window, and weighs nothing on the next
+            assert!(r.limiter.adjust(0, (&key, 0), 0, ledger::Adjust::Grant(4)));
+            assert_eq!(
+                admitted_in_a_row(&r, "acme", 20),
+                4,
+                "{algo}: after a grant"
+            );
+            // a tenth into the next window: a sliding window weighs the 10 counted besides the
+            // grant nine tenths (the 14 would let none pass); a log's span holds none of them
+            r.clock.advance_ms(1000);
+            let next = admitted_in_a_row(&r, "acme", 20);
+            let expected = if algo == Algorithm::SlidingLog { 10 } else { 1 };
+            assert_eq!(next, expected, "{algo}: the next window");
+        }
+    }
 
     #[test]
     fn a_request_over_one_limit_takes_nothing_from_the_others_until_the_window_rolls() {

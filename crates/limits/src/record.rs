@@ -120,6 +120,15 @@ pub struct Ledger {
     /// When the round that Redis last answered for this record was drained (ms; 0: none):
     /// what it has not confirmed was admitted after that.
     pub settled_ms: u64,
+    /// Units granted to the window (`POST /api/tenants/{id}/grant`, or a reset: a grant of
+    /// what was counted): windows and logs admit that much past the threshold; a bucket's
+    /// grant is tokens, given back once (its time moved). With Redis: the fleet's grant as
+    /// the last answer (or the admin's own call) said; grants only grow within a window.
+    pub grant: u64,
+    /// The count refused a request since the last answer (the window is full as far as
+    /// Redis said): when an operator resets or grants a window somewhere in the fleet, the
+    /// record asks at the next round if it has not asked since, so that it hears of it.
+    pub count_full: bool,
 }
 
 /// Counts of a window record that could not stay in its counter (the counter was evicted,
@@ -174,10 +183,13 @@ impl Ledger {
             prev_held: cur.leased && self.ceiling > cur.used,
             // what the fleet can have admitted in the window that ends: what the others had
             // admitted or held at the last answer, and all this instance admitted
+            // (less what was granted to it: a grant weighs on the next window no more than on
+            // its own)
             prev_bound: if adjacent {
                 self.others
                     .saturating_add(cur.used)
                     .max(self.base.saturating_add(cur.unsent()))
+                    .saturating_sub(self.grant)
             } else {
                 0
             },

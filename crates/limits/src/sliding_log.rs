@@ -144,6 +144,17 @@ impl Log {
         f.samples[eighth.min(LOG_STEPS - 1)] = (now_ms, a.total);
     }
 
+    /// Forget every unit (an operator's reset): the span starts empty, and what the fleet
+    /// said of the previous window no longer weighs.
+    pub fn forget(&mut self) {
+        self.at.clear();
+        if let Some(f) = self.fleet.as_deref_mut() {
+            f.prev = 0;
+            f.steps = Default::default();
+            f.samples = Default::default();
+        }
+    }
+
     /// The window starting at `window_start_ms` began (its previous window counts `prev` at
     /// most, leases included): until an answer for it comes, its previous window leaves the
     /// span as that window's answers counted it.

@@ -82,6 +82,16 @@ pub struct Shard {
     map: HashMap<Box<[u8]>, Counter, RandomState>,
 }
 
+impl Shard {
+    /// Whether the shard holds a counter for `key` (of hash `hash`).
+    pub fn holds(&self, key: &[u8], hash: u64) -> bool {
+        self.map
+            .raw_entry()
+            .from_key_hashed_nocheck(hash, key)
+            .is_some()
+    }
+}
+
 /// Counts of a window record that left its counter before Redis confirmed them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrphanCount {

@@ -2,6 +2,7 @@
 //! operator's view (`/`, a status page, and `/api/status`, `/api/tenants/<tenant>`; see `api`),
 //! behind `server.admin_token` when one is set.
 
+pub mod adjust;
 pub mod api;
 
 use crate::limits::fleet::{Fleet, Link};
@@ -160,6 +161,79 @@ impl Admin {
     }
 }
 
+/// The largest body `/reset` and `/grant` read.
+const MAX_ADJUST_BODY: usize = 16 * 1024;
+
+impl Admin {
+    /// `POST /api/tenants/{id}/reset` and `/grant` (see `adjust`): POST only, and only with
+    /// `server.admin_token` set (the token was checked before).
+    async fn adjust(&self, session: &mut ServerSession, path: &str) -> Response<Vec<u8>> {
+        let (raw, action) = match path.strip_suffix("/reset") {
+            Some(r) => (r, adjust::Action::Reset),
+            None => (
+                path.strip_suffix("/grant").unwrap_or(path),
+                adjust::Action::Grant,
+            ),
+        };
+        if session.req_header().method != http::Method::POST {
+            let mut r = problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "a reset or a grant is a POST",
+            );
+            r.headers_mut()
+                .insert(http::header::ALLOW, http::HeaderValue::from_static("POST"));
+            return r;
+        }
+        if self.shared.load().config.server.admin_token.is_none() {
+            return problem(
+                StatusCode::FORBIDDEN,
+                "resets and grants need server.admin_token: without it anyone who reaches the admin listener could use them",
+            );
+        }
+        let tenant = match api::percent_decode(&raw["/api/tenants/".len()..]) {
+            Some(id) if !id.is_empty() && !id.contains(&b'/') => id,
+            _ => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "expected /api/tenants/<tenant id, percent-encoded>/reset or /grant",
+                )
+            }
+        };
+        let mut body = Vec::new();
+        loop {
+            match session.read_request_body().await {
+                Ok(Some(chunk)) => {
+                    body.extend_from_slice(&chunk);
+                    if body.len() > MAX_ADJUST_BODY {
+                        return problem(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            &format!("the body is over {MAX_ADJUST_BODY} bytes"),
+                        );
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    return problem(
+                        StatusCode::BAD_REQUEST,
+                        &format!("the body could not be read: {e}"),
+                    )
+                }
+            }
+        }
+        let peer = session
+            .client_addr()
+            .map_or_else(|| "-".to_string(), ToString::to_string);
+        match adjust::adjust(&self.shared, &tenant, action, &body, &peer).await {
+            Ok(v) => reply(
+                StatusCode::OK,
+                "application/json",
+                v.to_string().into_bytes(),
+            ),
+            Err((status, detail)) => problem(status, &detail),
+        }
+    }
+}
+
 #[async_trait]
 impl ServeHttp for Admin {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
@@ -196,6 +270,9 @@ impl ServeHttp for Admin {
                     Err(why) => problem(StatusCode::BAD_REQUEST, &why),
                 }
             }
+            p if p.starts_with("/api/tenants/") && (p.ends_with("/reset") || p.ends_with("/grant")) => {
+                self.adjust(session, p).await
+            }
             p if p.starts_with("/api/tenants/") => {
                 let raw = &p["/api/tenants/".len()..];
                 match api::percent_decode(raw) {
@@ -217,7 +294,7 @@ impl ServeHttp for Admin {
             ),
             _ => problem(
                 StatusCode::NOT_FOUND,
-                "admin endpoints: /, /api/status, /api/tenants/<tenant>, /api/top?rule=<id>, /healthz, /readyz, /metrics",
+                "admin endpoints: /, /api/status, /api/tenants/<tenant> (and POST .../reset, .../grant), /api/top?rule=<id>, /healthz, /readyz, /metrics",
             ),
         }
     }

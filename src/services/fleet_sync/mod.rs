@@ -6,6 +6,7 @@
 //! applies), so that the simulation in `tests/fleet_sim.rs` drives the same code under a fake
 //! clock against a simulated Redis; `SyncService` runs it against the real one.
 
+pub mod adjust;
 pub mod backend;
 pub mod keys;
 
@@ -36,6 +37,11 @@ pub const KEY_GRACE_MS: u64 = 10_000;
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The last round of a draining process starts this long before its grace period ends.
 pub const LAST_ROUND_MARGIN: Duration = Duration::from_millis(300);
+
+/// The key of the heartbeat's set of live instances.
+pub fn heartbeat_key(settings: &RedisSettings) -> String {
+    format!("{}:instances", settings.key_prefix)
+}
 
 /// How far ahead an ask looks: until the next periodic round could renew it.
 pub fn horizon_ms(settings: &RedisSettings) -> u64 {
@@ -87,6 +93,9 @@ struct DrainTime {
     since_ms: u64,
     horizon_ms: u64,
     periodic: bool,
+    /// When this instance last heard of an operator's reset or grant (ms; 0: never): a
+    /// counter its count refused and that has not asked since asks, to hear of it.
+    adjusted_ms: u64,
 }
 
 /// Where a round in parts goes on: the rule (by `uid`) and its shard.
@@ -117,6 +126,10 @@ pub struct Accounts {
     last_round_ms: AtomicU64,
     /// When the first round began (0: none yet).
     first_round_ms: AtomicU64,
+    /// The last mark of an operator's adjustment the heartbeat read (0: none yet), and when
+    /// it was first read (ms).
+    adjusted_mark: AtomicU64,
+    adjusted_ms: AtomicU64,
 }
 
 impl Accounts {
@@ -133,6 +146,8 @@ impl Accounts {
             instance,
             last_round_ms: AtomicU64::new(0),
             first_round_ms: AtomicU64::new(0),
+            adjusted_mark: AtomicU64::new(0),
+            adjusted_ms: AtomicU64::new(0),
         }
     }
 
@@ -188,7 +203,8 @@ impl Accounts {
         let heartbeat = periodic || now_ms < first + liveness_ms;
         let round = Round::empty(
             heartbeat.then(|| Heartbeat {
-                key: format!("{}:instances", settings.key_prefix),
+                key: heartbeat_key(settings),
+                adjusted_key: backend::adjusted_key(&heartbeat_key(settings)),
                 instance: self.instance.clone(),
                 now_ms,
                 liveness_ms,
@@ -228,6 +244,7 @@ impl Accounts {
                     since_ms,
                     horizon_ms,
                     periodic,
+                    adjusted_ms: self.adjusted_ms.load(Ordering::Relaxed),
                 };
                 rc.for_each_in(shard, |key, c| {
                     self.drain_counter(&mut round, settings, (&counters, &lists), (key, c), when);
@@ -268,6 +285,11 @@ impl Accounts {
                 bucket: counters.algorithm().is_bucket(),
                 spare: ledger::spare(tier.threshold),
             };
+            if st.ledger.count_full && st.ledger.drained_ms < when.adjusted_ms {
+                // an operator may have reset or granted its window since it last asked: it
+                // asks, to hear of it
+                st.ledger.asking = true;
+            }
             let asks = ledger::drain(st, sizing);
             for mut ask in asks.into_iter().flatten() {
                 ask.log = logged;
@@ -555,6 +577,13 @@ impl Accounts {
         }
         if let Some(instances) = outcome.as_ref().ok().and_then(|ex| ex.instances) {
             self.fleet.set_instances(instances);
+        }
+        if let Some(mark) = outcome.as_ref().ok().and_then(|ex| ex.adjusted) {
+            if self.adjusted_mark.swap(mark, Ordering::Relaxed) != mark {
+                // a new adjustment: the next round (now) carries the counters it may concern
+                self.adjusted_ms.store(now_ms, Ordering::Relaxed);
+                self.fleet.want_round();
+            }
         }
         let changed_from = self.fleet.set_connected(ok);
         Finished { ok, changed_from }

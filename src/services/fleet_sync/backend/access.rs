@@ -367,8 +367,14 @@ mod tests {
 
     #[test]
     fn every_command_a_round_sends_is_checked() {
-        // the script's calls and the round's own commands, as sent
-        let script = super::super::script::sources().concat().to_lowercase();
+        // the scripts' calls (the rounds', and an operator's reset or grant) and the round's
+        // own commands, as sent
+        let mut script = super::super::script::sources().concat().to_lowercase();
+        script.push_str(
+            &crate::services::fleet_sync::adjust::sources()
+                .concat()
+                .to_lowercase(),
+        );
         let mut called: Vec<String> = script
             .split("redis.call('")
             .skip(1)
@@ -376,7 +382,8 @@ mod tests {
             .map(str::to_string)
             .collect();
         called.extend(["evalsha", "script|load", "incrby", "pexpireat"].map(String::from));
-        called.extend(["zadd", "zremrangebyscore", "pexpire", "zcard"].map(String::from));
+        called
+            .extend(["zadd", "zremrangebyscore", "pexpire", "hgetall", "zcard"].map(String::from));
         for c in called {
             assert!(COMMANDS.iter().any(|k| k.acl == c), "{c} is not checked");
         }

@@ -3,8 +3,8 @@
 
 use super::pipeline::{finish_counts, first_replies, pipeline};
 use super::round::{
-    heartbeat_reply, Exchange, Heartbeat, Refusal, Reply, ReplyError, RoundError, SyncBackend,
-    Update, HEARTBEAT_REPLIES,
+    adjusted_reply, heartbeat_reply, Exchange, Heartbeat, Refusal, Reply, ReplyError, RoundError,
+    SyncBackend, Update, HEARTBEAT_REPLIES,
 };
 use super::script::{no_script, sources};
 use super::single::refused_load;
@@ -141,7 +141,8 @@ async fn query_slot(
 
 /// What one slot's pipeline got back: the answers by the slot's own indexes, the live
 /// instances (when it carried the heartbeat), and the refusals.
-type SlotAnswers = (Vec<Option<Reply>>, Option<u64>, Vec<Refusal>);
+/// (And the mark of the last operator's adjustment the heartbeat read.)
+type SlotAnswers = (Vec<Option<Reply>>, (Option<u64>, Option<u64>), Vec<Refusal>);
 
 /// One slot's pipeline (`n` replies expected) to its master, bounded by `timeout`.
 async fn exchange_slot(
@@ -173,7 +174,8 @@ async fn exchange_slot(
                 None
             }
         };
-        Ok::<_, RoundError>((answers, instances, refused))
+        let adjusted = adjusted_reply(beat);
+        Ok::<_, RoundError>((answers, (instances, adjusted), refused))
     };
     tokio::time::timeout(timeout, run)
         .await
@@ -183,7 +185,7 @@ async fn exchange_slot(
 
 /// A slot's answers into the round's (`idxs`: the round's index of each of the slot's).
 fn merge_slot(out: &mut Exchange, idxs: &[usize], with_hb: bool, answered: SlotAnswers) {
-    let (answers, instances, refused) = answered;
+    let (answers, (instances, adjusted), refused) = answered;
     for (k, &i) in idxs.iter().enumerate() {
         out.answers[i] = answers.get(k).copied().flatten();
     }
@@ -194,6 +196,7 @@ fn merge_slot(out: &mut Exchange, idxs: &[usize], with_hb: bool, answered: SlotA
     }));
     if with_hb {
         out.instances = instances;
+        out.adjusted = adjusted;
     }
     out.slots_answered += 1;
 }
@@ -276,5 +279,11 @@ impl SyncBackend for ClusterRedis {
     fn deadline(&self, timeout: Duration) -> Duration {
         // the connection first (a seed's connect and the slot map), then the slots' answers
         timeout * 3 + timeout / 2
+    }
+
+    async fn invoke(&self, call: &redis::ScriptInvocation<'_>) -> Result<redis::Value, RoundError> {
+        // (the client sends it to the master of its keys' slot)
+        let mut conn = self.connection().await?;
+        Ok(call.invoke_async(&mut conn).await?)
     }
 }

@@ -46,7 +46,7 @@ mod tests {
     #[test]
     fn replies_become_answers_and_plain_increments_take_their_steps() {
         use redis::Value::{Array, Int};
-        let a = |t, c| Array(vec![Int(t), Int(c), Int(4), Int(2), Int(1), Int(0)]);
+        let a = |t, c| Array(vec![Int(t), Int(c), Int(4), Int(2), Int(1), Int(0), Int(0)]);
         let lease = |key: &str| {
             Update::Lease(LedgerUpdate {
                 key: key.into(),
@@ -96,6 +96,7 @@ mod tests {
                 room: 2,
                 held: 1,
                 prev: 0,
+                grant: 0,
                 steps: Default::default(),
             }))
         );
@@ -143,6 +144,33 @@ mod tests {
             refused[0].error.message,
             "NOPERM this user has no permissions"
         );
+    }
+
+    #[test]
+    fn the_heartbeat_reads_the_mark_of_an_adjustment_in_its_own_slot() {
+        use redis::cluster_routing::Slot;
+        use redis::Value::{Array, BulkString, Int, Map, Nil};
+        for hb in ["tg:instances", "a{b}c:instances"] {
+            let k = adjusted_key(hb);
+            assert_eq!(Slot::for_key(&k), Slot::for_key(hb), "{k}");
+        }
+        assert_eq!(adjusted_key("tg:instances"), "{tg:instances}:adjusted");
+        let beat = |mark: redis::Value| [Int(1), Int(0), Int(1), mark, Int(3)];
+        let v = |s: &str| BulkString(s.as_bytes().to_vec());
+        assert_eq!(
+            adjusted_reply(&beat(Array(vec![v("v"), v("1795")]))),
+            Some(1795)
+        );
+        // RESP3 answers a hash as a map
+        assert_eq!(
+            adjusted_reply(&beat(Map(vec![(v("v"), v("42"))]))),
+            Some(42)
+        );
+        // none lately (the key expired), or not a mark
+        assert_eq!(adjusted_reply(&beat(Array(vec![]))), None);
+        assert_eq!(adjusted_reply(&beat(Nil)), None);
+        assert_eq!(adjusted_reply(&beat(Array(vec![v("v"), v("x")]))), None);
+        assert_eq!(heartbeat_reply(&beat(Array(vec![]))), Ok(Some(3)));
     }
 
     #[test]

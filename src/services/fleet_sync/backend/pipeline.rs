@@ -16,7 +16,7 @@ fn add_update(p: &mut redis::Pipeline, u: &Update) {
 }
 
 /// The heartbeat: plain commands, not a script (a script call costs Redis 50-85 us by INFO
-/// commandstats, these four 15-20 us together in `scripts/bench-redis-cost`). Not atomic, and need not be: each instance only adds itself and
+/// commandstats, these 15-20 us together in `scripts/bench-redis-cost`). Not atomic, and need not be: each instance only adds itself and
 /// removes the silent ones, and the count is read last. Its answer is the last reply.
 fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
     p.cmd("ZADD").arg(&hb.key).arg(hb.now_ms).arg(&hb.instance);
@@ -25,6 +25,7 @@ fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
         .arg("-inf")
         .arg(hb.now_ms.saturating_sub(hb.liveness_ms));
     p.cmd("PEXPIRE").arg(&hb.key).arg(HEARTBEAT_TTL_MS);
+    p.cmd("HGETALL").arg(&hb.adjusted_key);
     p.cmd("ZCARD").arg(&hb.key);
 }
 

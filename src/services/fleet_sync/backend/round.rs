@@ -322,6 +322,10 @@ pub struct LogReport {
 #[derive(Debug, Clone)]
 pub struct Heartbeat {
     pub key: String,
+    /// When an operator last reset or granted a window (`adjusted_key`), read with the
+    /// heartbeat: a change makes the counters the count refuses ask at once, so that they
+    /// hear of it (`fleet_sync::adjust`).
+    pub adjusted_key: String,
     pub instance: String,
     pub now_ms: u64,
     /// Instances not heard from for this long are no longer counted.
@@ -336,6 +340,9 @@ pub struct Exchange {
     pub answers: Vec<Option<Reply>>,
     /// The live instance count (`None`: the heartbeat's node did not answer).
     pub instances: Option<u64>,
+    /// What the heartbeat read of the last operator's adjustment (`Heartbeat::adjusted_key`;
+    /// `None`: none lately, or no heartbeat).
+    pub adjusted: Option<u64>,
     /// Cluster: how many slots the round went to answered, and how many did not (their keys
     /// wait), and why.
     pub slots_answered: usize,
@@ -374,13 +381,52 @@ pub trait SyncBackend: Send + Sync {
     fn deadline(&self, timeout: Duration) -> Duration {
         timeout
     }
+
+    /// Run one script call outside the rounds (an operator's reset or grant, see
+    /// `fleet_sync::adjust`) on the server holding its keys, loading the script there if it
+    /// does not know it.
+    async fn invoke(&self, call: &redis::ScriptInvocation<'_>) -> Result<redis::Value, RoundError> {
+        let _ = call;
+        Err("this backend runs no single calls".into())
+    }
 }
 
 /// How long the heartbeat set outlives its last writer.
 pub const HEARTBEAT_TTL_MS: u64 = 60_000;
 
 /// How many replies the heartbeat adds to a pipeline.
-pub const HEARTBEAT_REPLIES: usize = 4;
+pub const HEARTBEAT_REPLIES: usize = 5;
+
+/// The key an operator's adjustment marks (`Heartbeat::adjusted_key`): in the heartbeat's
+/// Redis Cluster slot (its hash tag, or the heartbeat key as one).
+pub fn adjusted_key(heartbeat_key: &str) -> String {
+    if heartbeat_key.contains('{') {
+        format!("{heartbeat_key}:adjusted")
+    } else {
+        format!("{{{heartbeat_key}}}:adjusted")
+    }
+}
+
+/// The mark of the last operator's adjustment among the heartbeat's replies (its fourth: an
+/// `HGETALL` of `{v: mark}`), if there is one.
+pub fn adjusted_reply(values: &[redis::Value]) -> Option<u64> {
+    let fields: Vec<&redis::Value> = match values.get(3)? {
+        redis::Value::Array(a) => a.iter().collect(),
+        redis::Value::Map(m) => m.iter().flat_map(|(k, v)| [k, v]).collect(),
+        _ => return None,
+    };
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_string),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        redis::Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    };
+    fields
+        .chunks(2)
+        .find(|kv| kv.first().and_then(|k| text(k)).as_deref() == Some("v"))
+        .and_then(|kv| kv.get(1).and_then(|v| text(v)))
+        .and_then(|v| v.parse().ok())
+}
 
 /// The heartbeat's replies (the last `HEARTBEAT_REPLIES` of a pipeline): the live instance
 /// count, or the first error reply among them.
@@ -393,7 +439,8 @@ pub fn heartbeat_reply(values: &[redis::Value]) -> Result<Option<u64>, ReplyErro
     Ok(values.last().and_then(int).map(|i| i.max(1) as u64))
 }
 
-/// One script answer: `{total, ceiling, fair, room, held, prev}`.
+/// One script answer: `{total, ceiling, fair, room, held, prev, grant}`, then a sliding log's
+/// steps.
 pub fn answer(v: &redis::Value) -> Option<Answer> {
     let redis::Value::Array(a) = v else {
         return None;
@@ -406,7 +453,8 @@ pub fn answer(v: &redis::Value) -> Option<Answer> {
         room: n(3)?,
         held: n(4)?,
         prev: n(5)?,
-        steps: std::array::from_fn(|k| (n(6 + 2 * k).unwrap_or(0), n(7 + 2 * k).unwrap_or(0))),
+        grant: n(6)?,
+        steps: std::array::from_fn(|k| (n(7 + 2 * k).unwrap_or(0), n(8 + 2 * k).unwrap_or(0))),
     })
 }
 

@@ -232,17 +232,18 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
 /// what they reported: the total less the members' counts) is kept out of leases.
 const LIBRARY: &str = r#"
 -- the members' records in a ledger: counts (u:), ceilings (c:), lease ends (e:), what each
--- asked for beyond its count (d:), the tokens charged to it (t:, buckets)
+-- asked for beyond its count (d:), the tokens charged to it (t:, buckets); and what an
+-- operator granted to the window (g:, the adjustment script's)
 local function fields(key)
-  local u, c, e, d, t = {}, {}, {}, {}, {}
+  local u, c, e, d, t, g = {}, {}, {}, {}, {}, 0
   local f = redis.call('HGETALL', key)
   for i = 1, #f, 2 do
     local kind, id, v = string.sub(f[i], 1, 1), string.sub(f[i], 3), tonumber(f[i + 1])
     if kind == 'u' then u[id] = v elseif kind == 'c' then c[id] = v
     elseif kind == 'e' then e[id] = v elseif kind == 'd' then d[id] = v
-    elseif kind == 't' then t[id] = v end
+    elseif kind == 't' then t[id] = v elseif kind == 'g' then g = v end
   end
-  return u, c, e, d, t
+  return u, c, e, d, t, g
 end
 -- report the cumulative count: only its growth reaches the count (re-sending changes
 -- nothing); returns the member's count as the ledger now holds it
@@ -287,12 +288,12 @@ local function lease(c, e, mine, avail, held, active, wanted)
   redis.call('HSET', KEY_LEDGER, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire)
   return ceiling, fair, avail - (ceiling - mine)
 end
--- the keys' expiry, and the answer: {total, ceiling, fair, room, held, prev} and (a sliding
--- log) the previous window's first buckets still in the span (bucket, units, ...)
-local function answer(total, ceiling, fair, left, held, prev, steps)
+-- the keys' expiry, and the answer: {total, ceiling, fair, room, held, prev, grant} and (a
+-- sliding log) the previous window's first buckets still in the span (bucket, units, ...)
+local function answer(total, ceiling, fair, left, held, prev, grant, steps)
   redis.call('PEXPIREAT', KEY_COUNT, expire_at_ms)
   redis.call('PEXPIREAT', KEY_LEDGER, expire_at_ms)
-  local out = {total, ceiling, math.max(fair, 0), math.max(left, 0), held, prev}
+  local out = {total, ceiling, math.max(fair, 0), math.max(left, 0), held, prev, grant}
   for k = 1, math.min(#steps, 8) do
     out[#out + 1] = steps[k][1]
     out[#out + 1] = steps[k][2]
@@ -301,18 +302,21 @@ local function answer(total, ceiling, fair, left, held, prev, steps)
 end
 "#;
 
-/// Fixed and sliding windows: the cap is the threshold, lowered for a sliding window by the
-/// previous window's weight at the lease's horizon (counting that window's leases as used);
-/// what direct records may still report is kept out of leases.
+/// Fixed and sliding windows: the cap is the threshold and what was granted to the window,
+/// lowered for a sliding window by the previous window's weight at the lease's horizon
+/// (counting that window's leases as used, less what was granted to it); what direct records
+/// may still report is kept out of leases.
 const WINDOWS: &str = r#"
-local u, c, e, d = fields(KEY_LEDGER)
+local u, c, e, d, _, grant = fields(KEY_LEDGER)
+cap = cap + grant
 local mine = report(u[member] or 0)
 local total = tonumber(redis.call('GET', KEY_COUNT) or '0')
 local prev, prevw = 0, 0
 if weight_ms > 0 then
-  local pu, pc = fields(KEY_PREV_LEDGER)
+  local pu, pc, _, _, _, pg = fields(KEY_PREV_LEDGER)
   prev = tonumber(redis.call('GET', KEY_PREV_COUNT) or '0')
   for id, v in pairs(pc) do prev = prev + math.max(v - (pu[id] or 0), 0) end
+  prev = math.max(prev - pg, 0)
   prevw = math.ceil(prev * weight_ms / period_ms)
   cap = cap - prevw
 end
@@ -326,7 +330,7 @@ if direct_cap > 0 and total + prevw < direct_cap then
 end
 local held, active, wanted = others(u, c, e, d)
 local ceiling, fair, left = lease(c, e, mine, cap - total - held - reserve, held, active, wanted)
-return answer(total, ceiling, fair, left, held, prev, {})
+return answer(total, ceiling, fair, left, held, prev, grant, {})
 "#;
 
 /// Token and leaky buckets: the cap is the tokens of a bucket kept in Redis (the time at which
@@ -334,7 +338,7 @@ return answer(total, ceiling, fair, left, held, prev, {})
 /// `tolerance_us`, less what the members hold leased and unused in this window's ledger and the
 /// previous window's. Tokens admitted beyond what was charged are charged from `since_ms`.
 const BUCKETS: &str = r#"
-local u, c, e, d, t = fields(KEY_LEDGER)
+local u, c, e, d, t, grant = fields(KEY_LEDGER)
 if adopt > 0 and not c[member] then c[member] = adopt; e[member] = tonumber(lease_until_ms) end
 local mine = report(u[member] or 0)
 local total = tonumber(redis.call('GET', KEY_COUNT) or '0')
@@ -357,13 +361,14 @@ local ceiling, fair, left = lease(c, e, mine, avail, held, active, wanted)
 redis.call('HSET', KEY_LEDGER, 't:' .. member, mine)
 redis.call('SET', KEY_BUCKET, string.format('%.0f', tat))
 redis.call('PEXPIREAT', KEY_BUCKET, string.format('%.0f', math.ceil(math.max(tat, nowus) / 1000) + period_ms + 10000))
-return answer(total, ceiling, fair, left, held, 0, {})
+return answer(total, ceiling, fair, left, held, 0, grant, {})
 "#;
 
 /// The sliding log: the growth is also counted by bucket of the window (`b:`); the cap is
 /// lowered by what of the previous window is still in the span, its leases counted as used.
 const LOG: &str = r#"
-local u, c, e, d = fields(KEY_LEDGER)
+local u, c, e, d, _, grant = fields(KEY_LEDGER)
+cap = cap + grant
 local mine = u[member] or 0
 if used > mine then
   -- (a script is not undone when a command in it fails: the sliding log's own command comes
@@ -394,13 +399,14 @@ if KEY_PREV_LEDGER ~= KEY_LEDGER then
     end
   end
   table.sort(steps, function(a, b) return a[1] < b[1] end)
-  local pu, pc = fields(KEY_PREV_LEDGER)
+  local pu, pc, _, _, _, pg = fields(KEY_PREV_LEDGER)
   for id, v in pairs(pc) do prev = prev + math.max(v - (pu[id] or 0), 0) end
+  prev = math.max(prev - pg, 0)
   cap = cap - prev
 end
 local held, active, wanted = others(u, c, e, d)
 local ceiling, fair, left = lease(c, e, mine, cap - total - held, held, active, wanted)
-return answer(total, ceiling, fair, left, held, prev, steps)
+return answer(total, ceiling, fair, left, held, prev, grant, steps)
 "#;
 
 /// Arguments pushed by name, in the order the family's script names them (checked in debug

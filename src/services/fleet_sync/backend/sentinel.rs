@@ -103,4 +103,13 @@ impl SyncBackend for SentinelRedis {
         }
         result
     }
+
+    async fn invoke(&self, call: &redis::ScriptInvocation<'_>) -> Result<redis::Value, RoundError> {
+        let mut conn = self.primary().await?;
+        let result = call.invoke_async(&mut conn).await;
+        if result.is_err() {
+            self.forget();
+        }
+        Ok(result?)
+    }
 }

@@ -3,8 +3,8 @@
 
 use super::pipeline::{finish_counts, first_replies, pipeline};
 use super::round::{
-    heartbeat_reply, Exchange, Heartbeat, Refusal, ReplyError, RoundError, SyncBackend, Update,
-    HEARTBEAT_REPLIES,
+    adjusted_reply, heartbeat_reply, Exchange, Heartbeat, Refusal, ReplyError, RoundError,
+    SyncBackend, Update, HEARTBEAT_REPLIES,
 };
 use super::script::{load_scripts, no_script};
 use crate::config::model::{RedisEndpoint, RedisSettings};
@@ -88,6 +88,10 @@ impl SyncBackend for SingleRedis {
     ) -> Result<Exchange, RoundError> {
         exchange_on(&mut self.conn.clone(), updates, hb).await
     }
+
+    async fn invoke(&self, call: &redis::ScriptInvocation<'_>) -> Result<redis::Value, RoundError> {
+        Ok(call.invoke_async(&mut self.conn.clone()).await?)
+    }
 }
 
 /// A round on one server's connection: the pipeline, the scripts loaded if it did not know
@@ -134,6 +138,7 @@ pub(super) async fn exchange_on<C: redis::aio::ConnectionLike + Send>(
     Ok(Exchange {
         answers,
         instances,
+        adjusted: hb.and_then(|_| adjusted_reply(&beat)),
         refused,
         ..Exchange::default()
     })
