@@ -29,6 +29,9 @@ pub struct RuleView {
 pub struct TierView {
     pub period_ms: u64,
     pub threshold: u64,
+    /// Granted to the current window by an operator (`POST /api/tenants/{id}/grant`, or a
+    /// reset): admitted past the threshold (a bucket's: tokens given back).
+    pub granted: u64,
     /// Counted in the current window (with Redis: the fleet's total at the last answer plus
     /// what this instance has not sent yet).
     pub used: u64,
@@ -83,9 +86,12 @@ impl Limiter {
                         TierView {
                             period_ms: tier.period_ms,
                             threshold: tier.threshold,
+                            granted: l.grant,
                             // (a sliding log: its span)
                             used: if algo == Algorithm::SlidingLog {
-                                tier.threshold.saturating_sub(remaining)
+                                ledger::granted(tier, &state, algo)
+                                    .threshold
+                                    .saturating_sub(remaining)
                             } else {
                                 state.current
                             },
@@ -150,6 +156,7 @@ impl Limiter {
             let counter = limit.counters.get(&arena[key]).filter(|c| c.list == list);
             for (i, tier) in limit.tiers(list).iter().enumerate() {
                 let (state, mut verdict) = tier_now(counter.as_ref(), i, tier, algo, now);
+                let tier = &ledger::granted(tier, &state, algo);
                 if let Some(room) = ledger::room(&state, tier, algo, leased, shared) {
                     verdict.remaining = verdict.remaining.min(room);
                 }
@@ -184,6 +191,8 @@ fn tier_now(
         .and_then(|c| c.tiers.get(i).copied())
         .unwrap_or_default();
     algorithm::roll(&mut state, tier, algo, now);
+    // (what an operator granted to the window widens it)
+    let tier = &ledger::granted(tier, &state, algo);
     // a sliding log: its span, not its window's count
     let log = counter
         .and_then(|c| c.logs.as_deref())
