@@ -558,7 +558,11 @@ fn the_documented_acl_lets_two_gateways_share_the_limit_of_every_algorithm() {
     let r = acl_redis(&acl());
     let p = period_with_room(600, 90);
     let tier = format!("{{ period: {p}, threshold: 20 }}");
-    let cfg = acl_config(up.addr, &r, &ALGORITHMS, &tier, "local_share");
+    let token = "0123456789abcdef0123";
+    let cfg = acl_config(up.addr, &r, &ALGORITHMS, &tier, "local_share").replace(
+        "  threads: 1\n",
+        &format!("  threads: 1\n  admin_token: \"{token}\"\n"),
+    );
     let (a, b) = (acl_gateway(&cfg), acl_gateway(&cfg));
     for gw in [&a, &b] {
         assert!(wait_redis_state(gw, "connected"), "{}", gw.log());
@@ -601,6 +605,33 @@ fn the_documented_acl_lets_two_gateways_share_the_limit_of_every_algorithm() {
         "{:?}",
         admin_keys(&r)
     );
+    // an operator's reset of every rule goes through as that user too (its scripts, and the
+    // mark the heartbeats read, under the key prefix)
+    let raw = format!(
+        "POST /api/tenants/acme/reset HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    let reset = request_raw(a.admin, raw.as_bytes()).expect("the admin answers");
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    assert_eq!(reset.json()["told_at_once"], true, "{}", reset.body);
+    for alg in ALGORITHMS {
+        // both admit again (b hears of it within a round; a leaky bucket of `queue: 0` holds
+        // one turn: b takes it)
+        let path = format!("/{alg}/x");
+        let gws = if alg == "leaky_bucket" {
+            vec![&b]
+        } else {
+            vec![&b, &a]
+        };
+        for gw in gws {
+            assert!(
+                eventually(Duration::from_secs(5), || gw
+                    .get(&path, &[("x-org-id", "acme")])
+                    .status
+                    == 200),
+                "{alg} after the reset"
+            );
+        }
+    }
     // and no command was refused: by Redis's ACL log, and by the gateways'
     let log = admin(&r, &["ACL", "LOG"]);
     assert!(

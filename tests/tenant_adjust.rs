@@ -38,6 +38,10 @@ limits:
     pathPattern: /sliding/**
     algorithm: sliding_window
     tiers: [{{ period: {p}, threshold: 6 }}]
+  - id: log
+    pathPattern: /log/**
+    algorithm: sliding_log
+    tiers: [{{ period: {p}, threshold: 6 }}]
   - id: bucket
     pathPattern: /bucket/**
     algorithm: token_bucket
@@ -174,6 +178,7 @@ fn an_operator_resets_and_grants_on_one_instance_without_redis() {
         [
             "fixed/0",
             "sliding/0",
+            "log/0",
             "bucket/0",
             "two-tiers/0",
             "two-tiers/1"
@@ -213,6 +218,12 @@ fn an_operator_resets_and_grants_on_one_instance_without_redis() {
         (
             "/api/tenants/acme/grant",
             r#"{"rule": "fixed", "units": 0}"#,
+            422,
+            "units",
+        ),
+        (
+            "/api/tenants/acme/grant",
+            r#"{"rule": "fixed", "units": 1000000000001}"#,
             422,
             "units",
         ),
@@ -273,6 +284,23 @@ fn an_operator_resets_and_grants_on_one_instance_without_redis() {
         assert!(r.body.contains(says), "{path} {body}: {}", r.body);
     }
     assert_eq!(admitted_until_refused(&[&gw], "/fixed/a", "acme", 3), 0);
+
+    // units granted and not used stay granted through a reset
+    let r = post(
+        gw.admin,
+        "/api/tenants/acme/grant",
+        r#"{"rule": "fixed", "units": 2}"#,
+        true,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = post(
+        gw.admin,
+        "/api/tenants/acme/reset",
+        r#"{"rule": "fixed"}"#,
+        true,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(admitted_until_refused(&[&gw], "/fixed/a", "acme", 3), 6 + 2);
 }
 
 #[test]
@@ -303,7 +331,12 @@ fn a_reset_and_a_grant_reach_every_instance_of_the_fleet_within_a_round() {
     reset_and_grant_across(
         &a,
         &b,
-        &[("/fixed/a", 6), ("/sliding/a", 6), ("/bucket/a", 4)],
+        &[
+            ("/fixed/a", 6),
+            ("/sliding/a", 6),
+            ("/log/a", 6),
+            ("/bucket/a", 4),
+        ],
     );
     // the window's count in Redis is still what the fleet admitted (contract section 6); the
     // grants are beside it, in the window's ledger
@@ -322,8 +355,25 @@ fn a_reset_and_a_grant_reach_every_instance_of_the_fleet_within_a_round() {
         "the reset forgave 6, the grant added 3"
     );
     assert!(redis.int(&["PTTL", &format!("{fixed}:fleet")]) > 0);
+    // units granted and not used stay granted through a reset
+    for (action, body) in [
+        ("grant", r#"{"rule": "fixed", "units": 2}"#),
+        ("reset", r#"{"rule": "fixed"}"#),
+    ] {
+        let r = post(a.admin, &format!("/api/tenants/acme/{action}"), body, true);
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let mut after = 0;
+    assert!(eventually(Duration::from_secs(5), || {
+        after += usize::from(b.get("/fixed/a", &[("x-org-id", "acme")]).status == 200);
+        after > 0
+    }));
+    after += admitted_until_refused(&[&a, &b], "/fixed/a", "acme", 4);
+    assert_eq!(after, 6 + 2);
     // the mark that tells the heartbeats expires too
-    assert!(redis.int(&["PTTL", "{tg:instances}:adjusted"]) > 0);
+    let mark = redis.keys("tg:instances:adjusted*");
+    assert_eq!(mark.len(), 1, "{mark:?}");
+    assert!(redis.int(&["PTTL", &mark[0]]) > 0);
 }
 
 #[test]

@@ -508,9 +508,10 @@ pub fn adjust(
     match how {
         Adjust::Reset if bucket => state.tat_ns = 0,
         Adjust::Reset => {
-            // what the window counted no longer counts; what was granted and not used stays
+            // what the window counted no longer counts; what was granted and not used (past
+            // the threshold, the count used the grant) stays
             let l = &mut state.ledger;
-            l.grant = l.grant.saturating_sub(state.current);
+            l.grant -= l.grant.min(state.current.saturating_sub(threshold));
             state.current = 0;
             state.previous = 0;
         }

@@ -45,7 +45,7 @@ pub struct Target<'a> {
 
 /// The adjustment: keys `count`, `ledger` (this window's), `prev_count`, `prev_ledger` (the
 /// previous window's; this window's again unless sliding), `bucket` (a bucket's time, µs);
-/// arguments `op` (`reset` or `grant`), `units` (a bucket's reset: its size), the ledgers'
+/// arguments `op` (`reset` or `grant`), `units` (a reset: the threshold), the ledgers'
 /// expiries, whether it is a bucket (its time per token, µs; 0: not one), its period and now.
 /// Answers the window's grant after it.
 const ADJUST: &str = r#"
@@ -66,8 +66,10 @@ if bucket_us > 0 then
   redis.call('PEXPIREAT', KEYS[5], now_ms + period_ms + 10000)
   grant = grant + units
 elseif op == 'reset' then
-  -- what the window counted weighs nothing; a sliding window's previous one neither
-  grant = math.max(grant, tonumber(redis.call('GET', KEYS[1]) or '0'))
+  -- what the window counted weighs nothing (what was granted and not used stays: the count
+  -- used the grant past the threshold, `units`); a sliding window's previous one neither
+  local total = tonumber(redis.call('GET', KEYS[1]) or '0')
+  grant = total + grant - math.min(grant, math.max(total - units, 0))
   if KEYS[4] ~= KEYS[2] then
     local counted = tonumber(redis.call('GET', KEYS[3]) or '0')
     if counted > grant_of(KEYS[4]) then
@@ -155,8 +157,7 @@ pub async fn fleet(
         0
     };
     let (verb, units) = match op {
-        Op::Reset if t.algorithm.is_bucket() => ("reset", t.quota.threshold),
-        Op::Reset => ("reset", 0),
+        Op::Reset => ("reset", t.quota.threshold),
         Op::Grant(n) => ("grant", n),
     };
     let mut call = SCRIPT.prepare_invoke();

@@ -150,11 +150,18 @@ mod tests {
     fn the_heartbeat_reads_the_mark_of_an_adjustment_in_its_own_slot() {
         use redis::cluster_routing::Slot;
         use redis::Value::{Array, BulkString, Int, Map, Nil};
-        for hb in ["tg:instances", "a{b}c:instances"] {
+        for hb in [
+            "tg:instances",
+            "a{b}c:instances",
+            "tollgate:instances",
+            "tg:instances",
+        ] {
             let k = adjusted_key(hb);
             assert_eq!(Slot::for_key(&k), Slot::for_key(hb), "{k}");
+            // under the key prefix, as an ACL's key pattern names it
+            assert!(k.starts_with(&format!("{hb}:adjusted")), "{k}");
         }
-        assert_eq!(adjusted_key("tg:instances"), "{tg:instances}:adjusted");
+        assert_eq!(adjusted_key("a{b}c:instances"), "a{b}c:instances:adjusted");
         let beat = |mark: redis::Value| [Int(1), Int(0), Int(1), mark, Int(3)];
         let v = |s: &str| BulkString(s.as_bytes().to_vec());
         assert_eq!(

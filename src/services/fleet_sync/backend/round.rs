@@ -397,14 +397,33 @@ pub const HEARTBEAT_TTL_MS: u64 = 60_000;
 /// How many replies the heartbeat adds to a pipeline.
 pub const HEARTBEAT_REPLIES: usize = 5;
 
-/// The key an operator's adjustment marks (`Heartbeat::adjusted_key`): in the heartbeat's
-/// Redis Cluster slot (its hash tag, or the heartbeat key as one).
+/// The key an operator's adjustment marks (`Heartbeat::adjusted_key`): under the heartbeat's
+/// key (so under the key prefix an ACL allows, `~prefix:*`) and in its Redis Cluster slot, so
+/// that the heartbeat reads it in the same pipeline: `<heartbeat key>:adjusted`, or, where
+/// that falls in another slot, the first `<heartbeat key>:adjusted:<n>` that does not (every
+/// instance finds the same; kept for the last key prefix asked).
 pub fn adjusted_key(heartbeat_key: &str) -> String {
-    if heartbeat_key.contains('{') {
-        format!("{heartbeat_key}:adjusted")
-    } else {
-        format!("{{{heartbeat_key}}}:adjusted")
+    use redis::cluster_routing::Slot;
+    static LAST: parking_lot::Mutex<Option<(String, String)>> = parking_lot::Mutex::new(None);
+    let mut last = LAST.lock();
+    if let Some((hb, key)) = last.as_ref() {
+        if hb == heartbeat_key {
+            return key.clone();
+        }
     }
+    let slot = Slot::for_key(heartbeat_key);
+    let plain = format!("{heartbeat_key}:adjusted");
+    let key = if Slot::for_key(&plain) == slot {
+        plain
+    } else {
+        // (one in 16,384 lands in a given slot: a few thousand tries, once)
+        (0u32..)
+            .map(|n| format!("{heartbeat_key}:adjusted:{n}"))
+            .find(|k| Slot::for_key(k) == slot)
+            .unwrap_or(plain)
+    };
+    *last = Some((heartbeat_key.to_string(), key.clone()));
+    key
 }
 
 /// The mark of the last operator's adjustment among the heartbeat's replies (its fourth: an
