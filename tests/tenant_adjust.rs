@@ -18,9 +18,10 @@ static FLEET: Mutex<()> = Mutex::new(());
 
 const TOKEN: &str = "0123456789abcdef0123";
 
-/// Rules on three paths (fixed window, sliding window, token bucket), each per tenant and of
-/// a period of about an hour with `room_s` seconds left in its window; one rule per address,
-/// and one of two tiers.
+/// Rules on their own paths (fixed window, sliding window, sliding log, token bucket), each per
+/// tenant and of a period of about an hour with `room_s` seconds left in its window; a monthly
+/// calendar window (a support desk's "monthly quota"); one rule per address, and one of two
+/// tiers.
 /// `redis`: the endpoint's line (`url: ...`, `cluster: [...]`), or none.
 fn config(up: &Upstream, server_extra: &str, redis: Option<&str>, room_s: u64) -> String {
     let p = period_with_room(3600, room_s);
@@ -42,6 +43,10 @@ limits:
     pathPattern: /log/**
     algorithm: sliding_log
     tiers: [{{ period: {p}, threshold: 6 }}]
+  - id: monthly
+    pathPattern: /monthly/**
+    calendar: {{ tz: Europe/Berlin }}
+    tiers: [{{ period: 1mo, threshold: 6 }}]
   - id: bucket
     pathPattern: /bucket/**
     algorithm: token_bucket
@@ -179,6 +184,7 @@ fn an_operator_resets_and_grants_on_one_instance_without_redis() {
             "fixed/0",
             "sliding/0",
             "log/0",
+            "monthly/0",
             "bucket/0",
             "two-tiers/0",
             "two-tiers/1"
@@ -335,6 +341,7 @@ fn a_reset_and_a_grant_reach_every_instance_of_the_fleet_within_a_round() {
             ("/fixed/a", 6),
             ("/sliding/a", 6),
             ("/log/a", 6),
+            ("/monthly/a", 6),
             ("/bucket/a", 4),
         ],
     );
