@@ -210,24 +210,26 @@ fn base64(s: &str) -> String {
     out
 }
 
-/// Headless Chromium, as the environment notes say it runs here (no sandbox as root, no
-/// background networking on this closed network).
+/// Headless Chromium's flags, as the environment notes say it runs here (no sandbox as root,
+/// no background networking on this closed network).
+const CHROMIUM: [&str; 8] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+];
+
+/// Headless Chromium with `args`, its standard output.
 fn chromium(dir: &Path, args: &[&str]) -> String {
     // bounded: a page that opened a dialog would otherwise hold the browser forever
     let out = Command::new("timeout")
-        .args([
-            "60",
-            "chromium",
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--virtual-time-budget=4000",
-        ])
+        .args(["60", "chromium"])
+        .args(CHROMIUM)
+        .arg("--virtual-time-budget=4000")
         .arg(format!("--user-data-dir={}", dir.display()))
         .args(args)
         .output()
@@ -503,17 +505,8 @@ impl Browser {
     fn open(url: &str) -> Browser {
         let profile = TempDir::new();
         let child = Command::new("chromium")
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--remote-debugging-port=0",
-            ])
+            .args(CHROMIUM)
+            .arg("--remote-debugging-port=0")
             .arg(format!("--user-data-dir={}", profile.0.display()))
             .arg(url)
             .stdout(std::process::Stdio::null())

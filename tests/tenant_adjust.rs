@@ -151,15 +151,16 @@ fn an_operator_resets_and_grants_on_one_instance_without_redis() {
     let r = post(
         gw.admin,
         "/api/tenants/acme/grant",
-        r#"{"rule": "fixed", "units": 3, "by": "alice@desk"}"#,
+        r#"{"rule": "fixed", "units": 3, "by": "alice@desk\nadmin: forged"}"#,
         true,
     );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(admitted_until_refused(&[&gw], "/fixed/a", "acme", 5), 3);
     let log = gw.log();
     assert!(
-        log.contains("admin: grant of 3 for tenant \"acme\" by alice@desk from 127.0.0.1:")
-            && log.contains("[fixed/0], this instance (no redis)"),
+        log.contains(
+            "admin: grant of 3 for tenant \"acme\" by alice@desk\\nadmin: forged from 127.0.0.1:"
+        ) && log.contains("[fixed/0], this instance (no redis)"),
         "{log}"
     );
     assert!(
@@ -322,18 +323,7 @@ fn without_an_admin_token_resets_and_grants_are_forbidden() {
 fn a_reset_and_a_grant_reach_every_instance_of_the_fleet_within_a_round() {
     let _turn = FLEET.lock().unwrap_or_else(|e| e.into_inner());
     let redis = RedisServer::start();
-    let up = Upstream::start("u");
-    let endpoint = format!("url: {}", redis.url());
-    let cfg = config(
-        &up,
-        &format!("  admin_token: \"{TOKEN}\""),
-        Some(&endpoint),
-        150,
-    );
-    let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
-    for gw in [&a, &b] {
-        assert!(wait_redis_state(gw, "connected"), "{}", gw.log());
-    }
+    let (_up, a, b) = pair(&format!("url: {}", redis.url()));
     reset_and_grant_across(
         &a,
         &b,
@@ -387,19 +377,24 @@ fn a_reset_and_a_grant_reach_every_instance_of_the_fleet_within_a_round() {
 fn a_reset_and_a_grant_reach_the_fleet_through_a_redis_cluster() {
     let _turn = FLEET.lock().unwrap_or_else(|e| e.into_inner());
     let cluster = Cluster::start(3, 0);
+    let (_up, a, b) = pair(&format!("cluster: {}", cluster.seeds()));
+    reset_and_grant_across(&a, &b, &[("/fixed/a", 6), ("/bucket/a", 4)]);
+}
+
+/// Two gateways with the admin token on the Redis `endpoint` (its config line), connected.
+fn pair(endpoint: &str) -> (Upstream, Gateway, Gateway) {
     let up = Upstream::start("u");
-    let endpoint = format!("cluster: {}", cluster.seeds());
     let cfg = config(
         &up,
         &format!("  admin_token: \"{TOKEN}\""),
-        Some(&endpoint),
+        Some(endpoint),
         150,
     );
     let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
     for gw in [&a, &b] {
         assert!(wait_redis_state(gw, "connected"), "{}", gw.log());
     }
-    reset_and_grant_across(&a, &b, &[("/fixed/a", 6), ("/bucket/a", 4)]);
+    (up, a, b)
 }
 
 /// For each (path, threshold): the tenant fills its window on both instances, a reset through

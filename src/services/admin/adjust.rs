@@ -221,7 +221,8 @@ impl Said<'_> {
             Op::Reset => "reset".to_string(),
             Op::Grant(n) => format!("grant of {n}"),
         };
-        let (tenant, who, peer) = (self.tenant, self.who, self.peer);
+        // (`by` is the caller's text: escaped, so that it cannot forge a log line)
+        let (tenant, who, peer) = (self.tenant, self.who.escape_debug(), self.peer);
         let tiers: Vec<String> = self
             .done
             .iter()
