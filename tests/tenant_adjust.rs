@@ -381,6 +381,16 @@ fn a_reset_and_a_grant_reach_the_fleet_through_a_redis_cluster() {
     reset_and_grant_across(&a, &b, &[("/fixed/a", 6), ("/bucket/a", 4)]);
 }
 
+/// Until every count `gws` admitted has reached Redis.
+fn settled(gws: &[&Gateway]) {
+    for gw in gws {
+        assert!(eventually(Duration::from_secs(10), || common::metric_sum(
+            &gw.metrics(),
+            "tollgate_redis_pending_deltas"
+        ) == 0.0));
+    }
+}
+
 /// Two gateways with the admin token on the Redis `endpoint` (its config line), connected.
 fn pair(endpoint: &str) -> (Upstream, Gateway, Gateway) {
     let up = Upstream::start("u");
@@ -409,6 +419,8 @@ fn reset_and_grant_across(a: &Gateway, b: &Gateway, rules: &[(&str, usize)]) {
             threshold,
             "{rule}"
         );
+        // (every count in Redis first: one reported after a reset counts after it)
+        settled(&[a, b]);
         // reset through b; a, whose count refuses, hears of it from its next rounds
         let r = post(
             b.admin,
