@@ -111,6 +111,16 @@ fn tls_config(up: SocketAddr, tls_port: u16, server_extra: &str, tail: &str) -> 
 
 const LIMITS: &str = "tenant:\n  from:\n    - header: x-org-id\n      trusted: true\nlimits:\n  - id: per-org\n    pathPattern: /**\n    tiers: [{ period: 10, threshold: 2 }]\n";
 
+/// `LIMITS` with a period of 10 s or a little more whose window has 8 s left now: a test's few
+/// requests fall in one window (with 10 s exactly, a window's end between them let the third
+/// request through once in `make test`).
+fn limits() -> String {
+    LIMITS.replace(
+        "period: 10",
+        &format!("period: {}", period_with_room(10, 8)),
+    )
+}
+
 /// Start a gateway whose directory already holds the certificates `certs` (name, host).
 fn start_tls(template: &str, certs: &[(&str, &str)]) -> Gateway {
     let dir = TempDir::new();
@@ -176,7 +186,7 @@ fn tls_picks_the_certificate_by_sni_and_serves_http2() {
     let tls_port = free_port();
     let extra = "  certificates:\n    - hosts: [\"api.example.com\"]\n      cert: api.pem\n      key: api.key\n    - hosts: [\"*.example.com\"]\n      cert: wild.pem\n      key: wild.key\n";
     let gw = start_tls(
-        &tls_config(up.addr, tls_port, extra, LIMITS),
+        &tls_config(up.addr, tls_port, extra, &limits()),
         &[
             ("gw", "localhost"),
             ("api", "api.example.com"),
@@ -288,7 +298,7 @@ fn tls_picks_the_certificate_by_sni_and_serves_http2() {
 #[test]
 fn plain_listeners_take_http2_prior_knowledge_with_h2c() {
     let up = Upstream::start("app");
-    let cfg = one_route_config(up.addr, 1, "  h2c: true") + LIMITS;
+    let cfg = one_route_config(up.addr, 1, "  h2c: true") + &limits();
     let gw = Gateway::start(&cfg);
     let url = format!("http://{}/v1/x", gw.addr);
     let r = curl(
