@@ -65,6 +65,17 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
         let key = format!("t:{{p}}:r:{window}:{}", window + 1);
         let prev_key = format!("t:{{p}}:r:{}:{window}", window.saturating_sub(1));
         let prev = format!("{prev_key}:fleet");
+        if rng.below(40) == 0 {
+            // an operator's grant to the window (`fleet_sync::adjust`): the cap widens by it,
+            // and a sliding window's or log's next window weighs its previous one less by it
+            let g = rng.below(100) as i64;
+            let ledger = format!("{key}:fleet");
+            redis.int(&["HSET", &ledger, "g:", &g.to_string()]);
+            hashes
+                .entry(ledger)
+                .or_insert_with(HashMap::new)
+                .insert("g:".to_string(), g);
+        }
         if !bucket && rng.below(4) == 0 {
             // a direct record's plain increment
             let c = CountUpdate {
@@ -229,6 +240,34 @@ fn window_update(key: &str, member: &str, used: u64, want: u64, cap: u64) -> Led
         direct_cap: 0,
         since_ms: 0,
     }
+}
+
+#[test]
+fn a_grant_widens_its_window_and_weighs_nothing_on_the_next() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    // a window of 100 that counted 100, 40 of them granted
+    let prev_key = "t:{p}:g:0:1000";
+    redis.int(&["INCRBY", prev_key, "100"]);
+    redis.int(&["HSET", &format!("{prev_key}:fleet"), "g:", "40"]);
+    let a = eval(&mut conn, &window_update(prev_key, "a.1", 0, 10, 100));
+    assert_eq!(
+        (a.total, a.grant, a.ceiling),
+        (100, 40, 10),
+        "room for the 40 granted"
+    );
+    // the next window, a sliding one at its start: the previous one weighs what it counted
+    // and the 10 still leased, less the 40 granted: 70, not 110 (which would leave nothing)
+    let key = "t:{p}:g:1000:2000";
+    let next = LedgerUpdate {
+        prev_ledger_key: format!("{prev_key}:fleet"),
+        prev_key: prev_key.into(),
+        weight_ms: 1000,
+        ..window_update(key, "a.1", 0, 100, 100)
+    };
+    let b = eval(&mut conn, &next);
+    assert_eq!((b.prev, b.grant, b.ceiling), (70, 0, 30), "{b:?}");
 }
 
 #[test]
