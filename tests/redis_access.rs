@@ -620,12 +620,18 @@ fn the_documented_acl_lets_two_gateways_share_the_limit_of_every_algorithm() {
     let reset = request_raw(a.admin, raw.as_bytes()).expect("the admin answers");
     assert_eq!(reset.status, 200, "{}", reset.body);
     assert_eq!(reset.json()["told_at_once"], true, "{}", reset.body);
-    // (not the leaky bucket of `queue: 0`: its one turn after the reset did not reach b within
-    // 5 s twice in `make test`, though it did alone; not understood yet, see the notes)
-    for alg in ALGORITHMS.iter().filter(|a| **a != "leaky_bucket") {
-        // both admit again (b hears of it within a round)
+    for alg in ALGORITHMS {
+        // both admit again (b hears of it within a round; a leaky bucket of `queue: 0` holds
+        // one turn: b takes it, though its refused requests made it leases it kept unused; a
+        // busy machine once let the sweeper drop b's counter holding one, and the turn stayed
+        // leased to nobody until the next window's end)
         let path = format!("/{alg}/x");
-        for gw in [&b, &a] {
+        let gws = if alg == "leaky_bucket" {
+            vec![&b]
+        } else {
+            vec![&b, &a]
+        };
+        for gw in gws {
             assert!(
                 eventually(Duration::from_secs(5), || gw
                     .get(&path, &[("x-org-id", "acme")])

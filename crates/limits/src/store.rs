@@ -156,9 +156,18 @@ impl RuleCounters {
         }
     }
 
-    /// Does `c` hold counts that a running fleet sync has not sent yet?
+    /// Does `c` hold what a running fleet sync must still tell Redis: counts not sent yet, or
+    /// a bucket's lease not given back? (A window's lease lapses in Redis with its window,
+    /// before the counter may go; a bucket's lasts into the next window, and a counter dropped
+    /// holding one would keep its tokens from the fleet until then: the next periodic round
+    /// gives it back.)
     fn has_unsent(&self, c: &Counter) -> bool {
-        self.syncing.load(Ordering::Relaxed) && c.tiers.iter().any(|t| t.ledger.unsent() > 0)
+        let bucket = self.algorithm().is_bucket();
+        self.syncing.load(Ordering::Relaxed)
+            && c.tiers.iter().any(|t| {
+                let l = &t.ledger;
+                l.unsent() > 0 || (bucket && (l.ceiling > l.current.used || l.prev_held))
+            })
     }
 
     /// Keep counts that must still reach Redis although their counter moved on (only while a
@@ -538,5 +547,43 @@ mod tests {
         // window [1000000, 1010000) + grace
         assert_eq!(rc.sweep(1_010_000 + GRACE_MS - 1), 1);
         assert_eq!(rc.sweep(1_010_000 + GRACE_MS), 0);
+    }
+
+    /// A bucket's lease lasts in Redis into the next window: a counter holding one unused is
+    /// kept (while a fleet sync runs) until a round gives it back, however full its bucket; a
+    /// counter dropped with it would keep its tokens from every other instance until then.
+    #[test]
+    fn sweep_keeps_a_bucket_holding_a_lease_until_it_is_given_back() {
+        let reg = registry();
+        reg.set_syncing(true);
+        let id = RuleIdentity::of(
+            "b",
+            Algorithm::LeakyBucket,
+            &PartitionBy::Tenant,
+            [(None, vec![(Duration::from_secs(10), None)])],
+        );
+        let rc = reg.get_or_create(id, quotas(), 100);
+        let t0 = 1_000_000u64; // ms
+        let key = b"x";
+        let hash = rc.hash_of(key);
+        {
+            let mut shard = rc.lock(RuleCounters::shard_of_hash(hash));
+            let c = rc
+                .counter(&mut shard, key, hash, 0, t0 * 1_000_000)
+                .unwrap();
+            let t = rc.tiers()[0][0];
+            algorithm::roll(&mut c.tiers[0], &t, Algorithm::LeakyBucket, t0 * 1_000_000);
+            // a lease of 1 answered, nothing admitted (the bucket is full: needed no longer)
+            c.tiers[0].ledger.ceiling = 1;
+        }
+        assert_eq!(rc.sweep(t0 + 60_000), 1, "kept: its lease is still out");
+        // the periodic round gives it back (the lease is lowered to what was admitted)
+        assert!(rc.update(key, |c| c.tiers[0].ledger.ceiling = 0));
+        assert_eq!(rc.sweep(t0 + 60_000), 0);
+        // without a fleet sync there is nothing to give back
+        reg.set_syncing(false);
+        hit(&rc, key, t0 * 1_000_000);
+        assert!(rc.update(key, |c| c.tiers[0].ledger.ceiling = 5));
+        assert_eq!(rc.sweep(t0 + 60_000), 0);
     }
 }
