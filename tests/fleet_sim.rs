@@ -478,7 +478,8 @@ struct Outcome {
     /// sliding windows: the weighted count; token buckets: while the fleet's bucket kept 0.1 x
     /// threshold), made with Redis answering: (ms into the run, instance, the fleet's count).
     false_refusals: Vec<(u64, usize, f64)>,
-    /// The same, made under `on_failure` (a round failed or a request waited past its hold).
+    /// The same, made under `on_failure` (a round failed, or a request waited past its hold
+    /// in a seed with faults).
     failure_refusals: u64,
     refusals: u64,
     /// Updates sent to Redis (one script call each), and requests admitted.
@@ -894,9 +895,15 @@ fn simulate(s: &Scenario) -> Outcome {
                 if d.verdict != Verdict::Allow {
                     out.refusals += 1;
                     // judged a round trip later (see `judge_ms`)
-                    // under on_failure: a hold waited out, Redis down, or (Redis Cluster) the
-                    // counter's own node silent at its last round
-                    let failure = waited_out
+                    // under on_failure: a hold waited out under faults (with Redis answering
+                    // and no fault, a hold waited out is no excuse: the contract's "no
+                    // refusal under 0.9 x threshold" holds; but not yet for a sliding log,
+                    // whose span counts the previous window's unused leases of the other
+                    // instances until their periodic rounds give them back: seed 351 of
+                    // `sliding_logs_keep_the_bounds_over_many_seeds` waits them out and is
+                    // refused), Redis down, or (Redis Cluster) the counter's own node silent
+                    // at its last round
+                    let failure = (waited_out && (s.faults != Faults::None || s.log))
                         || !inst.fleet.is_connected()
                         || first_state(&inst.limiter).is_some_and(|st| st.ledger.unreachable);
                     refused_now.push((i, failure, checked));

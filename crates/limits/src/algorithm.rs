@@ -202,7 +202,12 @@ pub fn roll(
         state.current = 0;
     }
     let old = std::mem::replace(&mut state.window_start_ms, start);
-    state.ledger.roll(old, algorithm.is_bucket(), adjacent)
+    let orphan = state.ledger.roll(old, algorithm.is_bucket(), adjacent);
+    // requests held in the old window ask again in the new one (a sliding log's: not; its
+    // span still holds the old window, leases included, until the other instances give
+    // theirs back, and asking at once would find it full)
+    state.ledger.rehold = algorithm != Algorithm::SlidingLog;
+    orphan
 }
 
 /// Would a request of `units` pass (one request costs 1), for this instance alone? Call `roll`

@@ -107,8 +107,8 @@ pub struct Ledger {
     /// a request held for a lease asks for that share of its units (`note_hold`), not all of
     /// them (a rule counting one answer in ten would otherwise hold ten times the quota it
     /// uses). Kept across windows.
-    pub answers: u32,
-    pub charged_answers: u32,
+    pub answers: u16,
+    pub charged_answers: u16,
     /// Late charges (`count_when`, a cost from the answer): the units admission checked for
     /// requests still waiting for their answers. Credits count them (a credit is for one
     /// request at a time, or a few on a fresh window, not for a burst whose charges are on
@@ -129,6 +129,14 @@ pub struct Ledger {
     /// Redis said): when an operator resets or grants a window somewhere in the fleet, the
     /// record asks at the next round if it has not asked since, so that it hears of it.
     pub count_full: bool,
+    /// The last answer granted requests that waited here (`Ask::need`) and none has been
+    /// drained since: the next drain keeps that lease whole, whatever it asks, so that the
+    /// requests it was granted for (woken by the answer, maybe decided after the next round
+    /// has begun) find it still there.
+    pub granted_waiting: bool,
+    /// The window is new and Redis has not answered for it yet: requests held in the old
+    /// window (whose asks were of that window) ask again when they are held again.
+    pub rehold: bool,
 }
 
 /// Counts of a window record that could not stay in its counter (the counter was evicted,
@@ -206,6 +214,10 @@ impl Ledger {
             pending: self.pending,
             answers: self.answers,
             charged_answers: self.charged_answers,
+            // requests held in the old window wait on in this one: what they did not ask for
+            // yet is asked for here, and those an answer could not grant ask again
+            need_milli: self.need_milli,
+            asking: self.need_milli > 0,
             ..Ledger::default()
         };
         orphan
