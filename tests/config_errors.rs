@@ -1236,3 +1236,51 @@ fn a_grpc_health_check_needs_an_http2_pool_and_is_not_an_http_check() {
         assert_eq!(code, 0, "{hc} {extra}: {err}");
     }
 }
+
+/// A route's `cors` (issue 41): origins that are not origins, credentials with any origin, a
+/// method or header name that is none, a typo.
+#[test]
+fn bad_cors() {
+    let route = "    upstream: products\n";
+    let cors = |body: &str| with(route, &format!("{route}    cors:\n{body}"));
+    assert_error(
+        &cors("      origins: [\"https://app.example.com/\"]\n"),
+        13,
+        17,
+        &[
+            "routes[0].cors.origins[0]",
+            "not an origin",
+            "scheme://host[:port]",
+        ],
+    );
+    assert_error(
+        &cors("      origins: any\n"),
+        13,
+        16,
+        &["routes[0].cors.origins", "expected \"*\""],
+    );
+    assert_error(
+        &cors("      origins: \"*\"\n      credentials: true\n"),
+        14,
+        20,
+        &["routes[0].cors.credentials", "list of origins"],
+    );
+    assert_error(
+        &cors("      origins: [\"https://a.example\"]\n      methods: [FETCH]\n"),
+        14,
+        16,
+        &["routes[0].cors.methods", "unknown method \"FETCH\""],
+    );
+    assert_error(
+        &cors("      origins: [\"https://a.example\"]\n      expose_headers: [\"bad header\"]\n"),
+        14,
+        24,
+        &["routes[0].cors.expose_headers[0]", "not a header name"],
+    );
+    assert_error(
+        &cors("      origins: [\"https://a.example\"]\n      max_ages: 10m\n"),
+        14,
+        7,
+        &["routes[0].cors", "unknown field `max_ages`", "`max_age`"],
+    );
+}

@@ -319,6 +319,35 @@ pub struct RouteFile {
     /// These client networks may not.
     #[serde(default)]
     pub deny: Vec<String>,
+    /// Browsers on other origins may call the route.
+    #[serde(default)]
+    pub cors: Option<CorsFile>,
+}
+
+/// A route's `cors`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorsFile {
+    /// `"*"` or a list of origins (`https://app.example.com`).
+    pub origins: OriginsFile,
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    #[serde(default)]
+    pub headers: Option<Vec<String>>,
+    #[serde(default)]
+    pub expose_headers: Vec<String>,
+    #[serde(default)]
+    pub credentials: bool,
+    #[serde(default)]
+    pub max_age: Option<ConfDuration>,
+}
+
+/// `cors.origins`: `"*"`, or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OriginsFile {
+    Any(String),
+    List(Vec<String>),
 }
 
 /// A route's `tenant`: whether its requests must, may or do not identify a tenant.

@@ -3,8 +3,8 @@
 
 use crate::config::defaults::DEFAULT_TENANT_HEADER;
 use crate::matching::normalize::hex_value;
-use crate::matching::{PathPattern, RequestMatch};
-use http::header::HeaderName;
+use crate::matching::{MethodSet, PathPattern, RequestMatch};
+use http::header::{HeaderName, HeaderValue};
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -167,6 +167,41 @@ pub struct Route {
     pub tenant: TenantMode,
     /// `allow` and `deny`: which client addresses may use the route (403 for the others).
     pub access: Option<AccessList>,
+    /// `cors`: browsers on other origins may call the route (preflights answered here).
+    pub cors: Option<Box<Cors>>,
+}
+
+/// A route's `cors`: the Fetch standard's CORS protocol, spoken by the gateway. Header values
+/// are made once, at load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cors {
+    /// The origins that may call the route (serialized: `scheme://host[:port]`, lower case);
+    /// `None`: any origin (`"*"`).
+    pub origins: Option<Vec<String>>,
+    /// The methods a preflight may ask for.
+    pub methods: MethodSet,
+    /// `Access-Control-Allow-Methods`.
+    pub allow_methods: HeaderValue,
+    /// The request headers a preflight may ask for (lower case); `None`: any.
+    pub headers: Option<Vec<HeaderName>>,
+    /// `Access-Control-Allow-Headers` of a listed `headers`.
+    pub allow_headers: Option<HeaderValue>,
+    /// `Access-Control-Expose-Headers`: `expose_headers` and the quota headers.
+    pub expose: HeaderValue,
+    /// `Access-Control-Allow-Credentials: true` (cookies and HTTP authentication).
+    pub credentials: bool,
+    /// `Access-Control-Max-Age`: how long a browser may keep a preflight's answer.
+    pub max_age: Option<HeaderValue>,
+}
+
+impl Cors {
+    /// Whether a page of `origin` (the request's `Origin`) may call the route.
+    pub fn allows_origin(&self, origin: &[u8]) -> bool {
+        self.origins.as_ref().is_none_or(|list| {
+            list.iter()
+                .any(|o| o.as_bytes().eq_ignore_ascii_case(origin))
+        })
+    }
 }
 
 /// A route's `allow` and `deny` lists of client networks (the client address as the tenant

@@ -130,7 +130,7 @@ fn write_routes(s: &mut String, cfg: &Config) {
     for r in &cfg.routes {
         let _ = writeln!(
             s,
-            "  {:<16} {} -> {} (tenant {}){}",
+            "  {:<16} {} -> {} (tenant {}){}{}",
             r.id,
             r.matcher.describe(),
             cfg.upstreams[r.upstream].name,
@@ -139,7 +139,8 @@ fn write_routes(s: &mut String, cfg: &Config) {
                 TenantMode::Optional => "optional",
                 TenantMode::None => "none",
             },
-            r.access.as_ref().map_or_else(String::new, access_text)
+            r.access.as_ref().map_or_else(String::new, access_text),
+            r.cors.as_deref().map_or_else(String::new, cors_text)
         );
     }
 }
@@ -307,6 +308,14 @@ fn networks_text(nets: &[ipnet::IpNet]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// ` cors [origins]` of a route.
+fn cors_text(c: &Cors) -> String {
+    match &c.origins {
+        None => " cors [*]".to_string(),
+        Some(list) => format!(" cors [{}]", list.join(", ")),
+    }
 }
 
 /// ` allow [..] deny [..]` of a route.

@@ -23,6 +23,7 @@ use crate::matching::{normalize_path, Segments};
 use crate::metrics::Metrics;
 use crate::request::answer::Answer;
 use crate::request::client_limits;
+use crate::request::cors;
 pub use crate::request::incoming::Incoming;
 use crate::request::incoming::{client_ip, tenant_of, NoTenant};
 use crate::request::quota;
@@ -70,6 +71,8 @@ pub struct Admitted {
     pub decided_by: Option<u16>,
     pub shadow_by: Option<u16>,
     pub slots: SmallVec<[Slot; 1]>,
+    /// The `Origin` of a page that may call the route (`cors`): its answer says so.
+    pub origin: Option<http::HeaderValue>,
 }
 
 impl Admitted {
@@ -134,9 +137,15 @@ pub fn admit(
         (admitted.tenant, admitted.denied) = (q.tenant, q.refused);
         return Admission::Answer(q.answer);
     }
+    if let Some((i, answer)) = cors::preflight(&cfg.routes, head, host, &segments) {
+        // a browser's preflight: answered here, for no tenant, counted by no limit
+        admitted.route = Some(i);
+        return Admission::Answer(answer);
+    }
     let Some((_, route)) = found else {
         return Admission::Answer(Answer::problem(404, "no route matches this request"));
     };
+    admitted.origin = cors::origin_of(route, head);
     let client = client_ip(req, cfg);
     admitted.client_ip = Some(client);
     if route.access.as_ref().is_some_and(|a| !a.permits(client)) {

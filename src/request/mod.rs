@@ -10,6 +10,7 @@ pub mod answer;
 pub mod client_addr;
 pub mod client_limits;
 pub mod connections;
+pub mod cors;
 pub mod edge;
 pub mod header_deadline;
 pub mod incoming;

@@ -14,7 +14,7 @@
 //!
 //! Every answer the gateway makes itself goes out through `write_answer`.
 
-use crate::config::model::{TenantSource, UpstreamProtocol};
+use crate::config::model::{Cors, TenantSource, UpstreamProtocol};
 use crate::grpc;
 use crate::limits::headers;
 use crate::metrics::{ClientError, Metrics};
@@ -22,6 +22,7 @@ use crate::request::admission::{self, Admission, Admitted, Incoming};
 use crate::request::answer::Answer;
 use crate::request::client_addr::X_FORWARDED_FOR;
 use crate::request::client_limits;
+use crate::request::cors;
 use crate::request::header_deadline;
 use crate::request::trace;
 use crate::snapshot::{SharedSnapshot, Snapshot};
@@ -162,8 +163,11 @@ fn pace(owed: &mut Duration, bytes: usize, bytes_per_sec: u64) -> Option<Duratio
 
 /// Write an answer made here (a refusal, a denial, a shadowban's reply), whole; to a gRPC
 /// call (`grpc`), as a trailers-only gRPC answer (`Answer::to_grpc`).
-async fn write_answer(session: &mut Session, mut answer: Answer, grpc: bool) -> Result<()> {
-    if grpc {
+async fn write_answer(session: &mut Session, mut answer: Answer, ctx: &RequestCtx) -> Result<()> {
+    if let Some((cors, origin)) = cors_of(ctx) {
+        cors::apply(&mut answer.headers, cors, origin);
+    }
+    if ctx.grpc {
         answer = answer.to_grpc(!session.as_downstream().is_http2());
     }
     let end_in_head = answer.body.is_empty();
@@ -193,6 +197,19 @@ async fn write_answer(session: &mut Session, mut answer: Answer, grpc: bool) -> 
     }
     session.write_response_header(resp, false).await?;
     session.write_response_body(Some(answer.body), true).await
+}
+
+/// The route's `cors` and the request's allowed `Origin`, when its answer must say so.
+fn cors_of(ctx: &RequestCtx) -> Option<(&Cors, &HeaderValue)> {
+    let origin = ctx.admitted.origin.as_ref()?;
+    let snap = ctx.snapshot.as_ref()?;
+    let cors = snap
+        .config
+        .routes
+        .get(ctx.admitted.route?)?
+        .cors
+        .as_deref()?;
+    Some((cors, origin))
 }
 
 /// Edit a response's header map directly, with names made once. `ResponseHeader::insert_header`
@@ -386,7 +403,7 @@ impl Gateway {
         if ctx.deadline.is_some_and(|d| Instant::now() + wait > d) {
             leave(ctx);
             let answer = Answer::problem(504, DEADLINE_BEFORE_TURN);
-            Box::pin(write_answer(session, answer, ctx.grpc)).await?;
+            Box::pin(write_answer(session, answer, ctx)).await?;
             return Ok(true);
         }
         self.metrics.queue_waited.inc();
@@ -492,7 +509,7 @@ impl ProxyHttp for Gateway {
             Admission::AwaitKeys(_) => Answer::problem(401, "the bearer token is not valid"),
             Admission::Hold(_) | Admission::Forward => return Ok(false),
         };
-        Box::pin(write_answer(session, answer, ctx.grpc)).await?;
+        Box::pin(write_answer(session, answer, ctx)).await?;
         Ok(true)
     }
 
@@ -518,7 +535,7 @@ impl ProxyHttp for Gateway {
             Box::pin(write_answer(
                 session,
                 Answer::problem(500, GRPC_TO_HTTP1),
-                true,
+                ctx,
             ))
             .await?;
             return Ok(false);
@@ -545,7 +562,7 @@ impl ProxyHttp for Gateway {
         };
         let Some(entered) = entered else {
             let answer = Answer::problem(504, DEADLINE_IN_QUEUE);
-            Box::pin(write_answer(session, answer, ctx.grpc)).await?;
+            Box::pin(write_answer(session, answer, ctx)).await?;
             return Ok(false);
         };
         ctx.gate = entered;
@@ -555,7 +572,7 @@ impl ProxyHttp for Gateway {
                 "the upstream is busy: its queue is full or the wait timed out",
             )
             .retry_after(crate::upstream::shaping::RETRY_AFTER.as_secs(), false);
-            Box::pin(write_answer(session, answer, ctx.grpc)).await?;
+            Box::pin(write_answer(session, answer, ctx)).await?;
             return Ok(false);
         }
         Ok(true)
@@ -592,6 +609,9 @@ impl ProxyHttp for Gateway {
                     headers::apply(h, &snap.limiter, decision, snap.config.headers, false)
                 })?;
             }
+        }
+        if let Some((cors, origin)) = cors_of(ctx) {
+            with_header_map(upstream_response, |h| cors::apply(h, cors, origin))?;
         }
         Ok(())
     }
@@ -883,7 +903,7 @@ impl ProxyHttp for Gateway {
             }
         } else if code > 0 && session.response_written().is_none() {
             let detail = failure_detail(code);
-            if let Err(err) = write_answer(session, Answer::problem(code, detail), ctx.grpc).await {
+            if let Err(err) = write_answer(session, Answer::problem(code, detail), ctx).await {
                 log::debug!("could not send the error answer: {err}");
             }
         }

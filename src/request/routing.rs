@@ -33,6 +33,7 @@ mod tests {
             upstream: 0,
             tenant: crate::config::model::TenantMode::Optional,
             access: None,
+            cors: None,
         }
     }
 

@@ -3,6 +3,7 @@
 //! `request` is a small HTTP/1.1 client over a plain TCP socket.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod failover;
 pub mod grpc;
 pub mod recording;

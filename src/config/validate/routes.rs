@@ -66,12 +66,13 @@ pub(super) fn check_routes(
                 ),
             );
         }
+        let methods = check_methods(c, &format!("{base}.methods"), &r.methods);
         out.push(Route {
             id: r.id.clone(),
             matcher: RequestMatch {
                 host: check_host(c, &format!("{base}.host"), &r.host),
                 path: check_pattern(c, &format!("{base}.path"), &r.path),
-                methods: check_methods(c, &format!("{base}.methods"), &r.methods),
+                methods,
             },
             upstream,
             tenant: match r.tenant {
@@ -81,6 +82,10 @@ pub(super) fn check_routes(
                 Some(TenantModeFile::None) => TenantMode::None,
             },
             access: check_access(c, &base, r),
+            cors: r
+                .cors
+                .as_ref()
+                .map(|cf| Box::new(check_cors(c, &format!("{base}.cors"), cf, methods))),
         });
     }
     out
@@ -102,4 +107,130 @@ fn check_access(c: &mut Checker, base: &str, r: &RouteFile) -> Option<AccessList
     });
     let deny = check_networks(c, &format!("{base}.deny"), &r.deny);
     Some(AccessList { allow, deny })
+}
+
+/// The quota headers a page on another origin may read (`Access-Control-Expose-Headers`).
+const QUOTA_HEADERS: [&str; 7] = [
+    "ratelimit",
+    "ratelimit-policy",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "retry-after",
+    "x-ratelimit-retry-after",
+];
+
+/// The methods a preflight may ask for when `cors.methods` is not given and the route takes
+/// every method.
+const CORS_METHODS: [&str; 6] = ["GET", "HEAD", "PUT", "PATCH", "POST", "DELETE"];
+
+/// A route's `cors` (`route_methods`: the route's own, the default for `cors.methods`).
+fn check_cors(c: &mut Checker, base: &str, f: &CorsFile, route_methods: MethodSet) -> Cors {
+    let origins = match &f.origins {
+        OriginsFile::Any(s) if s == "*" => None,
+        OriginsFile::Any(s) => {
+            c.err(
+                &format!("{base}.origins"),
+                format!("{s:?}: expected \"*\" (any origin) or a list of origins such as [\"https://app.example.com\"]"),
+            );
+            None
+        }
+        OriginsFile::List(list) => {
+            if list.is_empty() {
+                c.err(
+                    &format!("{base}.origins"),
+                    "an empty list lets no page call the route: list origins, or \"*\"",
+                );
+            }
+            let mut out = Vec::with_capacity(list.len());
+            for (i, o) in list.iter().enumerate() {
+                match origin(o) {
+                    Ok(o) => out.push(o),
+                    Err(e) => c.err(&format!("{base}.origins[{i}]"), e),
+                }
+            }
+            Some(out)
+        }
+    };
+    if f.credentials && origins.is_none() {
+        c.err(
+            &format!("{base}.credentials"),
+            "credentials need a list of origins: browsers refuse `Access-Control-Allow-Origin: *` on a request with credentials",
+        );
+    }
+    let methods = match &f.methods {
+        Some(_) => check_methods(c, &format!("{base}.methods"), &f.methods),
+        None if route_methods.is_all() => MethodSet::parse(&CORS_METHODS).unwrap_or(MethodSet::ALL),
+        None => route_methods,
+    };
+    let headers = f
+        .headers
+        .as_ref()
+        .map(|list| header_names(c, &format!("{base}.headers"), list));
+    let allow_headers = headers
+        .as_ref()
+        .and_then(|h| joined(h.iter().map(HeaderName::as_str)));
+    let mut expose = header_names(c, &format!("{base}.expose_headers"), &f.expose_headers);
+    for q in QUOTA_HEADERS {
+        if !expose.iter().any(|h| h.as_str() == q) {
+            expose.push(HeaderName::from_static(q));
+        }
+    }
+    let max_age = f
+        .max_age
+        .map(|ConfDuration(d)| http::HeaderValue::from(d.as_secs()));
+    Cors {
+        origins,
+        methods,
+        allow_methods: joined(methods.names().into_iter())
+            .unwrap_or(http::HeaderValue::from_static("GET")),
+        headers,
+        allow_headers,
+        expose: joined(expose.iter().map(HeaderName::as_str))
+            .unwrap_or(http::HeaderValue::from_static("ratelimit")),
+        credentials: f.credentials,
+        max_age,
+    }
+}
+
+/// A serialized origin, `scheme://host[:port]`, in lower case.
+fn origin(text: &str) -> Result<String, String> {
+    let bad = || {
+        format!("{text:?} is not an origin: expected scheme://host[:port] with nothing after it, such as \"https://app.example.com\"")
+    };
+    let uri: http::Uri = text.parse().map_err(|_| bad())?;
+    let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+        return Err(bad());
+    };
+    if text.ends_with('/')
+        || uri.query().is_some()
+        || authority.as_str().contains('@')
+        || authority.host().contains('*')
+    {
+        return Err(bad());
+    }
+    Ok(format!("{scheme}://{authority}").to_ascii_lowercase())
+}
+
+/// Header names of a list, in lower case (an invalid one is an error at its place).
+fn header_names(c: &mut Checker, path: &str, list: &[String]) -> Vec<HeaderName> {
+    let mut out = Vec::with_capacity(list.len());
+    for (i, h) in list.iter().enumerate() {
+        match HeaderName::from_bytes(h.as_bytes()) {
+            Ok(n) => out.push(n),
+            Err(_) => c.err(
+                &format!("{path}[{i}]"),
+                format!("{h:?} is not a header name"),
+            ),
+        }
+    }
+    out
+}
+
+/// `a, b, c` as one header value (`None` for none).
+fn joined<'a>(names: impl Iterator<Item = &'a str>) -> Option<http::HeaderValue> {
+    let text = names.collect::<Vec<_>>().join(", ");
+    (!text.is_empty())
+        .then(|| http::HeaderValue::from_str(&text).ok())
+        .flatten()
 }
