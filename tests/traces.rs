@@ -210,6 +210,10 @@ fn a_request_is_traced_to_the_collector_and_the_trace_goes_on_upstream() {
     let raw = String::from_utf8_lossy(&seen[0]).to_ascii_lowercase();
     let expected = format!("traceparent: 00-{trace_id}-{}-01", hex(&client.span_id));
     assert!(raw.contains(&expected), "{raw}");
+    // and the request's id, the one its span carries
+    let id = attr(server, "tollgate.request_id").unwrap_or_default();
+    assert_eq!(id.len(), 32, "{:?}", server.attributes);
+    assert!(raw.contains(&format!("x-request-id: {id}")), "{raw}");
 }
 
 /// A collector that never answers costs the clients nothing: every request is answered as

@@ -16,6 +16,7 @@ pub mod header_deadline;
 pub mod incoming;
 pub mod proxy;
 pub mod quota;
+pub mod request_id;
 pub mod routing;
 pub mod tenant;
 pub mod tls;

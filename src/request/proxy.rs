@@ -24,6 +24,7 @@ use crate::request::client_addr::X_FORWARDED_FOR;
 use crate::request::client_limits;
 use crate::request::cors;
 use crate::request::header_deadline;
+use crate::request::request_id;
 use crate::request::trace;
 use crate::snapshot::{SharedSnapshot, Snapshot};
 use async_trait::async_trait;
@@ -66,6 +67,8 @@ pub struct RequestCtx {
     answer_status: u16,
     /// The gRPC status of the upstream's answer (trailers, or a trailers-only head).
     grpc_status: Option<u8>,
+    /// `x-request-id`: the upstream is told it, and so is the client.
+    request_id: Option<HeaderValue>,
 }
 
 /// The spans of a traced request (boxed: most requests carry none).
@@ -166,6 +169,9 @@ fn pace(owed: &mut Duration, bytes: usize, bytes_per_sec: u64) -> Option<Duratio
 async fn write_answer(session: &mut Session, mut answer: Answer, ctx: &RequestCtx) -> Result<()> {
     if let Some((cors, origin)) = cors_of(ctx) {
         cors::apply(&mut answer.headers, cors, origin);
+    }
+    if let Some(id) = &ctx.request_id {
+        answer.headers.insert(request_id::X_REQUEST_ID, id.clone());
     }
     if ctx.grpc {
         answer = answer.to_grpc(!session.as_downstream().is_http2());
@@ -315,6 +321,11 @@ fn access_log(
         line.push_str(" grpc_status=");
         line.push_str(code);
     }
+    // (well formed: letters, digits and `-_.:/+=` only)
+    if let Some(id) = ctx.request_id.as_ref().and_then(|v| v.to_str().ok()) {
+        line.push_str(" request_id=");
+        line.push_str(id);
+    }
     log::info!(target: "tollgate::access", "{line}");
 }
 
@@ -340,7 +351,7 @@ fn access_line(
 }
 
 /// What a request is, before its admission: a gRPC call (and its deadline), a traced one.
-fn begin(req: &RequestHeader, ctx: &mut RequestCtx) {
+fn begin(req: &RequestHeader, id: &HeaderValue, ctx: &mut RequestCtx) {
     if grpc::is_grpc(&req.headers) {
         ctx.grpc = true;
         // (99999999H is a client's to send: no deadline past what an instant can hold)
@@ -348,7 +359,7 @@ fn begin(req: &RequestHeader, ctx: &mut RequestCtx) {
     }
     if let Some(t) = trace::traces().filter(|t| t.wanted(&req.headers)) {
         ctx.trace = Some(Box::new(TraceSpans {
-            request: t.server_span(req.method.as_str(), &req.headers),
+            request: t.server_span(req.method.as_str(), &req.headers, id),
             upstream: None,
             attempts: 0,
         }));
@@ -477,6 +488,7 @@ impl ProxyHttp for Gateway {
             deadline: None,
             answer_status: 0,
             grpc_status: None,
+            request_id: None,
         }
     }
 
@@ -491,14 +503,17 @@ impl ProxyHttp for Gateway {
             .as_downstream_mut()
             .set_write_timeout(Some(snap.config.server.send_timeout));
         let req = session.req_header();
-        begin(req, ctx);
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip());
+        let id = request_id::of(&req.headers, peer, &snap.config.server.trusted_proxies);
+        begin(req, &id, ctx);
+        ctx.request_id = Some(id);
         let incoming = Incoming {
             head: req,
             raw_path: req.raw_path(),
-            peer: session
-                .client_addr()
-                .and_then(|a| a.as_inet())
-                .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip()),
+            peer,
         };
         let admission = self.admit(&snap, &incoming, ctx).await;
         ctx.snapshot = Some(snap);
@@ -612,6 +627,11 @@ impl ProxyHttp for Gateway {
         }
         if let Some((cors, origin)) = cors_of(ctx) {
             with_header_map(upstream_response, |h| cors::apply(h, cors, origin))?;
+        }
+        if let Some(id) = &ctx.request_id {
+            with_header_map(upstream_response, |h| {
+                h.insert(request_id::X_REQUEST_ID, id.clone());
+            })?;
         }
         Ok(())
     }
@@ -750,6 +770,10 @@ impl ProxyHttp for Gateway {
         // Hop-by-hop fields (RFC 9110 section 7.6.1, and those named in Connection) are gone
         // already: pingora's standard upstream request policy strips them and forwards a
         // WebSocket handshake's Upgrade, normalized.
+        // (the client's own, unless it came through a trusted proxy: see `request_id`)
+        if let Some(id) = &ctx.request_id {
+            upstream_request.insert_header(request_id::X_REQUEST_ID, id.clone())?;
+        }
         if let Some(snap) = &ctx.snapshot {
             let t = &snap.config.tenant;
             // API keys and tokens stay here (`hide`)

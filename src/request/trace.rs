@@ -169,12 +169,21 @@ impl Traces {
     }
 
     /// Start the server span of a request, continuing the client's trace if it sent one.
-    pub fn server_span(&self, method: &str, headers: &http::HeaderMap) -> Context {
+    pub fn server_span(
+        &self,
+        method: &str,
+        headers: &http::HeaderMap,
+        request_id: &http::HeaderValue,
+    ) -> Context {
         let parent = self.propagator.extract(&HeaderExtractor(headers));
         let span = self
             .tracer
             .span_builder(method.to_string())
             .with_kind(SpanKind::Server)
+            .with_attributes([KeyValue::new(
+                "tollgate.request_id",
+                String::from_utf8_lossy(request_id.as_bytes()).into_owned(),
+            )])
             .start_with_context(&self.tracer, &parent);
         parent.with_span(span)
     }

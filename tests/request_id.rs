@@ -1,0 +1,74 @@
+//! Request ids (issue 41 item 6): every request has an `x-request-id`, made here unless a
+//! trusted proxy sent a well-formed one; the upstream gets it, the client gets it back (on the
+//! gateway's own answers too), and the access log carries it. (Traces: tests/traces.rs.)
+
+mod common;
+
+use common::*;
+
+fn upstream_saw(body: &str) -> Option<String> {
+    let seen: serde_json::Value = serde_json::from_str(body).ok()?;
+    seen["headers"]
+        .as_array()?
+        .iter()
+        .find(|h| h[0] == "x-request-id")
+        .and_then(|h| h[1].as_str().map(str::to_string))
+}
+
+#[test]
+fn each_request_gets_an_id_that_reaches_the_upstream_the_client_and_the_log() {
+    let up = Upstream::start("app");
+    let cfg = one_route_config(up.addr, 1, "  access_log: true")
+        .replace("    path: /**\n", "    path: /app/**\n");
+    let gw = Gateway::start(&cfg);
+    let a = gw.get("/app/a", &[]);
+    let b = gw.get("/app/b", &[("x-request-id", "from-the-client")]);
+    let mut ids = Vec::new();
+    for r in [&a, &b] {
+        assert_eq!(r.status, 200);
+        let id = r.header("x-request-id").expect("an id").to_string();
+        assert_eq!(id.len(), 32, "{id}");
+        assert!(id.bytes().all(|c| c.is_ascii_hexdigit()), "{id}");
+        // a client that is no trusted proxy does not choose it
+        assert_eq!(
+            upstream_saw(&r.body).as_deref(),
+            Some(id.as_str()),
+            "{}",
+            r.body
+        );
+        ids.push(id);
+    }
+    assert_ne!(ids[0], ids[1]);
+    // the gateway's own answers carry one too
+    let none = gw.get("/elsewhere", &[]);
+    assert_eq!(none.status, 404);
+    let id404 = none.header("x-request-id").expect("an id").to_string();
+    for id in ids.iter().chain([&id404]) {
+        assert!(
+            eventually(std::time::Duration::from_secs(5), || gw
+                .log()
+                .contains(&format!("request_id={id}"))),
+            "{id} in the access log: {}",
+            gw.log()
+        );
+    }
+}
+
+#[test]
+fn a_trusted_proxy_s_well_formed_id_is_kept() {
+    let up = Upstream::start("app");
+    let gw = Gateway::start(&one_route_config(
+        up.addr,
+        1,
+        "  trusted_proxies: [\"127.0.0.1/32\"]",
+    ));
+    let uuid = "3f0c5a1e-8d2b-4c6f-9a7e-1b2c3d4e5f60";
+    let r = gw.get("/x", &[("x-request-id", uuid)]);
+    assert_eq!(r.header("x-request-id"), Some(uuid));
+    assert_eq!(upstream_saw(&r.body).as_deref(), Some(uuid));
+    // one that could forge a log line or a header is replaced
+    let r = gw.get("/x", &[("x-request-id", "a\"b request_id=forged")]);
+    let id = r.header("x-request-id").unwrap_or_default();
+    assert_eq!(id.len(), 32, "{id}");
+    assert_eq!(upstream_saw(&r.body).as_deref(), Some(id));
+}
