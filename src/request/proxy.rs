@@ -205,6 +205,48 @@ async fn write_answer(session: &mut Session, mut answer: Answer, ctx: &RequestCt
     session.write_response_body(Some(answer.body), true).await
 }
 
+/// What the upstream is told of the tenant: API keys and tokens hidden, a verified token's
+/// claims (never a client's copy), the tenant header (replacing whatever the client sent).
+fn tenant_headers(
+    upstream_request: &mut RequestHeader,
+    t: &crate::config::model::TenantSettings,
+    admitted: &Admitted,
+) -> Result<()> {
+    // API keys and tokens stay here (`hide`)
+    for h in &t.hidden {
+        upstream_request.remove_header(h);
+    }
+    // the claims of a verified token (`jwt.forward_claims`), never a client's copy
+    if t.has_tokens() {
+        for name in t.sources.iter().flat_map(TenantSource::claim_headers) {
+            upstream_request.remove_header(name);
+        }
+        if let Some(token) = &admitted.token {
+            for (name, value) in &token.forward {
+                upstream_request.insert_header(name.clone(), value.clone())?;
+            }
+        }
+    }
+    // inserting replaces whatever the client sent under that name
+    match &t.forward_header {
+        Some(name) if admitted.tenant.is_empty() => {
+            // `tenant: none`: no tenant to forward, and no client copy either
+            upstream_request.remove_header(name);
+        }
+        Some(name) => match HeaderValue::from_bytes(&admitted.tenant) {
+            Ok(v) => upstream_request.insert_header(t.forward_name.clone(), v)?,
+            Err(_) => {
+                upstream_request.remove_header(name);
+                log::warn!("tenant id is not a valid header value; {name} not set");
+            }
+        },
+        None => {
+            upstream_request.remove_header(&t.strip_header);
+        }
+    }
+    Ok(())
+}
+
 /// The route's `cors` and the request's allowed `Origin`, when its answer must say so.
 fn cors_of(ctx: &RequestCtx) -> Option<(&Cors, &HeaderValue)> {
     let origin = ctx.admitted.origin.as_ref()?;
@@ -775,39 +817,7 @@ impl ProxyHttp for Gateway {
             upstream_request.insert_header(request_id::X_REQUEST_ID, id.clone())?;
         }
         if let Some(snap) = &ctx.snapshot {
-            let t = &snap.config.tenant;
-            // API keys and tokens stay here (`hide`)
-            for h in &t.hidden {
-                upstream_request.remove_header(h);
-            }
-            // the claims of a verified token (`jwt.forward_claims`), never a client's copy
-            if t.has_tokens() {
-                for name in t.sources.iter().flat_map(TenantSource::claim_headers) {
-                    upstream_request.remove_header(name);
-                }
-                if let Some(token) = &ctx.admitted.token {
-                    for (name, value) in &token.forward {
-                        upstream_request.insert_header(name.clone(), value.clone())?;
-                    }
-                }
-            }
-            // inserting replaces whatever the client sent under that name
-            match &t.forward_header {
-                Some(name) if ctx.admitted.tenant.is_empty() => {
-                    // `tenant: none`: no tenant to forward, and no client copy either
-                    upstream_request.remove_header(name);
-                }
-                Some(name) => match HeaderValue::from_bytes(&ctx.admitted.tenant) {
-                    Ok(v) => upstream_request.insert_header(t.forward_name.clone(), v)?,
-                    Err(_) => {
-                        upstream_request.remove_header(name);
-                        log::warn!("tenant id is not a valid header value; {name} not set");
-                    }
-                },
-                None => {
-                    upstream_request.remove_header(&t.strip_header);
-                }
-            }
+            tenant_headers(upstream_request, &snap.config.tenant, &ctx.admitted)?;
         }
         if ctx.grpc {
             // the deadline goes on, less the time spent here; `te: trailers` (gRPC servers
