@@ -1284,3 +1284,41 @@ fn bad_cors() {
         &["routes[0].cors", "unknown field `max_ages`", "`max_age`"],
     );
 }
+
+/// A route's `timeouts` (issue 41): 0 is an error, a typo is named.
+#[test]
+fn bad_route_timeouts() {
+    let route = "    upstream: products\n";
+    let t = |body: &str| with(route, &format!("{route}    timeouts: {body}\n"));
+    assert_error(
+        &t("{ read: 0 }"),
+        12,
+        23,
+        &["routes[0].timeouts.read", "greater than 0"],
+    );
+    assert_error(
+        &t("{ totl: 1s }"),
+        12,
+        17,
+        &["routes[0].timeouts", "unknown field `totl`", "`total`"],
+    );
+}
+
+/// A route's `total` shorter than its `read` is accepted, with a warning at its place.
+#[test]
+fn a_total_shorter_than_read_is_a_warning() {
+    let dir = TempDir::new();
+    let text = with(
+        "    upstream: products\n",
+        "    upstream: products\n    timeouts: { read: 5s, total: 1s }\n",
+    );
+    let p = dir.write("gateway.yaml", &text).display().to_string();
+    let (code, out, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 0, "{err}");
+    let all = format!("{out}{err}");
+    assert!(
+        all.contains(&format!("{p}:12:"))
+            && all.contains("warning: routes[0].timeouts.total: 1s is shorter than read (5s)"),
+        "{all}"
+    );
+}

@@ -322,6 +322,21 @@ pub struct RouteFile {
     /// Browsers on other origins may call the route.
     #[serde(default)]
     pub cors: Option<CorsFile>,
+    /// The route's timeouts, over its pool's.
+    #[serde(default)]
+    pub timeouts: Option<RouteTimeoutsFile>,
+}
+
+/// A route's `timeouts`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteTimeoutsFile {
+    #[serde(default)]
+    pub connect: Option<ConfDuration>,
+    #[serde(default)]
+    pub read: Option<ConfDuration>,
+    #[serde(default)]
+    pub total: Option<ConfDuration>,
 }
 
 /// A route's `cors`.

@@ -169,6 +169,20 @@ pub struct Route {
     pub access: Option<AccessList>,
     /// `cors`: browsers on other origins may call the route (preflights answered here).
     pub cors: Option<Box<Cors>>,
+    /// `timeouts`: the route's own, over its pool's.
+    pub timeouts: RouteTimeouts,
+}
+
+/// A route's `timeouts` (`None`: the pool's, or none for `total`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RouteTimeouts {
+    /// Connecting to a server (each attempt), instead of the pool's `connect_timeout`.
+    pub connect: Option<Duration>,
+    /// Each read from (and write to) the server, instead of the pool's `read_timeout`.
+    pub read: Option<Duration>,
+    /// The whole request, from its arrival until its answer begins: holds, queues, every
+    /// attempt and retry.
+    pub total: Option<Duration>,
 }
 
 /// A route's `cors`: the Fetch standard's CORS protocol, spoken by the gateway. Header values

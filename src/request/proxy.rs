@@ -14,7 +14,7 @@
 //!
 //! Every answer the gateway makes itself goes out through `write_answer`.
 
-use crate::config::model::{Cors, TenantSource, UpstreamProtocol};
+use crate::config::model::{Cors, RouteTimeouts, TenantSource, UpstreamProtocol};
 use crate::grpc;
 use crate::limits::headers;
 use crate::metrics::{ClientError, Metrics};
@@ -61,7 +61,8 @@ pub struct RequestCtx {
     trace: Option<Box<TraceSpans>>,
     /// A gRPC call (`content-type: application/grpc*`).
     grpc: bool,
-    /// Its deadline (`grpc-timeout`), counted from its arrival.
+    /// Its deadline, counted from its arrival: a gRPC call's `grpc-timeout`, the route's
+    /// `timeouts.total`, whichever comes first.
     deadline: Option<Instant>,
     /// The upstream answer's HTTP status (its gRPC status comes later, in its trailers).
     answer_status: u16,
@@ -95,11 +96,13 @@ const CLIENT_GONE: http::StatusCode = match http::StatusCode::from_u16(499) {
 };
 
 const DEADLINE_BEFORE_TURN: &str =
-    "the call's deadline (grpc-timeout) passes before its turn in the leaky bucket";
-const DEADLINE_IN_HOLD: &str = "the call's deadline (grpc-timeout) passed while a delay held it";
+    "the request's deadline (grpc-timeout, or the route's timeouts.total) passes before its turn in the leaky bucket";
+const DEADLINE_IN_HOLD: &str =
+    "the request's deadline (grpc-timeout, or the route's timeouts.total) passed while a delay held it";
 const DEADLINE_IN_QUEUE: &str =
-    "the call's deadline (grpc-timeout) passed while it waited for the pool";
-const DEADLINE_PASSED: &str = "the call's deadline (grpc-timeout) passed at the gateway";
+    "the request's deadline (grpc-timeout, or the route's timeouts.total) passed while it waited for the pool";
+const DEADLINE_PASSED: &str =
+    "the request's deadline (grpc-timeout, or the route's timeouts.total) passed at the gateway";
 const GRPC_TO_HTTP1: &str =
     "this route's pool speaks HTTP/1.1, which cannot carry gRPC: its protocol must be h2 or h2c";
 const TRAILERS: HeaderValue = HeaderValue::from_static("trailers");
@@ -245,6 +248,36 @@ fn tenant_headers(
         }
     }
     Ok(())
+}
+
+/// The route's timeouts over the pool's, each cut at what is left before the request's
+/// deadline (a gRPC call's, the route's `total`). `false`: the deadline has passed.
+fn timeouts(peer: &mut HttpPeer, t: RouteTimeouts, deadline: Option<Instant>) -> bool {
+    let o = &mut peer.options;
+    if let Some(c) = t.connect {
+        o.connection_timeout = Some(c);
+        o.total_connection_timeout = Some(c);
+    }
+    if let Some(r) = t.read {
+        o.read_timeout = Some(r);
+        o.write_timeout = Some(r);
+    }
+    let Some(deadline) = deadline else {
+        return true;
+    };
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return false;
+    }
+    for timeout in [
+        &mut o.read_timeout,
+        &mut o.write_timeout,
+        &mut o.connection_timeout,
+        &mut o.total_connection_timeout,
+    ] {
+        *timeout = Some(timeout.map_or(left, |r| r.min(left)));
+    }
+    true
 }
 
 /// The route's `cors` and the request's allowed `Origin`, when its answer must say so.
@@ -418,6 +451,16 @@ impl Gateway {
         ctx: &mut RequestCtx,
     ) -> Admission {
         let mut admission = admission::admit(snap, incoming, &self.metrics, &mut ctx.admitted);
+        // the route's `timeouts.total` bounds every wait from here on
+        let total = ctx
+            .admitted
+            .route
+            .and_then(|r| snap.config.routes.get(r))
+            .and_then(|r| r.timeouts.total)
+            .and_then(|t| ctx.started.checked_add(t));
+        if let Some(d) = total {
+            ctx.deadline = Some(ctx.deadline.map_or(d, |g| g.min(d)));
+        }
         if let Admission::AwaitKeys(wait) = admission {
             // rare: a token signed with a key its issuer has just added
             Box::pin(wait.until_fetched(ctx.deadline)).await;
@@ -428,7 +471,7 @@ impl Gateway {
             let deadline = ctx.deadline;
             let wait = Box::pin(held.wait(snap, incoming, &self.metrics, &mut ctx.admitted));
             admission = match deadline {
-                // a gRPC call is held no longer than its deadline (nothing is counted for it
+                // a request is held no longer than its deadline (nothing is counted for it
                 // until the hold ends)
                 Some(d) => tokio::time::timeout_at(d, wait)
                     .await
@@ -604,7 +647,7 @@ impl ProxyHttp for Gateway {
         let entered = enter_gate(&self.metrics, snap, pool, gate, &ctx.admitted.tenant);
         let entered = async move {
             match deadline {
-                // a gRPC call waits no longer than its deadline
+                // a request waits no longer than its deadline
                 Some(d) => tokio::time::timeout_at(d, entered).await.ok(),
                 None => Some(entered.await),
             }
@@ -729,14 +772,8 @@ impl ProxyHttp for Gateway {
                     spans.upstream = Some(t.upstream_span(&spans.request, &server, spans.attempts));
                 }
                 let mut peer = pool.peer(backend);
-                if let Some(deadline) = ctx.deadline {
-                    // a gRPC call: its answer waited for no longer than its deadline
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Error::e_explain(ErrorType::HTTPStatus(504), DEADLINE_PASSED);
-                    }
-                    let read = peer.options.read_timeout.map_or(left, |r| r.min(left));
-                    peer.options.read_timeout = Some(read);
+                if !timeouts(&mut peer, snap.config.routes[route].timeouts, ctx.deadline) {
+                    return Error::e_explain(ErrorType::HTTPStatus(504), DEADLINE_PASSED);
                 }
                 Ok(Box::new(peer))
             }

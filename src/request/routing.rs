@@ -34,6 +34,7 @@ mod tests {
             tenant: crate::config::model::TenantMode::Optional,
             access: None,
             cors: None,
+            timeouts: Default::default(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! `routes`, and the method, host and path matchers routes and rules share.
 
 use super::checker::*;
+use crate::config::duration::format_duration;
 
 pub(super) fn check_methods(c: &mut Checker, path: &str, m: &Option<Vec<String>>) -> MethodSet {
     match m {
@@ -86,6 +87,11 @@ pub(super) fn check_routes(
                 .cors
                 .as_ref()
                 .map(|cf| Box::new(check_cors(c, &format!("{base}.cors"), cf, methods))),
+            timeouts: r
+                .timeouts
+                .as_ref()
+                .map(|t| check_timeouts(c, &format!("{base}.timeouts"), t))
+                .unwrap_or_default(),
         });
     }
     out
@@ -233,4 +239,40 @@ fn joined<'a>(names: impl Iterator<Item = &'a str>) -> Option<http::HeaderValue>
     (!text.is_empty())
         .then(|| http::HeaderValue::from_str(&text).ok())
         .flatten()
+}
+
+/// A route's `timeouts`: each greater than 0; a `total` under `connect` or `read` is
+/// probably not meant (it cuts them short).
+fn check_timeouts(c: &mut Checker, base: &str, t: &RouteTimeoutsFile) -> RouteTimeouts {
+    let mut one = |key: &str, d: Option<ConfDuration>| {
+        d.map(|ConfDuration(d)| {
+            if d.is_zero() {
+                c.err(
+                    &format!("{base}.{key}"),
+                    "must be greater than 0, e.g. \"500ms\" or 2 (omit the key for the pool's)",
+                );
+            }
+            d
+        })
+    };
+    let out = RouteTimeouts {
+        connect: one("connect", t.connect),
+        read: one("read", t.read),
+        total: one("total", t.total),
+    };
+    if let Some(total) = out.total {
+        for (key, d) in [("connect", out.connect), ("read", out.read)] {
+            if d.is_some_and(|d| d > total) {
+                c.warn(
+                    &format!("{base}.total"),
+                    format!(
+                        "{} is shorter than {key} ({}): total cuts it short",
+                        format_duration(total),
+                        format_duration(d.unwrap_or_default())
+                    ),
+                );
+            }
+        }
+    }
+    out
 }
