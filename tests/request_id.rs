@@ -44,12 +44,24 @@ fn each_request_gets_an_id_that_reaches_the_upstream_the_client_and_the_log() {
     assert_eq!(none.status, 404);
     let id404 = none.header("x-request-id").expect("an id").to_string();
     for id in ids.iter().chain([&id404]) {
+        let tag = format!(" request_id={id}");
         assert!(
             eventually(std::time::Duration::from_secs(5), || gw
                 .log()
-                .contains(&format!("request_id={id}"))),
+                .contains(&tag)),
             "{id} in the access log: {}",
             gw.log()
+        );
+        // right after the latency (docs/operations.md, "Access log")
+        let log = gw.log();
+        let line = log.lines().find(|l| l.contains(&tag)).unwrap_or_default();
+        let before = line.split(&tag).next().unwrap_or_default();
+        assert!(
+            before
+                .rsplit(' ')
+                .next()
+                .is_some_and(|w| w.starts_with("latency_ms=")),
+            "{line}"
         );
     }
 }

@@ -383,6 +383,11 @@ fn access_log(
         &upstream,
         took.as_secs_f64() * 1000.0,
     );
+    // (well formed: letters, digits and `-_.:/+=` only)
+    if let Some(id) = ctx.request_id.as_ref().and_then(|v| v.to_str().ok()) {
+        line.push_str(" request_id=");
+        line.push_str(id);
+    }
     // the rule that denied or held it, and a shadow rule that would have denied this tenant
     if ctx.admitted.decided_by.is_some() {
         line.push_str(" rule=");
@@ -395,11 +400,6 @@ fn access_log(
     if let Some(code) = grpc_status {
         line.push_str(" grpc_status=");
         line.push_str(code);
-    }
-    // (well formed: letters, digits and `-_.:/+=` only)
-    if let Some(id) = ctx.request_id.as_ref().and_then(|v| v.to_str().ok()) {
-        line.push_str(" request_id=");
-        line.push_str(id);
     }
     log::info!(target: "tollgate::access", "{line}");
 }
