@@ -1322,3 +1322,33 @@ fn a_total_shorter_than_read_is_a_warning() {
         "{all}"
     );
 }
+
+/// A route's rewrites (issue 41): an unknown variable, a framing header, a prefix that is
+/// no path.
+#[test]
+fn bad_rewrites() {
+    let route = "    upstream: products\n";
+    let with_route = |extra: &str| with(route, &format!("{route}{extra}"));
+    assert_error(
+        &with_route("    request_headers: { set: { x-a: \"${tenant_id}\" } }\n"),
+        12,
+        36,
+        &[
+            "routes[0].request_headers.set.x-a",
+            "unknown variable ${tenant_id}",
+            "${tenant}",
+        ],
+    );
+    assert_error(
+        &with_route("    response_headers: { remove: [content-length] }\n"),
+        12,
+        34,
+        &["routes[0].response_headers.remove[0]", "framing"],
+    );
+    assert_error(
+        &with_route("    strip_prefix: api/\n"),
+        12,
+        19,
+        &["routes[0].strip_prefix", "\"/api\""],
+    );
+}

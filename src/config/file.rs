@@ -325,6 +325,27 @@ pub struct RouteFile {
     /// The route's timeouts, over its pool's.
     #[serde(default)]
     pub timeouts: Option<RouteTimeoutsFile>,
+    /// Headers set, added or removed on the way to the upstream.
+    #[serde(default)]
+    pub request_headers: Option<HeaderOpsFile>,
+    /// Headers set, added or removed on the way back to the client.
+    #[serde(default)]
+    pub response_headers: Option<HeaderOpsFile>,
+    /// A leading part of the path the upstream does not see (`/api`).
+    #[serde(default)]
+    pub strip_prefix: Option<String>,
+}
+
+/// A route's `request_headers` or `response_headers`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderOpsFile {
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    #[serde(default)]
+    pub add: BTreeMap<String, String>,
+    #[serde(default)]
+    pub remove: Vec<String>,
 }
 
 /// A route's `timeouts`.

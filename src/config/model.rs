@@ -171,6 +171,56 @@ pub struct Route {
     pub cors: Option<Box<Cors>>,
     /// `timeouts`: the route's own, over its pool's.
     pub timeouts: RouteTimeouts,
+    /// `request_headers`: what the upstream is told besides (or instead of) the client's.
+    pub request_headers: Option<Box<HeaderOps>>,
+    /// `response_headers`: the same on every answer to the client.
+    pub response_headers: Option<Box<HeaderOps>>,
+    /// `strip_prefix` (`/api`: no trailing slash): the upstream gets the normalized path
+    /// without it.
+    pub strip_prefix: Option<String>,
+}
+
+/// A route's `request_headers` or `response_headers`: removed, then set, then added.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct HeaderOps {
+    pub remove: Vec<HeaderName>,
+    pub set: Vec<(HeaderName, Template)>,
+    pub add: Vec<(HeaderName, Template)>,
+}
+
+/// A header value with variables (`${tenant}`, ...), parsed at load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template(pub Vec<Piece>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Text(String),
+    Var(Var),
+}
+
+/// What a header value may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Var {
+    /// The tenant (empty when none).
+    Tenant,
+    /// The tenant's plan (empty when none).
+    Plan,
+    /// The route's id.
+    Route,
+    /// The client's address (through trusted proxies).
+    ClientIp,
+    /// The request's id (`x-request-id`).
+    RequestId,
+}
+
+impl Var {
+    pub const NAMES: [(&'static str, Var); 5] = [
+        ("tenant", Var::Tenant),
+        ("plan", Var::Plan),
+        ("route", Var::Route),
+        ("client_ip", Var::ClientIp),
+        ("request_id", Var::RequestId),
+    ];
 }
 
 /// A route's `timeouts` (`None`: the pool's, or none for `total`).

@@ -17,6 +17,7 @@ pub mod incoming;
 pub mod proxy;
 pub mod quota;
 pub mod request_id;
+pub mod rewrite;
 pub mod routing;
 pub mod tenant;
 pub mod tls;

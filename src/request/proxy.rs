@@ -14,7 +14,7 @@
 //!
 //! Every answer the gateway makes itself goes out through `write_answer`.
 
-use crate::config::model::{Cors, RouteTimeouts, TenantSource, UpstreamProtocol};
+use crate::config::model::{Cors, Route, RouteTimeouts, TenantSource, UpstreamProtocol};
 use crate::grpc;
 use crate::limits::headers;
 use crate::metrics::{ClientError, Metrics};
@@ -25,6 +25,7 @@ use crate::request::client_limits;
 use crate::request::cors;
 use crate::request::header_deadline;
 use crate::request::request_id;
+use crate::request::rewrite;
 use crate::request::trace;
 use crate::snapshot::{SharedSnapshot, Snapshot};
 use async_trait::async_trait;
@@ -176,6 +177,7 @@ async fn write_answer(session: &mut Session, mut answer: Answer, ctx: &RequestCt
     if let Some(id) = &ctx.request_id {
         answer.headers.insert(request_id::X_REQUEST_ID, id.clone());
     }
+    route_response_changes(&mut answer.headers, ctx);
     if ctx.grpc {
         answer = answer.to_grpc(!session.as_downstream().is_http2());
     }
@@ -278,6 +280,75 @@ fn timeouts(peer: &mut HttpPeer, t: RouteTimeouts, deadline: Option<Instant>) ->
         *timeout = Some(timeout.map_or(left, |r| r.min(left)));
     }
     true
+}
+
+/// The variables of a request's header values (`rewrite::Vars`).
+fn vars<'a>(ctx: &'a RequestCtx, snap: &'a Snapshot, route: &'a Route) -> rewrite::Vars<'a> {
+    let a = &ctx.admitted;
+    let plans = &snap.config.plans;
+    let plan = match &a.token {
+        _ if a.tenant.is_empty() => None,
+        Some(t) if t.plan.is_some() => t.plan,
+        _ => plans.plan_of(&a.tenant),
+    };
+    rewrite::Vars {
+        tenant: &a.tenant,
+        plan: plan.and_then(|i| plans.names.get(i)).map(String::as_str),
+        route: &route.id,
+        client_ip: a.client_ip,
+        request_id: ctx.request_id.as_ref(),
+    }
+}
+
+/// The route's `request_headers` and `strip_prefix`, last: what the route says wins over the
+/// client's headers and the gateway's own (a `host` set there is the upstream's `Host`).
+fn route_request_changes(upstream_request: &mut RequestHeader, ctx: &RequestCtx) -> Result<()> {
+    let (Some(snap), Some(i)) = (&ctx.snapshot, ctx.admitted.route) else {
+        return Ok(());
+    };
+    let Some(route) = snap.config.routes.get(i) else {
+        return Ok(());
+    };
+    if let Some(ops) = &route.request_headers {
+        for (name, change) in rewrite::changes(ops, &vars(ctx, snap, route)) {
+            match change {
+                None => {
+                    upstream_request.remove_header(name);
+                }
+                Some((value, false)) => upstream_request.insert_header(name.clone(), value)?,
+                Some((value, true)) => {
+                    upstream_request.append_header(name.clone(), value)?;
+                }
+            }
+        }
+    }
+    if let Some(prefix) = &route.strip_prefix {
+        let uri = &upstream_request.uri;
+        if let Some(to) = rewrite::strip(uri.path(), uri.query(), prefix) {
+            match to.parse::<http::Uri>() {
+                Ok(u) => upstream_request.set_uri(u),
+                Err(_) => {
+                    return Error::e_explain(
+                        ErrorType::HTTPStatus(400),
+                        "the path cannot be forwarded without its prefix",
+                    )
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The route's `response_headers` on an answer to the client.
+fn route_response_changes(headers: &mut http::HeaderMap, ctx: &RequestCtx) {
+    let (Some(snap), Some(i)) = (&ctx.snapshot, ctx.admitted.route) else {
+        return;
+    };
+    if let Some(route) = snap.config.routes.get(i) {
+        if let Some(ops) = &route.response_headers {
+            rewrite::apply(ops, &vars(ctx, snap, route), headers);
+        }
+    }
 }
 
 /// The route's `cors` and the request's allowed `Origin`, when its answer must say so.
@@ -713,11 +784,12 @@ impl ProxyHttp for Gateway {
         if let Some((cors, origin)) = cors_of(ctx) {
             with_header_map(upstream_response, |h| cors::apply(h, cors, origin))?;
         }
-        if let Some(id) = &ctx.request_id {
-            with_header_map(upstream_response, |h| {
+        with_header_map(upstream_response, |h| {
+            if let Some(id) = &ctx.request_id {
                 h.insert(request_id::X_REQUEST_ID, id.clone());
-            })?;
-        }
+            }
+            route_response_changes(h, ctx);
+        })?;
         Ok(())
     }
 
@@ -889,7 +961,7 @@ impl ProxyHttp for Gateway {
             write_ip(&mut xff, ip);
             upstream_request.insert_header("x-forwarded-for", xff)?;
         }
-        Ok(())
+        route_request_changes(upstream_request, ctx)
     }
 
     /// A body that grows past `server.max_body_bytes` ends the request with 413. The bytes of a

@@ -35,6 +35,9 @@ mod tests {
             access: None,
             cors: None,
             timeouts: Default::default(),
+            request_headers: None,
+            response_headers: None,
+            strip_prefix: None,
         }
     }
 

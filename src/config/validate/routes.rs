@@ -92,6 +92,18 @@ pub(super) fn check_routes(
                 .as_ref()
                 .map(|t| check_timeouts(c, &format!("{base}.timeouts"), t))
                 .unwrap_or_default(),
+            request_headers: r
+                .request_headers
+                .as_ref()
+                .map(|h| Box::new(check_header_ops(c, &format!("{base}.request_headers"), h))),
+            response_headers: r
+                .response_headers
+                .as_ref()
+                .map(|h| Box::new(check_header_ops(c, &format!("{base}.response_headers"), h))),
+            strip_prefix: r
+                .strip_prefix
+                .as_ref()
+                .and_then(|p| check_prefix(c, &format!("{base}.strip_prefix"), p)),
         });
     }
     out
@@ -275,4 +287,117 @@ fn check_timeouts(c: &mut Checker, base: &str, t: &RouteTimeoutsFile) -> RouteTi
         }
     }
     out
+}
+
+/// Headers a route may not set, add or remove: the framing of the message, which the gateway
+/// keeps.
+const FRAMING: [&str; 6] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "keep-alive",
+];
+
+/// A route's `request_headers` or `response_headers`.
+fn check_header_ops(c: &mut Checker, base: &str, f: &HeaderOpsFile) -> HeaderOps {
+    let name = |c: &mut Checker, path: String, n: &str| -> Option<HeaderName> {
+        match HeaderName::from_bytes(n.as_bytes()) {
+            Ok(h) if FRAMING.contains(&h.as_str()) => {
+                c.err(
+                    &path,
+                    format!("{n} is the message's framing, which the gateway keeps"),
+                );
+                None
+            }
+            Ok(h) => Some(h),
+            Err(_) => {
+                c.err(&path, format!("{n:?} is not a header name"));
+                None
+            }
+        }
+    };
+    let mut out = HeaderOps::default();
+    for (i, n) in f.remove.iter().enumerate() {
+        if let Some(h) = name(c, format!("{base}.remove[{i}]"), n) {
+            out.remove.push(h);
+        }
+    }
+    for (kind, map) in [("set", &f.set), ("add", &f.add)] {
+        for (n, v) in map {
+            let path = format!("{base}.{kind}.{n}");
+            let (Some(h), Some(t)) = (name(c, path.clone(), n), template(c, &path, v)) else {
+                continue;
+            };
+            if kind == "set" {
+                out.set.push((h, t));
+            } else {
+                out.add.push((h, t));
+            }
+        }
+    }
+    out
+}
+
+/// A header value with `${tenant}`, `${plan}`, `${route}`, `${client_ip}`, `${request_id}`.
+fn template(c: &mut Checker, path: &str, text: &str) -> Option<Template> {
+    let mut pieces = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("${") {
+        if at > 0 {
+            pieces.push(Piece::Text(rest[..at].to_string()));
+        }
+        let Some(end) = rest[at..].find('}') else {
+            c.err(path, format!("{text:?}: \"${{\" without its \"}}\""));
+            return None;
+        };
+        let var = &rest[at + 2..at + end];
+        match Var::NAMES.iter().find(|(n, _)| *n == var) {
+            Some((_, v)) => pieces.push(Piece::Var(*v)),
+            None => {
+                let names: Vec<String> = Var::NAMES
+                    .iter()
+                    .map(|(n, _)| format!("${{{n}}}"))
+                    .collect();
+                c.err(
+                    path,
+                    format!(
+                        "unknown variable ${{{var}}}: expected one of {}",
+                        names.join(", ")
+                    ),
+                );
+                return None;
+            }
+        }
+        rest = &rest[at + end + 1..];
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Text(rest.to_string()));
+    }
+    for p in &pieces {
+        if let Piece::Text(t) = p {
+            if http::HeaderValue::from_str(t).is_err() {
+                c.err(path, format!("{text:?} is not a header value"));
+                return None;
+            }
+        }
+    }
+    Some(Template(pieces))
+}
+
+/// `strip_prefix`: `/api`, at least one segment, no trailing slash, no pattern.
+fn check_prefix(c: &mut Checker, path: &str, p: &str) -> Option<String> {
+    let ok = p.starts_with('/')
+        && p.len() > 1
+        && !p.ends_with('/')
+        && !p.contains(['*', '{', '?', '#', '%'])
+        && !p.contains("//");
+    if !ok {
+        c.err(
+            path,
+            format!("{p:?}: expected a leading path such as \"/api\" (a slash first, none last, no pattern or escape)"),
+        );
+    }
+    ok.then(|| p.to_string())
 }

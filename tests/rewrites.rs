@@ -1,0 +1,80 @@
+//! A route's rewrites (issue 41 item 2): `request_headers` and `response_headers` (set, add,
+//! remove, with variables) and `strip_prefix`; limits still match the client's path.
+
+mod common;
+
+use common::*;
+
+fn seen(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_default()
+}
+
+fn header<'a>(seen: &'a serde_json::Value, name: &str) -> Vec<&'a str> {
+    seen["headers"]
+        .as_array()
+        .map(|hs| {
+            hs.iter()
+                .filter(|h| h[0] == name)
+                .filter_map(|h| h[1].as_str())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn headers_and_the_path_reach_the_upstream_as_the_route_says() {
+    let up = Upstream::start("app");
+    let cfg = one_route_config(up.addr, 1, "").replace(
+        "routes:\n  - id: all\n    path: /**\n    upstream: app\n",
+        r#"routes:
+  - id: orders
+    path: /api/orders/**
+    upstream: app
+    strip_prefix: /api
+    request_headers:
+      set: { host: orders.internal, x-who: "${tenant}/${plan}@${route}", x-from: "${client_ip}" }
+      add: { x-trace-tag: "id-${request_id}" }
+      remove: [x-debug]
+    response_headers:
+      set: { x-served-by: "tollgate ${route}" }
+      remove: [server]
+"#,
+    ) + r#"tenant:
+  from: [{ header: x-org-id, trusted: true }]
+plans:
+  gold: [acme]
+limits:
+  - id: orders-limit
+    pathPattern: /api/orders/**
+    tiers: [{ period: 1h, threshold: 2 }]
+"#;
+    let gw = Gateway::start(&cfg);
+    let r = gw.get(
+        "/api/orders/7?full=1",
+        &[
+            ("x-org-id", "acme"),
+            ("x-debug", "1"),
+            ("x-trace-tag", "client"),
+        ],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let s = seen(&r.body);
+    assert_eq!(s["path"], "/orders/7?full=1", "{}", r.body);
+    assert_eq!(header(&s, "host"), ["orders.internal"]);
+    assert_eq!(header(&s, "x-who"), ["acme/gold@orders"]);
+    assert_eq!(header(&s, "x-from"), ["127.0.0.1"]);
+    assert!(header(&s, "x-debug").is_empty());
+    let id = r.header("x-request-id").unwrap_or_default().to_string();
+    assert_eq!(
+        header(&s, "x-trace-tag"),
+        ["client".to_string(), format!("id-{id}")]
+    );
+    assert_eq!(r.header("x-served-by"), Some("tollgate orders"));
+    assert!(r.header("server").is_none());
+    // the limit matched the client's path: the second and third requests count against it
+    assert_eq!(gw.get("/api/orders/8", &[("x-org-id", "acme")]).status, 200);
+    let refused = gw.get("/api/orders/9", &[("x-org-id", "acme")]);
+    assert_eq!(refused.status, 429);
+    // the gateway's own answers get the route's response headers too
+    assert_eq!(refused.header("x-served-by"), Some("tollgate orders"));
+}
