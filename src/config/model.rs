@@ -499,6 +499,15 @@ impl Plans {
     pub fn plan_of(&self, tenant: &[u8]) -> Option<usize> {
         self.by_tenant.get(tenant).copied()
     }
+
+    /// The plan of a request's tenant: its verified token's (`token_plan`), else the plans'
+    /// lists; none without a tenant.
+    pub fn plan_for(&self, tenant: &[u8], token_plan: Option<usize>) -> Option<usize> {
+        if tenant.is_empty() {
+            return None;
+        }
+        token_plan.or_else(|| self.plan_of(tenant))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

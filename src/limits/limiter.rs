@@ -127,10 +127,7 @@ pub struct LimitRequest<'a> {
 impl LimitRequest<'_> {
     /// The request's plan: its token's, else its tenant's.
     pub fn plan_in(&self, plans: &Plans) -> Option<usize> {
-        if self.tenant.is_empty() {
-            return None;
-        }
-        self.plan.or_else(|| plans.plan_of(self.tenant))
+        plans.plan_for(self.tenant, self.plan)
     }
 }
 

@@ -25,7 +25,7 @@ use crate::request::client_limits;
 use crate::request::cors;
 use crate::request::header_deadline;
 use crate::request::request_id;
-use crate::request::rewrite;
+use crate::request::rewrite::{self, Change};
 use crate::request::trace;
 use crate::snapshot::{SharedSnapshot, Snapshot};
 use async_trait::async_trait;
@@ -286,11 +286,7 @@ fn timeouts(peer: &mut HttpPeer, t: RouteTimeouts, deadline: Option<Instant>) ->
 fn vars<'a>(ctx: &'a RequestCtx, snap: &'a Snapshot, route: &'a Route) -> rewrite::Vars<'a> {
     let a = &ctx.admitted;
     let plans = &snap.config.plans;
-    let plan = match &a.token {
-        _ if a.tenant.is_empty() => None,
-        Some(t) if t.plan.is_some() => t.plan,
-        _ => plans.plan_of(&a.tenant),
-    };
+    let plan = plans.plan_for(&a.tenant, a.token.as_ref().and_then(|t| t.plan));
     rewrite::Vars {
         tenant: &a.tenant,
         plan: plan.and_then(|i| plans.names.get(i)).map(String::as_str),
@@ -303,24 +299,20 @@ fn vars<'a>(ctx: &'a RequestCtx, snap: &'a Snapshot, route: &'a Route) -> rewrit
 /// The route's `request_headers` and `strip_prefix`, last: what the route says wins over the
 /// client's headers and the gateway's own (a `host` set there is the upstream's `Host`).
 fn route_request_changes(upstream_request: &mut RequestHeader, ctx: &RequestCtx) -> Result<()> {
-    let (Some(snap), Some(i)) = (&ctx.snapshot, ctx.admitted.route) else {
-        return Ok(());
-    };
-    let Some(route) = snap.config.routes.get(i) else {
+    let Some((snap, route)) = route_of(ctx) else {
         return Ok(());
     };
     if let Some(ops) = &route.request_headers {
-        for (name, change) in rewrite::changes(ops, &vars(ctx, snap, route)) {
-            match change {
-                None => {
-                    upstream_request.remove_header(name);
-                }
-                Some((value, false)) => upstream_request.insert_header(name.clone(), value)?,
-                Some((value, true)) => {
-                    upstream_request.append_header(name.clone(), value)?;
-                }
+        rewrite::each(ops, &vars(ctx, snap, route), |name, change| match change {
+            Change::Remove => {
+                upstream_request.remove_header(name);
+                Ok(())
             }
-        }
+            Change::Set(value) => upstream_request.insert_header(name.clone(), value),
+            Change::Add(value) => upstream_request
+                .append_header(name.clone(), value)
+                .map(drop),
+        })?;
     }
     if let Some(prefix) = &route.strip_prefix {
         let uri = &upstream_request.uri;
@@ -341,27 +333,23 @@ fn route_request_changes(upstream_request: &mut RequestHeader, ctx: &RequestCtx)
 
 /// The route's `response_headers` on an answer to the client.
 fn route_response_changes(headers: &mut http::HeaderMap, ctx: &RequestCtx) {
-    let (Some(snap), Some(i)) = (&ctx.snapshot, ctx.admitted.route) else {
-        return;
-    };
-    if let Some(route) = snap.config.routes.get(i) {
+    if let Some((snap, route)) = route_of(ctx) {
         if let Some(ops) = &route.response_headers {
             rewrite::apply(ops, &vars(ctx, snap, route), headers);
         }
     }
 }
 
+/// The snapshot the request is handled under and the route it matched, if any.
+fn route_of(ctx: &RequestCtx) -> Option<(&Snapshot, &Route)> {
+    let snap = ctx.snapshot.as_deref()?;
+    Some((snap, snap.config.routes.get(ctx.admitted.route?)?))
+}
+
 /// The route's `cors` and the request's allowed `Origin`, when its answer must say so.
 fn cors_of(ctx: &RequestCtx) -> Option<(&Cors, &HeaderValue)> {
     let origin = ctx.admitted.origin.as_ref()?;
-    let snap = ctx.snapshot.as_ref()?;
-    let cors = snap
-        .config
-        .routes
-        .get(ctx.admitted.route?)?
-        .cors
-        .as_deref()?;
-    Some((cors, origin))
+    Some((route_of(ctx)?.1.cors.as_deref()?, origin))
 }
 
 /// Edit a response's header map directly, with names made once. `ResponseHeader::insert_header`

@@ -5,6 +5,7 @@
 
 use crate::config::model::{HeaderOps, Piece, Template, Var};
 use crate::matching::normalize_path;
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use std::io::Write;
 use std::net::IpAddr;
@@ -18,8 +19,8 @@ pub struct Vars<'a> {
     pub request_id: Option<&'a HeaderValue>,
 }
 
-/// The value of `t` for this request; `None` when it is no header value (a tenant id with a
-/// control character): that header is then left out.
+/// The value of `t` for this request (one allocation); `None` when it is no header value (a
+/// tenant id with a control character): that header is then left out.
 fn render(t: &Template, v: &Vars) -> Option<HeaderValue> {
     let mut out = Vec::with_capacity(64);
     for p in &t.0 {
@@ -38,46 +39,57 @@ fn render(t: &Template, v: &Vars) -> Option<HeaderValue> {
             }
         }
     }
-    HeaderValue::from_bytes(&out).ok()
+    HeaderValue::from_maybe_shared(Bytes::from(out)).ok()
 }
 
-/// What `ops` does, in order: each header removed (`None`), set, or added (`true`).
-pub fn changes<'o>(
-    ops: &'o HeaderOps,
+/// One change `HeaderOps` makes to a header.
+pub enum Change {
+    Remove,
+    /// Replacing what was there.
+    Set(HeaderValue),
+    /// Beside what was there.
+    Add(HeaderValue),
+}
+
+/// Each change of `ops` for this request, in order: removed, then set, then added (a value that
+/// renders to no header value is left out).
+pub fn each<E>(
+    ops: &HeaderOps,
     v: &Vars,
-) -> impl Iterator<Item = (&'o HeaderName, Option<(HeaderValue, bool)>)> + 'o {
-    let removed = ops.remove.iter().map(|n| (n, None));
-    let set = ops
-        .set
-        .iter()
-        .map(|(n, t)| (n, render(t, v).map(|h| (h, false))));
-    let added = ops
-        .add
-        .iter()
-        .filter_map(|(n, t)| render(t, v).map(|h| (n, Some((h, true)))));
-    // (collected: the values are rendered while `v` is borrowed)
-    removed
-        .chain(set)
-        .chain(added)
-        .collect::<Vec<_>>()
-        .into_iter()
+    mut f: impl FnMut(&HeaderName, Change) -> Result<(), E>,
+) -> Result<(), E> {
+    for n in &ops.remove {
+        f(n, Change::Remove)?;
+    }
+    for (n, t) in &ops.set {
+        if let Some(h) = render(t, v) {
+            f(n, Change::Set(h))?;
+        }
+    }
+    for (n, t) in &ops.add {
+        if let Some(h) = render(t, v) {
+            f(n, Change::Add(h))?;
+        }
+    }
+    Ok(())
 }
 
 /// Apply `ops` to a header map (an answer's).
 pub fn apply(ops: &HeaderOps, v: &Vars, headers: &mut HeaderMap) {
-    for (name, change) in changes(ops, v) {
+    let _ = each(ops, v, |name, change| -> Result<(), ()> {
         match change {
-            None => {
+            Change::Remove => {
                 headers.remove(name);
             }
-            Some((value, false)) => {
+            Change::Set(value) => {
                 headers.insert(name.clone(), value);
             }
-            Some((value, true)) => {
+            Change::Add(value) => {
                 headers.append(name.clone(), value);
             }
         }
-    }
+        Ok(())
+    });
 }
 
 /// The upstream's path and query for a request to `path_and_query` without `prefix`: the
@@ -99,6 +111,55 @@ pub fn strip(path: &str, query: Option<&str>, prefix: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// docs/configuration.md "Rewrites": variables rendered, and a value that comes out as no
+    /// header value (a tenant id with a control character) left out for that request.
+    #[test]
+    fn values_render_their_variables_and_an_invalid_one_is_left_out() {
+        let t = |pieces: Vec<Piece>| Template(pieces);
+        let ops = HeaderOps {
+            remove: vec![HeaderName::from_static("x-gone")],
+            set: vec![(
+                HeaderName::from_static("x-who"),
+                t(vec![
+                    Piece::Var(Var::Tenant),
+                    Piece::Text("/".into()),
+                    Piece::Var(Var::Plan),
+                    Piece::Text("@".into()),
+                    Piece::Var(Var::Route),
+                    Piece::Text(" ".into()),
+                    Piece::Var(Var::ClientIp),
+                ]),
+            )],
+            add: vec![(
+                HeaderName::from_static("x-id"),
+                t(vec![Piece::Var(Var::RequestId)]),
+            )],
+        };
+        let id = HeaderValue::from_static("abc");
+        let mut v = Vars {
+            tenant: b"acme",
+            plan: Some("gold"),
+            route: "orders",
+            client_ip: Some("192.0.2.7".parse().unwrap()),
+            request_id: Some(&id),
+        };
+        let mut h = HeaderMap::new();
+        h.insert("x-gone", HeaderValue::from_static("1"));
+        h.insert("x-id", HeaderValue::from_static("client"));
+        apply(&ops, &v, &mut h);
+        assert!(!h.contains_key("x-gone"));
+        assert_eq!(h["x-who"], "acme/gold@orders 192.0.2.7");
+        assert_eq!(
+            h.get_all("x-id").iter().collect::<Vec<_>>(),
+            ["client", "abc"]
+        );
+        v.tenant = b"evil\nx-forged: 1";
+        let mut h = HeaderMap::new();
+        apply(&ops, &v, &mut h);
+        assert!(!h.contains_key("x-who"), "left out: {h:?}");
+        assert_eq!(h["x-id"], "abc");
+    }
 
     #[test]
     fn a_prefix_goes_at_a_segment_s_start_only() {
