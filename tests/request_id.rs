@@ -18,8 +18,10 @@ fn upstream_saw(body: &str) -> Option<String> {
 #[test]
 fn each_request_gets_an_id_that_reaches_the_upstream_the_client_and_the_log() {
     let up = Upstream::start("app");
+    // a global limit of 2 per hour: the third request is refused
     let cfg = one_route_config(up.addr, 1, "  access_log: true")
-        .replace("    path: /**\n", "    path: /app/**\n");
+        .replace("    path: /**\n", "    path: /app/**\n")
+        + "limits:\n  - id: two\n    pathPattern: /app/**\n    per: global\n    tiers: [{ period: 1h, threshold: 2 }]\n";
     let gw = Gateway::start(&cfg);
     let a = gw.get("/app/a", &[]);
     let b = gw.get("/app/b", &[("x-request-id", "from-the-client")]);
@@ -39,10 +41,13 @@ fn each_request_gets_an_id_that_reaches_the_upstream_the_client_and_the_log() {
         ids.push(id);
     }
     assert_ne!(ids[0], ids[1]);
-    // the gateway's own answers carry one too
+    // the gateway's own answers carry one too: a 404, a 429
     let none = gw.get("/elsewhere", &[]);
     assert_eq!(none.status, 404);
     let id404 = none.header("x-request-id").expect("an id").to_string();
+    let refused = gw.get("/app/c", &[]);
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert_eq!(refused.header("x-request-id").map(str::len), Some(32));
     for id in ids.iter().chain([&id404]) {
         let tag = format!(" request_id={id}");
         assert!(

@@ -57,3 +57,36 @@ fn a_route_s_timeouts_answer_504_in_time_over_its_pool_s() {
     assert_eq!(r.status, 200, "the pool waits 10 s: {}", r.body);
     assert!(took >= Duration::from_millis(1000));
 }
+
+/// `total` counts from the request's arrival and bounds a hold by a limit too: a request a
+/// `delay` rule would hold for seconds is answered 504 when the route's total runs out.
+#[test]
+fn a_route_s_total_bounds_a_delay_by_a_limit() {
+    let up = Upstream::start("app");
+    let period = period_with_room(10, 5);
+    let cfg = config(&up)
+        + &format!(
+            r#"tenant:
+  from: [{{ header: x-org-id, trusted: true }}]
+limits:
+  - id: smooth
+    pathPattern: /total/**
+    action: delay
+    max_delay: 10m
+    tiers: [{{ period: {period}, threshold: 1 }}]
+"#
+        );
+    let gw = Gateway::start(&cfg);
+    let acme = [("x-org-id", "acme")];
+    assert_eq!(gw.get("/total/a", &acme).status, 200);
+    // the next fits only at the window's end, 5 s or more away
+    let t = Instant::now();
+    let r = gw.get("/total/b", &acme);
+    let took = t.elapsed();
+    assert_eq!(r.status, 504, "{}", r.body);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert!(r.body.contains("timeouts.total"), "{}", r.body);
+    assert!(took < Duration::from_millis(3000), "{took:?}");
+    // the held request never reached the upstream
+    assert_eq!(up.hits(), 1);
+}
