@@ -61,6 +61,9 @@ pub struct Metrics {
     pub queue_waits: IntCounterVec,
     /// `tollgate_pool_queue_refused_total{pool,reason}`: 503s of a full queue or a timeout.
     pub queue_refused: IntCounterVec,
+    /// `tollgate_upstream_requests_total{route,pool}`: requests sent to each pool of a route
+    /// (a split's shares; retries not counted again).
+    pub pool_requests: IntCounterVec,
     /// `tollgate_client_errors_total{kind}`: what clients did wrong, counted instead of logged
     /// one line each ([`ClientError`]).
     pub client_errors: IntCounterVec,
@@ -330,6 +333,14 @@ impl Metrics {
                     "tollgate_pool_queue_refused_total",
                     "Requests refused by a full pool with 503, by pool and reason (full: the queue was full; timeout: waited queue.timeout)",
                     &["pool", "reason"],
+                ),
+            )?,
+            pool_requests: registered(
+                &r,
+                counter_vec(
+                    "tollgate_upstream_requests_total",
+                    "Requests sent to a pool, by route and pool (with a route's upstreams: how the split went); a retry is not counted again",
+                    &["route", "pool"],
                 ),
             )?,
             redis_slots_down: reg_gauge(

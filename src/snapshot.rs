@@ -26,6 +26,10 @@ pub struct Snapshot {
     pub requests: RequestCounters,
     /// The quota endpoint's own limit (the runtime's: it outlives snapshots).
     pub probes: Arc<ProbeLimit>,
+    /// `tollgate_upstream_requests_total{route,pool}`, indexed like `config.routes`, then
+    /// like the route's `upstreams` (one for a route with `upstream`): resolved here, so a
+    /// request costs an atomic add.
+    pub pool_requests: Vec<Box<[IntCounter]>>,
 }
 
 /// Statuses 100 to 599 (or gRPC's 0 to 16) of one route.
@@ -197,6 +201,7 @@ impl Snapshot {
                 m.queue_waits.with_label_values(&[u.name.as_str(), plan]);
             }
         }
+        let pool_requests = pool_requests(&config, &rt.metrics);
         Ok(Snapshot {
             config,
             pools,
@@ -204,6 +209,31 @@ impl Snapshot {
             limiter,
             requests,
             probes: rt.probes.clone(),
+            pool_requests,
         })
     }
+}
+
+/// `tollgate_upstream_requests_total{route,pool}` of each route's pools (`Snapshot::
+/// pool_requests`).
+fn pool_requests(config: &Config, metrics: &Metrics) -> Vec<Box<[IntCounter]>> {
+    config
+        .routes
+        .iter()
+        .map(|r| {
+            let pools = r.split.as_ref().map_or_else(
+                || vec![r.upstream],
+                |s| s.entries.iter().map(|e| e.pool).collect(),
+            );
+            pools
+                .into_iter()
+                .map(|p| {
+                    let pool = config.upstreams.get(p).map_or("", |u| u.name.as_str());
+                    metrics
+                        .pool_requests
+                        .with_label_values(&[r.id.as_str(), pool])
+                })
+                .collect()
+        })
+        .collect()
 }

@@ -1352,3 +1352,64 @@ fn bad_rewrites() {
         &["routes[0].strip_prefix", "\"/api\""],
     );
 }
+
+/// A route's `upstreams` (issue 41): not beside `upstream`, neither of them, an unknown pool
+/// or plan, an empty `when`, no share left for the requests no `when` takes.
+#[test]
+fn bad_traffic_splits() {
+    let route = "    upstream: products\n";
+    let split = |body: &str| with(route, &format!("    upstreams:\n{body}"));
+    assert_error(
+        &with(
+            route,
+            "    upstream: products\n    upstreams: [{ pool: products }]\n",
+        ),
+        12,
+        16,
+        &["routes[0].upstreams", "`upstream` or `upstreams`, not both"],
+    );
+    assert_error(
+        &with(route, ""),
+        9,
+        7,
+        &["routes[0]", "needs `upstream`", "`upstreams`"],
+    );
+    assert_error(
+        &split("      - { pool: products, weight: 9 }\n      - { pool: orders, weight: 1 }\n"),
+        13,
+        17,
+        &[
+            "routes[0].upstreams[1].pool",
+            "unknown upstream \"orders\"",
+            "products",
+        ],
+    );
+    assert_error(
+        &split("      - { pool: products, when: { plan: gold } }\n      - { pool: products }\n"),
+        12,
+        41,
+        &[
+            "routes[0].upstreams[0].when.plan",
+            "unknown plan \"gold\"",
+            "premium",
+        ],
+    );
+    assert_error(
+        &split("      - { pool: products, when: {} }\n      - { pool: products }\n"),
+        12,
+        33,
+        &["routes[0].upstreams[0].when", "always holds"],
+    );
+    assert_error(
+        &split("      - { pool: products, weight: 0 }\n"),
+        12,
+        7,
+        &["routes[0].upstreams", "weight above 0"],
+    );
+    assert_error(
+        &with(route, "    upstream: products\n    sticky: tenant\n"),
+        12,
+        13,
+        &["routes[0].sticky", "several pools"],
+    );
+}

@@ -309,7 +309,15 @@ pub struct RouteFile {
     pub path: String,
     #[serde(default)]
     pub methods: Option<Vec<String>>,
-    pub upstream: String,
+    /// The route's pool (or `upstreams`).
+    #[serde(default)]
+    pub upstream: Option<String>,
+    /// Several pools, by weight and condition.
+    #[serde(default)]
+    pub upstreams: Option<Vec<SplitEntryFile>>,
+    /// `tenant`: a tenant's requests stay on one of `upstreams`.
+    #[serde(default)]
+    pub sticky: Option<StickyFile>,
     /// Overrides `tenant.required` on this route.
     #[serde(default)]
     pub tenant: Option<TenantModeFile>,
@@ -334,6 +342,53 @@ pub struct RouteFile {
     /// A leading part of the path the upstream does not see (`/api`).
     #[serde(default)]
     pub strip_prefix: Option<String>,
+}
+
+/// One of a route's `upstreams`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SplitEntryFile {
+    pub pool: String,
+    #[serde(default)]
+    pub weight: Option<u32>,
+    #[serde(default)]
+    pub when: Option<WhenFile>,
+}
+
+/// What an entry of `upstreams` asks of a request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WhenFile {
+    #[serde(default)]
+    pub plan: Option<OneOrMany>,
+    #[serde(default)]
+    pub tenant: Option<OneOrMany>,
+    #[serde(default)]
+    pub header: BTreeMap<String, String>,
+}
+
+/// A name, or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn list(&self) -> &[String] {
+        match self {
+            OneOrMany::One(s) => std::slice::from_ref(s),
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// A route's `sticky`.
+#[derive(Debug, Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StickyFile {
+    Tenant,
 }
 
 /// A route's `request_headers` or `response_headers`.

@@ -160,8 +160,11 @@ pub enum HealthProbe {
 pub struct Route {
     pub id: String,
     pub matcher: RequestMatch,
-    /// Index into `Config::upstreams`.
+    /// Index into `Config::upstreams`: the route's pool (with `upstreams`, the first listed
+    /// without `when`).
     pub upstream: usize,
+    /// `upstreams`: several pools, by weight and condition; `None`: `upstream` alone.
+    pub split: Option<Box<Split>>,
     /// Whether its requests must, may or do not identify a tenant (`tenant.required` when the
     /// route does not say).
     pub tenant: TenantMode,
@@ -178,6 +181,79 @@ pub struct Route {
     /// `strip_prefix` (`/api`: no trailing slash): the upstream gets the normalized path
     /// without it.
     pub strip_prefix: Option<String>,
+}
+
+impl Route {
+    /// Its pool, or its pools with their weights and conditions (`-t`, the status page):
+    /// `orders-v1 95, orders-v2 5` or `orders-v2 1 when plan beta, orders-v1 1`.
+    pub fn pools_text(&self, ups: &[UpstreamSpec]) -> String {
+        let name = |i: usize| ups.get(i).map_or("?", |u| u.name.as_str());
+        let Some(split) = &self.split else {
+            return name(self.upstream).to_string();
+        };
+        let mut parts: Vec<String> = split
+            .entries
+            .iter()
+            .map(|e| {
+                let mut t = format!("{} {}", name(e.pool), e.weight);
+                if let Some(w) = &e.when {
+                    let mut conds = Vec::new();
+                    if !w.plans.is_empty() {
+                        conds.push(format!("plan {}", w.plans.join("|")));
+                    }
+                    if !w.tenants.is_empty() {
+                        let t: Vec<_> = w
+                            .tenants
+                            .iter()
+                            .map(|t| String::from_utf8_lossy(t))
+                            .collect();
+                        conds.push(format!("tenant {}", t.join("|")));
+                    }
+                    for (n, v) in &w.headers {
+                        conds.push(format!("{n}: {}", String::from_utf8_lossy(v.as_bytes())));
+                    }
+                    t.push_str(" when ");
+                    t.push_str(&conds.join(" and "));
+                }
+                t
+            })
+            .collect();
+        if split.sticky {
+            parts.push("sticky by tenant".to_string());
+        }
+        parts.join(", ")
+    }
+}
+
+/// A route's `upstreams`: which pool each request goes to. The entries with a `when` that
+/// holds share the request by weight; when none holds, the entries without `when` do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Split {
+    pub entries: Vec<SplitEntry>,
+    /// `sticky: tenant`: a tenant's requests go to one pool (a hash of its id picks, the same
+    /// on every instance), while the weights stay; requests without a tenant are spread.
+    pub sticky: bool,
+}
+
+/// One of a route's `upstreams`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitEntry {
+    /// Index into `Config::upstreams`.
+    pub pool: usize,
+    /// Its share among the entries taken (0: none).
+    pub weight: u32,
+    pub when: Option<When>,
+}
+
+/// An entry's `when`: every condition given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct When {
+    /// The tenant's plan is one of these (empty: any).
+    pub plans: Vec<String>,
+    /// The tenant is one of these (empty: any).
+    pub tenants: Vec<Box<[u8]>>,
+    /// Each header has this value (exactly, as sent).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 /// A route's `request_headers` or `response_headers`: removed, then set, then added.

@@ -133,7 +133,7 @@ fn write_routes(s: &mut String, cfg: &Config) {
             "  {:<16} {} -> {} (tenant {}){}{}",
             r.id,
             r.matcher.describe(),
-            cfg.upstreams[r.upstream].name,
+            r.pools_text(&cfg.upstreams),
             match r.tenant {
                 TenantMode::Required => "required",
                 TenantMode::Optional => "optional",

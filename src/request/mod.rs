@@ -19,6 +19,7 @@ pub mod quota;
 pub mod request_id;
 pub mod rewrite;
 pub mod routing;
+pub mod split;
 pub mod tenant;
 pub mod tls;
 pub mod trace;

@@ -26,8 +26,10 @@ use crate::request::cors;
 use crate::request::header_deadline;
 use crate::request::request_id;
 use crate::request::rewrite::{self, Change};
+use crate::request::split;
 use crate::request::trace;
 use crate::snapshot::{SharedSnapshot, Snapshot};
+use crate::upstream::Pool;
 use async_trait::async_trait;
 use http::header::HeaderValue;
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -71,6 +73,8 @@ pub struct RequestCtx {
     grpc_status: Option<u8>,
     /// `x-request-id`: the upstream is told it, and so is the client.
     request_id: Option<HeaderValue>,
+    /// The pool the request goes to (index into the config's `upstreams`), once chosen.
+    pool: Option<usize>,
 }
 
 /// The spans of a traced request (boxed: most requests carry none).
@@ -338,6 +342,36 @@ fn route_response_changes(headers: &mut http::HeaderMap, ctx: &RequestCtx) {
             rewrite::apply(ops, &vars(ctx, snap, route), headers);
         }
     }
+}
+
+/// The pool of the request's route it goes to (`upstreams`: by weight and condition), counted
+/// in `tollgate_upstream_requests_total`; `None` without a route.
+fn choose_pool(req: &RequestHeader, ctx: &RequestCtx) -> Option<usize> {
+    let (snap, route) = route_of(ctx)?;
+    let i = ctx.admitted.route?;
+    let entry = match &route.split {
+        None => 0,
+        Some(split) => {
+            let vars = vars(ctx, snap, route);
+            let asked = split::Asked {
+                headers: &req.headers,
+                tenant: vars.tenant,
+                plan: vars.plan,
+            };
+            split::pick(split, &asked)
+        }
+    };
+    if let Some(c) = snap.pool_requests.get(i).and_then(|r| r.get(entry)) {
+        c.inc();
+    }
+    Some(route.split.as_ref().map_or(route.upstream, |s| {
+        s.entries.get(entry).map_or(route.upstream, |e| e.pool)
+    }))
+}
+
+/// The pool chosen for the request (`choose_pool`).
+fn pool_of(ctx: &RequestCtx) -> Option<&Pool> {
+    ctx.snapshot.as_deref()?.pools.get(ctx.pool?).map(|p| &**p)
 }
 
 /// The snapshot the request is handled under and the route it matched, if any.
@@ -633,6 +667,7 @@ impl ProxyHttp for Gateway {
             answer_status: 0,
             grpc_status: None,
             request_id: None,
+            pool: None,
         }
     }
 
@@ -672,17 +707,20 @@ impl ProxyHttp for Gateway {
         Ok(true)
     }
 
-    /// A shaped pool (`max_in_flight`): wait for a place, by the tenant's plan priority, or
-    /// answer 503.
+    /// The route's pool (of its `upstreams`, by weight and condition), then, for a shaped pool
+    /// (`max_in_flight`), a place in it, by the tenant's plan priority, or a 503.
     async fn proxy_upstream_filter(
         &self,
         session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<bool> {
-        let (Some(snap), Some(route)) = (&ctx.snapshot, ctx.admitted.route) else {
+        let Some(pool) = choose_pool(session.req_header(), ctx) else {
             return Ok(true);
         };
-        let pool = snap.config.routes[route].upstream;
+        ctx.pool = Some(pool);
+        let Some(snap) = &ctx.snapshot else {
+            return Ok(true);
+        };
         if ctx.grpc
             && snap
                 .config
@@ -814,7 +852,12 @@ impl ProxyHttp for Gateway {
         let (Some(snap), Some(route)) = (&ctx.snapshot, ctx.admitted.route) else {
             return Error::e_explain(ErrorType::InternalError, "no route selected");
         };
-        let pool = &snap.pools[snap.config.routes[route].upstream];
+        let Some(pool) = snap
+            .pools
+            .get(ctx.pool.unwrap_or(snap.config.routes[route].upstream))
+        else {
+            return Error::e_explain(ErrorType::InternalError, "no pool selected");
+        };
         match pool.select(&ctx.admitted.tenant) {
             Some(backend) => {
                 ctx.upstream = backend.addr.as_inet().copied();
@@ -857,8 +900,7 @@ impl ProxyHttp for Gateway {
     ) -> Box<Error> {
         ctx.failures += 1;
         let mut retries = 0;
-        if let (Some(snap), Some(route)) = (&ctx.snapshot, ctx.admitted.route) {
-            let pool = &snap.pools[snap.config.routes[route].upstream];
+        if let Some(pool) = pool_of(ctx) {
             if let Some(addr) = ctx.upstream {
                 pool.mark_failed(addr);
             }
@@ -888,12 +930,7 @@ impl ProxyHttp for Gateway {
             e.retry.decide_reuse(client_reused);
         }
         ctx.failures += 1;
-        let retries = match (&ctx.snapshot, ctx.admitted.route) {
-            (Some(snap), Some(route)) => {
-                snap.pools[snap.config.routes[route].upstream].spec.retries
-            }
-            _ => 0,
-        };
+        let retries = pool_of(ctx).map_or(0, |p| p.spec.retries);
         if ctx.failures > retries {
             e.set_retry(false);
         }

@@ -31,6 +31,7 @@ mod tests {
                 methods: methods.map_or(MethodSet::ALL, |m| MethodSet::parse(m).unwrap()),
             },
             upstream: 0,
+            split: None,
             tenant: crate::config::model::TenantMode::Optional,
             access: None,
             cors: None,

@@ -83,6 +83,7 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
         ),
         None => TenantSettings::default(),
     };
+    check_split_plans(&mut c, &model.routes, &plans);
     let rules = check_limits(&mut c, model.limits, &plans, &mut includes);
     let redis = model.redis.as_ref().and_then(|r| check_redis(&mut c, r));
     let tracing = model.tracing.as_ref().map(|t| check_tracing(&mut c, t));

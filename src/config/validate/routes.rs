@@ -41,24 +41,15 @@ pub(super) fn check_routes(
     for (i, r) in routes.iter().enumerate() {
         let base = format!("routes[{i}]");
         check_id(c, &base, "route", &r.id, &mut seen);
-        let upstream = match ups.iter().position(|u| u.name == r.upstream) {
-            Some(i) => i,
-            None => {
-                let names: Vec<&str> = ups.iter().map(|u| u.name.as_str()).collect();
-                c.err(
-                    &format!("{base}.upstream"),
-                    format!(
-                        "unknown upstream {:?}: expected one of the pools under `upstreams` ({})",
-                        r.upstream,
-                        names.join(", ")
-                    ),
-                );
-                0
-            }
-        };
-        if let Some(pool) = ups.get(upstream).filter(|u| {
-            u.protocol == UpstreamProtocol::Http1 && crate::grpc::names_service(&r.path)
-        }) {
+        let (upstream, split) = check_pools(c, &base, r, ups);
+        let pools = split.as_ref().map_or(vec![upstream], |s| {
+            s.entries.iter().map(|e| e.pool).collect()
+        });
+        if let Some(pool) = pools
+            .iter()
+            .filter_map(|&p| ups.get(p))
+            .find(|u| u.protocol == UpstreamProtocol::Http1 && crate::grpc::names_service(&r.path))
+        {
             c.warn(
                 &format!("{base}.path"),
                 format!(
@@ -76,6 +67,7 @@ pub(super) fn check_routes(
                 methods,
             },
             upstream,
+            split,
             tenant: match r.tenant {
                 None => default_mode,
                 Some(TenantModeFile::Required) => TenantMode::Required,
@@ -107,6 +99,155 @@ pub(super) fn check_routes(
         });
     }
     out
+}
+
+/// The index of pool `name` (`path` names it in an error).
+fn pool_named(c: &mut Checker, path: &str, name: &str, ups: &[UpstreamSpec]) -> usize {
+    ups.iter().position(|u| u.name == name).unwrap_or_else(|| {
+        let names: Vec<&str> = ups.iter().map(|u| u.name.as_str()).collect();
+        c.err(
+            path,
+            format!(
+                "unknown upstream {name:?}: expected one of the pools under `upstreams` ({})",
+                names.join(", ")
+            ),
+        );
+        0
+    })
+}
+
+/// A route's `upstream`, or its `upstreams` (and `sticky`): exactly one of the two.
+fn check_pools(
+    c: &mut Checker,
+    base: &str,
+    r: &RouteFile,
+    ups: &[UpstreamSpec],
+) -> (usize, Option<Box<Split>>) {
+    match (&r.upstream, &r.upstreams) {
+        (Some(name), None) => {
+            if r.sticky.is_some() {
+                c.err(
+                    &format!("{base}.sticky"),
+                    "sticky needs several pools: list them under `upstreams`",
+                );
+            }
+            (pool_named(c, &format!("{base}.upstream"), name, ups), None)
+        }
+        (None, Some(list)) => {
+            let split = check_split(c, &format!("{base}.upstreams"), list, ups, r.sticky);
+            let default = split.entries.iter().find(|e| e.when.is_none());
+            (default.map_or(0, |e| e.pool), Some(Box::new(split)))
+        }
+        (Some(_), Some(_)) => {
+            c.err(
+                &format!("{base}.upstreams"),
+                "a route has `upstream` or `upstreams`, not both",
+            );
+            (0, None)
+        }
+        (None, None) => {
+            c.err(
+                base,
+                "a route needs `upstream` (its pool) or `upstreams` (pools with weights)",
+            );
+            (0, None)
+        }
+    }
+}
+
+/// A route's `upstreams`: each pool known and listed once, weights that can take traffic.
+fn check_split(
+    c: &mut Checker,
+    base: &str,
+    list: &[SplitEntryFile],
+    ups: &[UpstreamSpec],
+    sticky: Option<StickyFile>,
+) -> Split {
+    let mut entries: Vec<SplitEntry> = Vec::new();
+    for (i, e) in list.iter().enumerate() {
+        let at = format!("{base}[{i}]");
+        let pool = pool_named(c, &format!("{at}.pool"), &e.pool, ups);
+        let when = e
+            .when
+            .as_ref()
+            .map(|w| check_when(c, &format!("{at}.when"), w));
+        if when.is_none() && entries.iter().any(|x| x.pool == pool && x.when.is_none()) {
+            c.err(
+                &format!("{at}.pool"),
+                format!("pool {:?} is listed twice: give it one weight", e.pool),
+            );
+        }
+        entries.push(SplitEntry {
+            pool,
+            weight: e.weight.unwrap_or(1),
+            when,
+        });
+    }
+    let defaults = entries.iter().filter(|e| e.when.is_none());
+    if defaults.clone().map(|e| u64::from(e.weight)).sum::<u64>() == 0 {
+        c.err(
+            base,
+            "no entry without `when` has a weight above 0: the requests no `when` takes would have no pool",
+        );
+    }
+    if entries.iter().map(|e| u64::from(e.weight)).sum::<u64>() > u64::from(u32::MAX) {
+        c.err(base, "the weights add up to more than 4294967295");
+    }
+    Split {
+        entries,
+        sticky: sticky == Some(StickyFile::Tenant),
+    }
+}
+
+/// An entry's `when`: at least one condition; header names and values valid.
+fn check_when(c: &mut Checker, base: &str, w: &WhenFile) -> When {
+    let list = |o: &Option<OneOrMany>| o.as_ref().map_or(&[][..], |l| l.list()).to_vec();
+    let mut when = When {
+        plans: list(&w.plan),
+        tenants: list(&w.tenant)
+            .into_iter()
+            .map(|t| t.into_bytes().into_boxed_slice())
+            .collect(),
+        headers: Vec::new(),
+    };
+    for (name, value) in &w.header {
+        let at = format!("{base}.header.{name}");
+        match (
+            HeaderName::from_bytes(name.as_bytes()),
+            http::HeaderValue::from_str(value),
+        ) {
+            (Ok(n), Ok(v)) => when.headers.push((n, v)),
+            (Err(_), _) => c.err(&at, format!("{name:?} is no header name")),
+            (_, Err(_)) => c.err(&at, format!("{value:?} is no header value")),
+        }
+    }
+    if when.plans.is_empty() && when.tenants.is_empty() && w.header.is_empty() {
+        c.err(
+            base,
+            "an empty `when` always holds: name a plan, a tenant or a header, or remove it",
+        );
+    }
+    when
+}
+
+/// Each `when.plan` of the routes names a plan (checked once the plans are known).
+pub(super) fn check_split_plans(c: &mut Checker, routes: &[RouteFile], known: &Plans) {
+    for (i, r) in routes.iter().enumerate() {
+        for (j, e) in r.upstreams.iter().flatten().enumerate() {
+            let Some(plans) = e.when.as_ref().and_then(|w| w.plan.as_ref()) else {
+                continue;
+            };
+            for p in plans.list().iter().filter(|p| !known.names.contains(p)) {
+                c.err(
+                    &format!("routes[{i}].upstreams[{j}].when.plan"),
+                    format!(
+                        "unknown plan {p:?}: expected one of the plans ({})",
+                        known.names.join(", ")
+                    ),
+                );
+            }
+        }
+    }
 }
 
 /// A route's `allow` and `deny` (none: every client may use it).

@@ -318,7 +318,7 @@ pub fn status(
             json!({
                 "id": r.id,
                 "match": r.matcher.describe(),
-                "upstream": cfg.upstreams[r.upstream].name,
+                "upstream": r.pools_text(&cfg.upstreams),
             })
         })
         .collect();

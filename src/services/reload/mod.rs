@@ -121,7 +121,8 @@ impl Reloader {
         true
     }
 
-    /// The metric series of the rules and routes the new config no longer has go with them.
+    /// The metric series of the rules, routes and routes' pools the new config no longer has go
+    /// with them.
     fn forget_series(&self, old: &Config, new: &Config) {
         let kept: std::collections::HashSet<String> =
             new.rules.iter().map(|r| r.id.clone()).collect();
@@ -152,7 +153,28 @@ impl Reloader {
                 }
             }
         }
+        // and the pools a route no longer sends to
+        let kept = pool_pairs(new);
+        for (route, pool) in pool_pairs(old).difference(&kept) {
+            let _ = self
+                .metrics
+                .pool_requests
+                .remove_label_values(&[route.as_str(), pool.as_str()]);
+        }
     }
+}
+
+/// Each (route, pool) of `tollgate_upstream_requests_total` a config has.
+fn pool_pairs(cfg: &Config) -> std::collections::HashSet<(String, String)> {
+    let name = |p: usize| cfg.upstreams.get(p).map_or("", |u| u.name.as_str());
+    let mut pairs = std::collections::HashSet::new();
+    for r in &cfg.routes {
+        pairs.insert((r.id.clone(), name(r.upstream).to_string()));
+        for e in r.split.iter().flat_map(|s| &s.entries) {
+            pairs.insert((r.id.clone(), name(e.pool).to_string()));
+        }
+    }
+    pairs
 }
 
 /// Changes a reload cannot apply (the listeners, their limits, threads; tracing): warned of,
