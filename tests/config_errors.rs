@@ -1413,3 +1413,42 @@ fn bad_traffic_splits() {
         &["routes[0].sticky", "several pools"],
     );
 }
+
+/// A route's `rewrite` (issue 41): a pattern that is none, a `to` that is no path or names a
+/// group the pattern lacks, beside `strip_prefix`.
+#[test]
+fn bad_path_rewrites() {
+    let route = "    upstream: products\n";
+    let rw = |body: &str| with(route, &format!("{route}    rewrite: {body}\n"));
+    assert_error(
+        &rw(r#"{ pattern: "^/v1/(", to: "/x" }"#),
+        12,
+        25,
+        &[
+            "routes[0].rewrite.pattern",
+            "not a regular expression",
+            "unclosed group",
+        ],
+    );
+    assert_error(
+        &rw(r#"{ pattern: "^/v1/(.*)", to: "v2/$1" }"#),
+        12,
+        42,
+        &["routes[0].rewrite.to", "expected a path"],
+    );
+    assert_error(
+        &rw(r#"{ pattern: "^/v1/(.*)", to: "/v2/${2}" }"#),
+        12,
+        42,
+        &["routes[0].rewrite.to", "${2}", "no such group"],
+    );
+    assert_error(
+        &with(
+            route,
+            "    upstream: products\n    strip_prefix: /v1\n    rewrite: { pattern: x, to: /y }\n",
+        ),
+        13,
+        14,
+        &["routes[0].rewrite", "not both"],
+    );
+}

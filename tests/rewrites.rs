@@ -78,3 +78,42 @@ limits:
     // the gateway's own answers get the route's response headers too
     assert_eq!(refused.header("x-served-by"), Some("tollgate orders"));
 }
+
+/// `rewrite: { pattern, to }`: the normalized path with each match replaced, groups by
+/// number or name, the query as sent; a path the pattern does not match is forwarded as sent.
+#[test]
+fn a_pattern_rewrites_the_upstream_path() {
+    let up = Upstream::start("app");
+    let cfg = one_route_config(up.addr, 1, "").replace(
+        "routes:\n  - id: all\n    path: /**\n    upstream: app\n",
+        r#"routes:
+  - id: users
+    path: /api/**
+    upstream: app
+    rewrite:
+      pattern: "^/api/v1/users/(?P<user>[^/]+)/orders"
+      to: "/orders/by-user/${user}"
+  - id: versions
+    path: /v/**
+    upstream: app
+    rewrite: { pattern: "/v([0-9]+)/", to: "/version-${1}/" }
+"#,
+    );
+    let gw = Gateway::start(&cfg);
+    let path = |p: &str| {
+        let r = gw.get(p, &[]);
+        assert_eq!(r.status, 200, "{p}: {}", r.body);
+        seen(&r.body)["path"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    // normalized first: the doubled slash and the dot segment are gone
+    assert_eq!(
+        path("/api//v1/users/42/./orders/7?full=1"),
+        "/orders/by-user/42/7?full=1"
+    );
+    assert_eq!(path("/api/v2/users/42/orders"), "/api/v2/users/42/orders");
+    // every match is replaced
+    assert_eq!(path("/v/v1/a/v2/b"), "/v/version-1/a/version-2/b");
+}

@@ -342,6 +342,17 @@ pub struct RouteFile {
     /// A leading part of the path the upstream does not see (`/api`).
     #[serde(default)]
     pub strip_prefix: Option<String>,
+    /// The upstream's path, from the client's by a regular expression.
+    #[serde(default)]
+    pub rewrite: Option<PathRewriteFile>,
+}
+
+/// A route's `rewrite`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathRewriteFile {
+    pub pattern: String,
+    pub to: String,
 }
 
 /// One of a route's `upstreams`.

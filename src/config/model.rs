@@ -181,6 +181,17 @@ pub struct Route {
     /// `strip_prefix` (`/api`: no trailing slash): the upstream gets the normalized path
     /// without it.
     pub strip_prefix: Option<String>,
+    /// `rewrite`: the upstream gets the normalized path with each match of the pattern
+    /// replaced.
+    pub rewrite: Option<Box<PathRewrite>>,
+}
+
+/// A route's `rewrite: { pattern, to }`.
+#[derive(Debug, Clone)]
+pub struct PathRewrite {
+    pub pattern: regex::Regex,
+    /// What each match becomes: `$1`, `${name}` name the pattern's groups; it begins with `/`.
+    pub to: String,
 }
 
 impl Route {

@@ -300,7 +300,7 @@ fn vars<'a>(ctx: &'a RequestCtx, snap: &'a Snapshot, route: &'a Route) -> rewrit
     }
 }
 
-/// The route's `request_headers` and `strip_prefix`, last: what the route says wins over the
+/// The route's `request_headers` and `strip_prefix` or `rewrite`, last: what the route says wins over the
 /// client's headers and the gateway's own (a `host` set there is the upstream's `Host`).
 fn route_request_changes(upstream_request: &mut RequestHeader, ctx: &RequestCtx) -> Result<()> {
     let Some((snap, route)) = route_of(ctx) else {
@@ -318,17 +318,20 @@ fn route_request_changes(upstream_request: &mut RequestHeader, ctx: &RequestCtx)
                 .map(drop),
         })?;
     }
-    if let Some(prefix) = &route.strip_prefix {
-        let uri = &upstream_request.uri;
-        if let Some(to) = rewrite::strip(uri.path(), uri.query(), prefix) {
-            match to.parse::<http::Uri>() {
-                Ok(u) => upstream_request.set_uri(u),
-                Err(_) => {
-                    return Error::e_explain(
-                        ErrorType::HTTPStatus(400),
-                        "the path cannot be forwarded without its prefix",
-                    )
-                }
+    let uri = &upstream_request.uri;
+    let to = match (&route.strip_prefix, &route.rewrite) {
+        (Some(prefix), _) => rewrite::strip(uri.path(), uri.query(), prefix),
+        (None, Some(rw)) => rewrite::regex(uri.path(), uri.query(), rw),
+        (None, None) => None,
+    };
+    if let Some(to) = to {
+        match to.parse::<http::Uri>() {
+            Ok(u) if u.path().starts_with('/') => upstream_request.set_uri(u),
+            _ => {
+                return Error::e_explain(
+                    ErrorType::HTTPStatus(400),
+                    "the path cannot be forwarded as the route rewrites it",
+                )
             }
         }
     }

@@ -1,9 +1,9 @@
 //! What a route changes on the way through (`request_headers`, `response_headers`,
-//! `strip_prefix`): headers removed, set and added, with variables rendered per request, and
-//! the upstream's path without a prefix. Limits and routes match the client's path, before any
+//! `strip_prefix`, `rewrite`): headers removed, set and added, with variables rendered per
+//! request, and the upstream's path without a prefix or rewritten by a pattern. Limits and routes match the client's path, before any
 //! of it.
 
-use crate::config::model::{HeaderOps, Piece, Template, Var};
+use crate::config::model::{HeaderOps, PathRewrite, Piece, Template, Var};
 use crate::matching::normalize_path;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -106,6 +106,28 @@ pub fn strip(path: &str, query: Option<&str>, prefix: &str) -> Option<String> {
         Some(q) => format!("{rest}?{q}"),
         None => rest.to_string(),
     })
+}
+
+/// The upstream's path and query for a request to `path` by the route's `rewrite`: the
+/// normalized path with each match of the pattern replaced (`/` when nothing is left), the
+/// query as sent. `None`: the pattern does not match (the path is forwarded as sent).
+pub fn regex(path: &str, query: Option<&str>, rw: &PathRewrite) -> Option<String> {
+    let normalized = normalize_path(path);
+    if !rw.pattern.is_match(&normalized) {
+        return None;
+    }
+    let mut out = rw
+        .pattern
+        .replace_all(&normalized, rw.to.as_str())
+        .into_owned();
+    if out.is_empty() {
+        out.push('/');
+    }
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    Some(out)
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ mod tests {
             request_headers: None,
             response_headers: None,
             strip_prefix: None,
+            rewrite: None,
         }
     }
 

@@ -96,6 +96,15 @@ pub(super) fn check_routes(
                 .strip_prefix
                 .as_ref()
                 .and_then(|p| check_prefix(c, &format!("{base}.strip_prefix"), p)),
+            rewrite: r.rewrite.as_ref().and_then(|rw| {
+                if r.strip_prefix.is_some() {
+                    c.err(
+                        &format!("{base}.rewrite"),
+                        "a route has `strip_prefix` or `rewrite`, not both (a pattern can strip a prefix too)",
+                    );
+                }
+                check_rewrite(c, &format!("{base}.rewrite"), rw)
+            }),
         });
     }
     out
@@ -528,6 +537,96 @@ fn template(c: &mut Checker, path: &str, text: &str) -> Option<Template> {
 }
 
 /// `strip_prefix`: `/api`, at least one segment, no trailing slash, no pattern.
+/// The most a `rewrite.pattern` may compile to (the regex crate's own default is 10 MiB).
+const REWRITE_SIZE_LIMIT: usize = 1 << 20;
+
+/// A route's `rewrite`: a pattern that compiles, and a `to` that is a path (a slash first,
+/// path characters) whose `$` names only the pattern's groups.
+fn check_rewrite(c: &mut Checker, base: &str, rw: &PathRewriteFile) -> Option<Box<PathRewrite>> {
+    let pattern = regex::RegexBuilder::new(&rw.pattern)
+        .size_limit(REWRITE_SIZE_LIMIT)
+        .build();
+    let pattern = match pattern {
+        Ok(p) => p,
+        Err(e) => {
+            // the crate's message spans lines (the pattern, a caret): one line here
+            let why = e
+                .to_string()
+                .lines()
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ");
+            c.err(
+                &format!("{base}.pattern"),
+                format!("not a regular expression: {why}"),
+            );
+            return None;
+        }
+    };
+    let to = &rw.to;
+    // its text without the groups (each empty) is a path an upstream may be sent; the groups
+    // are parts of a normalized path
+    let literal = regex::Regex::new("^")
+        .ok()
+        .map(|any| any.replace("", to.as_str()).into_owned());
+    let is_path = literal.is_some_and(|l| {
+        l.starts_with('/')
+            && !l.contains(['?', '#'])
+            && l.parse::<http::uri::PathAndQuery>().is_ok()
+    });
+    if !is_path {
+        c.err(
+            &format!("{base}.to"),
+            format!("{to:?}: expected a path (a slash first, then path characters and `$1` or `${{name}}` for the pattern's groups)"),
+        );
+        return None;
+    }
+    if let Some(group) = unknown_group(&pattern, to) {
+        c.err(
+            &format!("{base}.to"),
+            format!(
+                "${{{group}}}: the pattern has no such group (groups: $1 to ${}, or by name)",
+                pattern.captures_len() - 1
+            ),
+        );
+        return None;
+    }
+    Some(Box::new(PathRewrite {
+        pattern,
+        to: to.clone(),
+    }))
+}
+
+/// A group `to` names (`$1`, `${1}`, `$name`, `${name}`; `$$` is a dollar) that `pattern`
+/// does not have.
+fn unknown_group(pattern: &regex::Regex, to: &str) -> Option<String> {
+    let names: Vec<&str> = pattern.capture_names().flatten().collect();
+    let known = |g: &str| match g.parse::<usize>() {
+        Ok(n) => n < pattern.captures_len(),
+        Err(_) => names.contains(&g),
+    };
+    let mut rest = to;
+    while let Some(at) = rest.find('$') {
+        rest = &rest[at + 1..];
+        let group = if let Some(braced) = rest.strip_prefix('{') {
+            let end = braced.find('}').unwrap_or(braced.len());
+            &braced[..end]
+        } else if rest.starts_with('$') {
+            rest = &rest[1..];
+            continue;
+        } else {
+            let end = rest
+                .find(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '_'))
+                .unwrap_or(rest.len());
+            &rest[..end]
+        };
+        if !known(group) {
+            return Some(group.to_string());
+        }
+    }
+    None
+}
+
 fn check_prefix(c: &mut Checker, path: &str, p: &str) -> Option<String> {
     let ok = p.starts_with('/')
         && p.len() > 1
