@@ -131,7 +131,7 @@ pub fn main() -> i32 {
             _ => 0,
         };
     }
-    init_logging();
+    init_logging(cfg.server.log_json);
     for w in &cfg.warnings {
         log::warn!("{w}");
     }
@@ -204,11 +204,11 @@ fn instance_id() -> String {
     format!("{}-{:x}", std::process::id(), nanos)
 }
 
-fn init_logging() {
+fn init_logging(json: bool) {
     let env = env_logger::Env::default().default_filter_or("info");
-    let logger = env_logger::Builder::from_env(env)
-        .format_timestamp_millis()
-        .build();
+    let mut builder = env_logger::Builder::from_env(env);
+    crate::log_format::set_up(&mut builder, json);
+    let logger = builder.build();
     let max = logger.filter();
     // warnings and errors a client can cause are bounded per source (`log_limit`)
     if log::set_boxed_logger(Box::new(crate::log_limit::Limited::new(logger))).is_ok() {
@@ -516,6 +516,7 @@ fn add_background_services(
             runtime: rt.clone(),
             metrics: metrics.clone(),
             flag: sighup,
+            watch: Default::default(),
         },
     ));
     if let Some(admin_addr) = server_cfg.admin {

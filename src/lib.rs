@@ -16,6 +16,7 @@ pub mod cli;
 pub mod config;
 pub mod grpc;
 pub mod limits;
+pub mod log_format;
 pub mod log_limit;
 pub mod matching;
 pub mod metrics;

@@ -410,7 +410,7 @@ fn a_full_listener_refuses_new_connections_and_is_not_ready_until_one_closes() {
     assert!(gw.reload(&raised));
     assert!(gw
         .log()
-        .contains("server.max_connections or server.max_connections_per_ip need a restart"));
+        .contains("server.max_connections_per_ip or server.log_format need a restart"));
     let mut still_refused = TcpStream::connect(gw.addr).unwrap();
     assert!(closed_within(&mut still_refused, Duration::from_secs(2)));
     drop(held);

@@ -943,6 +943,67 @@ fn access_log_has_one_line_per_request() {
     );
 }
 
+/// `log_format: json` (issue 42): every line the gateway writes is one JSON object with
+/// `ts`, `level` and `target`; its own lines say `msg`, an access line has its fields (a
+/// hostile tenant a JSON string, the status and latency numbers); under `tracing.tenant: hash`
+/// the access log names the tenant by its hash, as the spans do.
+#[test]
+fn json_logs_parse_line_by_line() {
+    let up = Upstream::start("a");
+    let hostile = "acme\"},\"status\":1";
+    let json = config(&up, "  access_log: true\n  log_format: json", 1);
+    let gw = Gateway::start(&json);
+    assert_eq!(gw.get("/limited/1", &[("x-org-id", hostile)]).status, 200);
+    assert_eq!(gw.get("/limited/1", &[("x-org-id", hostile)]).status, 429);
+    let access = |gw: &Gateway| -> Vec<serde_json::Value> {
+        let log = gw.log();
+        let all: Vec<serde_json::Value> = log
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        for v in &all {
+            assert!(v["ts"].is_string() && v["level"].is_string(), "{v}");
+            let target = v["target"].as_str().unwrap_or_default();
+            assert!(target == "tollgate::access" || v["msg"].is_string(), "{v}");
+        }
+        all.into_iter()
+            .filter(|v| v["target"] == "tollgate::access")
+            .collect()
+    };
+    assert!(eventually(Duration::from_secs(2), || access(&gw).len() == 2));
+    let lines = access(&gw);
+    let (ok, denied) = (&lines[0], &lines[1]);
+    assert_eq!(ok["tenant"], hostile, "{ok}");
+    assert_eq!(
+        (ok["status"].as_u64(), denied["status"].as_u64()),
+        (Some(200), Some(429))
+    );
+    assert!(
+        ok["latency_ms"].is_f64() && ok["request_id"].is_string(),
+        "{ok}"
+    );
+    assert_eq!(ok["upstream"], up.addr.to_string());
+    assert_eq!(
+        (&ok["route"], &ok["method"], &ok["path"]),
+        (&"all".into(), &"GET".into(), &"/limited/1".into())
+    );
+    assert_eq!(
+        (&denied["decision"], &denied["rule"]),
+        (&"denied".into(), &"api".into())
+    );
+    // the tenant by its hash
+    let hashed = json + "tracing:\n  otlp: http://127.0.0.1:9\n  sample: 0\n  tenant: hash\n";
+    let gw = Gateway::start(&hashed);
+    gw.get("/limited/1", &[("x-org-id", "acme")]);
+    assert!(eventually(Duration::from_secs(2), || access(&gw).len() == 1));
+    let tenant = access(&gw)[0]["tenant"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(tenant != "acme" && tenant.len() == 16, "{tenant}");
+    assert!(!gw.log().contains("acme"), "{}", gw.log());
+}
+
 #[test]
 fn a_reload_that_adds_redis_starts_syncing() {
     let up = Upstream::start("a");

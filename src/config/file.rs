@@ -107,6 +107,21 @@ pub struct ServerFile {
     pub pid_file: Option<String>,
     #[serde(default)]
     pub upgrade_sock: Option<String>,
+    /// Reload when the file, or a file it includes, changes on disk.
+    #[serde(default)]
+    pub watch_config: bool,
+    /// `text` (the default) or `json`: one object a line.
+    #[serde(default)]
+    pub log_format: LogFormatFile,
+}
+
+/// `server.log_format`.
+#[derive(Debug, Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormatFile {
+    #[default]
+    Text,
+    Json,
 }
 
 /// `server.http2`.

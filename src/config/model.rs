@@ -66,6 +66,10 @@ pub struct ServerSettings {
     pub error_log: Option<String>,
     pub pid_file: String,
     pub upgrade_sock: String,
+    /// `watch_config`: reload when the file or an included one changes on disk.
+    pub watch_config: bool,
+    /// `log_format: json`: the access log and the gateway's own lines as JSON objects.
+    pub log_json: bool,
 }
 
 /// `server.http2`: what one client connection may ask of the gateway.

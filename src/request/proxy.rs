@@ -17,6 +17,7 @@
 use crate::config::model::{Cors, Route, RouteTimeouts, TenantSource, UpstreamProtocol};
 use crate::grpc;
 use crate::limits::headers;
+use crate::log_format;
 use crate::metrics::{ClientError, Metrics};
 use crate::request::admission::{self, Admission, Admitted, Incoming};
 use crate::request::answer::Answer;
@@ -469,9 +470,21 @@ fn access_log(
         })
         .unwrap_or("-")
     };
+    let tenant = &ctx.admitted.tenant;
+    // `tracing.tenant: hash`: the log names tenants as the spans do
+    let hashed = ctx
+        .snapshot
+        .as_ref()
+        .and_then(|s| s.config.tracing.as_ref())
+        .is_some_and(|t| t.hash_tenant && !tenant.is_empty());
     let mut line = access_line(
+        log_format::json(),
         route,
-        &ctx.admitted.tenant,
+        &if hashed {
+            trace::tenant_hash(tenant)
+        } else {
+            String::from_utf8_lossy(tenant).into_owned()
+        },
         req.method.as_str(),
         req.uri.path(),
         status.as_u16(),
@@ -481,44 +494,47 @@ fn access_log(
     );
     // (well formed: letters, digits and `-_.:/+=` only)
     if let Some(id) = ctx.request_id.as_ref().and_then(|v| v.to_str().ok()) {
-        line.push_str(" request_id=");
-        line.push_str(id);
+        line.word("request_id", id);
     }
     // the rule that denied or held it, and a shadow rule that would have denied this tenant
     if ctx.admitted.decided_by.is_some() {
-        line.push_str(" rule=");
-        line.push_str(rule_id(ctx.admitted.decided_by));
+        line.word("rule", rule_id(ctx.admitted.decided_by));
     }
     if ctx.admitted.shadow_by.is_some() {
-        line.push_str(" shadow_denied_by=");
-        line.push_str(rule_id(ctx.admitted.shadow_by));
+        line.word("shadow_denied_by", rule_id(ctx.admitted.shadow_by));
     }
     if let Some(code) = grpc_status {
-        line.push_str(" grpc_status=");
-        line.push_str(code);
+        line.word("grpc_status", code);
     }
-    log::info!(target: "tollgate::access", "{line}");
+    log::info!(target: log_format::ACCESS, "{}", line.finish());
 }
 
-/// One access log line. The tenant and the path are quoted with every control character,
-/// quote and backslash escaped (`\n`, `\"`), so that no client can end a line or forge one.
+/// One access log line's first fields. The tenant and the path are quoted with every control
+/// character, quote and backslash escaped (`\n`, `\"`), so that no client can end a line or
+/// forge one (in JSON, as JSON strings).
 #[allow(clippy::too_many_arguments)]
 fn access_line(
+    json: bool,
     route: &str,
-    tenant: &[u8],
+    tenant: &str,
     method: &str,
     path: &str,
     status: u16,
     decision: &str,
     upstream: &str,
     latency_ms: f64,
-) -> String {
-    format!(
-        "route={route} tenant=\"{}\" method={} path=\"{}\" status={status} decision={decision} upstream={upstream} latency_ms={latency_ms:.3}",
-        String::from_utf8_lossy(tenant).escape_debug(),
-        method.escape_debug(),
-        path.escape_debug(),
-    )
+) -> log_format::Line {
+    let mut l = log_format::Line::new(json);
+    l.word("route", route);
+    l.quoted("tenant", tenant);
+    // (a method is a token: no space, quote or control character)
+    l.word("method", method);
+    l.quoted("path", path);
+    l.number("status", status);
+    l.word("decision", decision);
+    l.word("upstream", upstream);
+    l.number("latency_ms", format_args!("{latency_ms:.3}"));
+    l
 }
 
 /// What a request is, before its admission: a gRPC call (and its deadline), a traced one.
@@ -1379,15 +1395,17 @@ mod tests {
     #[test]
     fn an_access_line_cannot_be_broken_or_forged() {
         let line = super::access_line(
+            false,
             "all",
-            b"acme\n[2026] INFO tollgate::access route=all tenant=\"x\\",
+            "acme\n[2026] INFO tollgate::access route=all tenant=\"x\\",
             "GET",
             "/a\r\nb\u{7}",
             200,
             "allowed",
             "-",
             1.5,
-        );
+        )
+        .finish();
         assert!(!line.contains('\n') && !line.contains('\r'), "{line}");
         assert!(
             line.contains(r#"tenant="acme\n[2026] INFO tollgate::access route=all tenant=\"x\\""#),

@@ -195,17 +195,29 @@ impl Gateway {
     }
 
     fn start_with(config_template: &str, files: &[(&str, &str)], env: &[(&str, &str)]) -> Self {
+        Self::start_laid_out(config_template, env, |dir, text| {
+            for (name, text) in files {
+                dir.write(name, text);
+            }
+            dir.write("gateway.yaml", text)
+        })
+    }
+
+    /// Like `start`, with the files laid out by `lay_out` (given the directory and the config's
+    /// text, it writes them and returns the path to start the gateway with).
+    pub fn start_laid_out(
+        config_template: &str,
+        env: &[(&str, &str)],
+        lay_out: impl FnOnce(&TempDir, &str) -> PathBuf,
+    ) -> Self {
         let dir = TempDir::new();
-        for (name, text) in files {
-            dir.write(name, text);
-        }
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let text = config_template
             .replace("{LISTEN}", &addr.to_string())
             .replace("{ADMIN}", &admin.to_string())
             .replace("{DIR}", &dir.0.display().to_string());
-        let config = dir.write("gateway.yaml", &text);
+        let config = lay_out(&dir, &text);
         let log = std::fs::File::create(dir.0.join("gateway.log")).expect("log file");
         let child = Command::new(tollgate_bin())
             .arg("-c")

@@ -164,6 +164,8 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
             .upgrade_sock
             .clone()
             .unwrap_or_else(|| DEFAULT_UPGRADE_SOCK.to_string()),
+        watch_config: s.watch_config,
+        log_json: s.log_format == LogFormatFile::Json,
     };
     (settings, certs)
 }

@@ -6,6 +6,7 @@
 //! storm of signals coalesces into one reload at a time. What changed is logged (`diff`).
 
 pub mod diff;
+pub mod watch;
 
 use crate::config;
 use crate::config::Config;
@@ -68,9 +69,22 @@ pub struct Reloader {
     pub runtime: Runtime,
     pub metrics: Arc<Metrics>,
     pub flag: Arc<AtomicBool>,
+    /// `server.watch_config`: the files watched, and what they held when last loaded.
+    pub watch: parking_lot::Mutex<watch::ConfigWatch>,
 }
 
 impl Reloader {
+    /// Watch the running config's files if it says `watch_config` (it may have turned it on
+    /// or off), as they are now.
+    fn follow_files(&self) {
+        let snap = self.shared.load();
+        let cfg = &snap.config;
+        let files: Vec<PathBuf> = std::iter::once(self.path.clone())
+            .chain(cfg.includes.iter().cloned())
+            .collect();
+        self.watch.lock().follow(cfg.server.watch_config, &files);
+    }
+
     /// Reload now; returns whether the new config is running.
     pub fn reload(&self) -> bool {
         let old = self.shared.load_full();
@@ -188,9 +202,10 @@ fn warn_restart_needed(old: &Config, new: &Config) {
         || a.threads != b.threads
         || a.max_connections != b.max_connections
         || a.max_connections_per_ip != b.max_connections_per_ip
+        || a.log_json != b.log_json
     {
         log::warn!(
-            "reload: changes to server.listen (addresses or tls on/off), server.h2c, server.admin, server.threads, server.max_connections or server.max_connections_per_ip need a restart or a graceful upgrade (tollgate -u); the running listeners, their limits and threads stay (certificates are reloaded)"
+            "reload: changes to server.listen (addresses or tls on/off), server.h2c, server.admin, server.threads, server.max_connections, server.max_connections_per_ip or server.log_format need a restart or a graceful upgrade (tollgate -u); the running listeners, their limits and threads stay (certificates are reloaded)"
         );
     }
     if old.tracing != new.tracing {
@@ -203,10 +218,21 @@ fn warn_restart_needed(old: &Config, new: &Config) {
 #[async_trait]
 impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
+        self.follow_files();
         let mut ticker = Ticker::every(Duration::from_millis(50));
         while ticker.tick(&mut shutdown).await {
-            if self.flag.swap(false, Ordering::SeqCst) {
+            let signalled = self.flag.swap(false, Ordering::SeqCst);
+            let changed = if signalled {
+                None
+            } else {
+                self.watch.lock().changed()
+            };
+            if let Some(file) = &changed {
+                log::info!("reload: {} changed (watch_config)", file.display());
+            }
+            if signalled || changed.is_some() {
                 self.reload();
+                self.follow_files();
             }
         }
     }

@@ -1,0 +1,145 @@
+//! `server.watch_config`: a reload when the config file, or a file it includes, changes on
+//! disk. inotify (the `notify` crate) watches the directories that hold them, not the files:
+//! an editor that writes a new file and renames it over the old one, and Kubernetes, which
+//! swaps the `..data` symlink in the directory of a mounted ConfigMap, change the directory.
+//! An event only marks the watch; once events have settled for [`SETTLE`], the files are read
+//! and compared with what was last loaded, and only a change reloads (through the same path,
+//! checks and logs as SIGHUP).
+
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long after the last event the files are read: a swap or a save is several events.
+pub const SETTLE: Duration = Duration::from_millis(200);
+
+/// What the watcher's thread tells the reloader: something changed, and when last.
+struct Mark {
+    dirty: AtomicBool,
+    /// Milliseconds since `since`.
+    last: AtomicU64,
+    since: Instant,
+}
+
+impl Mark {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// The watch of one config's files (none while `watch_config` is off).
+pub struct ConfigWatch {
+    watcher: Option<RecommendedWatcher>,
+    mark: Arc<Mark>,
+    dirs: Vec<PathBuf>,
+    /// Each file, and what it held when the config was last loaded (None: unreadable).
+    seen: Vec<(PathBuf, Option<Vec<u8>>)>,
+}
+
+impl Default for ConfigWatch {
+    fn default() -> Self {
+        ConfigWatch {
+            watcher: None,
+            mark: Arc::new(Mark {
+                dirty: AtomicBool::new(false),
+                last: AtomicU64::new(0),
+                since: Instant::now(),
+            }),
+            dirs: Vec::new(),
+            seen: Vec::new(),
+        }
+    }
+}
+
+/// The directories to watch for `files`: each one's, as named and with symlinks resolved (a
+/// file edited where its link points).
+fn dirs_of(files: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for f in files {
+        // (`-c gateway.yaml`: the working directory)
+        let named = f.parent().map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            }
+        });
+        let resolved = std::fs::canonicalize(f).ok();
+        let resolved = resolved.as_deref().and_then(Path::parent);
+        for d in [named, resolved].into_iter().flatten() {
+            if !dirs.iter().any(|x| x == d) {
+                dirs.push(d.to_path_buf());
+            }
+        }
+    }
+    dirs
+}
+
+fn contents(files: &[PathBuf]) -> Vec<(PathBuf, Option<Vec<u8>>)> {
+    files
+        .iter()
+        .map(|f| (f.clone(), std::fs::read(f).ok()))
+        .collect()
+}
+
+impl ConfigWatch {
+    /// Watch `files` (the running config's file and includes) when `on`, as they are now;
+    /// after every reload, whether it took or not (a broken file is not read again until it
+    /// changes again).
+    pub fn follow(&mut self, on: bool, files: &[PathBuf]) {
+        if !on {
+            self.watcher = None;
+            self.dirs.clear();
+            self.seen.clear();
+            return;
+        }
+        self.seen = contents(files);
+        let dirs = dirs_of(files);
+        if self.watcher.is_some() && dirs == self.dirs {
+            return;
+        }
+        let mark = Arc::clone(&self.mark);
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok() {
+                mark.last.store(mark.now_ms(), Ordering::Release);
+                mark.dirty.store(true, Ordering::Release);
+            }
+        });
+        let mut watcher = match watcher {
+            Ok(w) => w,
+            Err(e) => {
+                log::error!(
+                    "watch_config: cannot watch the config's files: {e}; reload with SIGHUP"
+                );
+                return;
+            }
+        };
+        for d in &dirs {
+            if let Err(e) = watcher.watch(d, RecursiveMode::NonRecursive) {
+                log::error!("watch_config: cannot watch {}: {e}", d.display());
+            }
+        }
+        self.watcher = Some(watcher);
+        self.dirs = dirs;
+    }
+
+    /// Have the files changed since they were last loaded? Asked every tick: true once events
+    /// have settled and a file holds something else.
+    pub fn changed(&mut self) -> Option<PathBuf> {
+        let m = &self.mark;
+        if self.watcher.is_none() || !m.dirty.load(Ordering::Acquire) {
+            return None;
+        }
+        let settled = m.now_ms().saturating_sub(m.last.load(Ordering::Acquire));
+        if u128::from(settled) < SETTLE.as_millis() {
+            return None;
+        }
+        m.dirty.store(false, Ordering::Release);
+        self.seen
+            .iter()
+            .find(|(f, was)| std::fs::read(f).ok() != *was)
+            .map(|(f, _)| f.clone())
+    }
+}
