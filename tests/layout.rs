@@ -9,10 +9,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// docs/architecture.md "Layout", in order.
-const LAYERS: [&str; 14] = [
+const LAYERS: [&str; 15] = [
     "matching",
     "problem",
     "grpc",
+    "log_format",
     "log_limit",
     "ticker",
     "tokens",
