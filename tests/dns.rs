@@ -15,10 +15,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// A `dnsmasq` answering for `*.test` from a hosts file only (TTL 1 s), on a free port; a name
-/// it does not have is NXDOMAIN. Killed on drop.
+/// A `dnsmasq` answering for `*.test` from a hosts file only (TTL 1 s), on a free port of
+/// 127.0.0.1 (or at another address); a name it does not have is NXDOMAIN. Killed on drop.
 struct Dnsmasq {
     child: Option<Child>,
+    /// The TTL of its answers, in seconds.
+    ttl: u32,
+    ip: &'static str,
     port: u16,
     hosts: PathBuf,
     dir: TempDir,
@@ -26,11 +29,17 @@ struct Dnsmasq {
 
 impl Dnsmasq {
     fn start(hosts: &str) -> Dnsmasq {
+        Self::start_at("127.0.0.1", free_port(), hosts)
+    }
+
+    fn start_at(ip: &'static str, port: u16, hosts: &str) -> Dnsmasq {
         let dir = TempDir::new();
         let hosts = dir.write("hosts", hosts);
         let mut d = Dnsmasq {
             child: None,
-            port: free_port(),
+            ttl: 1,
+            ip,
+            port,
             hosts,
             dir,
         };
@@ -46,15 +55,15 @@ impl Dnsmasq {
         let child = Command::new(bin)
             .args([
                 "--keep-in-foreground",
-                "--listen-address=127.0.0.1",
                 "--bind-interfaces",
                 "--no-resolv",
                 "--no-hosts",
                 "--local=/test/",
-                "--local-ttl=1",
                 "--log-queries",
                 "--log-facility=-",
             ])
+            .arg(format!("--local-ttl={}", self.ttl))
+            .arg(format!("--listen-address={}", self.ip))
             .arg(format!("--port={}", self.port))
             .arg(format!(
                 "--pid-file={}",
@@ -67,7 +76,7 @@ impl Dnsmasq {
             .unwrap_or_else(|e| panic!("spawn dnsmasq (apt-get install dnsmasq): {e}"));
         self.child = Some(child);
         // it listens on TCP too, once its UDP socket is bound
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let addr = SocketAddr::new(self.ip.parse().expect("an IP"), self.port);
         assert!(
             eventually(Duration::from_secs(10), || TcpStream::connect(addr).is_ok()),
             "dnsmasq listens on {addr}: {}",
@@ -273,6 +282,18 @@ fn a_failed_lookup_keeps_the_last_addresses_and_is_counted() {
         "{}",
         gw.log()
     );
+
+    // a name that no longer exists fails too: the last address stays
+    let errors = lookups(&gw, "error");
+    dns.set_hosts("");
+    assert!(
+        eventually(Duration::from_secs(10), || lookups(&gw, "error") > errors),
+        "{}",
+        gw.log()
+    );
+    assert!(gw.log().contains("no such name (NXDOMAIN)"), "{}", gw.log());
+    assert_eq!(listed(&gw), vec![format!("127.0.0.2:{port}")]);
+    assert_eq!(hits(&gw, 3).get("b"), Some(&3));
 }
 
 #[test]
@@ -398,4 +419,96 @@ fn check_refuses_a_name_without_an_address_and_prints_the_addresses() {
         ),
         "{line}"
     );
+}
+
+#[test]
+fn without_the_section_the_nameservers_and_search_domains_of_resolv_conf_are_asked() {
+    // a nameserver on port 53 (resolv.conf names no port), of an address of its own
+    let dns = Dnsmasq::start_at(
+        "127.0.0.53",
+        53,
+        "127.0.0.1 backend.test\n127.0.0.2 backend.test\n",
+    );
+    let dir = TempDir::new();
+    let resolv = dir.write("resolv.conf", "nameserver 127.0.0.53\nsearch test\n");
+    let text = "server:\n  listen: [\"127.0.0.1:8080\"]\nupstreams:\n  pool:\n    servers: [\"backend:9001\"]\nroutes:\n  - { id: all, path: /**, upstream: pool }\n";
+    let config = dir.write("gateway.yaml", text);
+    // the gateway sees the test's resolv.conf in a mount namespace of its own (root's)
+    let out = Command::new("unshare")
+        .args(["--mount", "sh", "-c"])
+        .arg("mount --bind \"$1\" /etc/resolv.conf && shift && exec \"$@\"")
+        .arg("sh")
+        .arg(&resolv)
+        .args([common::tollgate_bin(), "-t", "-c"])
+        .arg(&config)
+        .output()
+        .expect("run unshare");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "tollgate -t under unshare --mount (as root): {stdout}{stderr}"
+    );
+    assert!(
+        stdout.contains("dns: nameservers of /etc/resolv.conf, answers kept 1s to 5m"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("[backend:9001 = 127.0.0.1 127.0.0.2]"),
+        "{stdout}"
+    );
+    let log = std::fs::read_to_string(dns.log()).unwrap_or_default();
+    assert!(log.contains("query[A] backend.test"), "{log}");
+}
+
+#[test]
+fn an_answer_is_kept_no_longer_than_max_ttl() {
+    let (_ups, port) = upstreams(&["a", "b"]);
+    let mut dns = Dnsmasq::start("127.0.0.1 backend.test\n");
+    // answers of an hour, restarted so that the TTL applies
+    dns.stop();
+    dns.ttl = 3600;
+    dns.spawn();
+    let gw = Gateway::start(&config(port, dns.port, "", "  max_ttl: 1s"));
+    assert_eq!(hits(&gw, 3).get("a"), Some(&3));
+    dns.set_hosts("127.0.0.2 backend.test\n");
+    assert!(
+        eventually(Duration::from_secs(10), || listed(&gw)
+            == vec![format!("127.0.0.2:{port}")]),
+        "{}",
+        gw.log()
+    );
+}
+
+#[test]
+fn a_lookup_without_an_answer_in_time_fails() {
+    // a nameserver that never answers
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    let port = silent.local_addr().expect("addr").port();
+    let dir = TempDir::new();
+    let text = config(9001, port, "", "")
+        .replace("500ms", "300ms")
+        .replace("{LISTEN}", "127.0.0.1:8080")
+        .replace("{ADMIN}", "127.0.0.1:9090");
+    let path = dir.write("gateway.yaml", &text);
+    let (code, _, err) = run_tollgate(&["-t", "-c", path.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("server \"backend.test:9001\" resolves to no address: no answer within 300ms"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_pool_of_addresses_asks_no_resolver() {
+    let a = Upstream::start("a");
+    let dns = Dnsmasq::start("127.0.0.1 backend.test\n");
+    let text = config(1, dns.port, "", "").replace("backend.test:1", &a.addr.to_string());
+    let gw = Gateway::start(&text);
+    assert_eq!(hits(&gw, 3).get("a"), Some(&3));
+    assert!(!gw.metrics().contains("tollgate_upstream_dns_lookups_total"));
+    let log = std::fs::read_to_string(dns.log()).unwrap_or_default();
+    assert!(!log.contains("query["), "{log}");
 }
