@@ -359,6 +359,19 @@ fn a_reload_looks_names_up_at_once() {
     assert!(gw.reload(&template), "{}", gw.log());
     assert_eq!(hits(&gw, 3).get("b"), Some(&3));
     assert_eq!(lookups(&gw, "ok") + lookups(&gw, "error"), 0.0);
+
+    // another nameserver, by a reload too
+    let other = Dnsmasq::start("127.0.0.1 backend.test\n");
+    let template = config(port, other.port, "", "  min_ttl: 1h\n  max_ttl: 1h");
+    assert!(gw.reload(&template), "{}", gw.log());
+    assert_eq!(hits(&gw, 3).get("a"), Some(&3));
+    assert!(
+        gw.log().contains(
+            "reload: dns changed: servers given by name are looked up with the new settings"
+        ),
+        "{}",
+        gw.log()
+    );
 }
 
 #[test]
