@@ -1,8 +1,8 @@
 //! File model -> validated model. Every check reports `FILE:LINE:COLUMN: message` through the
 //! locator, names the field and says what would be accepted. All errors of a file are
 //! collected, so one run shows every mistake. One module per section of the file (`server`,
-//! `dns`, `upstreams`, `routes`, `tenant` (and its `jwt` source), `limits`, `redis`), each using the
-//! `checker` they share (never this module); the defaults are in `config::defaults`.
+//! `dns`, `upstreams`, `routes`, `tenant` (and its `jwt` source), `limits`, `redis`), each
+//! using the `checker` they share (never this module); the defaults are in `config::defaults`.
 
 mod checker;
 mod dns;
