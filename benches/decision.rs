@@ -169,10 +169,11 @@ fn bench(c: &mut Criterion) {
         )
     });
 
-    let one = tollgate::upstream::Pool::build(&cfg.upstreams[0]).unwrap();
+    let dns = std::sync::Arc::new(tollgate::upstream::dns::Resolving::new(cfg.dns.clone()));
+    let one = tollgate::upstream::Pool::build(&cfg.upstreams[0], &dns).unwrap();
     let mut two_spec = cfg.upstreams[0].clone();
     two_spec.servers.push("127.0.0.1:3".parse().unwrap());
-    let two = tollgate::upstream::Pool::build(&two_spec).unwrap();
+    let two = tollgate::upstream::Pool::build(&two_spec, &dns).unwrap();
     c.bench_function("select_server_pool_of_1", |b| {
         b.iter(|| black_box(one.select(b"tenant-1")))
     });

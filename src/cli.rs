@@ -434,8 +434,8 @@ fn add_admin(server: &mut Server, admin: Admin, addr: std::net::SocketAddr) {
     server.add_service(service);
 }
 
-/// The services that keep things fresh: upstream health checks, the token issuers' keys, the
-/// counter sweeper.
+/// The services that keep things fresh: upstream health checks, the addresses of upstream
+/// servers given by name, the token issuers' keys, the counter sweeper.
 fn add_upkeep(server: &mut Server, rt: &Runtime, shared: &SharedSnapshot) {
     let metrics = &rt.metrics;
     server.add_service(background_service(
@@ -445,6 +445,17 @@ fn add_upkeep(server: &mut Server, rt: &Runtime, shared: &SharedSnapshot) {
                 let shared = shared.clone();
                 move || shared.load().pools.clone()
             },
+        },
+    ));
+    // runs always: idle while no pool has a server given by name, so that a reload can add one
+    server.add_service(background_service(
+        "upstream dns",
+        crate::upstream::DnsRefresher {
+            pools: {
+                let shared = shared.clone();
+                move || shared.load().pools.clone()
+            },
+            lookups: metrics.upstream_dns_lookups.clone(),
         },
     ));
     // runs always: idle without a `jwks_uri`, so that a reload can add one

@@ -54,6 +54,9 @@ pub struct Metrics {
     pub redis_connected: IntGauge,
     /// `tollgate_upstream_server_healthy{pool,server}`: 1 healthy, 0 down or skipped.
     pub upstream_healthy: IntGaugeVec,
+    /// `tollgate_upstream_dns_lookups_total{pool,result}`: lookups of the servers a pool gives
+    /// by name, made while it runs.
+    pub upstream_dns_lookups: IntCounterVec,
     /// `tollgate_pool_queue_depth{pool}`: requests waiting for a full pool (refreshed every
     /// second).
     pub queue_depth: IntGaugeVec,
@@ -307,6 +310,14 @@ impl Metrics {
                         "Each upstream server: 1 healthy, 0 down (health check) or skipped after a failed connection (refreshed every second)",
                     ),
                     &["pool", "server"],
+                ),
+            )?,
+            upstream_dns_lookups: registered(
+                &r,
+                counter_vec(
+                    "tollgate_upstream_dns_lookups_total",
+                    "Lookups of the upstream servers a pool gives by name, made when their answer runs out, by pool and result (ok; error: no address or no answer, the last addresses stay)",
+                    &["pool", "result"],
                 ),
             )?,
             queue_depth: registered(

@@ -141,10 +141,12 @@ impl Snapshot {
     /// Build the runtime parts (pools, limiter) of a validated config, and set the fleet's mode
     /// from its `redis` section. Start-up and reload both come through here.
     pub fn build(config: Config, rt: &Runtime) -> std::io::Result<Snapshot> {
+        // one resolver for the pools of this config, whose names it looks up again
+        let resolving = Arc::new(crate::upstream::dns::Resolving::new(config.dns.clone()));
         let pools = config
             .upstreams
             .iter()
-            .map(|u| Pool::build(u).map(Arc::new))
+            .map(|u| Pool::build(u, &resolving).map(Arc::new))
             .collect::<std::io::Result<Vec<_>>>()?;
         let limiter = Limiter::build(
             &config.rules,
@@ -183,6 +185,14 @@ impl Snapshot {
             .iter()
             .map(|u| u.shaping.map(|limits| rt.gates.get(&u.name, limits)))
             .collect();
+        // a pool with names has its lookups' series from the start (at 0)
+        for u in config.upstreams.iter().filter(|u| !u.names.is_empty()) {
+            for result in ["ok", "error"] {
+                rt.metrics
+                    .upstream_dns_lookups
+                    .with_label_values(&[u.name.as_str(), result]);
+            }
+        }
         // a shaped pool's series exist from the start (at 0), for dashboards and alerts
         for u in config.upstreams.iter().filter(|u| u.shaping.is_some()) {
             let m = &rt.metrics;

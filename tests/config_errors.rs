@@ -259,6 +259,58 @@ fn bad_server_and_listen_addresses() {
 }
 
 #[test]
+fn bad_dns_section_and_server_names() {
+    assert_error(
+        &with(
+            "upstreams:\n",
+            "dns:\n  servers: [\"ns1.example\"]\nupstreams:\n",
+        ),
+        5,
+        13,
+        &["dns.servers[0]", "invalid nameserver", "IP:PORT"],
+    );
+    assert_error(
+        &with(
+            "upstreams:\n",
+            "dns:\n  min_ttl: 10s\n  max_ttl: 5s\nupstreams:\n",
+        ),
+        6,
+        12,
+        &["dns.max_ttl", "must be at least min_ttl"],
+    );
+    assert_error(
+        &with("upstreams:\n", "dns:\n  min_ttl: 0\nupstreams:\n"),
+        5,
+        12,
+        &["dns.min_ttl", "greater than 0"],
+    );
+    assert_error(
+        &with("upstreams:\n", "dns:\n  nameservers: []\nupstreams:\n"),
+        5,
+        3,
+        &["unknown field `nameservers`", "servers"],
+    );
+    assert_error(
+        &with(
+            "    servers: [\"127.0.0.1:9001\"]",
+            "    servers: [\"api_v1.internal:80\"]",
+        ),
+        6,
+        15,
+        &["servers[0]", "invalid host", "HOST:PORT"],
+    );
+    assert_error(
+        &with(
+            "    servers: [\"127.0.0.1:9001\"]",
+            "    servers: [\"api.internal:0\"]",
+        ),
+        6,
+        15,
+        &["servers[0]", "invalid port"],
+    );
+}
+
+#[test]
 fn unknown_plan() {
     assert_error(
         &with("      - { period: 1, threshold: 10 }\n", "      - { period: 1, threshold: 10 }\n    plans:\n      gold: [{ period: 1, threshold: 99 }]\n"),

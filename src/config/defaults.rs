@@ -39,6 +39,14 @@ pub const MAX_RETRIES: usize = 16;
 pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: usize = 100;
 pub const MAX_STREAMS_PER_CONNECTION: usize = 10_000;
 
+// dns (upstream servers given by name)
+/// The shortest time an answer is kept, whatever its TTL; also the wait after a failed lookup.
+pub const DEFAULT_DNS_MIN_TTL: Duration = Duration::from_secs(1);
+/// The longest time an answer is kept, whatever its TTL.
+pub const DEFAULT_DNS_MAX_TTL: Duration = Duration::from_secs(300);
+/// A lookup without an answer by then fails.
+pub const DEFAULT_DNS_TIMEOUT: Duration = Duration::from_secs(2);
+
 // tenant
 /// `tenant.forward_header`: the header the tenant goes to the upstream in.
 pub const DEFAULT_TENANT_HEADER: &str = "x-tenant-id";

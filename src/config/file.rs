@@ -28,6 +28,24 @@ pub struct FileConfig {
     /// OpenTelemetry traces of the requests.
     #[serde(default)]
     pub tracing: Option<TracingFile>,
+    /// How upstream servers given by name are looked up.
+    #[serde(default)]
+    pub dns: Option<DnsFile>,
+}
+
+/// `dns`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsFile {
+    /// Nameservers, `IP:PORT`; without them, those of /etc/resolv.conf.
+    #[serde(default)]
+    pub servers: Vec<String>,
+    #[serde(default)]
+    pub min_ttl: Option<ConfDuration>,
+    #[serde(default)]
+    pub max_ttl: Option<ConfDuration>,
+    #[serde(default)]
+    pub timeout: Option<ConfDuration>,
 }
 
 #[derive(Debug, Deserialize)]

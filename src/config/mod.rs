@@ -1,11 +1,12 @@
 //! Configuration: the YAML file model (`file`), its validation (`validate`) into the running
-//! model (`model`, with the TLS `certificates` it names), with every error located (`error`,
-//! `locate`).
+//! model (`model`, with the TLS `certificates` it names and the `dns` lookups of upstream
+//! servers given by name), with every error located (`error`, `locate`).
 
 /// Calendar windows live in the limits core (`crates/limits`).
 pub use tollgate_limits::calendar;
 pub mod certificates;
 pub mod defaults;
+pub mod dns;
 pub mod duration;
 pub mod error;
 pub mod file;

@@ -30,6 +30,8 @@ pub struct Config {
     pub headers: HeaderSettings,
     /// OpenTelemetry traces (`tracing`); none without the section.
     pub tracing: Option<TracingSettings>,
+    /// How upstream servers given by name are looked up (`dns`; defaults without the section).
+    pub dns: DnsSettings,
     /// Certificates of the TLS listeners and of `server.certificates`, read and checked.
     pub tls: crate::config::certificates::Certificates,
     /// `FILE:LINE:COL: warning: ...`: accepted, but probably not meant.
@@ -87,7 +89,11 @@ pub struct Http2Limits {
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamSpec {
     pub name: String,
+    /// The servers given as `IP:PORT`.
     pub servers: Vec<SocketAddr>,
+    /// The servers given by name (`HOST:PORT`), with their addresses at load; the pool
+    /// re-resolves them while it runs (`upstream::dns`).
+    pub names: Vec<ServerName>,
     pub balance: Balance,
     pub health_check: Option<HealthCheckSpec>,
     pub connect_timeout: Duration,
@@ -101,6 +107,51 @@ pub struct UpstreamSpec {
     pub protocol: UpstreamProtocol,
     /// HTTP/2 pools: streams multiplexed on one connection at most.
     pub max_streams_per_connection: usize,
+}
+
+/// An upstream server given by name, as looked up when the config was loaded.
+#[derive(Debug, Clone)]
+pub struct ServerName {
+    pub host: String,
+    pub port: u16,
+    /// Every address of the name (A and AAAA), each a server of the pool.
+    pub addrs: Vec<IpAddr>,
+    /// How long the answer holds: its TTL within `dns.min_ttl` and `dns.max_ttl`.
+    pub ttl: Duration,
+}
+
+/// What the file says (the host and port), not what a lookup answered: a reload's diff names
+/// the pools whose config changed, not those whose name resolved anew.
+impl PartialEq for ServerName {
+    fn eq(&self, other: &Self) -> bool {
+        self.host == other.host && self.port == other.port
+    }
+}
+
+/// `dns`: how upstream servers given by name are looked up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsSettings {
+    /// The nameservers asked; empty: those of /etc/resolv.conf.
+    pub servers: Vec<SocketAddr>,
+    /// The TTL of an answer is kept within these bounds.
+    pub min_ttl: Duration,
+    pub max_ttl: Duration,
+    /// A lookup that has no answer by then fails.
+    pub timeout: Duration,
+}
+
+impl Default for DnsSettings {
+    fn default() -> Self {
+        use crate::config::defaults::{
+            DEFAULT_DNS_MAX_TTL, DEFAULT_DNS_MIN_TTL, DEFAULT_DNS_TIMEOUT,
+        };
+        DnsSettings {
+            servers: Vec::new(),
+            min_ttl: DEFAULT_DNS_MIN_TTL,
+            max_ttl: DEFAULT_DNS_MAX_TTL,
+            timeout: DEFAULT_DNS_TIMEOUT,
+        }
+    }
 }
 
 /// `upstreams.NAME.protocol`.

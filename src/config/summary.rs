@@ -83,11 +83,37 @@ fn write_server(s: &mut String, cfg: &Config) {
     );
 }
 
-/// `-t`: the pools.
+/// A server given by name, with the addresses it has now: `api.internal:8080 = 10.0.0.7, 10.0.0.8`.
+fn name_text(n: &ServerName) -> String {
+    let addrs: Vec<String> = n.addrs.iter().map(|a| a.to_string()).collect();
+    format!("{}:{} = {}", n.host, n.port, addrs.join(" "))
+}
+
+/// `-t`: the pools (and, when a server is given by name, how names are looked up).
 fn write_upstreams(s: &mut String, cfg: &Config) {
+    if cfg.upstreams.iter().any(|u| !u.names.is_empty()) {
+        let d = &cfg.dns;
+        let servers: Vec<String> = d.servers.iter().map(|a| a.to_string()).collect();
+        let _ = writeln!(
+            s,
+            "dns: {}, answers kept {} to {}",
+            if servers.is_empty() {
+                "nameservers of /etc/resolv.conf".to_string()
+            } else {
+                format!("nameservers {}", servers.join(", "))
+            },
+            format_duration(d.min_ttl),
+            format_duration(d.max_ttl)
+        );
+    }
     let _ = writeln!(s, "upstreams ({}):", cfg.upstreams.len());
     for u in &cfg.upstreams {
-        let servers: Vec<String> = u.servers.iter().map(|a| a.to_string()).collect();
+        let servers: Vec<String> = u
+            .servers
+            .iter()
+            .map(|a| a.to_string())
+            .chain(u.names.iter().map(name_text))
+            .collect();
         let hc = match &u.health_check {
             None => "no health check".to_string(),
             Some(h) => {

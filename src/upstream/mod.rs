@@ -1,8 +1,10 @@
 //! Upstream pools: a pingora load balancer per pool (round robin, random, or consistent hash of
 //! the tenant), TCP, HTTP or gRPC (`grpc_health`) health checks, and the peer options
 //! (timeouts, keepalive) that every proxied request uses; a pool with `max_in_flight` has a
-//! priority queue (`shaping`).
+//! priority queue (`shaping`); a pool with servers given by name follows their addresses
+//! (`dns`).
 
+pub mod dns;
 pub mod grpc_health;
 pub mod shaping;
 pub mod tls;
@@ -12,12 +14,13 @@ use crate::ticker::Ticker;
 use async_trait::async_trait;
 use pingora::http::RequestHeader;
 use pingora::lb::health_check::{HealthCheck, HttpHealthCheck, TcpHealthCheck};
-use pingora::lb::selection::{Consistent, Random, RoundRobin};
-use pingora::lb::{Backend, LoadBalancer};
+use pingora::lb::selection::{BackendIter, BackendSelection, Consistent, Random, RoundRobin};
+use pingora::lb::{Backend, Backends, LoadBalancer};
 use pingora::prelude::HttpPeer;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use pingora::{Error, ErrorType};
+use prometheus::IntCounterVec;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,6 +40,48 @@ enum Balancer {
     Consistent(LoadBalancer<Consistent>),
 }
 
+impl Balancer {
+    /// Take the set its discovery (`dns::Discovery`) answers now: the update never waits, so
+    /// one poll runs it to its end.
+    fn update_now(&self) {
+        fn once<S>(lb: &LoadBalancer<S>)
+        where
+            S: BackendSelection + 'static,
+            S::Iter: BackendIter,
+        {
+            use std::future::Future;
+            let mut update = std::pin::pin!(lb.update());
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let _ = update.as_mut().poll(&mut cx);
+        }
+        match self {
+            Balancer::RoundRobin(lb) => once(lb),
+            Balancer::Random(lb) => once(lb),
+            Balancer::Consistent(lb) => once(lb),
+        }
+    }
+}
+
+/// A pool's balancer: over its addresses, or, with names, over what `names` publishes.
+fn balancer<S>(
+    spec: &UpstreamSpec,
+    names: Option<&dns::Names>,
+    hc: Option<Box<dyn HealthCheck + Send + Sync>>,
+) -> std::io::Result<LoadBalancer<S>>
+where
+    S: BackendSelection + 'static,
+    S::Iter: BackendIter,
+{
+    let mut lb = match names {
+        None => LoadBalancer::try_from_iter(spec.servers.iter().copied())?,
+        Some(names) => LoadBalancer::from_backends(Backends::new(names.discovery())),
+    };
+    if let Some(hc) = hc {
+        lb.set_health_check(hc);
+    }
+    Ok(lb)
+}
+
 /// One upstream pool, built from its spec. Rebuilt (with fresh health state) on reload.
 pub struct Pool {
     pub spec: UpstreamSpec,
@@ -51,6 +96,9 @@ pub struct Pool {
     /// passively-down server is still taken when it is the only one), so the balancer is
     /// skipped.
     single: Option<Backend>,
+    /// The servers given by name, looked up again in the background; `None` for a pool of
+    /// addresses.
+    names: Option<dns::Names>,
 }
 
 /// A pool's health check, whose log lines name the pool and the server
@@ -132,30 +180,27 @@ fn health_check(spec: &UpstreamSpec) -> Option<Box<dyn HealthCheck + Send + Sync
 }
 
 impl Pool {
-    pub fn build(spec: &UpstreamSpec) -> std::io::Result<Pool> {
-        let addrs = spec.servers.iter().copied();
+    /// The pool of `spec`; its names, if any, are looked up again with `resolving`.
+    pub fn build(spec: &UpstreamSpec, resolving: &Arc<dns::Resolving>) -> std::io::Result<Pool> {
+        let names = (!spec.names.is_empty()).then(|| dns::Names::new(spec, Arc::clone(resolving)));
         let hc = health_check(spec).map(|inner| -> Box<dyn HealthCheck + Send + Sync> {
             Box::new(Named {
                 inner,
                 pool: spec.name.clone(),
             })
         });
-        macro_rules! lb {
-            ($variant:ident) => {{
-                let mut lb = LoadBalancer::try_from_iter(addrs)?;
-                if let Some(hc) = hc {
-                    lb.set_health_check(hc);
-                }
-                Balancer::$variant(lb)
-            }};
-        }
+        let names_ref = names.as_ref();
         let balancer = match spec.balance {
-            Balance::RoundRobin => lb!(RoundRobin),
-            Balance::Random => lb!(Random),
-            Balance::ConsistentHash => lb!(Consistent),
+            Balance::RoundRobin => Balancer::RoundRobin(balancer(spec, names_ref, hc)?),
+            Balance::Random => Balancer::Random(balancer(spec, names_ref, hc)?),
+            Balance::ConsistentHash => Balancer::Consistent(balancer(spec, names_ref, hc)?),
         };
-        let single = match (spec.servers.as_slice(), &spec.health_check) {
-            ([addr], None) => Some(Backend {
+        if names.is_some() {
+            balancer.update_now();
+        }
+        // a name's addresses change, so a pool with one is never taken as a single server
+        let single = match (spec.servers.as_slice(), &spec.health_check, &names) {
+            ([addr], None, None) => Some(Backend {
                 addr: pingora::protocols::l4::socket::SocketAddr::Inet(*addr),
                 weight: 1,
                 ext: Default::default(),
@@ -164,6 +209,7 @@ impl Pool {
         };
         Ok(Pool {
             single,
+            names,
             spec: spec.clone(),
             balancer,
             last_check: Mutex::new(None),
@@ -171,6 +217,20 @@ impl Pool {
             passive_down: Mutex::new(Vec::new()),
             any_down: AtomicBool::new(false),
         })
+    }
+
+    /// The names of this pool due for a lookup at `now` (each then marked as under way).
+    fn names_due(&self, now: Instant) -> Vec<usize> {
+        self.names.as_ref().map_or_else(Vec::new, |n| n.due(now))
+    }
+
+    /// Look up name `i` again, and follow its new addresses.
+    async fn refresh_name(&self, i: usize, lookups: &IntCounterVec) {
+        if let Some(names) = &self.names {
+            names
+                .refresh(i, &self.spec.name, lookups, || self.balancer.update_now())
+                .await;
+        }
     }
 
     /// A connection to `addr` failed: skip it for `PASSIVE_DOWN`.
@@ -302,6 +362,34 @@ where
                 if pool.start_check_if_due(now) {
                     let pool = Arc::clone(pool);
                     tokio::spawn(async move { pool.run_health_check().await });
+                }
+            }
+        }
+    }
+}
+
+/// Background service looking up again the names of the pools that `pools` gives (those of
+/// the running config: after a reload, the new ones, whose names the reload looked up), each
+/// when its answer runs out.
+pub struct DnsRefresher<F> {
+    pub pools: F,
+    /// `tollgate_upstream_dns_lookups_total{pool,result}`
+    pub lookups: IntCounterVec,
+}
+
+#[async_trait]
+impl<F> BackgroundService for DnsRefresher<F>
+where
+    F: Fn() -> Vec<Arc<Pool>> + Send + Sync,
+{
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut ticker = Ticker::every(Duration::from_millis(100));
+        while ticker.tick(&mut shutdown).await {
+            let now = Instant::now();
+            for pool in &(self.pools)() {
+                for i in pool.names_due(now) {
+                    let (pool, lookups) = (Arc::clone(pool), self.lookups.clone());
+                    tokio::spawn(async move { pool.refresh_name(i, &lookups).await });
                 }
             }
         }

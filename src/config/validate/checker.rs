@@ -13,7 +13,7 @@ pub(super) use crate::matching::{HostMatch, MethodSet, PathPattern, RequestMatch
 pub(super) use http::header::HeaderName;
 pub(super) use ipnet::IpNet;
 pub(super) use std::collections::{BTreeMap, HashSet};
-pub(super) use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+pub(super) use std::net::{IpAddr, SocketAddr};
 pub(super) use std::path::{Path, PathBuf};
 pub(super) use std::sync::Arc;
 pub(super) use std::time::Duration;

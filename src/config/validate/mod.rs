@@ -1,10 +1,11 @@
 //! File model -> validated model. Every check reports `FILE:LINE:COLUMN: message` through the
 //! locator, names the field and says what would be accepted. All errors of a file are
 //! collected, so one run shows every mistake. One module per section of the file (`server`,
-//! `upstreams`, `routes`, `tenant` (and its `jwt` source), `limits`, `redis`), each using the
-//! `checker` they share (never this module); the defaults are in `config::defaults`.
+//! `dns`, `upstreams`, `routes`, `tenant` (and its `jwt` source), `limits`, `redis`), each
+//! using the `checker` they share (never this module); the defaults are in `config::defaults`.
 
 mod checker;
+mod dns;
 mod jwt;
 mod limits;
 mod redis;
@@ -14,6 +15,7 @@ mod tenant;
 mod upstreams;
 
 use checker::*;
+use dns::*;
 use limits::*;
 use redis::*;
 use routes::*;
@@ -65,7 +67,8 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
     };
 
     let (server, tls) = check_server(&mut c, &model.server);
-    let upstreams = check_upstreams(&mut c, &model.upstreams);
+    let dns = check_dns(&mut c, model.dns.as_ref());
+    let upstreams = check_upstreams(&mut c, &model.upstreams, dns.as_ref());
     let default_mode = match &model.tenant {
         Some(t) if t.required => TenantMode::Required,
         _ => TenantMode::Optional,
@@ -110,6 +113,7 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
         redis,
         headers,
         tracing,
+        dns: dns.unwrap_or_default(),
         tls,
         warnings,
     })

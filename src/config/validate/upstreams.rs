@@ -1,24 +1,34 @@
-//! `upstreams`: servers (names resolved here), balancing, health checks, timeouts, retries, TLS.
+//! `upstreams`: servers (addresses, or names looked up by `dns`), balancing, health checks,
+//! timeouts, retries, TLS.
 
 use super::checker::*;
+use super::dns::{look_up_names, Pending};
 
-pub(super) fn resolve_server(text: &str) -> Result<SocketAddr, String> {
+/// One entry of `servers`: an address, or a name looked up when the config is loaded (and
+/// again while the pool runs).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) enum ServerText {
+    Addr(SocketAddr),
+    Name(String, u16),
+}
+
+pub(super) fn parse_server(text: &str) -> Result<ServerText, String> {
     if let Ok(a) = text.parse::<SocketAddr>() {
-        return Ok(a);
+        return Ok(ServerText::Addr(a));
     }
-    if !text.contains(':') {
-        return Err(format!(
-            "invalid server {text:?}: expected HOST:PORT such as \"127.0.0.1:9001\""
-        ));
+    let expected = "expected HOST:PORT such as \"127.0.0.1:9001\" or \"api.internal:8080\"";
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!("invalid server {text:?}: {expected}"));
+    };
+    let port = match port.parse::<u16>() {
+        Ok(p) if p > 0 => p,
+        _ => return Err(format!("invalid port in {text:?}: {expected}")),
+    };
+    // a name may end with the root's dot (`api.internal.`: no search domain is tried)
+    if !valid_host(host.strip_suffix('.').unwrap_or(host)) || host.starts_with("*.") {
+        return Err(format!("invalid host in {text:?}: {expected}"));
     }
-    match text.to_socket_addrs() {
-        Ok(mut it) => it
-            .next()
-            .ok_or_else(|| format!("server {text:?} resolves to no address")),
-        Err(e) => Err(format!(
-            "invalid server {text:?}: {e}; expected HOST:PORT such as \"127.0.0.1:9001\""
-        )),
-    }
+    Ok(ServerText::Name(host.to_string(), port))
 }
 
 /// `upstreams.NAME.tls`: the SNI name, and the CA file read now.
@@ -59,26 +69,33 @@ pub(super) fn check_upstream_tls(c: &mut Checker, base: &str, t: &UpstreamTlsFil
     }
 }
 
-/// A pool's `servers`: at least one, each once.
-fn check_servers(c: &mut Checker, base: &str, u: &UpstreamFile) -> Vec<SocketAddr> {
-    let mut servers = Vec::new();
+/// A pool's `servers`: at least one, each once; the addresses, and the names (with their
+/// index) to look up.
+fn check_servers(
+    c: &mut Checker,
+    base: &str,
+    u: &UpstreamFile,
+) -> (Vec<SocketAddr>, Vec<(usize, String, u16)>) {
+    let (mut servers, mut names) = (Vec::new(), Vec::new());
     if u.servers.is_empty() {
         c.err(
             &format!("{base}.servers"),
             "must list at least one server such as \"127.0.0.1:9001\"",
         );
     }
+    let mut seen = HashSet::new();
     for (i, s) in u.servers.iter().enumerate() {
-        match resolve_server(s) {
-            Ok(a) if servers.contains(&a) => c.err(
-                &format!("{base}.servers[{i}]"),
-                format!("{s} is listed twice"),
-            ),
-            Ok(a) => servers.push(a),
-            Err(e) => c.err(&format!("{base}.servers[{i}]"), e),
+        let path = format!("{base}.servers[{i}]");
+        match parse_server(s) {
+            Ok(parsed) if !seen.insert(parsed.clone()) => {
+                c.err(&path, format!("{s} is listed twice"))
+            }
+            Ok(ServerText::Addr(a)) => servers.push(a),
+            Ok(ServerText::Name(host, port)) => names.push((i, host, port)),
+            Err(e) => c.err(&path, e),
         }
     }
-    servers
+    (servers, names)
 }
 
 /// A pool's `health_check`: TCP, HTTP on a path, or gRPC (HTTP/2 pools only).
@@ -231,11 +248,15 @@ fn check_protocol(c: &mut Checker, base: &str, u: &UpstreamFile) -> (UpstreamPro
     (protocol, streams)
 }
 
+/// `upstreams`; the names of `servers` are looked up with `dns` (`None`: the `dns` section is
+/// wrong, and they are not).
 pub(super) fn check_upstreams(
     c: &mut Checker,
     ups: &BTreeMap<String, UpstreamFile>,
+    dns: Option<&DnsSettings>,
 ) -> Vec<UpstreamSpec> {
     let mut out = Vec::new();
+    let mut pending: Vec<Pending> = Vec::new();
     if ups.is_empty() {
         c.err("upstreams", "must define at least one upstream pool");
     }
@@ -244,47 +265,64 @@ pub(super) fn check_upstreams(
         if !valid_id(name) {
             c.err_key(&base, format!("invalid upstream name {name:?}: {ID_RULE}"));
         }
-        let servers = check_servers(c, &base, u);
-        let health_check = check_health(c, &base, u);
-        let connect_timeout = positive(
-            c,
-            &format!("{base}.connect_timeout"),
-            u.connect_timeout,
-            DEFAULT_CONNECT_TIMEOUT,
-        );
-        let read_timeout = positive(
-            c,
-            &format!("{base}.read_timeout"),
-            u.read_timeout,
-            DEFAULT_READ_TIMEOUT,
-        );
-        let retries = match u.retries {
-            Some(n) if n > MAX_RETRIES => {
-                c.err(
-                    &format!("{base}.retries"),
-                    format!("must be at most {MAX_RETRIES}"),
-                );
-                DEFAULT_RETRIES
-            }
-            Some(n) => n,
-            None => DEFAULT_RETRIES,
-        };
-        let tls = u.tls.as_ref().map(|t| check_upstream_tls(c, &base, t));
-        let shaping = check_shaping(c, &base, u);
-        let (protocol, max_streams_per_connection) = check_protocol(c, &base, u);
-        out.push(UpstreamSpec {
-            protocol,
-            max_streams_per_connection,
-            shaping,
-            name: name.clone(),
-            servers,
-            balance: u.balance,
-            health_check,
-            connect_timeout,
-            read_timeout,
-            retries,
-            tls,
-        });
+        let (servers, names) = check_servers(c, &base, u);
+        let pool = out.len();
+        pending.extend(names.into_iter().map(|(i, h, p)| (pool, i, h, p)));
+        out.push(check_pool(c, &base, name, u, servers));
+    }
+    if let Some(dns) = dns {
+        look_up_names(c, dns, &mut out, pending);
     }
     out
+}
+
+/// One pool, but for its servers given by name (added once looked up).
+fn check_pool(
+    c: &mut Checker,
+    base: &str,
+    name: &str,
+    u: &UpstreamFile,
+    servers: Vec<SocketAddr>,
+) -> UpstreamSpec {
+    let health_check = check_health(c, base, u);
+    let connect_timeout = positive(
+        c,
+        &format!("{base}.connect_timeout"),
+        u.connect_timeout,
+        DEFAULT_CONNECT_TIMEOUT,
+    );
+    let read_timeout = positive(
+        c,
+        &format!("{base}.read_timeout"),
+        u.read_timeout,
+        DEFAULT_READ_TIMEOUT,
+    );
+    let retries = match u.retries {
+        Some(n) if n > MAX_RETRIES => {
+            c.err(
+                &format!("{base}.retries"),
+                format!("must be at most {MAX_RETRIES}"),
+            );
+            DEFAULT_RETRIES
+        }
+        Some(n) => n,
+        None => DEFAULT_RETRIES,
+    };
+    let tls = u.tls.as_ref().map(|t| check_upstream_tls(c, base, t));
+    let shaping = check_shaping(c, base, u);
+    let (protocol, max_streams_per_connection) = check_protocol(c, base, u);
+    UpstreamSpec {
+        protocol,
+        max_streams_per_connection,
+        shaping,
+        name: name.to_string(),
+        servers,
+        names: Vec::new(),
+        balance: u.balance,
+        health_check,
+        connect_timeout,
+        read_timeout,
+        retries,
+        tls,
+    }
 }

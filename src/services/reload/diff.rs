@@ -1,6 +1,6 @@
 //! What a reload changes, for its log: rules added, removed and changed (their counts kept or
 //! reset, by the counters' identity: rule id, algorithm, `per` and tier periods), and pools
-//! added, removed and changed.
+//! added, removed and changed (and the `dns` section their names are looked up with).
 
 use crate::config::model::{Config, Rule, Tier};
 use crate::config::summary::{algorithm_text, per_text, tiers_text};
@@ -131,6 +131,9 @@ fn pool_changes(old: &Config, new: &Config) -> Vec<String> {
         if !list.is_empty() {
             out.push(format!("{what}: {}", list.join(", ")));
         }
+    }
+    if old.dns != new.dns {
+        out.push("dns changed: servers given by name are looked up with the new settings".into());
     }
     out
 }
