@@ -1504,3 +1504,29 @@ fn bad_path_rewrites() {
         &["routes[0].rewrite", "not both"],
     );
 }
+
+/// `redis.url_file` (issue 42: the URL from a Kubernetes Secret): read at load, never shown
+/// (`-t` prints it with its password hidden; a bad one is named by its file); not beside `url`.
+#[test]
+fn the_redis_url_from_a_file() {
+    let dir = TempDir::new();
+    dir.write("redis-url", "redis://:s3cret@127.0.0.1:6379\n");
+    let text = format!("{BASE}redis:\n  url_file: redis-url\n");
+    let p = dir.write("gateway.yaml", &text).display().to_string();
+    let (code, out, err) = run_tollgate(&["-t", "--offline", "-c", &p]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("redis://***@127.0.0.1:6379") && !out.contains("s3cret"), "{out}");
+    dir.write("redis-url", "http://:s3cret@127.0.0.1:6379\n");
+    let (code, _, err) = run_tollgate(&["-t", "--offline", "-c", &p]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("redis.url_file: invalid Redis URL in ") && !err.contains("s3cret"),
+        "{err}"
+    );
+    assert_error(
+        &format!("{BASE}redis:\n  url: redis://127.0.0.1:6379\n  url_file: redis-url\n"),
+        26,
+        13,
+        &["redis.url_file", "not both"],
+    );
+}

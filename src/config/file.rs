@@ -1044,6 +1044,9 @@ impl<'de> Deserialize<'de> for Threshold {
 pub struct RedisFile {
     #[serde(default)]
     pub url: Option<String>,
+    /// A file holding the URL (a Kubernetes Secret), read at load and each reload.
+    #[serde(default)]
+    pub url_file: Option<String>,
     #[serde(default)]
     pub cluster: Option<Vec<String>>,
     #[serde(default)]

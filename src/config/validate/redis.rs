@@ -3,6 +3,11 @@
 use super::checker::*;
 
 pub(super) fn check_redis_url(c: &mut Checker, path: &str, url: &str) -> bool {
+    check_url(c, path, url, &format!("{url:?}"))
+}
+
+/// `url` checked, named `shown` in errors (a URL from a file may hold a password: not shown).
+fn check_url(c: &mut Checker, path: &str, url: &str, shown: &str) -> bool {
     let ok = ["redis://", "rediss://", "unix://"]
         .iter()
         .any(|s| url.starts_with(s) && url.len() > s.len());
@@ -10,23 +15,41 @@ pub(super) fn check_redis_url(c: &mut Checker, path: &str, url: &str) -> bool {
         c.err(
             path,
             format!(
-                "invalid Redis URL {url:?}: expected redis://HOST:PORT (or rediss://, unix://)"
+                "invalid Redis URL {shown}: expected redis://HOST:PORT (or rediss://, unix://)"
             ),
         );
         return false;
     }
     // as the client will read it at start-up, so that `-t` refuses what start-up would
     if let Err(e) = ::redis::Client::open(url) {
-        c.err(path, format!("invalid Redis URL {url:?}: {e}"));
+        c.err(path, format!("invalid Redis URL {shown}: {e}"));
         return false;
     }
     true
 }
 
+/// `redis.url_file`: the URL the file holds (trimmed), checked without showing it.
+fn url_from_file(c: &mut Checker, r: &RedisFile) -> Option<Option<String>> {
+    let Some(name) = &r.url_file else {
+        return Some(r.url.clone());
+    };
+    if r.url.is_some() {
+        c.err("redis.url_file", "give `url` or `url_file`, not both");
+        return None;
+    }
+    let (file, bytes) = c.read_file("redis.url_file", name)?;
+    let url = String::from_utf8_lossy(&bytes).trim().to_string();
+    let shown = format!("in {}", file.display());
+    check_url(c, "redis.url_file", &url, &shown).then_some(Some(url))
+}
+
 pub(super) fn check_redis(c: &mut Checker, r: &RedisFile) -> Option<RedisSettings> {
-    let endpoint = match (&r.url, &r.cluster, &r.sentinel) {
+    let url = url_from_file(c, r)?;
+    let endpoint = match (&url, &r.cluster, &r.sentinel) {
         (Some(u), None, None) => {
-            check_redis_url(c, "redis.url", u);
+            if r.url_file.is_none() {
+                check_redis_url(c, "redis.url", u);
+            }
             RedisEndpoint::Single(u.clone())
         }
         (None, Some(nodes), None) => {
@@ -45,7 +68,7 @@ pub(super) fn check_redis(c: &mut Checker, r: &RedisFile) -> Option<RedisSetting
         _ => {
             c.err(
                 "redis",
-                "give exactly one of `url` (one server), `cluster` (seed nodes) or `sentinel` \
+                "give exactly one of `url` or `url_file` (one server), `cluster` (seed nodes) or `sentinel` \
                  (a primary that Redis Sentinel names)",
             );
             return None;
