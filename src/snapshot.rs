@@ -185,32 +185,7 @@ impl Snapshot {
             .iter()
             .map(|u| u.shaping.map(|limits| rt.gates.get(&u.name, limits)))
             .collect();
-        // a pool with names has its lookups' series from the start (at 0)
-        for u in config.upstreams.iter().filter(|u| !u.names.is_empty()) {
-            for result in ["ok", "error"] {
-                rt.metrics
-                    .upstream_dns_lookups
-                    .with_label_values(&[u.name.as_str(), result]);
-            }
-        }
-        // a shaped pool's series exist from the start (at 0), for dashboards and alerts
-        for u in config.upstreams.iter().filter(|u| u.shaping.is_some()) {
-            let m = &rt.metrics;
-            m.queue_depth.with_label_values(&[u.name.as_str()]);
-            for reason in ["full", "timeout"] {
-                m.queue_refused
-                    .with_label_values(&[u.name.as_str(), reason]);
-            }
-            for plan in config
-                .plans
-                .names
-                .iter()
-                .map(String::as_str)
-                .chain(["none"])
-            {
-                m.queue_waits.with_label_values(&[u.name.as_str(), plan]);
-            }
-        }
+        pools_series_at_zero(&config, &rt.metrics);
         let pool_requests = pool_requests(&config, &rt.metrics);
         Ok(Snapshot {
             config,
@@ -221,6 +196,37 @@ impl Snapshot {
             probes: rt.probes.clone(),
             pool_requests,
         })
+    }
+}
+
+/// The pools' series that exist from the start, at 0: a named pool's lookups, a shaped pool's
+/// queue (for dashboards and alerts).
+fn pools_series_at_zero(config: &Config, metrics: &Metrics) {
+    // a pool with names has its lookups' series from the start (at 0)
+    for u in config.upstreams.iter().filter(|u| !u.names.is_empty()) {
+        for result in ["ok", "error"] {
+            metrics
+                .upstream_dns_lookups
+                .with_label_values(&[u.name.as_str(), result]);
+        }
+    }
+    // a shaped pool's series exist from the start (at 0), for dashboards and alerts
+    for u in config.upstreams.iter().filter(|u| u.shaping.is_some()) {
+        let m = metrics;
+        m.queue_depth.with_label_values(&[u.name.as_str()]);
+        for reason in ["full", "timeout"] {
+            m.queue_refused
+                .with_label_values(&[u.name.as_str(), reason]);
+        }
+        for plan in config
+            .plans
+            .names
+            .iter()
+            .map(String::as_str)
+            .chain(["none"])
+        {
+            m.queue_waits.with_label_values(&[u.name.as_str(), plan]);
+        }
     }
 }
 

@@ -1515,7 +1515,10 @@ fn the_redis_url_from_a_file() {
     let p = dir.write("gateway.yaml", &text).display().to_string();
     let (code, out, err) = run_tollgate(&["-t", "--offline", "-c", &p]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("redis://***@127.0.0.1:6379") && !out.contains("s3cret"), "{out}");
+    assert!(
+        out.contains("redis://***@127.0.0.1:6379") && !out.contains("s3cret"),
+        "{out}"
+    );
     dir.write("redis-url", "http://:s3cret@127.0.0.1:6379\n");
     let (code, _, err) = run_tollgate(&["-t", "--offline", "-c", &p]);
     assert_eq!(code, 1, "{err}");
