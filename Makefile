@@ -10,7 +10,7 @@ DEB_DEPS   := dpkg-shlibdeps:dpkg-dev adduser:adduser curl:curl
 # the package under a real systemd in a container (scripts/deb-systemd-check)
 DEB_CHECK_DEPS := systemd-nspawn:systemd-container systemctl:systemd nsenter:util-linux wrk:wrk
 
-.PHONY: all deps deps-test deps-bench build release run test conformance lint fmt bench check-configs clean demo-cert fuzz deb deb-check
+.PHONY: all deps deps-test deps-bench build release run test conformance lint fmt bench check-configs clean demo-cert fuzz deb deb-check image image-check
 
 all: build
 
@@ -94,6 +94,18 @@ deb-check: deb
 	@scripts/ensure-packages $(DEB_CHECK_DEPS)
 	scripts/deb-check
 	scripts/deb-systemd-check
+
+## The OCI image, target/image/oci (an image layout) and target/image/tollgate-<version>.oci.tar,
+## built without a container daemon (umoci): the release binary, its libraries, CA certificates,
+## time zones, the default config (packaging/image/gateway.yaml); non-root, no shell,
+## reproducible (SOURCE_DATE_EPOCH, default: the last commit's time).
+image: release
+	scripts/image
+
+## The image built twice (one digest), its size, user, entrypoint and labels, then unpacked and
+## run as an OCI bundle under systemd-nspawn: /readyz and a request through it (CI runs it).
+image-check: image
+	scripts/image-check
 
 ## Coverage-guided fuzzing (fuzz/, cargo-fuzz and libFuzzer) of the config loader, path
 ## normalization and globs, X-Forwarded-For, durations, partition keys and bearer tokens,
