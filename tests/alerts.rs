@@ -87,7 +87,10 @@ fn expected(rules: &Value, name: &str, labels: &[(&str, &str)]) -> Value {
         .flatten()
         .find(|r| r["alert"] == name)
         .unwrap_or_else(|| panic!("no alert {name}"));
-    let mut summary = rule["annotations"]["summary"].as_str().unwrap_or_default().to_string();
+    let mut summary = rule["annotations"]["summary"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let mut exp = Mapping::new();
     exp.insert("severity".into(), rule["labels"]["severity"].clone());
     for (k, v) in labels {
@@ -117,15 +120,22 @@ fn promtool(dir: &TempDir, series: &[Value], alerts: &[Value]) -> (bool, String)
     test.insert("input_series".into(), Value::Sequence(series.to_vec()));
     test.insert("alert_rule_test".into(), Value::Sequence(alerts.to_vec()));
     let mut file = Mapping::new();
-    file.insert("rule_files".into(), vec![Value::from(rules.display().to_string())].into());
+    file.insert(
+        "rule_files".into(),
+        vec![Value::from(rules.display().to_string())].into(),
+    );
     file.insert("evaluation_interval".into(), "1m".into());
     file.insert("tests".into(), vec![Value::Mapping(test)].into());
-    let path = dir.write("alerts.test.yaml", &serde_yaml::to_string(&file).unwrap_or_default());
+    let path = dir.write(
+        "alerts.test.yaml",
+        &serde_yaml::to_string(&file).unwrap_or_default(),
+    );
     let out = std::process::Command::new("promtool")
         .args(["test", "rules", &path.display().to_string()])
         .output()
         .expect("promtool (make deps-test installs Debian's prometheus)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
@@ -140,12 +150,22 @@ fn the_alerts_fire_on_what_gateways_report_and_only_then() {
     ) + &format!("redis:\n  url: redis://127.0.0.1:{}\n  sync_interval: 100ms\n", free_port());
     let gw1 = Gateway::start(&broken);
     let before1 = scrape(&gw1).0;
-    let down = format!("tollgate_upstream_server_healthy{{pool=\"app\",server=\"127.0.0.1:{dead}\"}} 0");
-    assert!(eventually(Duration::from_secs(10), || gw1.metrics().contains(&down)), "{}", gw1.metrics());
+    let down =
+        format!("tollgate_upstream_server_healthy{{pool=\"app\",server=\"127.0.0.1:{dead}\"}} 0");
+    assert!(
+        eventually(Duration::from_secs(10), || gw1.metrics().contains(&down)),
+        "{}",
+        gw1.metrics()
+    );
     assert!(!gw1.reload(&broken.replace("upstream: app", "upstream: nope")));
     assert!(eventually(Duration::from_secs(5), || {
         let m = gw1.metrics();
-        metric_sum(&m, "tollgate_redis_sync_total") > before1.iter().filter(|(s, _)| s.starts_with("tollgate_redis_sync_total")).map(|(_, v)| v).sum::<f64>()
+        metric_sum(&m, "tollgate_redis_sync_total")
+            > before1
+                .iter()
+                .filter(|(s, _)| s.starts_with("tollgate_redis_sync_total"))
+                .map(|(_, v)| v)
+                .sum::<f64>()
     }));
     let after1 = scrape(&gw1);
     // gateway 2: a rule of 1 an hour, asked 10 times
@@ -154,7 +174,11 @@ fn the_alerts_fire_on_what_gateways_report_and_only_then() {
     let gw2 = Gateway::start(&limited);
     let before2 = scrape(&gw2).0;
     let statuses: Vec<u16> = (0..10).map(|_| gw2.get("/x", &[]).status).collect();
-    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 9, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        9,
+        "{statuses:?}"
+    );
     let after2 = scrape(&gw2);
 
     let mut series = input_series("gw1", &before1, &after1);
@@ -166,7 +190,10 @@ fn the_alerts_fire_on_what_gateways_report_and_only_then() {
     let base = [("instance", "gw1"), ("job", "tollgate")];
     let server = format!("127.0.0.1:{dead}");
     let with = |more: &[(&'static str, &str)]| -> Vec<(&str, String)> {
-        base.iter().map(|(k, v)| (*k, v.to_string())).chain(more.iter().map(|(k, v)| (*k, v.to_string()))).collect()
+        base.iter()
+            .map(|(k, v)| (*k, v.to_string()))
+            .chain(more.iter().map(|(k, v)| (*k, v.to_string())))
+            .collect()
     };
     let exp = |name: &str, labels: Vec<(&str, String)>| {
         let l: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -176,8 +203,18 @@ fn the_alerts_fire_on_what_gateways_report_and_only_then() {
         exp("TollgateRedisUnreachable", with(&[])),
         exp("TollgateReloadFailed", with(&[])),
         exp("TollgatePoolDown", with(&[("pool", "app")])),
-        exp("TollgateUpstreamServerUnhealthy", with(&[("pool", "app"), ("server", &server)])),
-        exp("TollgateRefusalsHigh", vec![("instance", "gw2".into()), ("job", "tollgate".into()), ("rule", "tight".into())]),
+        exp(
+            "TollgateUpstreamServerUnhealthy",
+            with(&[("pool", "app"), ("server", &server)]),
+        ),
+        exp(
+            "TollgateRefusalsHigh",
+            vec![
+                ("instance", "gw2".into()),
+                ("job", "tollgate".into()),
+                ("rule", "tight".into()),
+            ],
+        ),
         // nothing held long, no error replies, no token issuer
         alert_test("TollgateHoldsLong", vec![]),
         alert_test("TollgateRedisErrorReplies", vec![]),

@@ -412,10 +412,9 @@ fn the_grafana_dashboard_queries_only_metrics_that_exist() {
     }
     // a labelled metric has no series before its first event (a token issuer's fetch, an
     // error reply): it is then registered (src/metrics.rs names it), if not yet in /metrics
-    let registered = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs"),
-    )
-    .unwrap_or_default();
+    let registered =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs"))
+            .unwrap_or_default();
     for name in &queried {
         assert!(
             metrics.contains(&format!("# TYPE {name} "))
