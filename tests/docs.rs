@@ -355,3 +355,54 @@ fn every_docs_page_has_a_title_a_summary_and_its_contents() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// operations.md's metrics are the gateway's (issue 45): every metric the gateway registers
+/// (each `"tollgate_..."` name in src/metrics.rs) is named in operations.md, and every
+/// `tollgate_...` name operations.md gives is one of them (a histogram's `_bucket`, `_sum`
+/// and `_count` series included).
+#[test]
+fn operations_md_names_every_metric_and_no_other() {
+    let names = |text: &str, quoted: bool| -> HashSet<String> {
+        let mut out = HashSet::new();
+        let mut rest = text;
+        while let Some(i) = rest.find("tollgate_") {
+            let before = rest[..i].chars().last();
+            let name: String = rest[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[i + name.len()..];
+            let boundary = before.is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+            // (a metric's name goes on with a word: not `tollgate_0.1.0_amd64.deb`)
+            let word = name[9..].starts_with(|c: char| c.is_ascii_lowercase());
+            if boundary && word && (!quoted || before == Some('"')) {
+                out.insert(name);
+            }
+        }
+        out
+    };
+    let source = fs::read_to_string(root().join("src/metrics.rs")).expect("src/metrics.rs");
+    let registered = names(&source, true);
+    assert!(registered.len() > 30, "{registered:?}");
+    let page = fs::read_to_string(root().join("docs/operations.md")).expect("operations.md");
+    let documented = names(&page, false);
+    let missing: Vec<_> = registered
+        .iter()
+        .filter(|n| !documented.contains(*n))
+        .collect();
+    assert!(missing.is_empty(), "not in operations.md: {missing:?}");
+    let unknown: Vec<_> = documented
+        .iter()
+        .filter(|n| {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(n);
+            !registered.contains(*n) && !registered.contains(base)
+        })
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "operations.md names metrics the gateway has not: {unknown:?}"
+    );
+}

@@ -74,3 +74,26 @@ fn get_quota_answers_what_is_left_spends_nothing_and_is_limited_per_caller() {
         "asking is not a request of the rule: {m}"
     );
 }
+
+/// The demo (`conf/gateway.yaml`, as `make run` starts it) answers `/quota` itself: the caller's
+/// rules, never the upstream's echo.
+#[test]
+fn the_demo_enables_the_quota_endpoint() {
+    let (up, up2) = (Upstream::start("demo"), Upstream::start("demo-2"));
+    let gw = common::DemoGateway::start(&[
+        ("127.0.0.1:9001", up.addr),
+        ("127.0.0.1:9002", up2.addr),
+        ("127.0.0.1:9003", up.addr),
+    ]);
+    assert!(gw.ready, "the demo gateway did not start");
+    let r = common::request(gw.listen, "GET", "/quota", &[("x-api-key", "k-7f3a")]).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["tenant"], "acme", "{}", r.body);
+    assert!(
+        v["rules"].is_array() && v.get("server").is_none(),
+        "{}",
+        r.body
+    );
+    assert_eq!(up.hits() + up2.hits(), 0);
+}
