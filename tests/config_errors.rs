@@ -1533,3 +1533,112 @@ fn the_redis_url_from_a_file() {
         &["redis.url_file", "not both"],
     );
 }
+
+/// Mistakes that once got a message pointing elsewhere (issue 45): a unit spelt out, a tab,
+/// a misspelt key or name, a cost or status of the wrong kind. Each names the fix.
+#[test]
+fn near_misses_are_named_with_the_fix() {
+    let tier = "      - { period: 1, threshold: 10 }\n";
+    let cases: [(String, usize, usize, &[&str]); 9] = [
+        (
+            with(tier, "      - { period: 1day, threshold: 10 }\n"),
+            23,
+            19,
+            &[
+                "invalid duration unit \"day\"",
+                "did you mean \"24h\"",
+                "\"1d\" (a calendar day)",
+            ],
+        ),
+        (
+            with(tier, "      - { period: 30secs, threshold: 10 }\n"),
+            23,
+            19,
+            &["did you mean \"30s\""],
+        ),
+        (
+            with(tier, "      - { period: 1month, threshold: 10 }\n"),
+            23,
+            19,
+            &["a month has no fixed length", "\"1mo\""],
+        ),
+        (
+            with(
+                "  listen: [\"127.0.0.1:8080\"]\n",
+                "\tlisten: [\"127.0.0.1:8080\"]\n",
+            ),
+            2,
+            1,
+            &["a tab at line 2, column 1", "spaces only"],
+        ),
+        (
+            with(tier, "      - { period: 1, thresold: 10 }\n"),
+            23,
+            22,
+            &["unknown field `thresold`", "did you mean `threshold`?"],
+        ),
+        (
+            with(tier, &format!("{tier}    algorithm: sliding-window\n")),
+            24,
+            16,
+            &[
+                "unknown variant `sliding-window`",
+                "did you mean `sliding_window`?",
+            ],
+        ),
+        (
+            with(
+                tier,
+                &format!("{tier}    cost: {{ response-header: x-cost }}\n"),
+            ),
+            24,
+            13,
+            &[
+                "limits[0].cost: unknown field `response-header`",
+                "did you mean `response_header`?",
+            ],
+        ),
+        (
+            with(tier, &format!("{tier}    cost: heavy\n")),
+            24,
+            11,
+            &[
+                "limits[0].cost: invalid type",
+                "a whole number of units",
+                "{ header: NAME }",
+            ],
+        ),
+        (
+            with(
+                tier,
+                &format!("{tier}    count_when: {{ status: [[429]] }}\n"),
+            ),
+            24,
+            28,
+            &["count_when.status[0]", "a status such as 429", "\"5xx\""],
+        ),
+    ];
+    for (text, line, col, needles) in &cases {
+        assert_error(text, *line, *col, needles);
+    }
+}
+
+/// A rule no route can reach is a warning at its pattern (issue 45).
+#[test]
+fn a_rule_no_route_reaches_is_a_warning() {
+    let dir = TempDir::new();
+    let text = with(
+        "    pathPattern: /v1/organizations/*/product/*\n",
+        "    pathPattern: /v2/organizations/*/product/*\n",
+    );
+    let p = dir.write("gateway.yaml", &text).display().to_string();
+    let (code, out, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 0, "{err}");
+    let all = format!("{out}{err}");
+    assert!(
+        all.contains(&format!(
+            "{p}:21:18: warning: limits[0].pathPattern: rule \"get-product\""
+        )) && all.contains("matches no route"),
+        "{all}"
+    );
+}

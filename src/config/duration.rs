@@ -15,6 +15,40 @@ pub struct ConfDuration(pub Duration);
 const ACCEPTED: &str =
     "an integer number of seconds or a string such as \"500ms\", \"10s\", \"1m\", \"1h\"";
 
+/// What a unit that is none was probably meant as (`1day`, `30secs`, `2 hours`): a "did you
+/// mean" for the error, or nothing.
+fn meant(value: u64, unit: &str) -> String {
+    let lower = unit.trim().to_ascii_lowercase();
+    let unit = match lower.trim_end_matches('s') {
+        "m" if lower == "ms" => "ms",
+        "" | "sec" | "second" => "s",
+        "msec" | "milli" | "millisecond" => "ms",
+        "min" | "minute" => "m",
+        "hr" | "hour" | "h" => "h",
+        "d" | "day" => "d",
+        "w" | "wk" | "week" => "w",
+        "mo" | "mon" | "month" => "mo",
+        _ => return String::new(),
+    };
+    match unit {
+        "d" | "w" => {
+            let hours = value.saturating_mul(if unit == "d" { 24 } else { 168 });
+            let calendar = if value == 1 {
+                format!(
+                    ", or for a tier's period \"1{unit}\" (a calendar {})",
+                    if unit == "d" { "day" } else { "week" }
+                )
+            } else {
+                String::new()
+            };
+            format!(": did you mean \"{hours}h\"{calendar}?")
+        }
+        "mo" => ": a month has no fixed length (a tier's period may be \"1mo\", a calendar month)"
+            .to_string(),
+        _ => format!(": did you mean \"{value}{unit}\"?"),
+    }
+}
+
 /// Parse `500ms`, `10s`, `1m`, `1h` or a bare integer (seconds).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -40,7 +74,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         }
         other => {
             return Err(format!(
-                "invalid duration unit {other:?} in {text:?}: expected one of ms, s, m, h"
+                "invalid duration unit {other:?} in {text:?}: expected one of ms, s, m, h{}",
+                meant(value, other)
             ))
         }
     };

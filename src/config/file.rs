@@ -412,12 +412,44 @@ pub struct WhenFile {
 }
 
 /// A name, or a list of them.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub enum OneOrMany {
     One(String),
     Many(Vec<String>),
 }
+
+/// A text or a list of texts, read as they come (not as an untagged enum, whose error says
+/// only that no variant matched): `expecting` is what the error then says was expected.
+macro_rules! text_or_list {
+    ($ty:ident, $one:ident, $many:ident, $expecting:literal) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($expecting)
+                    }
+                    fn visit_str<E: de::Error>(self, v: &str) -> Result<$ty, E> {
+                        Ok($ty::$one(v.to_string()))
+                    }
+                    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<$ty, A::Error> {
+                        Vec::deserialize(de::value::SeqAccessDeserializer::new(seq)).map($ty::$many)
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+    };
+}
+
+text_or_list!(OneOrMany, One, Many, "a name, or a list of names");
+text_or_list!(
+    OriginsFile,
+    Any,
+    List,
+    "\"*\" or a list of origins such as [\"https://app.example.com\"]"
+);
 
 impl OneOrMany {
     pub fn list(&self) -> &[String] {
@@ -478,8 +510,7 @@ pub struct CorsFile {
 }
 
 /// `cors.origins`: `"*"`, or a list.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub enum OriginsFile {
     Any(String),
     List(Vec<String>),
@@ -893,11 +924,37 @@ pub struct CalendarFile {
 }
 
 /// A rule's `cost` as written.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub enum CostFile {
     Units(i64),
     Header(CostHeaderFile),
+}
+
+/// A number, or a map read as `CostHeaderFile` where it stands (an unknown key is named at
+/// its place, with the keys accepted).
+impl<'de> Deserialize<'de> for CostFile {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = CostFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number of units, or where the cost is read: { header: NAME }, { response_header: NAME } or { response_trailer: NAME }")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<CostFile, E> {
+                Ok(CostFile::Units(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<CostFile, E> {
+                i64::try_from(v)
+                    .map(CostFile::Units)
+                    .map_err(|_| E::custom(format!("cost {v} is too large")))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<CostFile, A::Error> {
+                CostHeaderFile::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(CostFile::Header)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -934,11 +991,32 @@ pub struct CountWhenFile {
 }
 
 /// A status as written: a number, or a class such as `"5xx"`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 pub enum StatusFile {
     Code(i64),
     Class(String),
+}
+
+impl<'de> Deserialize<'de> for StatusFile {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = StatusFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a status such as 429, a class such as \"5xx\", or (gRPC) a status name such as RESOURCE_EXHAUSTED")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<StatusFile, E> {
+                Ok(StatusFile::Code(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<StatusFile, E> {
+                Ok(StatusFile::Code(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StatusFile, E> {
+                Ok(StatusFile::Class(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Deserialize)]

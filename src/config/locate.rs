@@ -142,6 +142,22 @@ impl Locator {
     /// own terms: where a missing key was actually found, or which value swallowed it, or what
     /// was read last before a structure error.
     pub fn hint(&self, message: &str, pos: Pos) -> Option<String> {
+        // a misspelt key or name: the nearest of those accepted
+        if let Some(near) = did_you_mean(message) {
+            return Some(near);
+        }
+        // a tab where YAML wanted spaces: the parser's message does not say so
+        let line = self
+            .lines
+            .get(pos.line.saturating_sub(1))
+            .map_or("", |l| l.as_str());
+        if let Some(col) = line.find('\t').filter(|&c| c < pos.column.max(1)) {
+            return Some(format!(
+                "a tab at line {}, column {}: YAML indents with spaces only, never tabs",
+                pos.line,
+                col + 1
+            ));
+        }
         if let Some(field) = message
             .split("missing field `")
             .nth(1)
@@ -233,6 +249,30 @@ impl Locator {
             .copied()
             .unwrap_or_else(|| self.at(path))
     }
+}
+
+/// For serde's "unknown field `X`, expected one of `a`, `b`" (or "unknown variant"): the
+/// accepted name nearest to X, when it is near (`response-header` -> `response_header`,
+/// `thresold` -> `threshold`).
+pub fn did_you_mean(message: &str) -> Option<String> {
+    let rest = ["unknown field `", "unknown variant `"]
+        .iter()
+        .find_map(|p| message.split(p).nth(1))?;
+    let given = rest.split('`').next()?;
+    let accepted = rest.split("expected ").nth(1)?;
+    let best = accepted
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|name| {
+            (
+                strsim::damerau_levenshtein(&given.to_ascii_lowercase().replace('-', "_"), name),
+                name,
+            )
+        })
+        .min()?;
+    (best.0 <= (given.len() / 3).max(1) && given != best.1)
+        .then(|| format!("did you mean `{}`?", best.1))
 }
 
 #[cfg(test)]

@@ -90,6 +90,26 @@ impl PathPattern {
         })
     }
 
+    /// Could one path match both patterns? (Segment by segment; `**` takes none or more.)
+    pub fn overlaps(&self, other: &PathPattern) -> bool {
+        fn meet(a: &[Seg], b: &[Seg]) -> bool {
+            match (a.split_first(), b.split_first()) {
+                (None, None) => true,
+                (Some((Seg::Any, rest)), _) => meet(rest, b) || (!b.is_empty() && meet(a, &b[1..])),
+                (_, Some((Seg::Any, rest))) => meet(a, rest) || (!a.is_empty() && meet(&a[1..], b)),
+                (Some((x, ra)), Some((y, rb))) => {
+                    let one = match (x, y) {
+                        (Seg::Literal(p), Seg::Literal(q)) => p == q,
+                        _ => true,
+                    };
+                    one && meet(ra, rb)
+                }
+                _ => false,
+            }
+        }
+        meet(&self.segs, &other.segs)
+    }
+
     /// `/**`: every path.
     pub fn any() -> Self {
         PathPattern {
@@ -221,6 +241,31 @@ impl<'a> Segments<'a> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn patterns_overlap_when_one_path_can_match_both() {
+        let p = |s: &str| PathPattern::compile(s).unwrap();
+        let yes = [
+            ("/v1/**", "/v1/orders/*"),
+            ("/**", "/x"),
+            ("/v1/*/product/*", "/v1/acme/**"),
+            ("/a/**/z", "/a/b/c/z"),
+            ("/{tenant}/x", "/acme/*"),
+            ("/v1", "/v1/**"),
+        ];
+        for (a, b) in yes {
+            assert!(p(a).overlaps(&p(b)) && p(b).overlaps(&p(a)), "{a} {b}");
+        }
+        let no = [
+            ("/v1/**", "/v2/**"),
+            ("/a/*", "/a"),
+            ("/a/*/c", "/a/b/d"),
+            ("/x/y", "/x"),
+        ];
+        for (a, b) in no {
+            assert!(!p(a).overlaps(&p(b)) && !p(b).overlaps(&p(a)), "{a} {b}");
+        }
+    }
+
     use super::*;
 
     fn m(p: &str, path: &str) -> bool {

@@ -29,6 +29,18 @@ impl HostMatch {
     }
 
     /// Match against the request's Host (`name[:port]`).
+    /// Could one host match both?
+    pub fn overlaps(&self, other: &HostMatch) -> bool {
+        match (self, other) {
+            (HostMatch::Exact(a), _) => other.matches(a),
+            (_, HostMatch::Exact(b)) => self.matches(b),
+            // `*.a.example.com` and `*.example.com` share `x.a.example.com`
+            (HostMatch::Suffix(a), HostMatch::Suffix(b)) => {
+                a.ends_with(b.as_str()) || b.ends_with(a.as_str())
+            }
+        }
+    }
+
     pub fn matches(&self, request_host: &str) -> bool {
         let host = strip_port(request_host);
         let host = host.strip_suffix('.').unwrap_or(host);

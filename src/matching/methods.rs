@@ -36,6 +36,11 @@ impl MethodSet {
         Ok(MethodSet(bits))
     }
 
+    /// Does a method belong to both sets?
+    pub fn overlaps(self, other: MethodSet) -> bool {
+        self.0 & other.0 != 0
+    }
+
     pub fn contains(&self, method: &Method) -> bool {
         if self.0 == u16::MAX {
             return true;

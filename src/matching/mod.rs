@@ -34,6 +34,17 @@ impl RequestMatch {
             && self.path.matches_segments(path)
     }
 
+    /// Could one request match both? (A rule no route's matcher overlaps is never applied: `-t`
+    /// warns.) Errs towards yes.
+    pub fn overlaps(&self, other: &RequestMatch) -> bool {
+        self.methods.overlaps(other.methods)
+            && match (&self.host, &other.host) {
+                (Some(a), Some(b)) => a.overlaps(b),
+                _ => true,
+            }
+            && self.path.overlaps(&other.path)
+    }
+
     /// `GET,PUT api.example.com /v1/**` (methods `*` for all), as `-t` shows it.
     pub fn describe(&self) -> String {
         let methods = if self.methods.is_all() {

@@ -53,6 +53,28 @@ fn check_limits(
     }
 }
 
+/// A rule whose method, host and path no route can match is never applied: a warning (at the
+/// rule's `pathPattern`, or at `limits` for an included file).
+fn warn_unreachable_rules(c: &mut Checker, routes: &[Route], rules: &[Arc<Rule>], inline: bool) {
+    for (i, rule) in rules.iter().enumerate() {
+        if rule.enabled && !routes.iter().any(|r| r.matcher.overlaps(&rule.matcher)) {
+            let at = if inline {
+                format!("limits[{i}].pathPattern")
+            } else {
+                "limits".to_string()
+            };
+            c.warn(
+                &at,
+                format!(
+                    "rule {:?} ({}) matches no route: no request will ever count against it",
+                    rule.id,
+                    rule.matcher.describe()
+                ),
+            );
+        }
+    }
+}
+
 /// Validate a parsed file model. `file` is the main config's path.
 pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, ConfigErrors> {
     let mut errors = Vec::new();
@@ -87,7 +109,9 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
         None => TenantSettings::default(),
     };
     check_split_plans(&mut c, &model.routes, &plans);
+    let inline = matches!(model.limits, Some(LimitsFile::Inline(_)));
     let rules = check_limits(&mut c, model.limits, &plans, &mut includes);
+    warn_unreachable_rules(&mut c, &routes, &rules, inline);
     let redis = model.redis.as_ref().and_then(|r| check_redis(&mut c, r));
     let tracing = model.tracing.as_ref().map(|t| check_tracing(&mut c, t));
     let headers = model
