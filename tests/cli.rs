@@ -89,6 +89,24 @@ fn summary_lists_listeners_upstreams_routes_rules_and_redis_mode() {
     assert!(out.lines().count() < 40, "fits on one screen");
 }
 
+/// `-t` tells each rule whole (issue 45): its cost, unit and what answers it counts, beside
+/// its tiers, algorithm, action and exemptions.
+#[test]
+fn summary_tells_a_rules_cost_unit_and_counted_answers() {
+    let dir = TempDir::new();
+    let config = "server:\n  listen: [\"127.0.0.1:8080\"]\nupstreams:\n  u:\n    servers: [\"127.0.0.1:9001\"]\nroutes:\n  - id: all\n    path: /**\n    upstream: u\nlimits:\n  - id: tokens\n    pathPattern: /v1/**\n    tiers: [{ period: 1m, threshold: 1000 }]\n    unit: tokens\n    cost: { response_header: x-usage-tokens, max: 500, default: 10 }\n  - id: failures\n    pathPattern: /**\n    tiers: [{ period: 1d, threshold: 5 }]\n    count_when: { status: [401, 403, 5xx] }\n  - id: uploads\n    pathPattern: /upload/**\n    tiers: [{ period: 1h, threshold: 100 }]\n    cost: 5\n";
+    let p = dir.write("gateway.yaml", config);
+    let (code, out, err) = run_tollgate(&["-t", "-c", &p.display().to_string()]);
+    assert_eq!(code, 0, "{err}");
+    for want in [
+        "tiers 1000/1m cost from response header x-usage-tokens (max 500, default 10) unit tokens",
+        "tiers 5/1d UTC counting answers 401, 403, 5xx",
+        "tiers 100/1h cost 5",
+    ] {
+        assert!(out.contains(want), "{want:?} missing in summary:\n{out}");
+    }
+}
+
 #[test]
 fn daemon_mode_detaches_and_serves() {
     let up = Upstream::start("u1");

@@ -231,6 +231,51 @@ fn write_tenant(s: &mut String, cfg: &Config) {
     }
 }
 
+/// What a request costs a rule and when it counts: ` cost 5`, ` cost from header x-cost (max
+/// 100, default 1)`, ` unit tokens`, ` counting answers 2xx, 404, grpc OK`; empty for one
+/// request counted at once.
+pub(crate) fn charge_text(r: &Rule) -> String {
+    let mut out = String::new();
+    match &r.cost {
+        Cost::One => {}
+        Cost::Units(n) => {
+            let _ = write!(out, " cost {n}");
+        }
+        Cost::Header { name, max, default } => {
+            let _ = write!(out, " cost from header {name} (max {max}, default {default})");
+        }
+        Cost::Response { name, max, default, trailer } => {
+            let kind = if *trailer { "trailer" } else { "header" };
+            let _ = write!(out, " cost from response {kind} {name} (max {max}, default {default})");
+        }
+    }
+    if let Some(u) = &r.unit {
+        let _ = write!(out, " unit {u}");
+    }
+    if let Some(c) = &r.count_when {
+        let mut parts: Vec<String> = Vec::new();
+        let mut code = 100u16;
+        while code < 600 {
+            if code % 100 == 0 && (code..code + 100).all(|s| c.status.contains(s)) {
+                parts.push(format!("{}xx", code / 100));
+                code += 100;
+                continue;
+            }
+            if c.status.contains(code) {
+                parts.push(code.to_string());
+            }
+            code += 1;
+        }
+        for (i, name) in crate::grpc::NAMES.iter().enumerate() {
+            if i < 32 && c.grpc & (1 << i) != 0 {
+                parts.push(format!("grpc {name}"));
+            }
+        }
+        let _ = write!(out, " counting answers {}", parts.join(", "));
+    }
+    out
+}
+
 /// `-t`: every rule, with its plans' tiers.
 fn write_rules(s: &mut String, cfg: &Config) {
     let _ = writeln!(s, "rules ({}):", cfg.rules.len());
@@ -250,12 +295,13 @@ fn write_rules(s: &mut String, cfg: &Config) {
             .map_or_else(String::new, |n| format!(" concurrency {n}"));
         let _ = writeln!(
             s,
-            "  {:<16} {} per {} {} {}{tiers}{concurrency}{}{}",
+            "  {:<16} {} per {} {} {}{tiers}{concurrency}{}{}{}",
             r.id,
             r.matcher.describe(),
             per_text(&r.per),
             r.algorithm,
             action,
+            charge_text(r),
             exempt_text(&r.exempt, &cfg.plans),
             if r.enabled { "" } else { " (disabled)" }
         );
