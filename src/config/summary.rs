@@ -242,11 +242,22 @@ pub(crate) fn charge_text(r: &Rule) -> String {
             let _ = write!(out, " cost {n}");
         }
         Cost::Header { name, max, default } => {
-            let _ = write!(out, " cost from header {name} (max {max}, default {default})");
+            let _ = write!(
+                out,
+                " cost from header {name} (max {max}, default {default})"
+            );
         }
-        Cost::Response { name, max, default, trailer } => {
+        Cost::Response {
+            name,
+            max,
+            default,
+            trailer,
+        } => {
             let kind = if *trailer { "trailer" } else { "header" };
-            let _ = write!(out, " cost from response {kind} {name} (max {max}, default {default})");
+            let _ = write!(
+                out,
+                " cost from response {kind} {name} (max {max}, default {default})"
+            );
         }
     }
     if let Some(u) = &r.unit {
