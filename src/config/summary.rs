@@ -267,7 +267,7 @@ pub(crate) fn charge_text(r: &Rule) -> String {
         let mut parts: Vec<String> = Vec::new();
         let mut code = 100u16;
         while code < 600 {
-            if code % 100 == 0 && (code..code + 100).all(|s| c.status.contains(s)) {
+            if code.is_multiple_of(100) && (code..code + 100).all(|s| c.status.contains(s)) {
                 parts.push(format!("{}xx", code / 100));
                 code += 100;
                 continue;
