@@ -4,7 +4,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 # command:debian-package pairs
 BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.h:libssl-dev openssl:openssl /usr/share/zoneinfo/Europe/Berlin:tzdata
-TEST_DEPS  := kubectl:kubectl promtool:prometheus redis-server:redis-server redis-cli:redis-tools redis-sentinel:redis-sentinel wrk:wrk curl:curl chromium:chromium /usr/sbin/dnsmasq:dnsmasq
+TEST_DEPS  := kubectl:kubectl promtool:prometheus redis-server:redis-server redis-cli:redis-tools redis-sentinel:redis-sentinel wrk:wrk curl:curl chromium:chromium /usr/sbin/dnsmasq:dnsmasq-base
 BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client
 DEB_DEPS   := dpkg-shlibdeps:dpkg-dev adduser:adduser curl:curl
 # the package under a real systemd in a container (scripts/deb-systemd-check)
