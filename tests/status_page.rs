@@ -520,3 +520,37 @@ fn the_status_page_resets_and_grants_a_tenant() {
     assert_eq!(admitted(), 3);
     assert!(gw.log().contains("by status page"), "{}", gw.log());
 }
+
+/// `/api/status` tells each rule whole (issue 45): its tiers with a calendar window's zone, each
+/// plan's own tiers, what a request costs, who is exempt; a tenant's view names a calendar
+/// window as the config does (`1d America/New_York`), not as 24 hours.
+#[test]
+fn status_tells_every_rule_whole_and_calendar_windows_by_name() {
+    let up = Upstream::start("u");
+    let cfg = one_route_config(up.addr, 1, "") + r#"tenant:
+  from: [{ header: x-org-id, trusted: true }]
+plans:
+  gold: [acme]
+limits:
+  - id: daily
+    pathPattern: /**
+    calendar: { tz: America/New_York }
+    tiers: [{ period: 1d, threshold: 10 }]
+    plans:
+      gold: [{ period: 1d, threshold: 100 }]
+    cost: 2
+    exempt: { tenants: [ops] }
+"#;
+    let gw = Gateway::start(&cfg);
+    assert_eq!(gw.get("/x", &[("x-org-id", "initech")]).status, 200);
+    let status = request(gw.admin, "GET", "/api/status", &[]).unwrap().json();
+    let rule = &status["rules"][0];
+    assert_eq!(rule["tiers"][0], "10/1d America/New_York", "{rule}");
+    assert_eq!(rule["plans"]["gold"], "100/1d America/New_York", "{rule}");
+    assert_eq!(rule["charge"], "cost 2", "{rule}");
+    assert_eq!(rule["exempt"], "exempt: tenants [ops]", "{rule}");
+    let tenant = request(gw.admin, "GET", "/api/tenants/initech", &[]).unwrap().json();
+    let tier = &tenant["rules"][0]["tiers"][0];
+    assert_eq!(tier["window"], "1d America/New_York", "{tenant}");
+    assert_eq!(tier["used"], 2, "{tenant}");
+}

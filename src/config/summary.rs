@@ -414,7 +414,7 @@ fn access_text(a: &AccessList) -> String {
 }
 
 /// ` exempt: ips [..], tenants [..], plans [..]` of a rule (nothing when it has none).
-fn exempt_text(e: &Exempt, plans: &Plans) -> String {
+pub(crate) fn exempt_text(e: &Exempt, plans: &Plans) -> String {
     if e.is_empty() {
         return String::new();
     }

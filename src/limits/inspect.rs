@@ -28,6 +28,9 @@ pub struct RuleView {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TierView {
     pub period_ms: u64,
+    /// The window as the config names it: `10s`, `1d America/New_York` (a calendar day in its
+    /// zone, not 24 hours).
+    pub window: String,
     pub threshold: u64,
     /// Granted to the current window by an operator (`POST /api/tenants/{id}/grant`, or a
     /// reset): admitted past the threshold (a bucket's: tokens given back).
@@ -52,6 +55,17 @@ pub struct FleetView {
     pub unsent: u64,
     /// What this instance may still admit on its lease.
     pub lease: u64,
+}
+
+/// `10s`, `1h`, or a calendar window with its zone: `1d America/New_York`.
+fn window_of(tier: &Quota) -> String {
+    let mut out = String::new();
+    crate::config::duration::write_period(&mut out, tier.period_ms, tier.calendar.map(|c| c.unit));
+    if let Some(c) = &tier.calendar {
+        out.push(' ');
+        out.push_str(&c.zone_name());
+    }
+    out
 }
 
 fn display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
@@ -85,6 +99,7 @@ impl Limiter {
                         let remaining = v.remaining;
                         TierView {
                             period_ms: tier.period_ms,
+                            window: window_of(tier),
                             threshold: tier.threshold,
                             granted: l.grant,
                             // (a sliding log: its span)

@@ -236,10 +236,21 @@ fn rules_status(snap: &Snapshot, rates: &DecisionRates) -> Vec<Value> {
     cfg.rules
         .iter()
         .map(|r| {
+            use crate::config::summary::{charge_text, exempt_text, tiers_text};
+            // each tier as -t names it (a calendar window with its zone), and each plan's own
             let tiers: Vec<String> = r
                 .tiers
                 .iter()
-                .map(|t| format!("{}/{}", t.threshold, t.label()))
+                .map(|t| tiers_text(std::slice::from_ref(t)))
+                .collect();
+            let plans: serde_json::Map<String, Value> = r
+                .plan_tiers
+                .iter()
+                .enumerate()
+                .filter_map(|(i, t)| {
+                    let t = t.as_ref()?;
+                    Some((cfg.plans.names.get(i)?.clone(), Value::from(tiers_text(t))))
+                })
                 .collect();
             let rate = per_second.get(&r.id).copied().unwrap_or([0.0; 4]);
             let concurrency = snap
@@ -261,6 +272,9 @@ fn rules_status(snap: &Snapshot, rates: &DecisionRates) -> Vec<Value> {
                 "action": r.action.to_string(),
                 "enabled": r.enabled,
                 "tiers": tiers,
+                "plans": plans,
+                "charge": charge_text(r).trim(),
+                "exempt": exempt_text(&r.exempt, &cfg.plans).trim(),
                 "concurrency": concurrency,
                 "per_second": {
                     "allowed": round2(rate[0]),
