@@ -527,7 +527,8 @@ fn the_status_page_resets_and_grants_a_tenant() {
 #[test]
 fn status_tells_every_rule_whole_and_calendar_windows_by_name() {
     let up = Upstream::start("u");
-    let cfg = one_route_config(up.addr, 1, "") + r#"tenant:
+    let cfg = one_route_config(up.addr, 1, "")
+        + r#"tenant:
   from: [{ header: x-org-id, trusted: true }]
 plans:
   gold: [acme]
@@ -549,7 +550,9 @@ limits:
     assert_eq!(rule["plans"]["gold"], "100/1d America/New_York", "{rule}");
     assert_eq!(rule["charge"], "cost 2", "{rule}");
     assert_eq!(rule["exempt"], "exempt: tenants [ops]", "{rule}");
-    let tenant = request(gw.admin, "GET", "/api/tenants/initech", &[]).unwrap().json();
+    let tenant = request(gw.admin, "GET", "/api/tenants/initech", &[])
+        .unwrap()
+        .json();
     let tier = &tenant["rules"][0]["tiers"][0];
     assert_eq!(tier["window"], "1d America/New_York", "{tenant}");
     assert_eq!(tier["used"], 2, "{tenant}");
