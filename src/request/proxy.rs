@@ -967,7 +967,8 @@ impl ProxyHttp for Gateway {
         // WebSocket handshake's Upgrade, normalized.
         // (the client's own, unless it came through a trusted proxy: see `request_id`)
         if let Some(id) = &ctx.request_id {
-            upstream_request.insert_header(request_id::X_REQUEST_ID, id.clone())?;
+            // (a static name: pingora keeps it as the header's case without copying it)
+            upstream_request.insert_header("x-request-id", id.clone())?;
         }
         if let Some(snap) = &ctx.snapshot {
             tenant_headers(upstream_request, &snap.config.tenant, &ctx.admitted)?;
