@@ -21,11 +21,19 @@ fn header<'a>(seen: &'a serde_json::Value, name: &str) -> Vec<&'a str> {
         .unwrap_or_default()
 }
 
+/// The one-route config with `routes` (a `routes:` section) instead of its catch-all route.
+fn with_routes(up: &Upstream, routes: &str) -> String {
+    one_route_config(up.addr, 1, "").replace(
+        "routes:\n  - id: all\n    path: /**\n    upstream: app\n",
+        routes,
+    )
+}
+
 #[test]
 fn headers_and_the_path_reach_the_upstream_as_the_route_says() {
     let up = Upstream::start("app");
-    let cfg = one_route_config(up.addr, 1, "").replace(
-        "routes:\n  - id: all\n    path: /**\n    upstream: app\n",
+    let cfg = with_routes(
+        &up,
         r#"routes:
   - id: orders
     path: /api/orders/**
@@ -84,8 +92,8 @@ limits:
 #[test]
 fn a_pattern_rewrites_the_upstream_path() {
     let up = Upstream::start("app");
-    let cfg = one_route_config(up.addr, 1, "").replace(
-        "routes:\n  - id: all\n    path: /**\n    upstream: app\n",
+    let cfg = with_routes(
+        &up,
         r#"routes:
   - id: users
     path: /api/**
