@@ -353,8 +353,8 @@ fn route_response_changes(headers: &mut http::HeaderMap, ctx: &RequestCtx) {
 fn choose_pool(req: &RequestHeader, ctx: &RequestCtx) -> Option<usize> {
     let (snap, route) = route_of(ctx)?;
     let i = ctx.admitted.route?;
-    let entry = match &route.split {
-        None => 0,
+    let (entry, pool) = match &route.split {
+        None => (0, route.upstream),
         Some(split) => {
             let vars = vars(ctx, snap, route);
             let asked = split::Asked {
@@ -362,15 +362,15 @@ fn choose_pool(req: &RequestHeader, ctx: &RequestCtx) -> Option<usize> {
                 tenant: vars.tenant,
                 plan: vars.plan,
             };
-            split::pick(split, &asked)
+            let entry = split::pick(split, &asked);
+            let pool = split.entries.get(entry).map_or(route.upstream, |e| e.pool);
+            (entry, pool)
         }
     };
     if let Some(c) = snap.pool_requests.get(i).and_then(|r| r.get(entry)) {
         c.inc();
     }
-    Some(route.split.as_ref().map_or(route.upstream, |s| {
-        s.entries.get(entry).map_or(route.upstream, |e| e.pool)
-    }))
+    Some(pool)
 }
 
 /// The pool chosen for the request (`choose_pool`).
@@ -481,9 +481,9 @@ fn access_log(
         log_format::json(),
         route,
         &if hashed {
-            trace::tenant_hash(tenant)
+            std::borrow::Cow::Owned(trace::tenant_hash(tenant))
         } else {
-            String::from_utf8_lossy(tenant).into_owned()
+            String::from_utf8_lossy(tenant)
         },
         req.method.as_str(),
         req.uri.path(),
