@@ -139,3 +139,44 @@ fn an_included_file_changed_on_disk_reloads() {
     let statuses = [gw.get("/x", &[]).status, gw.get("/x", &[]).status];
     assert_eq!(statuses[1], 429, "{statuses:?}");
 }
+
+/// A config that is a symlink to a file elsewhere, edited in place there, reloads (the
+/// directory its link points to is watched too); a file beside it that keeps changing (a log)
+/// does not hold the reload back.
+#[test]
+fn a_linked_config_edited_where_it_points_reloads() {
+    let up = Upstream::start("app");
+    let elsewhere = TempDir::new();
+    let gw = Gateway::start_laid_out(&config(&up, "/a/**"), &[], |dir, text| {
+        let target = elsewhere.write("real.yaml", text);
+        let link = dir.0.join("gateway.yaml");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        link
+    });
+    assert_eq!(gw.get("/b/1", &[]).status, 404);
+    let text = std::fs::read_to_string(elsewhere.0.join("real.yaml")).unwrap();
+    let busy = elsewhere.0.join("busy.log");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, busy) = (stop.clone(), busy.clone());
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = std::fs::File::create(busy).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = writeln!(f, "a line");
+                std::thread::yield_now();
+            }
+        })
+    };
+    std::fs::write(
+        elsewhere.0.join("real.yaml"),
+        text.replace("/a/**", "/b/**"),
+    )
+    .unwrap();
+    let reloaded = eventually(Duration::from_secs(10), || {
+        gw.get("/b/1", &[]).status == 200
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = writer.join();
+    assert!(reloaded, "{}", gw.log());
+}

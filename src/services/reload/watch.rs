@@ -2,7 +2,7 @@
 //! disk. inotify (the `notify` crate) watches the directories that hold them, not the files:
 //! an editor that writes a new file and renames it over the old one, and Kubernetes, which
 //! swaps the `..data` symlink in the directory of a mounted ConfigMap, change the directory.
-//! An event only marks the watch; once events have settled for [`SETTLE`], the files are read
+//! An event about the files (or Kubernetes' `..` names) only marks the watch; once events have settled for [`SETTLE`], the files are read
 //! and compared with what was last loaded, and only a change reloads (through the same path,
 //! checks and logs as SIGHUP).
 
@@ -29,11 +29,41 @@ impl Mark {
     }
 }
 
+/// The names in a watched directory whose events matter: the files' own (as named and where
+/// their links point), and Kubernetes' `..data` and its timestamped directories (`..`). A
+/// log file or an editor's swap file beside the config marks nothing (a busy one would
+/// otherwise keep the events from ever settling).
+fn relevant_names(files: &[PathBuf]) -> Vec<std::ffi::OsString> {
+    let mut names = Vec::new();
+    for f in files {
+        let resolved = std::fs::canonicalize(f).ok();
+        for n in [f.file_name(), resolved.as_deref().and_then(Path::file_name)]
+            .into_iter()
+            .flatten()
+        {
+            if !names.iter().any(|x| x == n) {
+                names.push(n.to_os_string());
+            }
+        }
+    }
+    names
+}
+
+fn relevant(event: &notify::Event, names: &[std::ffi::OsString]) -> bool {
+    event.paths.iter().any(|p| {
+        p.file_name().is_some_and(|n| {
+            names.iter().any(|x| x == n) || n.as_encoded_bytes().starts_with(b"..")
+        })
+    })
+}
+
 /// The watch of one config's files (none while `watch_config` is off).
 pub struct ConfigWatch {
     watcher: Option<RecommendedWatcher>,
     mark: Arc<Mark>,
     dirs: Vec<PathBuf>,
+    /// The names whose events matter (`relevant_names`).
+    names: Vec<std::ffi::OsString>,
     /// Each file, and what it held when the config was last loaded (None: unreadable).
     seen: Vec<(PathBuf, Option<Vec<u8>>)>,
 }
@@ -48,6 +78,7 @@ impl Default for ConfigWatch {
                 since: Instant::now(),
             }),
             dirs: Vec::new(),
+            names: Vec::new(),
             seen: Vec::new(),
         }
     }
@@ -97,12 +128,14 @@ impl ConfigWatch {
         }
         self.seen = contents(files);
         let dirs = dirs_of(files);
-        if self.watcher.is_some() && dirs == self.dirs {
+        let names = relevant_names(files);
+        if self.watcher.is_some() && dirs == self.dirs && names == self.names {
             return;
         }
         let mark = Arc::clone(&self.mark);
+        let watched = names.clone();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok() {
+            if event.is_ok_and(|e| relevant(&e, &watched)) {
                 mark.last.store(mark.now_ms(), Ordering::Release);
                 mark.dirty.store(true, Ordering::Release);
             }
@@ -123,6 +156,7 @@ impl ConfigWatch {
         }
         self.watcher = Some(watcher);
         self.dirs = dirs;
+        self.names = names;
     }
 
     /// Have the files changed since they were last loaded? Asked every tick: true once events
