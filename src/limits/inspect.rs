@@ -58,7 +58,7 @@ pub struct FleetView {
 }
 
 /// `10s`, `1h`, or a calendar window with its zone: `1d America/New_York`.
-fn window_of(tier: &Quota) -> String {
+pub fn window_of(tier: &Quota) -> String {
     let mut out = String::new();
     crate::config::duration::write_period(&mut out, tier.period_ms, tier.calendar.map(|c| c.unit));
     if let Some(c) = &tier.calendar {

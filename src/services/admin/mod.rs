@@ -4,6 +4,7 @@
 
 pub mod adjust;
 pub mod api;
+pub mod usage;
 
 use crate::limits::fleet::{Fleet, Link};
 use crate::metrics::Metrics;
@@ -270,6 +271,19 @@ impl ServeHttp for Admin {
                     Err(why) => problem(StatusCode::BAD_REQUEST, &why),
                 }
             }
+            "/api/usage" => {
+                let query = session.req_header().uri.query().unwrap_or("").to_string();
+                match usage::usage(&self.shared, &query).await {
+                    Ok((content_type, body, link)) => {
+                        let mut r = reply(StatusCode::OK, content_type, body);
+                        if let Some(v) = link.and_then(|l| http::HeaderValue::from_str(&l).ok()) {
+                            r.headers_mut().insert(http::header::LINK, v);
+                        }
+                        r
+                    }
+                    Err((status, why)) => problem(status, &why),
+                }
+            }
             p if p.starts_with("/api/tenants/") && (p.ends_with("/reset") || p.ends_with("/grant")) => {
                 self.adjust(session, p).await
             }
@@ -294,7 +308,7 @@ impl ServeHttp for Admin {
             ),
             _ => problem(
                 StatusCode::NOT_FOUND,
-                "admin endpoints: /, /api/status, /api/tenants/<tenant> (and POST .../reset, .../grant), /api/top?rule=<id>, /healthz, /readyz, /metrics",
+                "admin endpoints: /, /api/status, /api/tenants/<tenant> (and POST .../reset, .../grant), /api/top?rule=<id>, /api/usage?rule=<id>, /healthz, /readyz, /metrics",
             ),
         }
     }

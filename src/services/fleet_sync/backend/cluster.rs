@@ -2,6 +2,7 @@
 //! masters at once, and a node that does not answer holds up only its own slots.
 
 use super::pipeline::{finish_counts, first_replies, pipeline};
+use super::round::ScanPage;
 use super::round::{
     adjusted_reply, heartbeat_reply, Exchange, Heartbeat, Refusal, Reply, ReplyError, RoundError,
     SyncBackend, Update, HEARTBEAT_REPLIES,
@@ -285,5 +286,104 @@ impl SyncBackend for ClusterRedis {
         // (the client sends it to the master of its keys' slot)
         let mut conn = self.connection().await?;
         Ok(call.invoke_async(&mut conn).await?)
+    }
+
+    async fn servers(&self) -> Result<usize, RoundError> {
+        Ok(self.primaries().await?.len())
+    }
+
+    async fn scan(
+        &self,
+        server: usize,
+        cursor: u64,
+        pattern: &str,
+        count: u64,
+    ) -> Result<ScanPage, RoundError> {
+        use redis::cluster_routing::RoutingInfo;
+        let Some(node) = self.primaries().await?.into_iter().nth(server) else {
+            return Ok(ScanPage::default());
+        };
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count);
+        let mut conn = self.connection().await?;
+        let v = conn
+            .route_command(scan, RoutingInfo::SingleNode(node))
+            .await?;
+        let (cursor, keys): (u64, Vec<String>) =
+            redis::from_redis_value(v).map_err(|e| RoundError::from(e.to_string()))?;
+        Ok(ScanPage { keys, cursor })
+    }
+
+    async fn counts(&self, server: usize, keys: &[String]) -> Result<Vec<Option<u64>>, RoundError> {
+        let Some(node) = self.primaries().await?.into_iter().nth(server) else {
+            return Ok(vec![None; keys.len()]);
+        };
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut p = redis::pipe();
+        for k in keys {
+            p.cmd("GET").arg(k);
+        }
+        let mut conn = self.connection().await?;
+        let values = conn.route_pipeline(p, 0, keys.len(), node).await?;
+        Ok(values
+            .into_iter()
+            .map(|v| {
+                redis::from_redis_value::<Option<String>>(v)
+                    .ok()
+                    .flatten()
+                    .and_then(|s| s.parse().ok())
+            })
+            .collect())
+    }
+}
+
+impl ClusterRedis {
+    /// The cluster's primaries (`CLUSTER SLOTS`), by address, sorted: a scan visits them in
+    /// this order.
+    async fn primaries(
+        &self,
+    ) -> Result<Vec<redis::cluster_routing::SingleNodeRoutingInfo>, RoundError> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let mut conn = self.connection().await?;
+        let mut slots = redis::cmd("CLUSTER");
+        slots.arg("SLOTS");
+        let v = conn
+            .route_command(
+                slots,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+            )
+            .await?;
+        let mut out: Vec<(String, u16)> = Vec::new();
+        if let redis::Value::Array(ranges) = v {
+            for range in ranges {
+                // [start, end, [host, port, id, ...] (the primary), replicas...]
+                let redis::Value::Array(fields) = range else {
+                    continue;
+                };
+                if let Some(redis::Value::Array(node)) = fields.get(2) {
+                    let host = node
+                        .first()
+                        .and_then(|h| redis::from_redis_value_ref(h).ok());
+                    let port = node
+                        .get(1)
+                        .and_then(|p| redis::from_redis_value_ref(p).ok());
+                    if let (Some(host), Some(port)) = (host, port) {
+                        out.push((host, port));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out
+            .into_iter()
+            .map(|(host, port)| SingleNodeRoutingInfo::ByAddress { host, port })
+            .collect())
     }
 }

@@ -17,6 +17,7 @@ pub mod access;
 pub mod cluster;
 pub mod pipeline;
 pub mod round;
+pub mod scan;
 pub mod script;
 pub mod sentinel;
 pub mod single;

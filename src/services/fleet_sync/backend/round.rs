@@ -366,6 +366,14 @@ impl Exchange {
     }
 }
 
+/// One `SCAN` call's answer on one server: the keys it found and where to go on (0: that
+/// server is done).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ScanPage {
+    pub keys: Vec<String>,
+    pub cursor: u64,
+}
+
 #[async_trait]
 pub trait SyncBackend: Send + Sync {
     /// Apply the updates; answer each, and count the live instances (periodic rounds carry
@@ -388,6 +396,30 @@ pub trait SyncBackend: Send + Sync {
     async fn invoke(&self, call: &redis::ScriptInvocation<'_>) -> Result<redis::Value, RoundError> {
         let _ = call;
         Err("this backend runs no single calls".into())
+    }
+
+    /// How many servers hold keys (a cluster: its primaries; else one), for [`Self::scan`].
+    async fn servers(&self) -> Result<usize, RoundError> {
+        Ok(1)
+    }
+
+    /// One `SCAN` step on server `server` (`0..servers()`, in an order that holds while the
+    /// cluster's primaries stay the same) for keys matching `pattern`.
+    async fn scan(
+        &self,
+        server: usize,
+        cursor: u64,
+        pattern: &str,
+        count: u64,
+    ) -> Result<ScanPage, RoundError> {
+        let _ = (server, cursor, pattern, count);
+        Err("this backend reads no keys".into())
+    }
+
+    /// The integer values of count keys (none: no such key) that live on server `server`.
+    async fn counts(&self, server: usize, keys: &[String]) -> Result<Vec<Option<u64>>, RoundError> {
+        let _ = (server, keys);
+        Err("this backend reads no keys".into())
     }
 }
 

@@ -5,7 +5,9 @@
 //! again. A round in between has nowhere to go and fails: its counters fall back to
 //! `on_failure`, and their cumulative reports reach the new primary with the next round.
 
+use super::round::ScanPage;
 use super::round::{ErrorKind, Exchange, Heartbeat, RoundError, SyncBackend, Update};
+use super::scan::{counts_on, scan_on};
 use super::single::exchange_on;
 use crate::config::model::{RedisEndpoint, RedisSettings};
 use crate::config::redis_client::sentinel_client;
@@ -111,5 +113,31 @@ impl SyncBackend for SentinelRedis {
             self.forget();
         }
         Ok(result?)
+    }
+
+    async fn scan(
+        &self,
+        _server: usize,
+        cursor: u64,
+        pattern: &str,
+        count: u64,
+    ) -> Result<ScanPage, RoundError> {
+        let result = scan_on(&mut self.primary().await?, cursor, pattern, count).await;
+        if result.is_err() {
+            self.forget();
+        }
+        result
+    }
+
+    async fn counts(
+        &self,
+        _server: usize,
+        keys: &[String],
+    ) -> Result<Vec<Option<u64>>, RoundError> {
+        let result = counts_on(&mut self.primary().await?, keys).await;
+        if result.is_err() {
+            self.forget();
+        }
+        result
     }
 }

@@ -2,10 +2,12 @@
 //! reconnects by itself.
 
 use super::pipeline::{finish_counts, first_replies, pipeline};
+use super::round::ScanPage;
 use super::round::{
     adjusted_reply, heartbeat_reply, Exchange, Heartbeat, Refusal, ReplyError, RoundError,
     SyncBackend, Update, HEARTBEAT_REPLIES,
 };
+use super::scan::{counts_on, scan_on};
 use super::script::{load_scripts, no_script};
 use crate::config::model::{RedisEndpoint, RedisSettings};
 use crate::config::redis_client::client;
@@ -91,6 +93,24 @@ impl SyncBackend for SingleRedis {
 
     async fn invoke(&self, call: &redis::ScriptInvocation<'_>) -> Result<redis::Value, RoundError> {
         Ok(call.invoke_async(&mut self.conn.clone()).await?)
+    }
+
+    async fn scan(
+        &self,
+        _server: usize,
+        cursor: u64,
+        pattern: &str,
+        count: u64,
+    ) -> Result<ScanPage, RoundError> {
+        scan_on(&mut self.conn.clone(), cursor, pattern, count).await
+    }
+
+    async fn counts(
+        &self,
+        _server: usize,
+        keys: &[String],
+    ) -> Result<Vec<Option<u64>>, RoundError> {
+        counts_on(&mut self.conn.clone(), keys).await
     }
 }
 

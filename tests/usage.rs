@@ -1,0 +1,423 @@
+//! `GET /api/usage` (issue 45 item 3): what each tenant used of one tier of one rule in its
+//! previous and current window, for billing: fleet-wide from a real redis-server (two real
+//! gateways counting, JSON and CSV, plans and thresholds, the previous window kept for long
+//! windows), paged through 100,000 tenants, across a real Redis Cluster's primaries, and from
+//! one instance's counters without Redis.
+
+mod common;
+use common::{
+    eventually, now_ms, period_with_room, request, Cluster, Gateway, RedisServer, Upstream,
+};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The cases take turns (gateways and Redis servers each, on a 2-core machine).
+static TURN: Mutex<()> = Mutex::new(());
+
+const TOKEN: &str = "0123456789abcdef0123";
+
+/// A rule `api` per tenant with an hour-long tier `p` (premium: its own), one per address.
+fn config(up: &Upstream, redis: Option<&str>, p: u64) -> String {
+    let mut cfg = common::one_route_config(up.addr, 1, &format!("  admin_token: {TOKEN}"))
+        + &format!(
+            r#"tenant:
+  from:
+    - header: x-org-id
+      trusted: true
+plans:
+  premium: [acme]
+limits:
+  - id: api
+    pathPattern: /api/**
+    tiers: [{{ period: 1s, threshold: 1000 }}, {{ period: {p}, threshold: 100 }}]
+    plans:
+      premium: [{{ period: {p}, threshold: 500 }}]
+  - id: by-ip
+    per: ip
+    pathPattern: /ip/**
+    tiers: [{{ period: {p}, threshold: 5 }}]
+"#
+        );
+    if let Some(endpoint) = redis {
+        cfg += &format!(
+            "redis:\n  {endpoint}\n  key_prefix: tg\n  sync_interval: 200ms\n  timeout: 1s\n"
+        );
+    }
+    cfg
+}
+
+fn admin(gw: &Gateway, path: &str) -> common::Response {
+    let auth = format!("Bearer {TOKEN}");
+    request(gw.admin, "GET", path, &[("authorization", &auth)]).expect("the admin listener answers")
+}
+
+fn hit(gw: &Gateway, tenant: &str, n: usize) {
+    for _ in 0..n {
+        let r = gw.get("/api/x", &[("x-org-id", tenant)]);
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+}
+
+/// Every page of the export from `first` on: the rows by tenant (a repeated tenant must repeat
+/// its counts: nothing changes meanwhile), and the number of pages.
+fn all_pages(gw: &Gateway, first: &str) -> (HashMap<String, (u64, u64)>, usize) {
+    let mut rows: HashMap<String, (u64, u64)> = HashMap::new();
+    let mut path = first.to_string();
+    let mut pages = 0;
+    loop {
+        let r = admin(gw, &path);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        let v = r.json();
+        pages += 1;
+        for t in v["tenants"].as_array().expect("tenants") {
+            let tenant = t["tenant"].as_str().expect("tenant").to_string();
+            let counts = (
+                t["previous"].as_u64().expect("n"),
+                t["current"].as_u64().expect("n"),
+            );
+            if let Some(before) = rows.insert(tenant.clone(), counts) {
+                assert_eq!(before, counts, "{tenant} given twice with other counts");
+            }
+        }
+        // the Link header and `next` agree
+        match v["next"].as_str() {
+            Some(next) => {
+                let link = r
+                    .header("link")
+                    .expect("a Link to the next page")
+                    .to_string();
+                assert!(link.ends_with("; rel=\"next\""), "{link}");
+                assert!(link.contains(&format!("cursor={next}")), "{link} {next}");
+                path = link[1..link.find('>').expect(">")].to_string();
+            }
+            None => {
+                assert!(r.header("link").is_none());
+                return (rows, pages);
+            }
+        }
+        assert!(pages < 1000, "the export never ends");
+    }
+}
+
+/// The rows of an answer, by tenant: (tenant, plan, threshold, previous, current).
+fn rows_of(v: &Value) -> Vec<(String, Value, Value, u64, u64)> {
+    let mut rows: Vec<(String, Value, Value, u64, u64)> = v["tenants"]
+        .as_array()
+        .map(|l| {
+            l.iter()
+                .map(|t| {
+                    let n = |k: &str| t[k].as_u64().unwrap_or(u64::MAX);
+                    let tenant = t["tenant"].as_str().unwrap_or_default().to_string();
+                    (
+                        tenant,
+                        t["plan"].clone(),
+                        t["threshold"].clone(),
+                        n("previous"),
+                        n("current"),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    rows.sort_by(|x, y| x.0.cmp(&y.0));
+    rows
+}
+
+#[test]
+fn usage_tells_each_tenant_fleet_wide_in_json_and_csv() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let p = period_with_room(3600, 120);
+    let cfg = config(&up, Some(&format!("url: {}", redis.url())), p);
+    let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
+    hit(&a, "acme", 5);
+    hit(&b, "acme", 3);
+    hit(&b, "globex", 2);
+    // last hour's counts, as the fleet left them in Redis
+    let now = now_ms();
+    let start = now / (p * 1000) * (p * 1000);
+    let prev = |t: &str| format!("tg:{{{t}}}:api:{}:{start}", start - p * 1000);
+    redis.cmd(&["SET", &prev("acme"), "40", "EX", "600"]);
+    redis.cmd(&["SET", &prev("initech"), "7", "EX", "600"]);
+    let path = format!("/api/usage?rule=api&period={p}");
+    let plan = |s: &str| Value::String(s.into());
+    let want = vec![
+        ("acme".to_string(), plan("premium"), Value::from(500), 40, 8),
+        ("globex".into(), Value::Null, 100.into(), 0, 2),
+        ("initech".into(), Value::Null, 100.into(), 7, 0),
+    ];
+    let mut last = Value::Null;
+    let told = eventually(Duration::from_secs(10), || {
+        last = admin(&a, &path).json();
+        rows_of(&last) == want
+    });
+    assert!(told, "{last:#}");
+    assert_eq!(last["source"], "redis");
+    assert_eq!(last["rule"], "api");
+    assert_eq!(last["unit"], "requests");
+    assert_eq!(last["current"]["start_ms"], start);
+    assert_eq!(last["current"]["end_ms"], start + p * 1000);
+    assert_eq!(last["previous"]["start_ms"], start - p * 1000);
+    assert!(
+        last["current"]["start"]
+            .as_str()
+            .is_some_and(|s| s.ends_with('Z')),
+        "{last:#}"
+    );
+    assert_eq!(last["next"], Value::Null);
+    // the other instance tells the same, and CSV says it line by line
+    let csv = admin(&b, &format!("{path}&format=csv"));
+    assert_eq!(csv.status, 200);
+    assert_eq!(csv.header("content-type"), Some("text/csv; charset=utf-8"));
+    let mut lines: Vec<&str> = csv.body.lines().collect();
+    assert_eq!(
+        lines.remove(0),
+        "tenant,plan,threshold,unit,previous_window,previous,current_window,current"
+    );
+    lines.sort_unstable();
+    assert_eq!(lines.len(), 3, "{}", csv.body);
+    assert!(
+        lines[0].starts_with("acme,premium,500,requests,"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].ends_with(",40,") || lines[0].contains(",40,"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].ends_with(",8"), "{}", lines[0]);
+    assert!(
+        lines[1].starts_with("globex,,100,requests,") && lines[1].ends_with(",2"),
+        "{}",
+        lines[1]
+    );
+    // an hour's count is kept through the next hour, so that the export tells it then
+    let key = format!("tg:{{acme}}:api:{start}:{}", start + p * 1000);
+    let ttl = redis.int(&["PTTL", &key]);
+    let left = (start + p * 1000).saturating_sub(now_ms()) as i64;
+    assert!(
+        ttl > left + p as i64 * 1000 - 5_000,
+        "pttl {ttl}, window left {left}"
+    );
+    assert!(ttl <= left + p as i64 * 1000 + 60_000, "pttl {ttl}");
+    // the 1s tier's keys are not kept beyond their window and grace
+    for k in redis.keys("tg:{acme}:api:*") {
+        let parts: Vec<&str> = k.split(':').collect();
+        if parts.len() == 5
+            && parts[4].parse::<u64>().ok() == parts[3].parse::<u64>().ok().map(|s| s + 1000)
+        {
+            assert!(redis.int(&["PTTL", &k]) <= 61_000, "{k}");
+        }
+    }
+}
+
+#[test]
+fn usage_mistakes_get_a_problem_that_names_them() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let up = Upstream::start("u");
+    let gw = Gateway::start(&config(&up, None, 3600));
+    for (path, status, says) in [
+        ("/api/usage", 400, "rule=<id> is required"),
+        ("/api/usage?rule=nope", 404, r#"no rule \"nope\""#),
+        (
+            "/api/usage?rule=by-ip",
+            422,
+            "counts per ip, not per tenant",
+        ),
+        (
+            "/api/usage?rule=api&period=2h",
+            400,
+            "the rule's tiers are 1s, 1h",
+        ),
+        ("/api/usage?rule=api&limit=0", 400, "expected 1 to 10000"),
+        (
+            "/api/usage?rule=api&cursor=zz",
+            400,
+            "not one this endpoint gave",
+        ),
+    ] {
+        let r = admin(&gw, path);
+        assert_eq!(r.status, status, "{path}: {}", r.body);
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/problem+json"),
+            "{path}"
+        );
+        assert!(r.body.contains(says), "{path}: {}", r.body);
+    }
+    // the admin token guards it as every /api/ endpoint
+    let r = request(gw.admin, "GET", "/api/usage?rule=api", &[]).expect("answer");
+    assert_eq!(r.status, 401);
+}
+
+#[test]
+fn usage_without_redis_tells_this_instances_counts_a_page_at_a_time() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let up = Upstream::start("u");
+    let p = period_with_room(3600, 60);
+    let gw = Gateway::start(&config(&up, None, p));
+    hit(&gw, "acme", 3);
+    hit(&gw, "globex", 1);
+    hit(&gw, "a,\"quoted\" one", 2);
+    let first = admin(&gw, "/api/usage?rule=api&limit=2").json();
+    assert_eq!(first["source"], "this instance");
+    assert_eq!(
+        first["tenants"].as_array().map(Vec::len),
+        Some(2),
+        "{first:#}"
+    );
+    let (rows, pages) = all_pages(&gw, "/api/usage?rule=api&limit=2");
+    assert_eq!(pages, 2);
+    let want: HashMap<String, (u64, u64)> = [("acme", 3), ("globex", 1), ("a,\"quoted\" one", 2)]
+        .into_iter()
+        .map(|(t, n)| (t.to_string(), (0, n)))
+        .collect();
+    assert_eq!(rows, want);
+    let csv = admin(&gw, "/api/usage?rule=api&format=csv").body;
+    assert!(
+        csv.contains("\r\n\"a,\"\"quoted\"\" one\",,100,requests,"),
+        "{csv}"
+    );
+}
+
+/// Count keys of the rule `api` for `n` tenants in the current window (and, for some, the
+/// previous), with noise beside them: ledgers, another rule, another window.
+fn fill(redis: &RedisServer, (start, end): (u64, u64), prev_start: u64, n: usize) {
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
+        let mut p = redis::pipe();
+        for &i in chunk {
+            let t = format!("t{i:06}");
+            if i % 10 != 9 {
+                p.cmd("SET")
+                    .arg(format!("tg:{{{t}}}:api:{start}:{end}"))
+                    .arg(i % 97 + 1)
+                    .ignore();
+                p.cmd("HSET")
+                    .arg(format!("tg:{{{t}}}:api:{start}:{end}:fleet"))
+                    .arg("m")
+                    .arg(1)
+                    .ignore();
+            }
+            if i % 2 == 0 || i % 10 == 9 {
+                p.cmd("SET")
+                    .arg(format!("tg:{{{t}}}:api:{prev_start}:{start}"))
+                    .arg(i % 13 + 1)
+                    .ignore();
+            }
+            p.cmd("SET")
+                .arg(format!("tg:{{{t}}}:other:{start}:{end}"))
+                .arg(5)
+                .ignore();
+            p.cmd("SET")
+                .arg(format!("tg:{{{t}}}:api:{}:{}", start + 1000, start + 2000))
+                .arg(5)
+                .ignore();
+        }
+        p.query::<()>(&mut conn).expect("filled");
+    }
+}
+
+#[test]
+fn usage_pages_through_100000_tenants() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let p = period_with_room(3600, 300);
+    let start = now_ms() / (p * 1000) * (p * 1000);
+    let n = 100_000;
+    fill(&redis, (start, start + p * 1000), start - p * 1000, n);
+    let gw = Gateway::start(&config(&up, Some(&format!("url: {}", redis.url())), p));
+    let (rows, pages) = all_pages(&gw, &format!("/api/usage?rule=api&period={p}&limit=10000"));
+    assert!((10..=40).contains(&pages), "{pages} pages");
+    assert_eq!(rows.len(), n, "every tenant, each once");
+    for i in 0..n {
+        let t = format!("t{i:06}");
+        let current = if i % 10 != 9 { (i % 97 + 1) as u64 } else { 0 };
+        let previous = if i % 2 == 0 || i % 10 == 9 {
+            (i % 13 + 1) as u64
+        } else {
+            0
+        };
+        assert_eq!(rows.get(&t), Some(&(previous, current)), "{t}");
+    }
+}
+
+#[test]
+fn usage_visits_every_primary_of_a_cluster() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::start(3, 0);
+    let up = Upstream::start("u");
+    let p = period_with_room(3600, 120);
+    let gw = Gateway::start(&config(
+        &up,
+        Some(&format!("cluster: {}", cluster.seeds())),
+        p,
+    ));
+    let tenants: Vec<String> = (0..30).map(|i| format!("c{i}")).collect();
+    for (i, t) in tenants.iter().enumerate() {
+        hit(&gw, t, i % 3 + 1);
+    }
+    let want: HashMap<String, (u64, u64)> = tenants
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), (0, (i % 3 + 1) as u64)))
+        .collect();
+    let path = format!("/api/usage?rule=api&period={p}&limit=7");
+    let mut got = HashMap::new();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            got = all_pages(&gw, &path).0;
+            got == want
+        }),
+        "{got:?}"
+    );
+    let servers: std::collections::HashSet<u16> = cluster
+        .keys("tg:*:api:*")
+        .into_iter()
+        .map(|(port, _, _)| port)
+        .collect();
+    assert!(
+        servers.len() >= 2,
+        "the keys spread over the primaries: {servers:?}"
+    );
+}
+
+#[test]
+fn usage_names_the_missing_scan_right_of_an_acl_user() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let redis = RedisServer::start_with(&[
+        "--user",
+        "default",
+        "on",
+        "nopass",
+        "~*",
+        "&*",
+        "+@all",
+        "--user",
+        "gw",
+        "on",
+        ">gw-secret",
+        "~tg:*",
+        "+@all",
+        "-scan",
+    ]);
+    let up = Upstream::start("u");
+    let url = format!("url: redis://gw:gw-secret@127.0.0.1:{}", redis.port);
+    let gw = Gateway::start(&config(&up, Some(&url), 3600));
+    let r = admin(&gw, "/api/usage?rule=api");
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(
+        r.body.contains("permissions to run the 'scan' command") && r.body.contains("add +scan"),
+        "{}",
+        r.body
+    );
+    redis.cmd(&["ACL", "SETUSER", "gw", "+scan"]);
+    let r = admin(&gw, "/api/usage?rule=api");
+    assert_eq!(r.status, 200, "{}", r.body);
+}
