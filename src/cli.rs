@@ -11,6 +11,7 @@ use crate::request::tls::SniCertificates;
 use crate::services::admin::api::{sample_interval, DecisionRates, OpsSampler};
 use crate::services::admin::install_drain_signals;
 use crate::services::admin::{Admin, ReadinessProbe};
+use crate::services::departure::{Departure, Leaving};
 use crate::services::fleet_sync::{Accounts, SyncService};
 use crate::services::reload::{install_sighup, ReloadStatus, Reloader};
 use crate::services::sweeper::Sweeper;
@@ -19,6 +20,7 @@ use crate::snapshot::{Runtime, SharedSnapshot, Snapshot};
 use crate::upstream::HealthChecker;
 use arc_swap::ArcSwap;
 use clap::Parser;
+use parking_lot::Mutex;
 use pingora::apps::HttpServerOptions;
 use pingora::listeners::tls::TlsSettings;
 use pingora::prelude::{background_service, Opt, Server};
@@ -476,8 +478,40 @@ fn add_upkeep(server: &mut Server, rt: &Runtime, shared: &SharedSnapshot) {
     ));
 }
 
-/// The services beside the proxy: the Redis sync, the reloader, the admin listener and its
-/// sampler, health checks, the counter sweeper and the readiness probe.
+/// The Redis sync (runs always: idle without a `redis` section, so that a reload can add one),
+/// and the departure that ends a terminating process once no client connection is left,
+/// after the sync's last round.
+fn add_sync(server: &mut Server, rt: &Runtime, shared: &SharedSnapshot, conns: &Arc<Connections>) {
+    let leaving = Arc::new(Leaving::default());
+    server.add_service(background_service(
+        "departure",
+        Departure {
+            leaving: leaving.clone(),
+            connections: conns.clone(),
+            phases: Mutex::new(Some(server.watch_execution_phase())),
+        },
+    ));
+    server.add_service(background_service(
+        "redis sync",
+        SyncService {
+            shared: shared.clone(),
+            accounts: Accounts::new(
+                rt.registry.clone(),
+                rt.fleet.clone(),
+                rt.clock.clone(),
+                instance_id(),
+            ),
+            metrics: rt.metrics.clone(),
+            slots_down: Default::default(),
+            last_error: Default::default(),
+            reply_errors: Default::default(),
+            leaving,
+        },
+    ));
+}
+
+/// The services beside the proxy: the Redis sync and the departure, the reloader, the admin
+/// listener and its sampler, health checks, the counter sweeper and the readiness probe.
 fn add_background_services(
     server: &mut Server,
     args: &Args,
@@ -501,23 +535,7 @@ fn add_background_services(
             },
         ));
     }
-    // runs always: idle without a `redis` section, so that a reload can add one
-    server.add_service(background_service(
-        "redis sync",
-        SyncService {
-            shared: shared.clone(),
-            accounts: Accounts::new(
-                rt.registry.clone(),
-                rt.fleet.clone(),
-                rt.clock.clone(),
-                instance_id(),
-            ),
-            metrics: metrics.clone(),
-            slots_down: Default::default(),
-            last_error: Default::default(),
-            reply_errors: Default::default(),
-        },
-    ));
+    add_sync(server, rt, shared, &connections);
     server.add_service(background_service(
         "config reloader",
         Reloader {

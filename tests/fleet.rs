@@ -633,6 +633,122 @@ fn sigterm_sends_the_last_counts_to_redis() {
     );
 }
 
+/// `config` with `grace_period: 30s`, Redis at `redis` reporting every minute only (the counts
+/// made since the first round exist only in the process), and a rule of about an hour with
+/// 90 s of its window left, charging each answer its `x-usage-tokens` (1 without: the
+/// upstream's `/usage/N` says N); the Redis key of tenant `t`'s count (contract section 6:
+/// `<key_prefix>:{<partition>}:<rule id>:<window start ms>:<window end ms>`).
+fn leaving_config(up: &Upstream, redis: &RedisServer) -> (String, String) {
+    let p = period_with_room(3600, 90);
+    let start = common::now_ms() / (p * 1000) * (p * 1000);
+    let cfg = config(
+        up,
+        &format!("url: {}\n  sync_interval: 60s", redis.url()),
+        &format!("[{{ period: {p}, threshold: 1000 }}]"),
+        "",
+    )
+    .edit("  threads: 1\n", "  threads: 1\n  grace_period: 30s\n")
+    .edit(
+        "    tiers: [",
+        "    cost: { response_header: x-usage-tokens, default: 1 }\n    tiers: [",
+    );
+    (cfg, format!("tg:{{t}}:fleet:{start}:{}", start + p * 1000))
+}
+
+fn sigterm(gw: &Gateway) {
+    // SAFETY: a signal to our own child.
+    unsafe {
+        libc::kill(gw.child.id() as i32, libc::SIGTERM);
+    }
+}
+
+/// Until `gw` has exited (at most `within`): its status.
+fn exit_of(gw: &mut Gateway, within: Duration) -> Option<std::process::ExitStatus> {
+    let mut status = None;
+    eventually(within, || {
+        status = gw.child.try_wait().ok().flatten();
+        status.is_some()
+    });
+    status
+}
+
+/// SIGTERM with nothing in flight: the process sends its last counts and exits with 0 at once,
+/// not at the end of its 30 s grace period.
+#[test]
+fn sigterm_with_nothing_in_flight_exits_at_once_with_the_last_counts_sent() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let (cfg, key) = leaving_config(&up, &redis);
+    let mut gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    let admitted = (0..12)
+        .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
+        .count();
+    assert_eq!(admitted, 12);
+    let t = Instant::now();
+    sigterm(&gw);
+    let status = exit_of(&mut gw, Duration::from_secs(5));
+    let took = t.elapsed();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?} after {took:?}; log:\n{}",
+        gw.log()
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert_eq!(
+        redis.int(&["GET", &key]),
+        12,
+        "every admitted request reached Redis: {:?}",
+        redis.counter_keys("tg:*")
+    );
+}
+
+/// SIGTERM with a request in flight: it is still served, and charged once answered (the last
+/// round comes after it), then the process exits with 0, long before its 30 s grace period
+/// ends.
+#[test]
+fn sigterm_serves_the_request_in_flight_then_exits() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let (cfg, key) = leaving_config(&up, &redis);
+    let mut gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    let addr = gw.addr;
+    let slow = std::thread::spawn(move || {
+        common::request(addr, "GET", "/delay/2000/usage/7", &[("x-org-id", "t")])
+    });
+    // until the request is in flight: the gateway has forwarded it to the upstream
+    assert!(eventually(
+        Duration::from_secs(5),
+        || common::connections_to(up.addr) > 0
+    ));
+    for _ in 0..5 {
+        assert_eq!(gw.get("/x", &[("x-org-id", "t")]).status, 200);
+    }
+    assert!(!slow.is_finished(), "the slow request is still in flight");
+    let t = Instant::now();
+    sigterm(&gw);
+    let r = slow
+        .join()
+        .unwrap()
+        .expect("the request in flight is answered");
+    assert_eq!(r.status, 200, "{}", r.body);
+    // the answer came about 2 s after SIGTERM; the exit follows it at once
+    let status = exit_of(&mut gw, Duration::from_secs(5));
+    let took = t.elapsed();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?} after {took:?}; log:\n{}",
+        gw.log()
+    );
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    assert_eq!(
+        redis.int(&["GET", &key]),
+        5 + 7,
+        "the request in flight was charged before the last round"
+    );
+}
+
 /// An upgrade in place (SIGUSR2) with Redis: the new process's local counters start empty, but
 /// it goes on from the fleet's count, the old process's last counts included.
 #[test]

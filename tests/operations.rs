@@ -323,7 +323,7 @@ fn sigterm_drains_in_flight_requests_then_exits() {
             .ok()
             .flatten()
             .is_some()),
-        "exited after the grace period"
+        "exited once the request in flight was answered"
     );
     let took = t.elapsed();
     assert!(

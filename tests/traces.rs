@@ -216,6 +216,58 @@ fn a_request_is_traced_to_the_collector_and_the_trace_goes_on_upstream() {
     assert!(raw.contains(&format!("x-request-id: {id}")), "{raw}");
 }
 
+/// docs/operations.md "Shutdown": a request in flight at SIGTERM is answered, and its spans
+/// reach the collector before the process exits, at once after the answer (not when the 30 s
+/// grace period ends, nor at the next batch).
+#[test]
+fn the_spans_of_a_request_in_flight_at_sigterm_reach_the_collector_before_the_exit() {
+    let up = common::Upstream::start("u");
+    let otlp = Receiver::start(true);
+    let cfg = config(up.addr, otlp.addr, "")
+        .replace("  threads: 2\n", "  threads: 2\n  grace_period: 30s\n");
+    let mut gw = Gateway::start(&cfg);
+    let addr = gw.addr;
+    let slow =
+        std::thread::spawn(move || request(addr, "GET", "/delay/1500", &[("x-org-id", "acme")]));
+    // until the request is in flight: the gateway has forwarded it to the upstream
+    assert!(eventually(
+        Duration::from_secs(5),
+        || common::connections_to(up.addr) > 0
+    ));
+    assert!(!slow.is_finished(), "the request is still in flight");
+    let t = std::time::Instant::now();
+    // SAFETY: a signal to our own child.
+    unsafe {
+        libc::kill(gw.child.id() as i32, libc::SIGTERM);
+    }
+    let r = slow
+        .join()
+        .unwrap()
+        .expect("the request in flight is answered");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let mut status = None;
+    eventually(Duration::from_secs(5), || {
+        status = gw.child.try_wait().ok().flatten();
+        status.is_some()
+    });
+    assert!(
+        status.is_some_and(|s| s.success()) && t.elapsed() < Duration::from_secs(8),
+        "{status:?} after {:?}; log:\n{}",
+        t.elapsed(),
+        gw.log()
+    );
+    let traced = |spans: &[(Vec<(String, String)>, Span)]| {
+        spans
+            .iter()
+            .any(|(_, s)| s.kind == 2 && attr(s, "url.path").as_deref() == Some("/delay/1500"))
+    };
+    assert!(
+        eventually(Duration::from_secs(2), || traced(&otlp.spans())),
+        "the server span reached the collector: {:?}",
+        otlp.spans()
+    );
+}
+
 /// A collector that never answers costs the clients nothing: every request is answered as
 /// usual while the exporter waits on it, and past 2,048 spans waiting, spans are dropped and
 /// counted (`tollgate_trace_spans_dropped_total`), never requests.

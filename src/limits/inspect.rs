@@ -102,14 +102,7 @@ impl Limiter {
                             window: window_of(tier),
                             threshold: tier.threshold,
                             granted: l.grant,
-                            // (a sliding log: its span)
-                            used: if algo == Algorithm::SlidingLog {
-                                ledger::granted(tier, &state, algo)
-                                    .threshold
-                                    .saturating_sub(remaining)
-                            } else {
-                                state.current
-                            },
+                            used: counted(tier, &state, algo, remaining),
                             remaining,
                             reset_ms: v.reset_ms,
                             fleet: (l.fair > 0).then_some(FleetView {
@@ -139,12 +132,20 @@ impl Limiter {
     /// tier of every non-shadow rule that applies to `req` (`every_tenant_rule`: instead, every
     /// rule that counts per tenant, whatever its path), its `remaining` the requests left now,
     /// as the quota headers would say it (with the fleet's room where Redis has answered).
+    /// Beside it, what each of those tiers has used, in the decision's order: the count the
+    /// operator's view shows (`counted`; a bucket: the tokens taken, as it reports them).
     /// Reads copies of the counters; creates none and changes none.
-    pub fn peek(&self, req: &LimitRequest, plans: &Plans, every_tenant_rule: bool) -> Decision {
+    pub fn peek(
+        &self,
+        req: &LimitRequest,
+        plans: &Plans,
+        every_tenant_rule: bool,
+    ) -> (Decision, SmallVec<[u64; 6]>) {
         let now = self.core.now_ns();
         let (leased, shared) = self.fleet.mode().ledger_modes();
         let mut arena = SmallVec::<[u8; 256]>::new();
         let mut d = Decision::none();
+        let mut used = SmallVec::new();
         let applying: SmallVec<[(u16, u16, std::ops::Range<usize>); 4]> = if every_tenant_rule {
             // every rule counting per tenant, under the tenant's one key
             let plan = req.plan_in(plans);
@@ -171,10 +172,16 @@ impl Limiter {
             let counter = limit.counters.get(&arena[key]).filter(|c| c.list == list);
             for (i, tier) in limit.tiers(list).iter().enumerate() {
                 let (state, mut verdict) = tier_now(counter.as_ref(), i, tier, algo, now);
+                let count = counted(tier, &state, algo, verdict.remaining);
                 let tier = &ledger::granted(tier, &state, algo);
                 if let Some(room) = ledger::room(&state, tier, algo, leased, shared) {
                     verdict.remaining = verdict.remaining.min(room);
                 }
+                used.push(if algo.is_bucket() {
+                    tier.threshold.saturating_sub(verdict.remaining)
+                } else {
+                    count
+                });
                 d.tiers.push(TierReport {
                     rule,
                     list,
@@ -189,7 +196,22 @@ impl Limiter {
             d.applied.push((rule, false));
         }
         d.verdict = Verdict::Allow;
-        d
+        (d, used)
+    }
+}
+
+/// What a tier has counted, as the operator's view shows it, `remaining` being the tier's own
+/// (before the fleet's room): a window's count, which a cost charged once the answer is known,
+/// or the units admitted under a grant, may take past the threshold; a sliding log's span (its
+/// threshold, widened by a grant, less what is left); a bucket's window count in the fleet's
+/// accounting.
+fn counted(tier: &Quota, state: &TierState, algo: Algorithm, remaining: u64) -> u64 {
+    if algo == Algorithm::SlidingLog {
+        ledger::granted(tier, state, algo)
+            .threshold
+            .saturating_sub(remaining)
+    } else {
+        state.current
     }
 }
 

@@ -239,6 +239,14 @@ impl Connections {
             .collect()
     }
 
+    /// The client connections open on every listener.
+    pub fn held(&self) -> usize {
+        self.listeners
+            .iter()
+            .map(|l| l.open.load(Ordering::Acquire))
+            .sum()
+    }
+
     /// Each listener's address, open connections and limit.
     pub fn usage(&self) -> Vec<(SocketAddr, usize, usize)> {
         self.listeners

@@ -92,7 +92,7 @@ fn report(
         headers: &req.head.headers,
     };
     let limiter = &snap.limiter;
-    let d = limiter.peek(&lreq, &cfg.plans, probe.is_none());
+    let (d, used) = limiter.peek(&lreq, &cfg.plans, probe.is_none());
     let mut rules: Vec<Value> = Vec::new();
     for &(rule, _) in &d.applied {
         let Some(cr) = limiter.rules.get(usize::from(rule)) else {
@@ -101,14 +101,17 @@ fn report(
         let tiers: Vec<Value> = d
             .tiers
             .iter()
-            .filter(|t| t.rule == rule)
-            .map(|t| {
+            .zip(&used)
+            .filter(|(t, _)| t.rule == rule)
+            .map(|(t, &used)| {
                 let mut period = String::new();
                 write_period(&mut period, t.period_ms, t.calendar);
                 json!({
                     "policy": format!("{}/{period}", cr.rule.id),
                     "limit": t.threshold,
-                    "used": t.threshold.saturating_sub(t.verdict.remaining),
+                    // the tier's count, as the operator's view shows it: past `limit` where
+                    // a cost charged after the answer took it there
+                    "used": used,
                     "remaining": t.verdict.remaining,
                     "reset": t.verdict.reset_ms.div_ceil(1000),
                     "period_ms": t.period_ms,

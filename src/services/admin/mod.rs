@@ -35,7 +35,8 @@ pub struct Admin {
 }
 
 /// A flag raised when the process starts leaving: SIGTERM or SIGQUIT. Pingora handles those
-/// signals itself (it stops accepting, serves what is open for `grace_period`, then exits);
+/// signals itself (it stops accepting, serves what is open for at most `grace_period`, then
+/// exits; after SIGTERM, `services::departure` ends the process once nothing is open);
 /// this second handler lets `/readyz` say 503 from the first moment on connections that are
 /// kept alive, so that load balancers stop sending traffic.
 pub fn install_drain_signals() -> std::io::Result<Arc<AtomicBool>> {

@@ -630,6 +630,8 @@ pub struct SyncService {
     pub last_error: parking_lot::Mutex<Option<String>>,
     /// The kinds of error replies Redis answers with now (see `ReplyErrors`).
     pub reply_errors: parking_lot::Mutex<ReplyErrors>,
+    /// A terminating process: when its last request is served, and that the last round ended.
+    pub leaving: Arc<crate::services::departure::Leaving>,
 }
 
 /// The kinds of error replies Redis answers with now, each with its first text (and what to do
@@ -1015,15 +1017,20 @@ impl BackgroundService for SyncService {
             tokio::select! {
                 _ = shutdown.changed() => {
                     // Draining: the requests in flight, and those on kept-alive connections,
-                    // still count during `grace_period`. Report now, then once more just
-                    // before the grace period ends, so that the last counts reach the fleet.
+                    // still count during `grace_period`. Report now, then once more when the
+                    // last of them is served (SIGTERM: the departure says so) or just before
+                    // the grace period ends, so that the last counts reach the fleet.
                     if let Some((s, b)) = &current {
                         let grace = self.shared.load().config.server.grace_period;
                         let last = at(ms()) + grace.saturating_sub(LAST_ROUND_MARGIN);
                         let _ = self.round(s, b.as_ref(), true).await;
-                        tokio::time::sleep_until(last).await;
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(last) => {}
+                            _ = self.leaving.served() => {}
+                        }
                         let _ = self.round(s, b.as_ref(), true).await;
                     }
+                    self.leaving.reported();
                     return;
                 }
                 _ = tokio::time::sleep_until(at(schedule.due_ms(asked, healthy))) => {}
