@@ -90,18 +90,20 @@ fn summary_lists_listeners_upstreams_routes_rules_and_redis_mode() {
 }
 
 /// `-t` tells each rule whole (issue 45): its cost, unit and what answers it counts, beside
-/// its tiers, algorithm, action and exemptions.
+/// its tiers (a calendar window in words, with its zone), algorithm, action with what it does
+/// (the status it answers, how long it delays) and exemptions.
 #[test]
 fn summary_tells_a_rules_cost_unit_and_counted_answers() {
     let dir = TempDir::new();
-    let config = "server:\n  listen: [\"127.0.0.1:8080\"]\nupstreams:\n  u:\n    servers: [\"127.0.0.1:9001\"]\nroutes:\n  - id: all\n    path: /**\n    upstream: u\nlimits:\n  - id: tokens\n    pathPattern: /v1/**\n    tiers: [{ period: 1m, threshold: 1000 }]\n    unit: tokens\n    cost: { response_header: x-usage-tokens, max: 500, default: 10 }\n  - id: failures\n    pathPattern: /**\n    tiers: [{ period: 1d, threshold: 5 }]\n    count_when: { status: [401, 403, 5xx] }\n  - id: uploads\n    pathPattern: /upload/**\n    tiers: [{ period: 1h, threshold: 100 }]\n    cost: 5\n";
+    let config = "server:\n  listen: [\"127.0.0.1:8080\"]\nupstreams:\n  u:\n    servers: [\"127.0.0.1:9001\"]\nroutes:\n  - id: all\n    path: /**\n    upstream: u\nlimits:\n  - id: tokens\n    pathPattern: /v1/**\n    tiers: [{ period: 1m, threshold: 1000 }]\n    unit: tokens\n    cost: { response_header: x-usage-tokens, max: 500, default: 10 }\n  - id: failures\n    pathPattern: /**\n    tiers: [{ period: 1d, threshold: 5 }]\n    count_when: { status: [401, 403, 5xx] }\n    status: 503\n  - id: uploads\n    pathPattern: /upload/**\n    tiers: [{ period: 1h, threshold: 100 }]\n    cost: 5\n    action: delay\n    max_delay: 300ms\n  - id: trial\n    pathPattern: /trial/**\n    calendar: { tz: America/New_York }\n    tiers: [{ period: 1mo, threshold: 7 }]\n    action: shadow\n";
     let p = dir.write("gateway.yaml", config);
     let (code, out, err) = run_tollgate(&["-t", "-c", &p.display().to_string()]);
     assert_eq!(code, 0, "{err}");
     for want in [
-        "tiers 1000/1m cost from response header x-usage-tokens (max 500, default 10) unit tokens",
-        "tiers 5/1d UTC counting answers 401, 403, 5xx",
-        "tiers 100/1h cost 5",
+        "fixed_window reject with 429 tiers 1000/1m cost from response header x-usage-tokens (max 500, default 10) unit tokens",
+        "reject with 503 tiers 5/1 day in UTC counting answers 401, 403, 5xx",
+        "delay up to 300ms, then reject with 429 tiers 100/1h cost 5",
+        "shadow (counts and reports, refuses nothing) tiers 7/1 month in America/New_York",
     ] {
         assert!(out.contains(want), "{want:?} missing in summary:\n{out}");
     }

@@ -521,9 +521,10 @@ fn the_status_page_resets_and_grants_a_tenant() {
     assert!(gw.log().contains("by status page"), "{}", gw.log());
 }
 
-/// `/api/status` tells each rule whole (issue 45): its tiers with a calendar window's zone, each
-/// plan's own tiers, what a request costs, who is exempt; a tenant's view names a calendar
-/// window as the config does (`1d America/New_York`), not as 24 hours.
+/// `/api/status` tells each rule whole (issue 45): its tiers with a calendar window in words and
+/// its zone, each plan's own tiers, what a request costs, who is exempt, its algorithm and what
+/// its action does; a tenant's view names a calendar window (`1 day in America/New_York`), not
+/// 24 hours; the page (in headless Chromium) shows all of it.
 #[test]
 fn status_tells_every_rule_whole_and_calendar_windows_by_name() {
     let up = Upstream::start("u");
@@ -546,14 +547,37 @@ limits:
     assert_eq!(gw.get("/x", &[("x-org-id", "initech")]).status, 200);
     let status = request(gw.admin, "GET", "/api/status", &[]).unwrap().json();
     let rule = &status["rules"][0];
-    assert_eq!(rule["tiers"][0], "10/1d America/New_York", "{rule}");
-    assert_eq!(rule["plans"]["gold"], "100/1d America/New_York", "{rule}");
+    assert_eq!(rule["tiers"][0], "10/1 day in America/New_York", "{rule}");
+    assert_eq!(
+        rule["plans"]["gold"], "100/1 day in America/New_York",
+        "{rule}"
+    );
+    assert_eq!(rule["algorithm"], "fixed_window", "{rule}");
+    assert_eq!(rule["action"], "reject", "{rule}");
+    assert_eq!(rule["action_detail"], "reject with 429", "{rule}");
     assert_eq!(rule["charge"], "cost 2", "{rule}");
     assert_eq!(rule["exempt"], "exempt: tenants [ops]", "{rule}");
     let tenant = request(gw.admin, "GET", "/api/tenants/initech", &[])
         .unwrap()
         .json();
     let tier = &tenant["rules"][0]["tiers"][0];
-    assert_eq!(tier["window"], "1d America/New_York", "{tenant}");
+    assert_eq!(tier["window"], "1 day in America/New_York", "{tenant}");
     assert_eq!(tier["used"], 2, "{tenant}");
+    let mut page = Browser::open(&format!("http://{}/#tenant=initech", gw.admin));
+    let rules = r#"document.getElementById("rules").textContent"#;
+    assert!(
+        page.until(&format!(
+            "{rules}.includes('daily* /**tenantfixed_window10/1 day in America/New_York; plan gold: 100/1 day in America/New_York; cost 2; exempt: tenants [ops]reject with 429')"
+        )),
+        "{}",
+        page.eval(rules)
+    );
+    let lookup = r#"document.getElementById("tenant-result").textContent"#;
+    assert!(
+        page.until(&format!(
+            "{lookup}.includes('daily1 day in America/New_York10')"
+        )),
+        "{}",
+        page.eval(lookup)
+    );
 }

@@ -123,6 +123,17 @@ pub fn write_period(out: &mut String, ms: u64, calendar: Option<CalendarUnit>) {
     }
 }
 
+/// A calendar window in words, with its zone: `1 day in America/New_York`, `1 week in UTC`
+/// (ISO weeks, from Monday), `1 month in Europe/Berlin`.
+pub fn calendar_words(c: &tollgate_limits::calendar::Calendar) -> String {
+    let unit = match c.unit {
+        CalendarUnit::Day => "1 day",
+        CalendarUnit::Week => "1 week",
+        CalendarUnit::Month => "1 month",
+    };
+    format!("{unit} in {}", c.zone_name())
+}
+
 impl<'de> Deserialize<'de> for PeriodFile {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct PeriodVisitor;

@@ -8,12 +8,29 @@ pub(crate) fn tiers_text(tiers: &[Tier]) -> String {
     tiers
         .iter()
         .map(|t| match &t.calendar {
-            // a calendar tier names its zone
-            Some(c) => format!("{}/{} {}", t.threshold, t.label(), c.zone_name()),
+            // a calendar tier in words, with its zone: `10/1 day in America/New_York`
+            Some(c) => format!("{}/{}", t.threshold, super::duration::calendar_words(c)),
             None => format!("{}/{}", t.threshold, t.label()),
         })
         .collect::<Vec<_>>()
         .join(" + ")
+}
+
+/// A rule's action with what it does, as `-t` and `/api/status` tell it: `reject with 429`,
+/// `delay up to 500ms, then reject with 429`.
+pub(crate) fn action_text(r: &Rule) -> String {
+    match (r.action, &r.shadowban) {
+        (Action::Reject, _) => format!("reject with {}", r.status),
+        (Action::Delay, _) => format!(
+            "delay up to {}, then reject with {}",
+            format_duration(r.max_delay),
+            r.status
+        ),
+        (Action::Shadow, _) => "shadow (counts and reports, refuses nothing)".into(),
+        (Action::Throttle, _) => format!("throttle to {} B/s", r.throttle_bps),
+        (Action::Shadowban, Some(b)) => format!("shadowban ({} {})", b.status, b.content_type),
+        (a, _) => a.to_string(),
+    }
 }
 
 pub(crate) fn per_text(p: &PartitionBy) -> String {
@@ -291,11 +308,7 @@ pub(crate) fn charge_text(r: &Rule) -> String {
 fn write_rules(s: &mut String, cfg: &Config) {
     let _ = writeln!(s, "rules ({}):", cfg.rules.len());
     for r in &cfg.rules {
-        let action = match (r.action, &r.shadowban) {
-            (Action::Throttle, _) => format!("throttle to {} B/s", r.throttle_bps),
-            (Action::Shadowban, Some(b)) => format!("shadowban ({} {})", b.status, b.content_type),
-            (a, _) => a.to_string(),
-        };
+        let action = action_text(r);
         let tiers = if r.tiers.is_empty() {
             String::new()
         } else {

@@ -28,8 +28,8 @@ pub struct RuleView {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TierView {
     pub period_ms: u64,
-    /// The window as the config names it: `10s`, `1d America/New_York` (a calendar day in its
-    /// zone, not 24 hours).
+    /// The window: `10s`, or a calendar window in words, `1 day in America/New_York` (a
+    /// calendar day in its zone, not 24 hours).
     pub window: String,
     pub threshold: u64,
     /// Granted to the current window by an operator (`POST /api/tenants/{id}/grant`, or a
@@ -57,14 +57,13 @@ pub struct FleetView {
     pub lease: u64,
 }
 
-/// `10s`, `1h`, or a calendar window with its zone: `1d America/New_York`.
+/// `10s`, `1h`, or a calendar window in words: `1 day in America/New_York`.
 pub fn window_of(tier: &Quota) -> String {
-    let mut out = String::new();
-    crate::config::duration::write_period(&mut out, tier.period_ms, tier.calendar.map(|c| c.unit));
     if let Some(c) = &tier.calendar {
-        out.push(' ');
-        out.push_str(&c.zone_name());
+        return crate::config::duration::calendar_words(c);
     }
+    let mut out = String::new();
+    crate::config::duration::write_period(&mut out, tier.period_ms, None);
     out
 }
 

@@ -236,7 +236,7 @@ fn rules_status(snap: &Snapshot, rates: &DecisionRates) -> Vec<Value> {
     cfg.rules
         .iter()
         .map(|r| {
-            use crate::config::summary::{charge_text, exempt_text, tiers_text};
+            use crate::config::summary::{action_text, charge_text, exempt_text, tiers_text};
             // each tier as -t names it (a calendar window with its zone), and each plan's own
             let tiers: Vec<String> = r
                 .tiers
@@ -270,6 +270,7 @@ fn rules_status(snap: &Snapshot, rates: &DecisionRates) -> Vec<Value> {
                 },
                 "algorithm": r.algorithm.to_string(),
                 "action": r.action.to_string(),
+                "action_detail": action_text(r),
                 "enabled": r.enabled,
                 "tiers": tiers,
                 "plans": plans,

@@ -233,7 +233,7 @@ mod tests {
         };
         assert_eq!(
             changes(&month("Europe/Berlin"), &month("Asia/Kolkata")),
-            ["rule api changed: tiers 5/1mo Europe/Berlin -> 5/1mo Asia/Kolkata; counts reset (tier periods or plan lists changed)"]
+            ["rule api changed: tiers 5/1 month in Europe/Berlin -> 5/1 month in Asia/Kolkata; counts reset (tier periods or plan lists changed)"]
         );
         // an algorithm, and a pool
         assert_eq!(
