@@ -1079,6 +1079,8 @@ pub struct DemoGateway {
     pub child: Child,
     pub listen: SocketAddr,
     pub admin: SocketAddr,
+    /// The HTTPS listener (`127.0.0.1:8443` in the demo).
+    pub tls: SocketAddr,
     pub dir: TempDir,
     pub ready: bool,
 }
@@ -1118,6 +1120,7 @@ impl DemoGateway {
             child,
             listen,
             admin,
+            tls,
             dir,
             ready,
         }
