@@ -106,7 +106,7 @@ fn wrong_type() {
         ),
         4,
         12,
-        &["server.threads", "invalid type", "expected usize"],
+        &["server.threads", "invalid type", "expected a whole number"],
     );
 }
 
@@ -340,7 +340,7 @@ fn bad_enum_value_lists_accepted_values() {
         16,
         &[
             "limits[0].algorithm",
-            "unknown variant `leaky`",
+            "unknown value `leaky`",
             "fixed_window",
         ],
     );
@@ -707,7 +707,11 @@ fn shaping_settings_are_checked() {
         ),
         17,
         41,
-        &["plans.premium.priority", "expected i64"],
+        &[
+            "plans.premium.priority",
+            "\"high\"",
+            "expected a whole number",
+        ],
     );
     // the most negative i64 has no absolute value: refused, not a panic nor a wrap
     for p in ["-9223372036854775808", "1000001"] {
@@ -1582,7 +1586,7 @@ fn near_misses_are_named_with_the_fix() {
             24,
             16,
             &[
-                "unknown variant `sliding-window`",
+                "unknown value `sliding-window`",
                 "did you mean `sliding_window`?",
             ],
         ),

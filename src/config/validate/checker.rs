@@ -7,7 +7,7 @@ pub(super) use crate::config::defaults::*;
 pub(super) use crate::config::duration::{ConfDuration, PeriodFile};
 pub(super) use crate::config::error::{ConfigError, ConfigErrors, Pos};
 pub(super) use crate::config::file::*;
-pub(super) use crate::config::locate::Locator;
+pub(super) use crate::config::locate::{suggest, Locator};
 pub(super) use crate::config::model::*;
 pub(super) use crate::matching::{HostMatch, MethodSet, PathPattern, RequestMatch};
 pub(super) use http::header::HeaderName;
@@ -184,6 +184,9 @@ pub(super) fn read_include<T: serde::de::DeserializeOwned>(
         Ok(v) => Some((v, loc)),
         Err(e) => {
             let mut err = ConfigError::from_yaml(file, &e);
+            if let Some(hint) = loc.hint(&err.message, err.pos) {
+                err.message = format!("{}; {hint}", err.message);
+            }
             if err.message.starts_with('[') || err.message.starts_with(".[") {
                 err.message = format!("{label}{}", err.message.trim_start_matches('.'));
             }

@@ -132,9 +132,18 @@ pub(super) fn check_per(c: &mut Checker, path: &str, per: &Option<String>) -> Pa
             None => PartitionBy::Tenant,
         },
         Some(other) => {
+            let meant = match other.strip_prefix("header") {
+                Some(name) if !name.trim_start_matches([' ', '=', '-', '_']).is_empty() => format!(
+                    "; did you mean `header:{}`?",
+                    name.trim_start_matches([' ', '=', '-', '_']).trim()
+                ),
+                _ => suggest(other, ["tenant", "ip", "global"]),
+            };
             c.err(
                 path,
-                format!("invalid value {other:?}: expected tenant, ip, global or header:<name>"),
+                format!(
+                    "invalid value {other:?}: expected tenant, ip, global or header:<name>{meant}"
+                ),
             );
             PartitionBy::Tenant
         }
@@ -469,6 +478,10 @@ fn check_plan_tiers(
     for (plan, pt) in &r.plans {
         let p = format!("{base}.plans.{plan}");
         match plans.names.iter().position(|n| n == plan) {
+            Some(_) if pt.is_empty() => c.err(
+                &p,
+                format!("a plan's tiers replace the rule's for its tenants: list at least one tier such as {{ period: 10, threshold: 100 }}, or remove `{plan}` to give them the rule's `tiers`"),
+            ),
             Some(idx) => plan_tiers[idx] = Some(check_tiers(c, &p, pt, (r.algorithm, queue), zone)),
             None => c.err_key(&p, unknown_plan(plan, plans)),
         }
@@ -626,12 +639,13 @@ fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
 
 fn unknown_plan(name: &str, plans: &Plans) -> String {
     format!(
-        "unknown plan {name:?}: expected one of the plans under `plans` ({})",
+        "unknown plan {name:?}: expected one of the plans under `plans` ({}){}",
         if plans.names.is_empty() {
             "none defined".to_string()
         } else {
             plans.names.join(", ")
-        }
+        },
+        suggest(name, plans.names.iter().map(String::as_str))
     )
 }
 

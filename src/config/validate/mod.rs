@@ -170,7 +170,10 @@ fn check_tracing(c: &mut Checker, t: &TracingFile) -> TracingSettings {
         Some(other) => {
             c.err(
                 "tracing.tenant",
-                format!("invalid value {other:?}: expected plain or hash"),
+                format!(
+                    "invalid value {other:?}: expected plain or hash{}",
+                    suggest(other, ["plain", "hash"])
+                ),
             );
             false
         }

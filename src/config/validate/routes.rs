@@ -117,8 +117,9 @@ fn pool_named(c: &mut Checker, path: &str, name: &str, ups: &[UpstreamSpec]) -> 
         c.err(
             path,
             format!(
-                "unknown upstream {name:?}: expected one of the pools under `upstreams` ({})",
-                names.join(", ")
+                "unknown upstream {name:?}: expected one of the pools under `upstreams` ({}){}",
+                names.join(", "),
+                suggest(name, names.iter().copied())
             ),
         );
         0
@@ -250,8 +251,9 @@ pub(super) fn check_split_plans(c: &mut Checker, routes: &[RouteFile], known: &P
                 c.err(
                     &format!("routes[{i}].upstreams[{j}].when.plan"),
                     format!(
-                        "unknown plan {p:?}: expected one of the plans ({})",
-                        known.names.join(", ")
+                        "unknown plan {p:?}: expected one of the plans ({}){}",
+                        known.names.join(", "),
+                        suggest(p, known.names.iter().map(String::as_str))
                     ),
                 );
             }
