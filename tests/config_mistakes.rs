@@ -938,7 +938,8 @@ fn the_base_config_is_valid() {
     let (code, out, err) = run_tollgate(&["-t", "-c", &p]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("is valid"), "{out}");
-    // every rule is reached
+    // a plan only exempted is used; every rule is reached
+    assert!(!err.contains("names no tier"), "{err}");
     assert!(!err.contains("matches no route"), "{err}");
 }
 
@@ -1025,6 +1026,24 @@ fn rules_no_route_reaches_are_warnings() {
             "limits[0].pathPattern",
             "rule \"get-product\"",
             "matches no route",
+        ],
+    );
+}
+
+#[test]
+fn plans_naming_no_tier_are_warnings() {
+    // a plan no rule gives tiers, exempts or routes by: its tenants get the rules' `tiers`
+    assert_warning(
+        &BASE.edit(
+            "  premium: [acme]\n",
+            "  premium: [acme]\n  gold: [hooli]\n",
+        ),
+        46,
+        9,
+        &[
+            "plans.gold",
+            "plan \"gold\" names no tier",
+            "gets each rule's default `tiers`",
         ],
     );
 }
