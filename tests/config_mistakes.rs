@@ -1047,3 +1047,43 @@ fn plans_naming_no_tier_are_warnings() {
         ],
     );
 }
+
+#[test]
+fn a_rule_may_leave_its_tiers_to_its_plans() {
+    let text = BASE.edit(
+        "    tiers:\n      - { period: 1s, threshold: 10 }\n      - { period: 1h, threshold: 1000 }\n",
+        "",
+    );
+    assert_warning(
+        &text,
+        54,
+        5,
+        &[
+            "limits[0].plans",
+            "rule \"get-product\" has no `tiers` of its own",
+            "requests of tenants in no plan and of plan basic are not limited by it",
+        ],
+    );
+    let dir = TempDir::new();
+    let p = dir.write("gateway.yaml", &text).display().to_string();
+    let (_, out, _) = run_tollgate(&["-t", "-c", &p]);
+    assert!(
+        out.contains("exempt: plans [basic], tenants in no plan"),
+        "{out}"
+    );
+    // without plans either, a rule needs its tiers
+    let text = text.edit(
+        "    plans:\n      premium: [{ period: 1s, threshold: 100 }]\n",
+        "",
+    );
+    let dir = TempDir::new();
+    let p = dir.write("gateway.yaml", &text).display().to_string();
+    let (code, _, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "{p}:48:5: limits[0].tiers: must list at least one tier such as {{ period: 10, threshold: 100 }} (or, to limit only some plans' tenants, give tiers per plan under `plans`"
+        )),
+        "{err}"
+    );
+}

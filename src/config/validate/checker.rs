@@ -69,6 +69,17 @@ impl Checker<'_> {
         ));
     }
 
+    /// A warning about the key `path` itself (a section, not one of its values).
+    pub(super) fn warn_key(&mut self, path: &str, message: impl Into<String>) {
+        let label = self.label;
+        let message = message.into();
+        self.warnings.push(ConfigError::new(
+            &self.file,
+            self.loc.key(path),
+            format!("warning: {label}{path}: {message}"),
+        ));
+    }
+
     /// An error about the key `path` itself (a name that is wrong, not its value).
     pub(super) fn err_key(&mut self, path: &str, message: impl Into<String>) {
         self.push(self.loc.key(path), path, message.into());
