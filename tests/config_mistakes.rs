@@ -116,8 +116,6 @@ const INTERNALS: &[&str] = &[
     "expected a sequence",
     "expected unit",
     "expected option",
-    "File`",
-    "Name`",
     "panicked",
     "backtrace",
 ];
@@ -693,7 +691,11 @@ const TYPES: &[Mistake] = &[
         "{ plans: basic }",
         65,
         22,
-        &["exempt.plans", "\"basic\"", "expected a list"],
+        &[
+            "exempt.plans",
+            "\"basic\"",
+            "expected a list, such as [premium]",
+        ],
     ),
     m(
         "    algorithm: sliding_window",
@@ -901,6 +903,15 @@ fn check(text: &str, line: usize, col: usize, needles: &[&str]) -> Result<(), St
     if let Some(bad) = INTERNALS.iter().find(|w| err.contains(*w)) {
         return Err(format!("{bad:?} shown: {err}"));
     }
+    // nor a type of the program (`RuleFile`, `AlgorithmName`)
+    let rust_type = err.split(|c: char| !c.is_ascii_alphanumeric()).find(|w| {
+        w.len() > 4
+            && w.starts_with(|c: char| c.is_ascii_uppercase())
+            && ["File", "Name", "Map"].iter().any(|s| w.ends_with(s))
+    });
+    if let Some(t) = rust_type {
+        return Err(format!("the type {t} shown: {err}"));
+    }
     let prefix = format!("{p}:{line}:{col}: ");
     let Some(found) = err.lines().find(|l| l.starts_with(&prefix)) else {
         return Err(format!("no error at {line}:{col}: {err}"));
@@ -1085,5 +1096,56 @@ fn a_rule_may_leave_its_tiers_to_its_plans() {
             "{p}:48:5: limits[0].tiers: must list at least one tier such as {{ period: 10, threshold: 100 }} (or, to limit only some plans' tenants, give tiers per plan under `plans`"
         )),
         "{err}"
+    );
+}
+
+/// In an included file, the same messages, at their place in that file.
+#[test]
+fn mistakes_in_an_included_limits_file_name_the_fix_there() {
+    let dir = TempDir::new();
+    let main =
+        BASE[..BASE.find("limits:\n").expect("limits")].to_string() + "limits: limits.yaml\n";
+    let p = dir.write("gateway.yaml", &main);
+    let limits = dir.write(
+        "limits.yaml",
+        "- id: a\n  pathPattern: /v1/**\n  tiers: [{ period: 1s, treshold: 5 }]\n",
+    );
+    let (code, _, err) = run_tollgate(&["-t", "-c", &p.display().to_string()]);
+    assert_eq!(code, 1, "{err}");
+    let want = format!(
+        "{}:3:25: limits[0].tiers[0]: unknown field `treshold`, expected `period` or `threshold`; did you mean `threshold`?",
+        limits.display()
+    );
+    assert!(err.contains(&want), "{want} not in {err}");
+    // a list of tiers written as one
+    dir.write(
+        "limits.yaml",
+        "- id: a\n  pathPattern: /v1/**\n  tiers: { period: 1s, threshold: 5 }\n",
+    );
+    let (code, _, err) = run_tollgate(&["-t", "-c", &p.display().to_string()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("limits.yaml:3:10: limits[0].tiers: invalid type: a mapping, expected a list, such as [{ period: 10, threshold: 100 }]"),
+        "{err}"
+    );
+}
+
+/// With `concurrency` and no `tiers`, a rule's plans' tiers are not counted (as before plans
+/// alone could stand for tiers): a warning.
+#[test]
+fn plan_tiers_beside_concurrency_alone_are_a_warning() {
+    let text = BASE.edit(
+        "    tiers:\n      - { period: 1s, threshold: 10 }\n      - { period: 1h, threshold: 1000 }\n",
+        "    concurrency: 5\n",
+    );
+    assert_warning(
+        &text,
+        55,
+        5,
+        &[
+            "limits[0].plans",
+            "rule \"get-product\" has `concurrency` and no `tiers`",
+            "its plans' tiers are not counted",
+        ],
     );
 }

@@ -88,14 +88,17 @@ const ENUMS: &[(&str, &str, &str)] = &[
 /// What a list is written like, by the key that takes it (`limits[1].tiers`).
 fn list_example(path: &str) -> Option<&'static str> {
     let (parent, last) = path.rsplit_once('.').unwrap_or(("", path));
-    let plan_tiers = path.starts_with("limits") && parent.ends_with(".plans");
+    // a rule's `plans.NAME` (`limits[0].plans.gold`, `[0].plans.gold` in a limits file), not
+    // the top-level `plans.NAME`
+    let plan_tiers = parent.ends_with(".plans");
     Some(match last {
         _ if plan_tiers => "[{ period: 10, threshold: 100 }]",
         "tiers" => "[{ period: 10, threshold: 100 }]",
         "servers" => "[\"127.0.0.1:9001\"]",
         "methods" => "[GET, POST]",
         "from" => "[{ header: x-org-id }]",
-        "plans" | "tenants" => "[acme, globex]",
+        "tenants" => "[acme, globex]",
+        "plans" => "[premium]",
         _ => return None,
     })
 }

@@ -678,6 +678,15 @@ fn only_for_its_plans(
     plan_tiers: &[Option<Vec<Tier>>],
 ) -> Exempt {
     let mut exempt = check_exempt(c, base, r, plans);
+    if r.tiers.is_empty() && r.concurrency.is_some() && !r.plans.is_empty() {
+        c.warn_key(
+            &format!("{base}.plans"),
+            format!(
+                "rule {:?} has `concurrency` and no `tiers`: its plans' tiers are not counted (give the rule `tiers` too, or move them to a rule of their own)",
+                r.id
+            ),
+        );
+    }
     if !r.tiers.is_empty() || r.concurrency.is_some() || r.plans.is_empty() {
         return exempt;
     }
