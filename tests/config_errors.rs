@@ -347,8 +347,12 @@ fn bad_enum_value_lists_accepted_values() {
     assert_error(
         &with("    methods: [GET]", "    methods: [GETS]"),
         20,
-        14,
-        &["limits[0].methods", "unknown method \"GETS\""],
+        15,
+        &[
+            "limits[0].methods[0]",
+            "unknown method \"GETS\"",
+            "did you mean `GET`?",
+        ],
     );
 }
 
@@ -1324,8 +1328,8 @@ fn bad_cors() {
     assert_error(
         &cors("      origins: [\"https://a.example\"]\n      methods: [FETCH]\n"),
         14,
-        16,
-        &["routes[0].cors.methods", "unknown method \"FETCH\""],
+        17,
+        &["routes[0].cors.methods[0]", "unknown method \"FETCH\""],
     );
     assert_error(
         &cors("      origins: [\"https://a.example\"]\n      expose_headers: [\"bad header\"]\n"),

@@ -416,7 +416,7 @@ const VALUES: &[Mistake] = &[
     m("    protocol: h2c", "    protocol: H2C", 26, 15, &["unknown protocol \"H2C\"", "did you mean `h2c`?"]),
     m("    upstream: grpc", "    upstream: grcp", 38, 15, &["routes[1].upstream", "unknown upstream \"grcp\"", "(grpc, products)", "did you mean `grpc`?"]),
     m("    upstream: grpc\n", "    upstream: grpc\n    tenant: optinal\n", 39, 13, &["routes[1].tenant", "unknown value `optinal`", "did you mean `optional`?"]),
-    m("    methods: [GET, PUT]", "    methods: [GET, PUTT]", 31, 14, &["routes[0].methods", "unknown method \"PUTT\""]),
+    m("    methods: [GET, PUT]", "    methods: [GET, PUTT]", 31, 20, &["routes[0].methods[1]", "unknown method \"PUTT\"", "GET, HEAD, POST", "did you mean `PUT`?"]),
     m("      premium: [{", "      premum: [{", 58, 7, &["limits[0].plans.premum", "unknown plan \"premum\"", "(basic, premium)", "did you mean `premium`?"]),
     m("{ plans: [basic] }", "{ plans: [basci] }", 65, 23, &["limits[1].exempt.plans[0]", "unknown plan \"basci\"", "did you mean `basic`?"]),
     m("  sample: 0.5\n", "  sample: 0.5\n  tenant: hashed\n", 13, 11, &["tracing.tenant", "invalid value \"hashed\"", "expected plain or hash", "did you mean `hash`?"]),
@@ -424,6 +424,35 @@ const VALUES: &[Mistake] = &[
 
 /// Durations and units.
 const DURATIONS: &[Mistake] = &[
+    m(
+        "    connect_timeout: 2s",
+        "    connect_timeout: 0",
+        21,
+        22,
+        &[
+            "upstreams.products.connect_timeout",
+            "must be greater than 0",
+            "\"100ms\"",
+        ],
+    ),
+    m(
+        "{ interval: 1s,",
+        "{ interval: 0ms,",
+        23,
+        31,
+        &["health_check.interval", "must be greater than 0"],
+    ),
+    m(
+        "read: 5s",
+        "read: 0",
+        35,
+        36,
+        &[
+            "routes[0].timeouts.read",
+            "must be greater than 0",
+            "omit the key for the pool's",
+        ],
+    ),
     m(
         "  client_header_timeout: 10s",
         "  client_header_timeout: 10 sec",
