@@ -801,14 +801,14 @@ const LAYOUT: &[Mistake] = &[
         "   algorithm: sliding_window",
         51,
         4,
-        &["check the indentation of line 51"],
+        &["check the indentation of line 51 (column 4, where line 50 starts at column 5)"],
     ),
     m(
         "      - { period: 1h, threshold: 1000 }",
         "        - { period: 1h, threshold: 1000 }",
         56,
         9,
-        &["check the indentation of line 56"],
+        &["check the indentation of line 56 (column 9, where line 55 starts at column 7)"],
     ),
     m(
         "    upstream: grpc\n",
@@ -817,7 +817,7 @@ const LAYOUT: &[Mistake] = &[
         3,
         &[
             "did not find expected '-' indicator",
-            "check the indentation of line 38",
+            "check the indentation of line 38 (column 3, where line 37 starts at column 5)",
             "routes[1].path, line 37",
         ],
     ),

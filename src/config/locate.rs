@@ -181,11 +181,35 @@ impl Locator {
                 .filter(|(p, at)| !p.is_empty() && !p.ends_with("#key") && at.line < pos.line)
                 .max_by_key(|(p, at)| (at.line, at.column, p.len()))?;
             return Some(format!(
-                "check the indentation of line {} against the lines above it (the last value read is {}, line {})",
-                pos.line, last.0, last.1.line
+                "check the indentation of line {}{} against the lines above it (the last value read is {}, line {})",
+                pos.line,
+                self.indent_against_above(pos.line),
+                last.0,
+                last.1.line
             ));
         }
         None
+    }
+
+    /// ` (column 4, where line 50 starts at column 5)`: where `line`'s text starts, against
+    /// the line above with text, when they differ; or nothing.
+    fn indent_against_above(&self, line: usize) -> String {
+        let start = |l: &str| l.len() - l.trim_start_matches(' ').len() + 1;
+        let Some(this) = self.lines.get(line.wrapping_sub(1)) else {
+            return String::new();
+        };
+        let above = (1..line).rev().find_map(|n| {
+            let l = self.lines.get(n - 1)?;
+            let t = l.trim();
+            (!t.is_empty() && !t.starts_with('#')).then(|| (n, start(l)))
+        });
+        match above {
+            Some((n, col)) if col != start(this) => format!(
+                " (column {}, where line {n} starts at column {col})",
+                start(this)
+            ),
+            _ => String::new(),
+        }
     }
 
     /// A required key missing from the mapping that starts at `pos`: where it is written
