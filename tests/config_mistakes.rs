@@ -114,6 +114,10 @@ const INTERNALS: &[&str] = &[
     "expected i64",
     "expected f64",
     "expected a sequence",
+    "invalid type: map",
+    "invalid type: sequence",
+    "unknown variant",
+    "YAML tag",
     "expected unit",
     "expected option",
     "panicked",
@@ -398,6 +402,7 @@ const KEYS: &[Mistake] = &[
 
 /// Misspelt values of a fixed set: the value, and the one meant or the ones accepted.
 const VALUES: &[Mistake] = &[
+    m("    per: ip", "    per: ips", 61, 10, &["invalid value \"ips\"", "did you mean `ip`?"]),
     m("    algorithm: sliding_window", "    algorithm: slidingwindow", 51, 16, &["limits[0].algorithm", "unknown value `slidingwindow`", "fixed_window", "did you mean `sliding_window`?"]),
     m("    algorithm: sliding_window", "    algorithm: token-bucket", 51, 16, &["unknown value `token-bucket`", "did you mean `token_bucket`?"]),
     m("    algorithm: sliding_window", "    algorithm: gcra", 51, 16, &["unknown value `gcra`", "expected one of `fixed_window`, `sliding_window`, `token_bucket`, `sliding_log`, `leaky_bucket`"]),

@@ -132,11 +132,15 @@ pub(super) fn check_per(c: &mut Checker, path: &str, per: &Option<String>) -> Pa
             None => PartitionBy::Tenant,
         },
         Some(other) => {
+            // `header x-user`, `header=x-user`: the name after another separator
+            let sep = [' ', '=', '-', '_'];
             let meant = match other.strip_prefix("header") {
-                Some(name) if !name.trim_start_matches([' ', '=', '-', '_']).is_empty() => format!(
-                    "; did you mean `header:{}`?",
-                    name.trim_start_matches([' ', '=', '-', '_']).trim()
-                ),
+                Some(name) if name.starts_with(sep) && !name.trim_start_matches(sep).is_empty() => {
+                    format!(
+                        "; did you mean `header:{}`?",
+                        name.trim_start_matches(sep).trim()
+                    )
+                }
                 _ => suggest(other, ["tenant", "ip", "global"]),
             };
             c.err(
