@@ -106,7 +106,7 @@ fn wrong_type() {
         ),
         4,
         12,
-        &["server.threads", "invalid type", "expected usize"],
+        &["server.threads", "invalid type", "expected a whole number"],
     );
 }
 
@@ -340,15 +340,19 @@ fn bad_enum_value_lists_accepted_values() {
         16,
         &[
             "limits[0].algorithm",
-            "unknown variant `leaky`",
+            "unknown value `leaky`",
             "fixed_window",
         ],
     );
     assert_error(
         &with("    methods: [GET]", "    methods: [GETS]"),
         20,
-        14,
-        &["limits[0].methods", "unknown method \"GETS\""],
+        15,
+        &[
+            "limits[0].methods[0]",
+            "unknown method \"GETS\"",
+            "did you mean `GET`?",
+        ],
     );
 }
 
@@ -707,7 +711,11 @@ fn shaping_settings_are_checked() {
         ),
         17,
         41,
-        &["plans.premium.priority", "expected i64"],
+        &[
+            "plans.premium.priority",
+            "\"high\"",
+            "expected a whole number",
+        ],
     );
     // the most negative i64 has no absolute value: refused, not a panic nor a wrap
     for p in ["-9223372036854775808", "1000001"] {
@@ -1320,8 +1328,8 @@ fn bad_cors() {
     assert_error(
         &cors("      origins: [\"https://a.example\"]\n      methods: [FETCH]\n"),
         14,
-        16,
-        &["routes[0].cors.methods", "unknown method \"FETCH\""],
+        17,
+        &["routes[0].cors.methods[0]", "unknown method \"FETCH\""],
     );
     assert_error(
         &cors("      origins: [\"https://a.example\"]\n      expose_headers: [\"bad header\"]\n"),
@@ -1582,7 +1590,7 @@ fn near_misses_are_named_with_the_fix() {
             24,
             16,
             &[
-                "unknown variant `sliding-window`",
+                "unknown value `sliding-window`",
                 "did you mean `sliding_window`?",
             ],
         ),

@@ -49,6 +49,35 @@ fn meant(value: u64, unit: &str) -> String {
     }
 }
 
+/// `1.5s`: fractions are not accepted; the same length in a smaller unit is.
+fn fraction(text: &str, whole: u64, rest: &str) -> String {
+    let digits: String = rest[1..].chars().take_while(char::is_ascii_digit).collect();
+    let unit = rest[1 + digits.len()..].trim();
+    let millis_per_unit = match unit {
+        "" | "s" => 1000.0,
+        "m" => 60_000.0,
+        "h" => 3_600_000.0,
+        _ => 0.0,
+    };
+    let value = format!("{whole}.{digits}").parse::<f64>().unwrap_or(0.0);
+    let ms = (value * millis_per_unit).round();
+    if ms > 0.0 {
+        format!("invalid duration {text:?}: fractions are not accepted, write \"{ms}ms\" instead")
+    } else {
+        format!("invalid duration {text:?}: fractions are not accepted; expected {ACCEPTED}")
+    }
+}
+
+/// `1m30s`, `1h30m`: a sum of lengths, written as one (`90s`, `90m`).
+fn compound(first: u64, rest: &str) -> Option<String> {
+    let at = rest.find(|c: char| c.is_ascii_digit())?;
+    let (unit, more) = rest.split_at(at);
+    let total = parse_duration(&format!("{first}{unit}"))
+        .ok()?
+        .checked_add(parse_duration(more).ok()?)?;
+    Some(format!(": did you mean \"{}\"?", format_duration(total)))
+}
+
 /// Parse `500ms`, `10s`, `1m`, `1h` or a bare integer (seconds).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -57,7 +86,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(digits_end);
     if number.is_empty() {
-        return Err(format!("invalid duration {text:?}: expected {ACCEPTED}"));
+        let why = match text.strip_prefix('-') {
+            Some(rest) if rest.starts_with(|c: char| c.is_ascii_digit()) => {
+                format!("must not be negative; expected {ACCEPTED}")
+            }
+            _ => format!("expected {ACCEPTED}"),
+        };
+        return Err(format!("invalid duration {text:?}: {why}"));
     }
     let value: u64 = number
         .parse()
@@ -72,10 +107,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
                 "invalid duration {text:?}: a tier's period may be one calendar day, week or month (1d, 1w, 1mo); a fixed length is written in hours, such as \"48h\""
             ))
         }
+        other if other.starts_with(['.', ',']) => return Err(fraction(text, value, other)),
         other => {
             return Err(format!(
                 "invalid duration unit {other:?} in {text:?}: expected one of ms, s, m, h{}",
-                meant(value, other)
+                compound(value, other).unwrap_or_else(|| meant(value, other))
             ))
         }
     };
@@ -223,6 +259,44 @@ mod tests {
         assert!(parse_duration("ms").is_err());
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("99999999999999999999s").is_err());
+    }
+
+    #[test]
+    fn mistakes_are_named_with_the_duration_meant() {
+        let err = |t: &str| parse_duration(t).unwrap_err();
+        assert!(
+            err("-1s").contains("must not be negative"),
+            "{}",
+            err("-1s")
+        );
+        assert!(err("1.5s").contains("write \"1500ms\""), "{}", err("1.5s"));
+        assert!(err("0.5m").contains("write \"30000ms\""), "{}", err("0.5m"));
+        assert!(
+            err("1m30s").contains("did you mean \"90s\"?"),
+            "{}",
+            err("1m30s")
+        );
+        assert!(
+            err("1h30m").contains("did you mean \"90m\"?"),
+            "{}",
+            err("1h30m")
+        );
+        assert!(
+            err("10 sec").contains("did you mean \"10s\"?"),
+            "{}",
+            err("10 sec")
+        );
+        assert!(
+            err("5mins").contains("did you mean \"5m\"?"),
+            "{}",
+            err("5mins")
+        );
+        assert!(
+            err("2 hours").contains("did you mean \"2h\"?"),
+            "{}",
+            err("2 hours")
+        );
+        assert!(err("100 millis").contains("did you mean \"100ms\"?"));
     }
 
     #[test]

@@ -1112,6 +1112,12 @@ impl<'de> Deserialize<'de> for Threshold {
                     "threshold must be a whole number of requests, got {v}"
                 )))
             }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Threshold, E> {
+                Err(E::custom(match v.trim().parse::<i64>() {
+                    Ok(n) => format!("threshold {v:?} is quoted: write {n}, a number, without quotes"),
+                    Err(_) => format!("invalid threshold {v:?}: expected a whole number of requests such as 100 (the time is the tier's `period`)"),
+                }))
+            }
         }
         deserializer.deserialize_any(V)
     }

@@ -439,11 +439,14 @@ pub struct Exempt {
     pub tenants: Vec<Box<[u8]>>,
     /// Indexes into `Plans::names`.
     pub plans: Vec<usize>,
+    /// Requests of no plan (no tenant, or a tenant in no plan): those of a rule with no
+    /// `tiers` of its own, whose plans' tiers are all it has.
+    pub unplanned: bool,
 }
 
 impl Exempt {
     pub fn is_empty(&self) -> bool {
-        self.ips.is_empty() && self.tenants.is_empty() && self.plans.is_empty()
+        self.ips.is_empty() && self.tenants.is_empty() && self.plans.is_empty() && !self.unplanned
     }
 
     /// Is a request from `ip`, of `tenant` (empty: none) in `plan`, exempt?
@@ -452,6 +455,7 @@ impl Exempt {
         self.ips.iter().any(|n| n.contains(&ip))
             || (!tenant.is_empty() && self.tenants.iter().any(|t| **t == *tenant))
             || plan.is_some_and(|p| self.plans.contains(&p))
+            || (self.unplanned && plan.is_none())
     }
 }
 
@@ -713,6 +717,12 @@ pub struct Rule {
 }
 
 impl Rule {
+    /// The rule counts rates: its own `tiers`, or (with none, and no `concurrency`) only its
+    /// plans' own, for their tenants alone (`Exempt::unplanned`).
+    pub fn counts_rates(&self) -> bool {
+        !self.tiers.is_empty() || self.exempt.unplanned
+    }
+
     /// The rule charges a request once its answer is known (`count_when`, or a cost the
     /// answer carries), not at admission.
     pub fn charges_late(&self) -> bool {

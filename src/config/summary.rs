@@ -451,5 +451,8 @@ pub(crate) fn exempt_text(e: &Exempt, plans: &Plans) -> String {
             .collect();
         parts.push(format!("plans [{}]", p.join(", ")));
     }
+    if e.unplanned {
+        parts.push("tenants in no plan".to_string());
+    }
     format!(" exempt: {}", parts.join(", "))
 }

@@ -177,7 +177,7 @@ impl Limiter {
         let (compiled, limits): (Vec<CompiledRule>, Vec<Limit>) = rules
             .iter()
             // rules with tiers (a rule with only `concurrency` is `InFlightLimits`')
-            .filter(|r| r.enabled && !r.tiers.is_empty())
+            .filter(|r| r.enabled && r.counts_rates())
             .map(|r| {
                 let mut lists = vec![(None, r.tiers.clone())];
                 let mut plan_lists = vec![0u16; plans.names.len()];
@@ -587,6 +587,32 @@ pub(crate) mod tests {
         );
         assert_eq!(r.decide("/x", "globex").tiers[0].threshold, 5);
         assert_eq!(r.decide("/x", "acme").tiers[0].threshold, 2);
+    }
+
+    #[test]
+    fn a_rule_without_tiers_limits_only_the_plans_it_gives_tiers() {
+        let r = rig(
+            "  - id: api\n    pathPattern: /**\n    plans:\n      premium: [{ period: 1h, threshold: 1 }]\n",
+        );
+        assert_eq!(r.decide("/x", "globex").tiers[0].threshold, 1);
+        assert_eq!(
+            r.decide("/x", "globex").verdict,
+            Verdict::Reject { status: 429 }
+        );
+        // a tenant in no plan, and a request of no tenant: the rule does not apply
+        for tenant in ["acme", ""] {
+            for _ in 0..3 {
+                let d = r.decide("/x", tenant);
+                assert_eq!(d.verdict, Verdict::Allow);
+                assert!(d.applied.is_empty() && d.tiers.is_empty(), "{tenant:?}");
+            }
+        }
+        // nor is it counted for them
+        assert!(r
+            .limiter
+            .inspect_tenant(b"acme", &r.cfg.plans)
+            .iter()
+            .all(|rule| rule.tiers.iter().all(|t| t.used == 0)));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 
 use http::Method;
 
-const NAMES: [&str; 9] = [
+/// The methods a set may name.
+pub const NAMES: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE",
 ];
 

@@ -7,7 +7,7 @@ pub(super) use crate::config::defaults::*;
 pub(super) use crate::config::duration::{ConfDuration, PeriodFile};
 pub(super) use crate::config::error::{ConfigError, ConfigErrors, Pos};
 pub(super) use crate::config::file::*;
-pub(super) use crate::config::locate::Locator;
+pub(super) use crate::config::locate::{suggest, Locator};
 pub(super) use crate::config::model::*;
 pub(super) use crate::matching::{HostMatch, MethodSet, PathPattern, RequestMatch};
 pub(super) use http::header::HeaderName;
@@ -65,6 +65,17 @@ impl Checker<'_> {
         self.warnings.push(ConfigError::new(
             &self.file,
             self.loc.at(path),
+            format!("warning: {label}{path}: {message}"),
+        ));
+    }
+
+    /// A warning about the key `path` itself (a section, not one of its values).
+    pub(super) fn warn_key(&mut self, path: &str, message: impl Into<String>) {
+        let label = self.label;
+        let message = message.into();
+        self.warnings.push(ConfigError::new(
+            &self.file,
+            self.loc.key(path),
             format!("warning: {label}{path}: {message}"),
         ));
     }
@@ -184,6 +195,9 @@ pub(super) fn read_include<T: serde::de::DeserializeOwned>(
         Ok(v) => Some((v, loc)),
         Err(e) => {
             let mut err = ConfigError::from_yaml(file, &e);
+            if let Some(hint) = loc.hint(&err.message, err.pos) {
+                err.message = format!("{}; {hint}", err.message);
+            }
             if err.message.starts_with('[') || err.message.starts_with(".[") {
                 err.message = format!("{label}{}", err.message.trim_start_matches('.'));
             }

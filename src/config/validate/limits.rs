@@ -132,9 +132,22 @@ pub(super) fn check_per(c: &mut Checker, path: &str, per: &Option<String>) -> Pa
             None => PartitionBy::Tenant,
         },
         Some(other) => {
+            // `header x-user`, `header=x-user`: the name after another separator
+            let sep = [' ', '=', '-', '_'];
+            let meant = match other.strip_prefix("header") {
+                Some(name) if name.starts_with(sep) && !name.trim_start_matches(sep).is_empty() => {
+                    format!(
+                        "; did you mean `header:{}`?",
+                        name.trim_start_matches(sep).trim()
+                    )
+                }
+                _ => suggest(other, ["tenant", "ip", "global"]),
+            };
             c.err(
                 path,
-                format!("invalid value {other:?}: expected tenant, ip, global or header:<name>"),
+                format!(
+                    "invalid value {other:?}: expected tenant, ip, global or header:<name>{meant}"
+                ),
             );
             PartitionBy::Tenant
         }
@@ -163,7 +176,25 @@ fn check_rule_tiers(
     r: &RuleFile,
     (zone, queue): (&str, Option<u64>),
 ) -> Vec<Tier> {
-    if r.tiers.is_empty() && r.concurrency.is_some() {
+    if r.tiers.is_empty() && r.concurrency.is_none() && !r.plans.is_empty() {
+        // only its plans' tiers (checked with them), for their tenants only
+        Vec::new()
+    } else if r.tiers.is_empty() && r.concurrency.is_none() {
+        // none at all: at `tiers: []`, or at the rule's `id` when it has no `tiers` key
+        let tiers = format!("{base}.tiers");
+        let written = c.loc.key(&tiers) != c.loc.at(base);
+        let pos = if written {
+            c.loc.at(&tiers)
+        } else {
+            c.loc.key(&format!("{base}.id"))
+        };
+        c.push(
+            pos,
+            &tiers,
+            "must list at least one tier such as { period: 10, threshold: 100 } (or, to limit only some plans' tenants, give tiers per plan under `plans`; or set `concurrency`)".to_string(),
+        );
+        Vec::new()
+    } else if r.tiers.is_empty() && r.concurrency.is_some() {
         // a concurrency limit alone
         if r.action != Action::Reject {
             c.err(
@@ -203,6 +234,7 @@ pub(super) fn check_rules(
         let concurrency = check_concurrency(c, &base, r.concurrency);
         let tiers = check_rule_tiers(c, &base, r, (&zone, queue));
         let plan_tiers = check_plan_tiers(c, &base, r, plans, (&zone, queue));
+        let exempt = only_for_its_plans(c, &base, r, plans, &plan_tiers);
         let status = check_status(c, &base, r);
         let max_delay = check_max_delay(c, &base, r);
         let shadowban = check_shadowban(c, &base, r);
@@ -232,7 +264,7 @@ pub(super) fn check_rules(
             shadowban,
             throttle_bps,
             concurrency,
-            exempt: check_exempt(c, &base, r, plans),
+            exempt,
             count_when: check_count_when(c, &base, r),
             cost: check_cost(c, &base, r),
             unit: check_unit(c, &base, r),
@@ -469,6 +501,10 @@ fn check_plan_tiers(
     for (plan, pt) in &r.plans {
         let p = format!("{base}.plans.{plan}");
         match plans.names.iter().position(|n| n == plan) {
+            Some(_) if pt.is_empty() => c.err(
+                &p,
+                format!("a plan's tiers replace the rule's for its tenants: list at least one tier such as {{ period: 10, threshold: 100 }}, or remove `{plan}` to give them the rule's `tiers`"),
+            ),
             Some(idx) => plan_tiers[idx] = Some(check_tiers(c, &p, pt, (r.algorithm, queue), zone)),
             None => c.err_key(&p, unknown_plan(plan, plans)),
         }
@@ -626,13 +662,61 @@ fn check_cost(c: &mut Checker, base: &str, r: &RuleFile) -> Cost {
 
 fn unknown_plan(name: &str, plans: &Plans) -> String {
     format!(
-        "unknown plan {name:?}: expected one of the plans under `plans` ({})",
+        "unknown plan {name:?}: expected one of the plans under `plans` ({}){}",
         if plans.names.is_empty() {
             "none defined".to_string()
         } else {
             plans.names.join(", ")
-        }
+        },
+        suggest(name, plans.names.iter().map(String::as_str))
     )
+}
+
+/// A rule's `exempt`; and, for a rule with no `tiers` of its own, whose plans' tiers are all
+/// it has: every request of no plan or of a plan it gives no tiers, which a warning names.
+fn only_for_its_plans(
+    c: &mut Checker,
+    base: &str,
+    r: &RuleFile,
+    plans: &Plans,
+    plan_tiers: &[Option<Vec<Tier>>],
+) -> Exempt {
+    let mut exempt = check_exempt(c, base, r, plans);
+    if r.tiers.is_empty() && r.concurrency.is_some() && !r.plans.is_empty() {
+        c.warn_key(
+            &format!("{base}.plans"),
+            format!(
+                "rule {:?} has `concurrency` and no `tiers`: its plans' tiers are not counted (give the rule `tiers` too, or move them to a rule of their own)",
+                r.id
+            ),
+        );
+    }
+    if !r.tiers.is_empty() || r.concurrency.is_some() || r.plans.is_empty() {
+        return exempt;
+    }
+    exempt.unplanned = true;
+    let mut left: Vec<&str> = Vec::new();
+    for (i, name) in plans.names.iter().enumerate() {
+        if plan_tiers.get(i).is_none_or(Option::is_none) {
+            left.push(name);
+            if !exempt.plans.contains(&i) {
+                exempt.plans.push(i);
+            }
+        }
+    }
+    let plans_left = match left.as_slice() {
+        [] => String::new(),
+        [one] => format!(" and of plan {one}"),
+        more => format!(" and of plans {}", more.join(", ")),
+    };
+    c.warn_key(
+        &format!("{base}.plans"),
+        format!(
+            "rule {:?} has no `tiers` of its own: it limits only the tenants of the plans it names; requests of tenants in no plan{plans_left} are not limited by it (give the rule `tiers` to limit them)",
+            r.id
+        ),
+    );
+    exempt
 }
 
 /// A rule's `exempt`: client networks, tenants and plans it neither counts nor refuses.
@@ -666,6 +750,7 @@ fn check_exempt(c: &mut Checker, base: &str, r: &RuleFile, plans: &Plans) -> Exe
             .map(|t| t.as_bytes().to_vec().into_boxed_slice())
             .collect(),
         plans: plan_ids,
+        unplanned: false,
     }
 }
 

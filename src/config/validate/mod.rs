@@ -75,6 +75,36 @@ fn warn_unreachable_rules(c: &mut Checker, routes: &[Route], rules: &[Arc<Rule>]
     }
 }
 
+/// A plan that no rule gives tiers of its own, exempts or routes by, with no queue priority,
+/// changes nothing: a warning (its tenants get each rule's `tiers`, as tenants in no plan).
+fn warn_plans_without_tiers(
+    c: &mut Checker,
+    plans: &Plans,
+    rules: &[Arc<Rule>],
+    routes: &[RouteFile],
+) {
+    for (i, name) in plans.names.iter().enumerate() {
+        let tiers = rules
+            .iter()
+            .any(|r| r.plan_tiers.get(i).is_some_and(Option::is_some));
+        let exempt = rules.iter().any(|r| r.exempt.plans.contains(&i));
+        let routed = routes
+            .iter()
+            .flat_map(|r| r.upstreams.iter().flatten())
+            .filter_map(|e| e.when.as_ref()?.plan.as_ref())
+            .any(|p| p.list().contains(name));
+        let queued = plans.priority.get(i).is_some_and(|&p| p != 0);
+        if !(tiers || exempt || routed || queued) {
+            c.warn(
+                &format!("plans.{name}"),
+                format!(
+                    "plan {name:?} names no tier: no rule gives it tiers of its own (a rule's `plans: {{ {name}: [...] }}`), exempts it or routes by it, so each of its tenants gets each rule's default `tiers`"
+                ),
+            );
+        }
+    }
+}
+
 /// Validate a parsed file model. `file` is the main config's path.
 pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, ConfigErrors> {
     let mut errors = Vec::new();
@@ -112,6 +142,7 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
     let inline = matches!(model.limits, Some(LimitsFile::Inline(_)));
     let rules = check_limits(&mut c, model.limits, &plans, &mut includes);
     warn_unreachable_rules(&mut c, &routes, &rules, inline);
+    warn_plans_without_tiers(&mut c, &plans, &rules, &model.routes);
     let redis = model.redis.as_ref().and_then(|r| check_redis(&mut c, r));
     let tracing = model.tracing.as_ref().map(|t| check_tracing(&mut c, t));
     let headers = model
@@ -170,7 +201,10 @@ fn check_tracing(c: &mut Checker, t: &TracingFile) -> TracingSettings {
         Some(other) => {
             c.err(
                 "tracing.tenant",
-                format!("invalid value {other:?}: expected plain or hash"),
+                format!(
+                    "invalid value {other:?}: expected plain or hash{}",
+                    suggest(other, ["plain", "hash"])
+                ),
             );
             false
         }

@@ -2,12 +2,23 @@
 
 use super::checker::*;
 use crate::config::duration::format_duration;
+use crate::matching::methods::NAMES;
 
 pub(super) fn check_methods(c: &mut Checker, path: &str, m: &Option<Vec<String>>) -> MethodSet {
     match m {
         None => MethodSet::ALL,
         Some(list) => MethodSet::parse(list).unwrap_or_else(|e| {
-            c.err(path, e);
+            // an unknown method: at its place, with the one probably meant
+            let unknown = list
+                .iter()
+                .position(|n| MethodSet::parse(std::slice::from_ref(n)).is_err());
+            match unknown {
+                Some(i) => c.err(
+                    &format!("{path}[{i}]"),
+                    format!("{e}{}", suggest(&list[i].to_ascii_uppercase(), NAMES)),
+                ),
+                None => c.err(path, e),
+            }
             MethodSet::ALL
         }),
     }
@@ -117,8 +128,9 @@ fn pool_named(c: &mut Checker, path: &str, name: &str, ups: &[UpstreamSpec]) -> 
         c.err(
             path,
             format!(
-                "unknown upstream {name:?}: expected one of the pools under `upstreams` ({})",
-                names.join(", ")
+                "unknown upstream {name:?}: expected one of the pools under `upstreams` ({}){}",
+                names.join(", "),
+                suggest(name, names.iter().copied())
             ),
         );
         0
@@ -250,8 +262,9 @@ pub(super) fn check_split_plans(c: &mut Checker, routes: &[RouteFile], known: &P
                 c.err(
                     &format!("routes[{i}].upstreams[{j}].when.plan"),
                     format!(
-                        "unknown plan {p:?}: expected one of the plans ({})",
-                        known.names.join(", ")
+                        "unknown plan {p:?}: expected one of the plans ({}){}",
+                        known.names.join(", "),
+                        suggest(p, known.names.iter().map(String::as_str))
                     ),
                 );
             }

@@ -110,8 +110,9 @@ fn key_plan(c: &mut Checker, base: &str, plan: &str, tenant: &str, plans: &mut P
         None => c.err(
             &format!("{base}.plan"),
             format!(
-                "unknown plan {plan:?}: expected one of the plans under `plans` ({})",
-                plans.names.join(", ")
+                "unknown plan {plan:?}: expected one of the plans under `plans` ({}){}",
+                plans.names.join(", "),
+                suggest(plan, plans.names.iter().map(String::as_str))
             ),
         ),
         Some(idx) => {

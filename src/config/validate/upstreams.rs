@@ -221,7 +221,18 @@ fn check_protocol(c: &mut Checker, base: &str, u: &UpstreamFile) -> (UpstreamPro
         Some(other) => {
             c.err(
                 &path,
-                format!("unknown protocol {other:?}: expected http1, h2 or h2c"),
+                format!(
+                    "unknown protocol {other:?}: expected http1, h2 or h2c{}",
+                    if other
+                        .to_ascii_lowercase()
+                        .replace('/', "")
+                        .starts_with("http2")
+                    {
+                        "; HTTP/2 is `h2` (over `tls`) or `h2c` (over plain TCP)".to_string()
+                    } else {
+                        suggest(other, ["http1", "h2", "h2c"])
+                    }
+                ),
             );
             UpstreamProtocol::Http1
         }
