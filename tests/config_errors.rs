@@ -1130,7 +1130,7 @@ fn calendar_periods_are_checked() {
     );
     let (code, out, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("10/1w Asia/Kolkata"), "{out}");
+    assert!(out.contains("10/1 week in Asia/Kolkata"), "{out}");
 }
 
 /// docs/configuration.md "Sliding log" and "Leaky bucket": a sliding log's threshold has a
