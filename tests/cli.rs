@@ -154,3 +154,56 @@ fn daemon_mode_detaches_and_serves() {
     assert!(ok, "daemon did not serve");
     assert!(!pid.trim().is_empty(), "no pid file");
 }
+
+/// docs/configuration.md's two error examples, made as the page says from the demo config:
+/// each printed line is the one the page quotes.
+#[test]
+fn the_configuration_pages_error_examples_hold() {
+    demo_cert();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/configuration.md")).expect("page");
+    let quoted = |cmd: &str| -> String {
+        let mut lines = page.lines().skip_while(|l| *l != cmd);
+        lines.next().expect("the command is quoted");
+        lines.next().expect("and what it prints").to_string()
+    };
+    let dir = TempDir::new();
+    for f in ["gateway.yaml", "keys.yaml", "plans.yaml", "limits.yaml"] {
+        let text = std::fs::read_to_string(root.join("conf").join(f)).expect("conf file");
+        let text = text.replace("../target/", &format!("{}/", root.join("target").display()));
+        dir.write(f, &text);
+    }
+    let main = std::fs::read_to_string(dir.0.join("gateway.yaml")).expect("gateway.yaml");
+    // the second route's `upstream`
+    let routes = main.find("\nroutes:").expect("routes");
+    let second = main[routes..]
+        .match_indices("\n  - id:")
+        .nth(1)
+        .map(|(i, _)| routes + i)
+        .expect("a second route");
+    let at = second + main[second..].find("upstream:").expect("its upstream");
+    let typo = format!("{}uptream:{}", &main[..at], &main[at + "upstream:".len()..]);
+    dir.write("typo.yaml", &typo);
+    let check = |file: &str| {
+        let (code, _, err) = run_tollgate(&["-t", "-c", &dir.0.join(file).display().to_string()]);
+        assert_eq!(code, 1);
+        let printed = err.replace(&format!("{}/", dir.0.display()), "");
+        assert_eq!(
+            printed.trim_end(),
+            quoted(&format!("$ tollgate -t -c {file}")),
+            "{file}"
+        );
+    };
+    check("typo.yaml");
+    let limits = std::fs::read_to_string(dir.0.join("limits.yaml")).expect("limits.yaml");
+    let put = limits.find("- id: put-product").expect("put-product");
+    let t = put + limits[put..].find("threshold: 100").expect("its threshold");
+    let bad = format!(
+        "{}threshold: -5{}",
+        &limits[..t],
+        &limits[t + "threshold: 100".len()..]
+    );
+    dir.write("limits.yaml", &bad);
+    dir.write("bad.yaml", &main);
+    check("bad.yaml");
+}
