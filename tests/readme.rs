@@ -4,11 +4,12 @@
 //! README quotes. Of an HTTP answer, a quoted header must be among the answer's, in order (the
 //! README leaves out some, such as `date`; `...` marks where more were left out), and the quoted
 //! body must be the body; any other output (the metrics grep) must be exactly the quoted lines. Seconds to a window's end depend on
-//! the time of day: `x-ratelimit-reset: N` and `t=N` match any N; a request id (new for every
-//! request) matches any other.
+//! the time of day: `x-ratelimit-reset: N`, `t=N` and a retry after N seconds match any N; a
+//! request id (new for every request) matches any other. The 429 the README quotes next is
+//! made by a gateway with the rule it describes.
 
 mod common;
-use common::{repo, DemoGateway, Upstream};
+use common::{repo, DemoGateway, Gateway, Upstream};
 use std::process::Command;
 
 /// The session's commands and what the README says each prints.
@@ -58,16 +59,22 @@ fn idless(line: &str) -> String {
     out
 }
 
-/// `x-ratelimit-reset: 7` and `t=7` as `x-ratelimit-reset: N`, `t=N`; a request id as `<id>`.
+/// `x-ratelimit-reset: 7`, `t=7` and a retry after 7 s as `x-ratelimit-reset: N`, `t=N`...; a
+/// request id as `<id>`.
 fn timeless(line: &str) -> String {
     let line = idless(line);
     let mut out = String::with_capacity(line.len());
     let mut rest = line.trim_end();
     loop {
-        let at = ["x-ratelimit-reset: ", "t="]
-            .iter()
-            .filter_map(|p| rest.find(p).map(|i| (i, p.len())))
-            .min();
+        let at = [
+            "x-ratelimit-reset: ",
+            "t=",
+            "retry-after: ",
+            "\"retry_after\":",
+        ]
+        .iter()
+        .filter_map(|p| rest.find(p).map(|i| (i, p.len())))
+        .min();
         let Some((i, n)) = at else {
             out.push_str(rest);
             return out;
@@ -195,4 +202,72 @@ fn quoted_output_is_matched_strictly_where_it_should_be() {
         timeless("ratelimit: \"p\";r=9;t=10"),
         "ratelimit: \"p\";r=9;t=N"
     );
+}
+
+/// README: "With a rule of two tiers, `{ period: 10, threshold: 1000 }` and `{ period: 1h,
+/// threshold: 2 }`, the third GET of a tenant within the hour" answers the 429 it quotes.
+#[test]
+fn the_readmes_429_holds() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let at = readme
+        .find("the third GET of a tenant within the hour:")
+        .expect("the sentence");
+    let block = &readme[at..];
+    let block = &block[block.find("```console\n").expect("its block") + 11..];
+    let quoted: Vec<String> = block[..block.find("```").expect("its end")]
+        .lines()
+        .map(String::from)
+        .collect();
+    let up = Upstream::start("u");
+    let gw = Gateway::start(
+        &(common::one_route_config(up.addr, 1, "")
+            + r#"tenant:
+  from: [{ header: x-org-id, trusted: true }]
+limits:
+  - id: get-product
+    methods: [GET]
+    pathPattern: /v1/organizations/*/product/*
+    tiers:
+      - { period: 10, threshold: 1000 }
+      - { period: 1h, threshold: 2 }
+"#),
+    );
+    // the three in one hour (aligned to the clock)
+    assert!(common::eventually(
+        std::time::Duration::from_secs(5),
+        || { common::now_ms() % 3_600_000 < 3_590_000 }
+    ));
+    let get = || {
+        let r = common::request(
+            gw.addr,
+            "GET",
+            "/v1/organizations/acme/product/1",
+            &[("x-org-id", "acme")],
+        )
+        .expect("an answer");
+        let mut text = format!(
+            "HTTP/1.1 {} {}\n",
+            r.status,
+            if r.status == 429 {
+                "Too Many Requests"
+            } else {
+                "OK"
+            }
+        );
+        for (k, v) in &r.headers {
+            text.push_str(&format!("{k}: {v}\n"));
+        }
+        text.push('\n');
+        text.push_str(&r.body);
+        text
+    };
+    get();
+    get();
+    let third = get();
+    if let Err(why) = holds(&quoted, &third) {
+        panic!(
+            "{why}\nthe README quotes:\n{}\nprinted:\n{third}",
+            quoted.join("\n")
+        );
+    }
 }
