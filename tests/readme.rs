@@ -234,7 +234,7 @@ limits:
     );
     // the three in one hour (aligned to the clock)
     assert!(common::eventually(
-        std::time::Duration::from_secs(5),
+        std::time::Duration::from_secs(15),
         || { common::now_ms() % 3_600_000 < 3_590_000 }
     ));
     let get = || {
