@@ -1,8 +1,8 @@
 //! `GET /api/usage` (issue 45 item 3): what each tenant used of one tier of one rule in its
 //! previous and current window, for billing: fleet-wide from a real redis-server (two real
-//! gateways counting, JSON and CSV, plans and thresholds, the previous window kept for long
-//! windows), paged through 100,000 tenants, across a real Redis Cluster's primaries, and from
-//! one instance's counters without Redis.
+//! gateways counting, JSON and CSV, plans and thresholds, a sliding window's previous window,
+//! a fixed window's once gone told as unknown), paged through 100,000 tenants, across a real
+//! Redis Cluster's primaries, and from one instance's counters without Redis.
 
 mod common;
 use common::{
@@ -18,7 +18,8 @@ static TURN: Mutex<()> = Mutex::new(());
 
 const TOKEN: &str = "0123456789abcdef0123";
 
-/// A rule `api` per tenant with an hour-long tier `p` (premium: its own), one per address.
+/// A rule `api` per tenant, a sliding window with an hour-long tier `p` (premium: its own); a
+/// fixed window `fixed` of `p`; one per address.
 fn config(up: &Upstream, redis: Option<&str>, p: u64) -> String {
     let mut cfg = common::one_route_config(up.addr, 1, &format!("  admin_token: {TOKEN}"))
         + &format!(
@@ -31,9 +32,13 @@ plans:
 limits:
   - id: api
     pathPattern: /api/**
+    algorithm: sliding_window
     tiers: [{{ period: 1s, threshold: 1000 }}, {{ period: {p}, threshold: 100 }}]
     plans:
       premium: [{{ period: {p}, threshold: 500 }}]
+  - id: fixed
+    pathPattern: /fixed/**
+    tiers: [{{ period: {p}, threshold: 100 }}]
   - id: by-ip
     per: ip
     pathPattern: /ip/**
@@ -195,15 +200,27 @@ fn usage_tells_each_tenant_fleet_wide_in_json_and_csv() {
         "{}",
         lines[1]
     );
-    // an hour's count is kept through the next hour, so that the export tells it then
-    let key = format!("tg:{{acme}}:api:{start}:{}", start + p * 1000);
-    let ttl = redis.int(&["PTTL", &key]);
-    let left = (start + p * 1000).saturating_sub(now_ms()) as i64;
+    // a fixed window's previous counts are gone 10 s after its end (contract section 6):
+    // told as unknown, not as 0
+    for _ in 0..2 {
+        assert_eq!(a.get("/fixed/x", &[("x-org-id", "acme")]).status, 200);
+    }
+    let fixed = format!("/api/usage?rule=fixed&period={p}");
+    let mut v = Value::Null;
     assert!(
-        ttl > left + p as i64 * 1000 - 5_000,
-        "pttl {ttl}, window left {left}"
+        eventually(Duration::from_secs(10), || {
+            v = admin(&b, &fixed).json();
+            v["tenants"][0]["current"] == 2
+        }),
+        "{v:#}"
     );
-    assert!(ttl <= left + p as i64 * 1000 + 60_000, "pttl {ttl}");
+    let kept = now_ms() < start + 10_000;
+    assert_eq!(v["previous"]["kept"], kept, "{v:#}");
+    if !kept {
+        assert_eq!(v["tenants"][0]["previous"], Value::Null, "{v:#}");
+        let csv = admin(&b, &format!("{fixed}&format=csv")).body;
+        assert!(csv.contains(",requests,") && csv.contains("Z,,"), "{csv}");
+    }
     // the 1s tier's keys are not kept beyond their window and grace
     for k in redis.keys("tg:{acme}:api:*") {
         let parts: Vec<&str> = k.split(':').collect();

@@ -2,7 +2,11 @@
 //! tenant used of one tier of one rule in its previous and its current window, for billing.
 //! With Redis, fleet-wide (`fleet_sync::usage`: the count keys, contract section 6, a page at a
 //! time); without, this instance's counters. Paged: a page holds at least `limit` rows (fewer
-//! only when it is the last) and names where the next begins.
+//! when it is the last, or ran out of `SCAN` steps) and names where the next begins.
+//!
+//! The previous window is told while its counts are kept: a sliding window's through the
+//! current window (they weigh on it), a fixed or calendar window's only until `KEY_GRACE_MS`
+//! after its end (contract section 6 bounds every key's life); after that it is `null`.
 
 use super::api::percent_decode;
 use crate::config::duration::{parse_duration, write_period};
@@ -128,13 +132,18 @@ fn windows_of(q: &Quota, now_ms: u64) -> Windows {
     }
 }
 
-/// A tenant's row, as the answer tells it.
+/// A tenant's row, as the answer tells it (`previous`: none once no longer kept).
 struct Line {
     tenant: String,
     plan: Option<String>,
     threshold: Option<u64>,
-    previous: u64,
+    previous: Option<u64>,
     current: u64,
+}
+
+/// Whether the previous window's counts are still kept at `now_ms` (see the module's doc).
+fn previous_kept(sliding: bool, windows: Windows, now_ms: u64) -> bool {
+    sliding || now_ms < windows.previous.1 + crate::services::fleet_sync::KEY_GRACE_MS
 }
 
 /// The tenant a partition names (a digest of a long one stays as its keys spell it).
@@ -294,6 +303,28 @@ async fn rows(
     Ok((rows, next, "this instance"))
 }
 
+/// The index of the rule `rule_id` names, if it counts per tenant.
+fn rule_of(snap: &crate::snapshot::Snapshot, rule_id: &str) -> Result<usize, Refusal> {
+    let rule = snap
+        .limiter
+        .rules
+        .iter()
+        .position(|r| r.rule.id == rule_id)
+        .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no rule {:?}", rule_id)))?;
+    let cr = &snap.limiter.rules[rule];
+    if cr.rule.per != PartitionBy::Tenant {
+        return Err((
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "rule {:?} counts per {}, not per tenant",
+                rule_id,
+                crate::config::summary::per_text(&cr.rule.per)
+            ),
+        ));
+    }
+    Ok(rule)
+}
+
 /// `GET /api/usage`: the answer's content type and body, or why not.
 pub async fn usage(
     shared: &SharedSnapshot,
@@ -302,29 +333,19 @@ pub async fn usage(
     let q = Query::parse(query)?;
     let snap = shared.load();
     let cfg = &snap.config;
-    let rule = snap
-        .limiter
-        .rules
-        .iter()
-        .position(|r| r.rule.id == q.rule)
-        .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no rule {:?}", q.rule)))?;
+    let rule = rule_of(&snap, &q.rule)?;
     let cr = &snap.limiter.rules[rule];
-    if cr.rule.per != PartitionBy::Tenant {
-        return Err((
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!(
-                "rule {:?} counts per {}, not per tenant",
-                q.rule,
-                crate::config::summary::per_text(&cr.rule.per)
-            ),
-        ));
-    }
     let lists = snap.limiter.core.limits[rule].counters.tiers();
     let tier = pick_tier(&lists[..], q.period.as_deref()).map_err(bad)?;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     let windows = windows_of(&tier, now_ms);
+    let sliding = snap.limiter.core.limits[rule]
+        .counters
+        .algorithm()
+        .is_sliding();
+    let kept = previous_kept(sliding, windows, now_ms);
     let (rows, next, source) = rows(shared, rule, &tier, windows, &q).await?;
     let lines: Vec<Line> = rows
         .iter()
@@ -341,7 +362,7 @@ pub async fn usage(
                 tenant,
                 plan,
                 threshold,
-                previous: r.previous,
+                previous: kept.then_some(r.previous),
                 current: r.current,
             }
         })
@@ -357,6 +378,7 @@ pub async fn usage(
         unit,
         source,
         windows,
+        kept,
     };
     if q.csv {
         return Ok((
@@ -379,6 +401,8 @@ struct Head<'a> {
     unit: &'a str,
     source: &'static str,
     windows: Windows,
+    /// Whether the previous window's counts are still kept.
+    kept: bool,
 }
 
 /// `2026-11-01T00:00:00Z`.
@@ -390,6 +414,12 @@ fn instant(ms: u64) -> String {
 
 fn window_json((start, end): (u64, u64)) -> Value {
     json!({ "start_ms": start, "end_ms": end, "start": instant(start), "end": instant(end) })
+}
+
+fn previous_json(h: &Head) -> Value {
+    let mut v = window_json(h.windows.previous);
+    v["kept"] = Value::Bool(h.kept);
+    v
 }
 
 fn json_body(h: &Head, lines: &[Line], next: Option<String>) -> Value {
@@ -411,7 +441,7 @@ fn json_body(h: &Head, lines: &[Line], next: Option<String>) -> Value {
         "window": crate::limits::inspect::window_of(h.tier),
         "unit": h.unit,
         "source": h.source,
-        "previous": window_json(h.windows.previous),
+        "previous": previous_json(h),
         "current": window_json(h.windows.current),
         "tenants": tenants,
         "next": next,
@@ -430,7 +460,7 @@ fn csv_field(s: &str, out: &mut String) {
 }
 
 /// One line per tenant: `tenant,plan,threshold,unit,previous_window,previous,current_window,current`
-/// (a window as an ISO 8601 interval, `start/end`).
+/// (a window as an ISO 8601 interval, `start/end`; `previous` empty once no longer kept).
 fn csv(h: &Head, lines: &[Line]) -> String {
     let mut out = String::from(
         "tenant,plan,threshold,unit,previous_window,previous,current_window,current\r\n",
@@ -444,7 +474,8 @@ fn csv(h: &Head, lines: &[Line]) -> String {
         let threshold = l.threshold.map(|t| t.to_string()).unwrap_or_default();
         let _ = write!(out, ",{threshold},");
         csv_field(h.unit, &mut out);
-        let _ = write!(out, ",{prev},{},{cur},{}\r\n", l.previous, l.current);
+        let previous = l.previous.map(|p| p.to_string()).unwrap_or_default();
+        let _ = write!(out, ",{prev},{previous},{cur},{}\r\n", l.current);
     }
     out
 }
@@ -522,10 +553,14 @@ mod tests {
     }
 
     #[test]
-    fn the_previous_window_is_the_one_before_the_current() {
+    fn the_previous_window_is_the_one_before_the_current_and_kept_a_while() {
         let w = windows_of(&quota(3_600_000, 1), 7_200_000 + 5);
         assert_eq!(w.current, (7_200_000, 10_800_000));
         assert_eq!(w.previous, (3_600_000, 7_200_000));
+        let grace = crate::services::fleet_sync::KEY_GRACE_MS;
+        assert!(previous_kept(false, w, 7_200_000 + grace - 1));
+        assert!(!previous_kept(false, w, 7_200_000 + grace));
+        assert!(previous_kept(true, w, 10_799_999));
     }
 
     #[test]

@@ -150,7 +150,7 @@ pub async fn fleet(
         "{}:{{{partition}}}:{}:bucket",
         settings.key_prefix, t.rule_id
     );
-    let keep = super::kept_ms(sliding, p);
+    let keep = if sliding { p } else { 0 };
     let bucket_ns = if t.algorithm.is_bucket() {
         u64::try_from(interval_ns(t.quota)).unwrap_or(u64::MAX)
     } else {

@@ -34,20 +34,6 @@ use tollgate_limits::store::{Counter, CounterRegistry, OrphanCount, RuleCounters
 
 /// Keys live this long past the last moment they are needed.
 pub const KEY_GRACE_MS: u64 = 10_000;
-/// Windows this long or longer keep their keys one window more (`kept_ms`).
-pub const USAGE_KEPT_FROM_MS: u64 = 3_600_000;
-
-/// How long a window's keys outlive its end (before `KEY_GRACE_MS`): a sliding window's are
-/// needed through the next window; an hour's, a day's or a month's are kept as long, so that
-/// the usage export (`GET /api/usage`) can tell the previous window fleet-wide after it ends.
-pub fn kept_ms(sliding: bool, period_ms: u64) -> u64 {
-    if sliding || period_ms >= USAGE_KEPT_FROM_MS {
-        period_ms
-    } else {
-        0
-    }
-}
-
 /// Longest wait between retries while Redis is failing.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The last round of a draining process starts this long before its grace period ends.
@@ -392,7 +378,8 @@ impl Accounts {
         let p = end.saturating_sub(start).max(1);
         let sliding = counters.algorithm().is_sliding();
         let contract_key = redis_key(&settings.key_prefix, &partition, id, start, end);
-        let expire_at_ms = end + kept_ms(sliding, p) + KEY_GRACE_MS;
+        let keep = if sliding { p } else { 0 };
+        let expire_at_ms = end + keep + KEY_GRACE_MS;
         let source = Source {
             counters: Arc::clone(counters),
             key: key.into(),
