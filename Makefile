@@ -5,7 +5,7 @@ SHELL := /bin/bash
 # command:debian-package pairs
 BUILD_DEPS := cmake:cmake cc:gcc pkg-config:pkg-config /usr/include/openssl/ssl.h:libssl-dev openssl:openssl /usr/share/zoneinfo/Europe/Berlin:tzdata
 TEST_DEPS  := kubectl:kubectl promtool:prometheus redis-server:redis-server redis-cli:redis-tools redis-sentinel:redis-sentinel wrk:wrk curl:curl chromium:chromium /usr/sbin/dnsmasq:dnsmasq-base
-BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client
+BENCH_DEPS := wrk:wrk nginx:nginx h2load:nghttp2-client /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1:libfaketime
 DEB_DEPS   := dpkg-shlibdeps:dpkg-dev adduser:adduser curl:curl
 # the package under a real systemd in a container (scripts/deb-systemd-check)
 DEB_CHECK_DEPS := systemd-nspawn:systemd-container systemctl:systemd nsenter:util-linux wrk:wrk
@@ -68,7 +68,9 @@ conformance: deps
 ## instances sharing limits through Redis; HTTP/2 over TLS next to nginx (h2load); unary gRPC
 ## over h2c direct, through the gateway (no rules, 3 rules) and through nginx grpc_pass
 ## (h2load, callgrind, connections to the server); the tenant from an API key or a signed token
-## (cached, uncached); memory under a million tenant ids. Tables and charts go to BENCHMARKS.md.
+## (cached, uncached); memory under a million tenant ids; fleet sizing (what 3, 10 and 12
+## instances ask of Redis at 1,000 and 10,000 requests/s, a failover behind one endpoint, clock
+## skew, restarts in a monthly window). Tables and charts go to BENCHMARKS.md.
 bench: deps-bench deps-test release
 	$(CARGO) bench --bench decision
 	scripts/bench-cost
@@ -78,6 +80,7 @@ bench: deps-bench deps-test release
 	scripts/bench-tokens
 	scripts/bench-memory
 	scripts/bench-fleet
+	scripts/bench-fleet-sizing
 
 ## The Debian package, target/debian/tollgate_<version>_<arch>.deb (cargo-deb, installed if
 ## missing; see [package.metadata.deb] in Cargo.toml), and what CI checks of it (as root):
