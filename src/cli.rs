@@ -468,6 +468,18 @@ fn add_upkeep(server: &mut Server, rt: &Runtime, shared: &SharedSnapshot) {
             metrics: metrics.clone(),
         },
     ));
+    // runs always: idle without `redis` or long fixed windows
+    server.add_service(background_service(
+        "usage archive",
+        crate::services::fleet_sync::archive::Archiver::new(
+            shared.clone(),
+            crate::services::fleet_sync::archive::from_ms(
+                std::env::var("TOLLGATE_USAGE_ARCHIVE_FROM_MS")
+                    .ok()
+                    .as_deref(),
+            ),
+        ),
+    ));
     server.add_service(background_service(
         "counter sweeper",
         Sweeper {

@@ -438,3 +438,84 @@ fn usage_names_the_missing_scan_right_of_an_acl_user() {
     let r = admin(&gw, "/api/usage?rule=api");
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+/// A fixed window's counts outlive its keys in the usage archive (`fleet_sync::archive`):
+/// windows of 20 s archived here (`TOLLGATE_USAGE_ARCHIVE_FROM_MS`, as an hour's or a month's
+/// are), by one of two instances, the previous window told from the archive once its keys are
+/// gone (10 s after its end),
+/// for a tenant with a count in the current window (its previous from the archive beside it) and
+/// one without (from the archive alone).
+#[test]
+fn usage_tells_a_fixed_windows_previous_counts_from_the_archive() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = common::one_route_config(up.addr, 1, &format!("  admin_token: {TOKEN}"))
+        + &format!(
+            r#"tenant:
+  from: [{{ header: x-org-id, trusted: true }}]
+limits:
+  - id: short
+    pathPattern: /**
+    tiers: [{{ period: 20, threshold: 100 }}]
+redis:
+  url: {}
+  key_prefix: tg
+  sync_interval: 200ms
+  timeout: 1s
+"#,
+            redis.url()
+        );
+    let env = [("TOLLGATE_USAGE_ARCHIVE_FROM_MS", "20000")];
+    let (gw, other) = (
+        Gateway::start_with_env(&cfg, &env),
+        Gateway::start_with_env(&cfg, &env),
+    );
+    // a window with 5 s left at least
+    assert!(eventually(Duration::from_secs(20), || now_ms() % 20_000 < 15_000));
+    let start = now_ms() / 20_000 * 20_000;
+    let end = start + 20_000;
+    for _ in 0..3 {
+        assert_eq!(gw.get("/x", &[("x-org-id", "acme")]).status, 200);
+    }
+    assert_eq!(gw.get("/x", &[("x-org-id", "globex")]).status, 200);
+    // the next window: acme again
+    assert!(eventually(Duration::from_secs(20), || now_ms() >= end));
+    assert_eq!(gw.get("/x", &[("x-org-id", "acme")]).status, 200);
+    // the window's keys gone (10 s after its end), the archive holds its counts
+    let key = |t: &str| format!("tg:{{{t}}}:short:{start}:{end}");
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            matches!(redis.cmd(&["EXISTS", &key("acme")]), redis::Value::Int(0))
+        }),
+        "the window's keys expire"
+    );
+    assert!(now_ms() < end + 20_000, "still the previous window");
+    let archive = format!("tg:usage:{{short}}:{start}:{end}");
+    // one of the two copied it
+    let copied = format!("usage archive: rule short: 2 partitions of the window {start}..{end}");
+    let copies = [&gw, &other]
+        .iter()
+        .filter(|g| g.log().contains(&copied))
+        .count();
+    assert_eq!(copies, 1, "{}\n{}", gw.log(), other.log());
+    assert_eq!(redis.int(&["HGET", &archive, "acme"]), 3);
+    let ttl = redis.int(&["PTTL", &archive]);
+    assert!(
+        ttl > 0 && ttl <= (end + 30_000 - now_ms()) as i64,
+        "pttl {ttl}"
+    );
+    let v = admin(&gw, "/api/usage?rule=short").json();
+    assert_eq!(v["previous"]["start_ms"], start, "{v:#}");
+    assert_eq!(v["previous"]["kept"], true, "{v:#}");
+    let mut rows = rows_of(&v);
+    rows.iter_mut().for_each(|r| r.2 = Value::Null);
+    assert_eq!(
+        rows,
+        vec![
+            ("acme".to_string(), Value::Null, Value::Null, 3, 1),
+            ("globex".into(), Value::Null, Value::Null, 1, 0),
+        ],
+        "{v:#}"
+    );
+}

@@ -5,8 +5,9 @@
 //! when it is the last, or ran out of `SCAN` steps) and names where the next begins.
 //!
 //! The previous window is told while its counts are kept: a sliding window's through the
-//! current window (they weigh on it), a fixed or calendar window's only until `KEY_GRACE_MS`
-//! after its end (contract section 6 bounds every key's life); after that it is `null`.
+//! current window (they weigh on it), a fixed or calendar window's keys until `KEY_GRACE_MS`
+//! after its end (contract section 6 bounds every key's life), and then, for windows of an hour
+//! or more, its usage archive (`fleet_sync::archive`); without either it is `null`.
 
 use super::api::percent_decode;
 use crate::config::duration::{parse_duration, write_period};
@@ -232,44 +233,72 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// A page of rows and the next page's cursor, fleet-wide or from this instance.
+/// Redis's answer to the export refused, with what to do when the ACL says no.
+fn unavailable(e: crate::services::fleet_sync::backend::RoundError) -> Refusal {
+    let advice = if e.message.to_ascii_lowercase().contains("noperm") {
+        ": the export reads the count keys with SCAN and GET and the archive with HSCAN and HMGET; add +scan +hscan +hmget to the user's ACL"
+    } else {
+        ""
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("redis: {e}{advice}"),
+    )
+}
+
+/// A page of the fleet's rows from Redis, the next page's cursor, and whether the previous
+/// window was read from its archive (asked for with `archive_wanted`: its keys are gone).
+async fn fleet_rows(
+    settings: &crate::config::model::RedisSettings,
+    id: &str,
+    (windows, archive_wanted): (Windows, bool),
+    q: &Query,
+) -> Result<(Vec<Row>, Option<String>, bool), Refusal> {
+    use crate::services::fleet_sync::archive::{archive_key, LOCK_FIELD};
+    let from = match &q.cursor {
+        Some(c) => Cursor::parse(c)
+            .ok_or_else(|| bad(format!("cursor={c}: not one this endpoint gave")))?,
+        None => Cursor::default(),
+    };
+    let backend = backend::make(settings).map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e))?;
+    let prefix = &settings.key_prefix;
+    let mut archive = None;
+    if archive_wanted {
+        let key = archive_key(prefix, id, windows.previous);
+        let lock = backend
+            .hash_counts(&key, &[LOCK_FIELD])
+            .await
+            .map_err(unavailable)?;
+        archive = lock.first().copied().flatten().map(|_| key);
+    }
+    let (rows, next) = usage::page(
+        backend.as_ref(),
+        (prefix, id),
+        (windows, archive.as_deref()),
+        from,
+        q.limit,
+    )
+    .await
+    .map_err(unavailable)?;
+    Ok((rows, next.map(|c| c.text()), archive.is_some()))
+}
+
+/// A page of rows, the next page's cursor, where they come from, and whether the previous
+/// window was read from its archive: fleet-wide, or from this instance.
 async fn rows(
     shared: &SharedSnapshot,
     rule: usize,
     tier: &Quota,
-    windows: Windows,
+    (windows, archive_wanted): (Windows, bool),
     q: &Query,
-) -> Result<(Vec<Row>, Option<String>, &'static str), Refusal> {
+) -> Result<(Vec<Row>, Option<String>, &'static str, bool), Refusal> {
     let snap = shared.load();
     let cfg = &snap.config;
     let id = snap.limiter.rules[rule].rule.id.clone();
     if let Some(settings) = &cfg.redis {
-        let from = match &q.cursor {
-            Some(c) => Cursor::parse(c)
-                .ok_or_else(|| bad(format!("cursor={c}: not one this endpoint gave")))?,
-            None => Cursor::default(),
-        };
-        let backend = backend::make(settings).map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e))?;
-        let (rows, next) = usage::page(
-            backend.as_ref(),
-            (&settings.key_prefix, &id),
-            windows,
-            from,
-            q.limit,
-        )
-        .await
-        .map_err(|e| {
-            let advice = if e.message.to_ascii_lowercase().contains("noperm") {
-                ": the export reads the count keys with SCAN and GET; add +scan to the user's ACL"
-            } else {
-                ""
-            };
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("redis: {e}{advice}"),
-            )
-        })?;
-        return Ok((rows, next.map(|c| c.text()), "redis"));
+        let (rows, next, archived) =
+            fleet_rows(settings, &id, (windows, archive_wanted), q).await?;
+        return Ok((rows, next, "redis", archived));
     }
     if snap.limiter.core.limits[rule]
         .counters
@@ -300,7 +329,7 @@ async fn rows(
             current,
         })
         .collect();
-    Ok((rows, next, "this instance"))
+    Ok((rows, next, "this instance", false))
 }
 
 /// The index of the rule `rule_id` names, if it counts per tenant.
@@ -346,7 +375,8 @@ pub async fn usage(
         .algorithm()
         .is_sliding();
     let kept = previous_kept(sliding, windows, now_ms);
-    let (rows, next, source) = rows(shared, rule, &tier, windows, &q).await?;
+    let (rows, next, source, archived) = rows(shared, rule, &tier, (windows, !kept), &q).await?;
+    let kept = kept || archived;
     let lines: Vec<Line> = rows
         .iter()
         .map(|r| {

@@ -7,6 +7,7 @@
 //! clock against a simulated Redis; `SyncService` runs it against the real one.
 
 pub mod adjust;
+pub mod archive;
 pub mod backend;
 pub mod keys;
 pub mod usage;

@@ -4,7 +4,8 @@
 //! a time. Keys are found with `SCAN` (server by server in a cluster) and read with `GET`s;
 //! nothing is written.
 //!
-//! A page goes through two passes, the previous window's keys and then the current window's: a
+//! A page goes through two passes, the previous window's keys (or, once they are gone, its
+//! archive: `fleet_sync::archive`) and then the current window's: a
 //! partition is given in the first pass only while it has no current count yet, and in the
 //! second always. So every partition counted in either window is given at least once, and
 //! twice only when its current window began to count during the export (the later row is the
@@ -12,6 +13,11 @@
 
 use super::backend::{RoundError, SyncBackend};
 use super::keys::redis_key;
+
+/// The field of a window's usage archive (`fleet_sync::archive`) whose first write elects the
+/// instance that copies the window: not a partition (no partition begins with `=` but a
+/// digest's `=b2=`).
+pub const LOCK_FIELD: &str = "=lock";
 
 /// The two windows of the tier: `(start ms, end ms)` each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,10 +100,13 @@ const MAX_STEPS: usize = 2000;
 
 /// One page of at least `limit` rows (fewer only when it is the last, or ran out of steps),
 /// from `from`, and where the next begins (none: the export is done).
+///
+/// `archive`: the previous window's archive (`fleet_sync::archive`), once its keys are gone: the
+/// first pass then reads the archive's fields (`HSCAN`) instead of the previous window's keys.
 pub async fn page(
     backend: &dyn SyncBackend,
     (prefix, rule_id): (&str, &str),
-    windows: Windows,
+    (windows, archive): (Windows, Option<&str>),
     from: Cursor,
     limit: usize,
 ) -> Result<(Vec<Row>, Option<Cursor>), RoundError> {
@@ -107,6 +116,19 @@ pub async fn page(
     let mut rows = Vec::new();
     let mut steps = 0;
     while at.pass <= 1 && rows.len() < limit && steps < MAX_STEPS {
+        if let (0, Some(archive)) = (at.pass, archive) {
+            steps += 1;
+            at = archived(
+                backend,
+                (prefix, rule_id),
+                (windows, archive),
+                at,
+                count,
+                &mut rows,
+            )
+            .await?;
+            continue;
+        }
         if at.server >= servers {
             at = Cursor {
                 pass: at.pass + 1,
@@ -130,7 +152,15 @@ pub async fn page(
             .collect();
         parts.sort_unstable();
         parts.dedup();
-        read(backend, at, (prefix, rule_id), windows, &parts, &mut rows).await?;
+        read(
+            backend,
+            at,
+            (prefix, rule_id),
+            (windows, archive),
+            &parts,
+            &mut rows,
+        )
+        .await?;
         at = match found.cursor {
             0 => Cursor {
                 server: at.server + 1,
@@ -144,12 +174,52 @@ pub async fn page(
     Ok((rows, next))
 }
 
-/// Read both windows' counts of `parts` (found on `at.server` in pass `at.pass`) into `rows`.
+/// A step of the first pass through the previous window's archive: the partitions it holds
+/// that have no current count yet (the second pass finds the others), and where to go on.
+async fn archived(
+    backend: &dyn SyncBackend,
+    (prefix, rule_id): (&str, &str),
+    (windows, archive): (Windows, &str),
+    at: Cursor,
+    count: u64,
+    rows: &mut Vec<Row>,
+) -> Result<Cursor, RoundError> {
+    let (next, fields) = backend.hscan(archive, at.scan, count).await?;
+    let fields: Vec<(String, u64)> = fields
+        .into_iter()
+        .filter(|(f, _)| f != LOCK_FIELD)
+        .collect();
+    let (cs, ce) = windows.current;
+    let keys: Vec<String> = fields
+        .iter()
+        .map(|(p, _)| redis_key(prefix, p, rule_id, cs, ce))
+        .collect();
+    let current = backend.counts_by_key(&keys).await?;
+    for ((partition, previous), current) in fields.into_iter().zip(current) {
+        if current.is_none() {
+            rows.push(Row {
+                partition,
+                previous,
+                current: 0,
+            });
+        }
+    }
+    Ok(match next {
+        0 => Cursor {
+            pass: 1,
+            ..Cursor::default()
+        },
+        c => Cursor { scan: c, ..at },
+    })
+}
+
+/// Read both windows' counts of `parts` (found on `at.server` in pass `at.pass`) into `rows`:
+/// the previous window's from its keys, or from its archive once they are gone.
 async fn read(
     backend: &dyn SyncBackend,
     at: Cursor,
     (prefix, rule_id): (&str, &str),
-    windows: Windows,
+    (windows, archive): (Windows, Option<&str>),
     parts: &[&str],
     rows: &mut Vec<Row>,
 ) -> Result<(), RoundError> {
@@ -161,7 +231,13 @@ async fn read(
         keys.push(redis_key(prefix, p, rule_id, cs, ce));
     }
     // (a partition's keys share its hash tag, so its slot and its server)
-    let values = backend.counts(at.server, &keys).await?;
+    let mut values = backend.counts(at.server, &keys).await?;
+    if let Some(archive) = archive {
+        let kept = backend.hash_counts(archive, parts).await?;
+        for (v, k) in values.chunks_mut(2).zip(kept) {
+            v[0] = k;
+        }
+    }
     for (p, v) in parts.iter().zip(values.chunks(2)) {
         let (previous, current) = (v.first().copied().flatten(), v.get(1).copied().flatten());
         // the first pass gives only what the second will not find

@@ -367,7 +367,7 @@ mod tests {
 
     #[test]
     fn every_command_a_round_sends_is_checked() {
-        // the scripts' calls (the rounds', and an operator's reset or grant) and the round's
+        // the scripts' calls (the rounds', an operator's reset or grant, the usage archive's) and the round's
         // own commands, as sent
         let mut script = super::super::script::sources().concat().to_lowercase();
         script.push_str(
@@ -375,6 +375,8 @@ mod tests {
                 .concat()
                 .to_lowercase(),
         );
+        // (and the usage archive's)
+        script.push_str(&crate::services::fleet_sync::archive::source().to_lowercase());
         let mut called: Vec<String> = script
             .split("redis.call('")
             .skip(1)

@@ -318,6 +318,34 @@ impl SyncBackend for ClusterRedis {
         Ok(ScanPage { keys, cursor })
     }
 
+    async fn counts_by_key(&self, keys: &[String]) -> Result<Vec<Option<u64>>, RoundError> {
+        // one at a time, each to the master of its slot (the client routes a command by its key)
+        let mut conn = self.connection().await?;
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            let v: Option<String> = redis::cmd("GET").arg(k).query_async(&mut conn).await?;
+            out.push(v.and_then(|s| s.parse().ok()));
+        }
+        Ok(out)
+    }
+
+    async fn hscan(
+        &self,
+        key: &str,
+        cursor: u64,
+        count: u64,
+    ) -> Result<(u64, Vec<(String, u64)>), RoundError> {
+        super::scan::hscan_on(&mut self.connection().await?, key, cursor, count).await
+    }
+
+    async fn hash_counts(
+        &self,
+        key: &str,
+        fields: &[&str],
+    ) -> Result<Vec<Option<u64>>, RoundError> {
+        super::scan::hash_counts_on(&mut self.connection().await?, key, fields).await
+    }
+
     async fn counts(&self, server: usize, keys: &[String]) -> Result<Vec<Option<u64>>, RoundError> {
         let Some(node) = self.primaries().await?.into_iter().nth(server) else {
             return Ok(vec![None; keys.len()]);

@@ -416,6 +416,33 @@ pub trait SyncBackend: Send + Sync {
         Err("this backend reads no keys".into())
     }
 
+    /// A page of a hash's fields and integer values (`HSCAN`), wherever the hash lives.
+    async fn hscan(
+        &self,
+        key: &str,
+        cursor: u64,
+        count: u64,
+    ) -> Result<(u64, Vec<(String, u64)>), RoundError> {
+        let _ = (key, cursor, count);
+        Err("this backend reads no keys".into())
+    }
+
+    /// Some of a hash's integer values (`HMGET`; none: no such field), wherever it lives.
+    async fn hash_counts(
+        &self,
+        key: &str,
+        fields: &[&str],
+    ) -> Result<Vec<Option<u64>>, RoundError> {
+        let _ = (key, fields);
+        Err("this backend reads no keys".into())
+    }
+
+    /// The integer values of count keys (none: no such key), wherever each lives.
+    async fn counts_by_key(&self, keys: &[String]) -> Result<Vec<Option<u64>>, RoundError> {
+        // (one server holds every key)
+        self.counts(0, keys).await
+    }
+
     /// The integer values of count keys (none: no such key) that live on server `server`.
     async fn counts(&self, server: usize, keys: &[String]) -> Result<Vec<Option<u64>>, RoundError> {
         let _ = (server, keys);

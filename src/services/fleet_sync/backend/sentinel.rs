@@ -129,6 +129,31 @@ impl SyncBackend for SentinelRedis {
         result
     }
 
+    async fn hscan(
+        &self,
+        key: &str,
+        cursor: u64,
+        count: u64,
+    ) -> Result<(u64, Vec<(String, u64)>), RoundError> {
+        let result = super::scan::hscan_on(&mut self.primary().await?, key, cursor, count).await;
+        if result.is_err() {
+            self.forget();
+        }
+        result
+    }
+
+    async fn hash_counts(
+        &self,
+        key: &str,
+        fields: &[&str],
+    ) -> Result<Vec<Option<u64>>, RoundError> {
+        let result = super::scan::hash_counts_on(&mut self.primary().await?, key, fields).await;
+        if result.is_err() {
+            self.forget();
+        }
+        result
+    }
+
     async fn counts(
         &self,
         _server: usize,

@@ -105,6 +105,23 @@ impl SyncBackend for SingleRedis {
         scan_on(&mut self.conn.clone(), cursor, pattern, count).await
     }
 
+    async fn hscan(
+        &self,
+        key: &str,
+        cursor: u64,
+        count: u64,
+    ) -> Result<(u64, Vec<(String, u64)>), RoundError> {
+        super::scan::hscan_on(&mut self.conn.clone(), key, cursor, count).await
+    }
+
+    async fn hash_counts(
+        &self,
+        key: &str,
+        fields: &[&str],
+    ) -> Result<Vec<Option<u64>>, RoundError> {
+        super::scan::hash_counts_on(&mut self.conn.clone(), key, fields).await
+    }
+
     async fn counts(
         &self,
         _server: usize,
