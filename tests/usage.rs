@@ -479,6 +479,19 @@ redis:
         assert_eq!(gw.get("/x", &[("x-org-id", "acme")]).status, 200);
     }
     assert_eq!(gw.get("/x", &[("x-org-id", "globex")]).status, 200);
+    // and 1,200 tenants more, as the fleet counted them (more than one write of the copy holds)
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    let mut p = redis::pipe();
+    for i in 0..1200 {
+        p.cmd("SET")
+            .arg(format!("tg:{{f{i:04}}}:short:{start}:{end}"))
+            .arg(2)
+            .arg("PXAT")
+            .arg(end + 10_000)
+            .ignore();
+    }
+    p.query::<()>(&mut conn).expect("filled");
     // the next window: acme again
     assert!(eventually(Duration::from_secs(20), || now_ms() >= end));
     assert_eq!(gw.get("/x", &[("x-org-id", "acme")]).status, 200);
@@ -493,23 +506,32 @@ redis:
     assert!(now_ms() < end + 20_000, "still the previous window");
     let archive = format!("tg:usage:{{short}}:{start}:{end}");
     // one of the two copied it
-    let copied = format!("usage archive: rule short: 2 partitions of the window {start}..{end}");
+    let copied = format!("usage archive: rule short: 1202 partitions of the window {start}..{end}");
     let copies = [&gw, &other]
         .iter()
         .filter(|g| g.log().contains(&copied))
         .count();
     assert_eq!(copies, 1, "{}\n{}", gw.log(), other.log());
     assert_eq!(redis.int(&["HGET", &archive, "acme"]), 3);
+    assert_eq!(redis.int(&["HGET", &archive, "f1199"]), 2);
+    // the tenants and the field that elected the copier
+    assert_eq!(redis.int(&["HLEN", &archive]), 1203);
     let ttl = redis.int(&["PTTL", &archive]);
     assert!(
         ttl > 0 && ttl <= (end + 30_000 - now_ms()) as i64,
         "pttl {ttl}"
     );
-    let v = admin(&gw, "/api/usage?rule=short").json();
+    let v = admin(&gw, "/api/usage?rule=short&limit=10000").json();
     assert_eq!(v["previous"]["start_ms"], start, "{v:#}");
     assert_eq!(v["previous"]["kept"], true, "{v:#}");
     let mut rows = rows_of(&v);
     rows.iter_mut().for_each(|r| r.2 = Value::Null);
+    assert_eq!(rows.len(), 1202, "{}", v["next"]);
+    assert!(rows
+        .iter()
+        .filter(|r| r.0.starts_with('f'))
+        .all(|r| (r.3, r.4) == (2, 0)));
+    rows.retain(|r| !r.0.starts_with('f'));
     assert_eq!(
         rows,
         vec![

@@ -30,6 +30,9 @@ pub fn archive_key(prefix: &str, rule_id: &str, (start, end): (u64, u64)) -> Str
     format!("{prefix}:usage:{{{rule_id}}}:{start}:{end}")
 }
 
+/// The most field, value pairs one call of the script writes.
+const WRITE_AT_ONCE: usize = 500;
+
 /// `KEYS[1]`: the archive; `ARGV[1]`: when it expires (Unix ms); then field, value pairs.
 /// Answers how many fields were new.
 const WRITE: &str = r#"
@@ -98,10 +101,11 @@ pub async fn copy(
                 .zip(values)
                 .filter_map(|(k, v)| Some((partition_of(k, prefix, rule_id, ended)?, v?)))
                 .collect();
-            if !pairs.is_empty() {
-                write(backend, &key, keep_until_ms, &pairs).await?;
-                copied += pairs.len();
+            // (a script's arguments are unpacked onto Lua's stack: a few hundred at a time)
+            for chunk in pairs.chunks(WRITE_AT_ONCE) {
+                write(backend, &key, keep_until_ms, chunk).await?;
             }
+            copied += pairs.len();
             cursor = page.cursor;
             if cursor == 0 {
                 break;
