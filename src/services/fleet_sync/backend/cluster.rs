@@ -300,9 +300,7 @@ impl SyncBackend for ClusterRedis {
         count: u64,
     ) -> Result<ScanPage, RoundError> {
         use redis::cluster_routing::RoutingInfo;
-        let Some(node) = self.primaries().await?.into_iter().nth(server) else {
-            return Ok(ScanPage::default());
-        };
+        let node = self.primary(server).await?;
         let mut scan = redis::cmd("SCAN");
         scan.arg(cursor)
             .arg("MATCH")
@@ -347,9 +345,7 @@ impl SyncBackend for ClusterRedis {
     }
 
     async fn counts(&self, server: usize, keys: &[String]) -> Result<Vec<Option<u64>>, RoundError> {
-        let Some(node) = self.primaries().await?.into_iter().nth(server) else {
-            return Ok(vec![None; keys.len()]);
-        };
+        let node = self.primary(server).await?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -359,19 +355,34 @@ impl SyncBackend for ClusterRedis {
         }
         let mut conn = self.connection().await?;
         let values = conn.route_pipeline(p, 0, keys.len(), node).await?;
-        Ok(values
+        // an error reply (a slot moved meanwhile) is the read's error, not a missing key
+        values
             .into_iter()
-            .map(|v| {
-                redis::from_redis_value::<Option<String>>(v)
+            .map(|v| match v {
+                redis::Value::ServerError(e) => Err(RoundError::from(format!("{e:?}"))),
+                v => Ok(redis::from_redis_value::<Option<String>>(v)
                     .ok()
                     .flatten()
-                    .and_then(|s| s.parse().ok())
+                    .and_then(|s| s.parse().ok())),
             })
-            .collect())
+            .collect()
     }
 }
 
 impl ClusterRedis {
+    /// Primary `server` of `primaries`; an error when there is none such any more (the
+    /// cluster's primaries changed since the reader counted them).
+    async fn primary(
+        &self,
+        server: usize,
+    ) -> Result<redis::cluster_routing::SingleNodeRoutingInfo, RoundError> {
+        self.primaries().await?.into_iter().nth(server).ok_or_else(|| {
+            RoundError::from(format!(
+                "the cluster's primaries changed during the read (no primary {server} now): start again"
+            ))
+        })
+    }
+
     /// The cluster's primaries (`CLUSTER SLOTS`), by address, sorted: a scan visits them in
     /// this order.
     async fn primaries(
