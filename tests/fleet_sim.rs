@@ -75,6 +75,11 @@ enum Faults {
     SlowAndLost,
     /// Redis restarts empty once, down for a while.
     Restart,
+    /// Redis fails over once, down for a while: the replica that takes over lacks the writes
+    /// of the last ms before the failure (1 to 50, replication being asynchronous), answers
+    /// the primary had already sent back included; the fleet leases only, as it does behind
+    /// a Redis Cluster or Sentinel. (Half of the seeds that would draw `Restart`.)
+    Failover,
     /// The tenant's Redis Cluster node does not answer for a while; the rest of Redis (the
     /// heartbeat's node) does.
     ShardDown,
@@ -152,6 +157,7 @@ impl Scenario {
         ]);
         let faults = match r.below(10) {
             0 => Faults::SlowAndLost,
+            1 if seed.is_multiple_of(2) => Faults::Failover,
             1 => Faults::Restart,
             2 => Faults::ShardDown,
             3 => Faults::Stall,
@@ -336,11 +342,14 @@ impl Scenario {
     }
 }
 
+/// The hashes of a simulated Redis, by key.
+type Hashes = HashMap<String, HashMap<String, i64>>;
+
 /// The simulated Redis: the ledger model, the heartbeat set, and faults.
 #[derive(Default)]
 struct SimRedis {
     strings: HashMap<String, i64>,
-    hashes: HashMap<String, HashMap<String, i64>>,
+    hashes: Hashes,
     beats: HashMap<String, u64>,
     down_until: u64,
     restarted: bool,
@@ -582,7 +591,17 @@ fn simulate(s: &Scenario) -> Outcome {
             inst.fleet.set_instances(s.instances as u64);
         }
     }
-    let restart_at = (s.faults == Faults::Restart).then(|| 200 + rng.below(s.span_ms));
+    let failover = s.faults == Faults::Failover;
+    let restart_at =
+        matches!(s.faults, Faults::Restart | Faults::Failover).then(|| 200 + rng.below(s.span_ms));
+    // a failover: what the replica had when the primary failed, and how far it lagged
+    let lag_ms = 1 + (s.seed / 2) % 50;
+    let mut replica: Option<(HashMap<String, i64>, Hashes)> = None;
+    if failover {
+        for inst in &instances {
+            inst.fleet.set_plain_increments(false);
+        }
+    }
     if s.faults == Faults::ShardDown {
         let from = t0 + 200 + rng.below(s.span_ms);
         redis.shard_down = (from, from + 300 + rng.below(1500));
@@ -631,7 +650,15 @@ fn simulate(s: &Scenario) -> Outcome {
     };
     let trace = std::env::var("FLEET_SIM_TRACE").is_ok();
     let mut admitted_log: Vec<(u64, u64)> = Vec::new(); // (ms, window) of admissions, sliding
-    let flush_ms = 3 * s.interval_ms.max(1000) + 2 * s.timeout_ms;
+                                                        // (after a failover late in the span: until the retries, backing off up to 5 s apart,
+                                                        // find Redis again, and a round after that)
+    let flush_ms = 3 * s.interval_ms.max(1000)
+        + 2 * s.timeout_ms
+        + if s.faults == Faults::Failover {
+            8000
+        } else {
+            0
+        };
     let hold_ms = hold_limit(settings.timeout);
     // refusals waiting to be judged: (when, refused at, instance, under on_failure, window)
     // (token buckets: the bucket's level then, and the tokens taken until then)
@@ -666,15 +693,21 @@ fn simulate(s: &Scenario) -> Outcome {
                 out.span_late_sum -= u;
             }
         }
+        if failover && restart_at == Some(step + lag_ms) {
+            replica = Some((redis.strings.clone(), redis.hashes.clone()));
+        }
         if restart_at == Some(step) {
             if trace {
-                eprintln!("{step} redis restarts");
+                eprintln!("{step} redis restarts (failover: {failover})");
             }
+            let (strings, hashes) = replica.take().unwrap_or_default();
             redis = SimRedis {
                 down_until: now + 300 + rng.below(1500),
-                restarted: true,
+                restarted: !failover,
                 beats: HashMap::new(),
                 stalls: std::mem::take(&mut redis.stalls),
+                strings,
+                hashes,
                 ..SimRedis::default()
             };
         }
@@ -1230,6 +1263,7 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     let asserted = std::env::var("FLEET_SIM_ALL").is_ok()
         || match s.faults {
             Faults::Restart => !s.log,
+            Faults::Failover => true,
             Faults::None | Faults::Stall | Faults::ShardDown | Faults::SlowAndLost => true,
         };
     if asserted && !o.false_refusals.is_empty() {
@@ -1242,7 +1276,8 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     if o.max_rounds_per_s > 1000.0 / s.interval_ms as f64 + 20.0 {
         why.push(format!("{:.1} rounds per second", o.max_rounds_per_s));
     }
-    // no count lost, none counted twice (unless Redis lost its keys)
+    // no count lost, none counted twice (unless Redis lost its keys; a failover's lost
+    // writes are reported again)
     if !o.restarted {
         for (&w, &admitted) in &o.admitted {
             let key = format!("sim:{{acme}}:sim:{w}:{}", s.window_end(w));

@@ -471,6 +471,27 @@ pub fn note_count_full(state: &mut TierState) {
     state.ledger.count_full = true;
 }
 
+/// Redis may have lost what it acknowledged (it failed: a primary killed before its replica
+/// had the last writes, a restart without them): each leased record that Redis confirmed counts
+/// of in a round drained at or after `since_ms` reports its whole count again at the next
+/// round, the previous window's as if it held a lease to give back. The reports are
+/// cumulative, so a server that kept them adds nothing; a record whose window the fleet filled
+/// would otherwise never report again, and what the lost writes carried would stay missing
+/// from Redis. Records answered before `since_ms` had their writes passed on long before the
+/// failure. Direct records' plain increments are not idempotent and are not sent again.
+pub fn resync(state: &mut TierState, since_ms: u64) {
+    let l = &mut state.ledger;
+    if l.settled_ms < since_ms {
+        return;
+    }
+    if l.current.leased && l.current.sent > 0 {
+        l.asking = true;
+    }
+    if l.previous.leased && l.previous.sent > 0 {
+        l.prev_held = true;
+    }
+}
+
 /// The tier as a window's grant widens it (`Ledger::grant`): a window or log admits that much
 /// past the threshold (a bucket's grant moved its time instead).
 pub fn granted(tier: &Quota, state: &TierState, algorithm: Algorithm) -> Quota {
@@ -1029,6 +1050,68 @@ mod tests {
         };
         assume_counted(&mut r, &ask);
         assert_eq!(r.ledger.unsent(), 0);
+    }
+
+    #[test]
+    fn after_an_outage_leased_records_report_their_whole_counts_again() {
+        let sizing = Sizing {
+            spare: 10,
+            now_ms: 12_000,
+            since_ms: 1000,
+            horizon_ms: 1200,
+            left_ms: 5000,
+            periodic: false,
+            bucket: false,
+        };
+        // a window the fleet filled: confirmed, quiet, nothing to say
+        let mut s = state();
+        s.ledger.current.used = 7;
+        s.ledger.current.sent = 7;
+        s.ledger.previous = crate::record::Record {
+            gen: next_gen(),
+            used: 4,
+            sent: 4,
+            direct: 0,
+            leased: true,
+        };
+        s.ledger.previous_start_ms = 0;
+        assert_eq!(drain(&mut s, sizing), [None, None]);
+        s.ledger.settled_ms = 11_000;
+        // answered before the failure's span: nothing to send again
+        resync(&mut s, 11_001);
+        assert_eq!(drain(&mut s, sizing), [None, None]);
+        resync(&mut s, 11_000);
+        let [Some(prev), Some(cur)] = drain(&mut s, sizing) else {
+            panic!("both records report again")
+        };
+        assert_eq!((prev.used, prev.previous, prev.count), (4, true, false));
+        assert_eq!((cur.used, cur.confirmed, cur.count), (7, 7, false));
+        // once: the current record's ask is drained, the previous one's answered
+        let answer = Answer {
+            total: 9,
+            ceiling: 4,
+            fair: 1,
+            room: 0,
+            held: 0,
+            prev: 0,
+            grant: 0,
+            steps: [(0, 0); LOG_STEPS],
+        };
+        apply(&mut s, &prev, answer, (10_000, 10));
+        assert_eq!(drain(&mut s, sizing), [None, None]);
+        // plain increments are not idempotent: a direct record sends nothing again, nor does
+        // a record Redis never confirmed anything of (its report goes with its next round)
+        let mut d = state();
+        d.ledger.current.leased = false;
+        d.ledger.current.used = 3;
+        d.ledger.current.sent = 3;
+        let mut fresh = state();
+        fresh.ledger.current.used = 2;
+        for s in [&mut d, &mut fresh] {
+            s.ledger.settled_ms = 11_000;
+            resync(s, 0);
+            assert!(!s.ledger.asking && !s.ledger.prev_held);
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use backend::{
 use keys::{redis_key, redis_partition};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate_limits::clock::{Clock, NANOS_PER_MS};
@@ -35,6 +35,10 @@ use tollgate_limits::store::{Counter, CounterRegistry, OrphanCount, RuleCounters
 
 /// Keys live this long past the last moment they are needed.
 pub const KEY_GRACE_MS: u64 = 10_000;
+/// After a failure, the records Redis answered within this span before it report their whole
+/// counts again (`Accounts::note_trouble`): a replica lags its primary by far less, even on a
+/// busy server.
+pub const RESYNC_SPAN_MS: u64 = 10_000;
 /// Longest wait between retries while Redis is failing.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The last round of a draining process starts this long before its grace period ends.
@@ -132,6 +136,10 @@ pub struct Accounts {
     /// it was first read (ms).
     adjusted_mark: AtomicU64,
     adjusted_ms: AtomicU64,
+    /// A round since the last fully answered one found a server that did not answer, and
+    /// when the first of them was drained (ms).
+    troubled: AtomicBool,
+    trouble_from_ms: AtomicU64,
 }
 
 impl Accounts {
@@ -150,6 +158,8 @@ impl Accounts {
             first_round_ms: AtomicU64::new(0),
             adjusted_mark: AtomicU64::new(0),
             adjusted_ms: AtomicU64::new(0),
+            troubled: AtomicBool::new(false),
+            trouble_from_ms: AtomicU64::new(0),
         }
     }
 
@@ -520,11 +530,13 @@ impl Accounts {
         // a round that may have been applied although no answer came (a timeout): its plain
         // increments are taken as counted (never twice; they may be lost)
         let maybe_applied = outcome.as_ref().err().is_some_and(|e| !e.unapplied);
+        let mut unanswered = false;
         for (i, src) in round.sources.iter().enumerate() {
             let answer: Option<Reply> = outcome
                 .as_ref()
                 .ok()
                 .and_then(|ex| ex.answers.get(i).copied().flatten());
+            unanswered |= answer.is_none();
             let counted = src.ask.count && answer.is_none() && maybe_applied;
             let found = !src.orphan
                 && src.counters.update(&src.key, |c| {
@@ -587,8 +599,39 @@ impl Accounts {
                 self.fleet.want_round();
             }
         }
+        self.note_trouble(!ok || unanswered, round.sent_ms);
         let changed_from = self.fleet.set_connected(ok);
         Finished { ok, changed_from }
+    }
+
+    /// After a round (drained at `sent_ms`) that some server did not answer, the first that
+    /// every server answered (the one that failed is back, or a replica took its place) makes
+    /// every leased record that Redis answered within `RESYNC_SPAN_MS` before the trouble
+    /// began report its whole count again (`ledger::resync`): what the failed server
+    /// acknowledged and never passed on reaches Redis again with the next round, whenever it
+    /// comes (a round asked for now would come before the others' first reports after the
+    /// outage, and a token bucket charges reports in the order they come).
+    fn note_trouble(&self, troubled: bool, sent_ms: u64) {
+        if troubled {
+            if !self.troubled.swap(true, Ordering::Relaxed) {
+                self.trouble_from_ms.store(sent_ms, Ordering::Relaxed);
+            }
+            return;
+        }
+        if !self.troubled.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let since_ms = self
+            .trouble_from_ms
+            .load(Ordering::Relaxed)
+            .saturating_sub(RESYNC_SPAN_MS);
+        for rc in self.registry.live() {
+            rc.for_each(|_, c| {
+                for st in c.tiers.iter_mut() {
+                    ledger::resync(st, since_ms);
+                }
+            });
+        }
     }
 
     /// Requests counted here that Redis has not confirmed.
