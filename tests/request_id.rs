@@ -89,3 +89,53 @@ fn a_trusted_proxy_s_well_formed_id_is_kept() {
     assert_eq!(id.len(), 32, "{id}");
     assert_eq!(upstream_saw(&r.body).as_deref(), Some(id));
 }
+
+/// `server.request_id: false`: no id is made, returned or logged, and a client's
+/// `x-request-id` reaches the upstream as any other header would; a route's header value that
+/// names `${request_id}` is then a config error at its place.
+#[test]
+fn request_ids_can_be_turned_off() {
+    let up = Upstream::start("app");
+    let gw = Gateway::start(&one_route_config(
+        up.addr,
+        1,
+        "  access_log: true\n  request_id: false",
+    ));
+    let plain = gw.get("/a", &[]);
+    assert_eq!(plain.status, 200);
+    assert_eq!(plain.header("x-request-id"), None);
+    assert_eq!(upstream_saw(&plain.body), None, "{}", plain.body);
+    let own = gw.get("/b", &[("x-request-id", "from-the-client")]);
+    assert_eq!(own.header("x-request-id"), None);
+    assert_eq!(upstream_saw(&own.body).as_deref(), Some("from-the-client"));
+    assert!(
+        eventually(std::time::Duration::from_secs(5), || gw
+            .log()
+            .lines()
+            .filter(|l| l.contains("tollgate::access"))
+            .count()
+            >= 2),
+        "{}",
+        gw.log()
+    );
+    assert!(!gw.log().contains("request_id="), "{}", gw.log());
+
+    let dir = TempDir::new();
+    let cfg = one_route_config(up.addr, 1, "  request_id: false").replace(
+        "    upstream: app\n",
+        "    upstream: app\n    request_headers:\n      set: { x-trace: \"id-${request_id}\" }\n",
+    );
+    let path = dir.write("tollgate.yaml", &cfg);
+    let (code, _, text) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+    assert_eq!(code, 1, "{text}");
+    let line = cfg
+        .lines()
+        .position(|l| l.contains("x-trace"))
+        .expect("the line")
+        + 1;
+    assert!(
+        text.contains(&format!("tollgate.yaml:{line}:"))
+            && text.contains("names ${request_id}, but server.request_id is false"),
+        "{text}"
+    );
+}

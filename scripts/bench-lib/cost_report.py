@@ -15,7 +15,7 @@ KEYS = ["pass", "none", "rules", "nginx"]
 LABEL = {"pass": "Pingora passthrough (`examples/passthrough.rs`)", "none": "tollgate, no rules",
          "rules": "tollgate, 3 rules, 25 tenants", "nginx": "nginx `proxy_pass` + `limit_req`"}
 SHORT = {"pass": "passthrough", "none": "tollgate, no rules", "rules": "tollgate, 3 rules", "nginx": "nginx limit_req",
-         "trace0": "tollgate, 3 rules, traces at sample 0", "trace1": "tollgate, 3 rules, traces at sample 1"}
+         "noid": "tollgate, no rules, no request ids", "trace0": "tollgate, 3 rules, traces at sample 0", "trace1": "tollgate, 3 rules, traces at sample 1"}
 def kv(line):
     return {a: b for a, b in (w.split("=", 1) for w in line.split()[1:] if "=" in w)}
 cg, tp, lat = collections.defaultdict(list), collections.defaultdict(list), collections.defaultdict(list)
@@ -46,6 +46,11 @@ if "trace0" in I and "trace1" in I:
     out.append("| --- | ---: | ---: | ---: |")
     for k, s in (("trace0", "0"), ("trace1", "1")):
         out.append("| %s | %s | %.3f | %s |" % (s, k_(I[k]), I[k] / I["rules"], k_(IA[k])))
+if "noid" in I:
+    out.append("")
+    out.append("Request ids (`x-request-id`, on by default), no rules, under callgrind only: with")
+    out.append("`server.request_id: false` %s (runs: %s), %.3f of the figure with them, %.3f of the passthrough." % (
+        k_(I["noid"]), ", ".join(k_(x) for x in ipr["noid"]), I["noid"] / I["none"], I["noid"] / I["pass"]))
 table = "\n".join(out)
 targets = [
     ("tollgate with the 3 rules <= 1.05x passthrough instructions", I["rules"] / I["pass"], I["rules"] / I["pass"] <= 1.05),

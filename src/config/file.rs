@@ -131,6 +131,9 @@ pub struct ServerFile {
     /// `text` (the default) or `json`: one object a line.
     #[serde(default)]
     pub log_format: LogFormatFile,
+    /// Make (or keep from a trusted proxy) an `x-request-id` for every request (default true).
+    #[serde(default = "default_true")]
+    pub request_id: bool,
 }
 
 /// `server.log_format`.

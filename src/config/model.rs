@@ -72,6 +72,9 @@ pub struct ServerSettings {
     pub watch_config: bool,
     /// `log_format: json`: the access log and the gateway's own lines as JSON objects.
     pub log_json: bool,
+    /// `request_id`: every request gets an `x-request-id` (made, or kept from a trusted proxy);
+    /// off, the gateway neither makes one nor touches the client's.
+    pub request_id: bool,
 }
 
 /// `server.http2`: what one client connection may ask of the gateway.

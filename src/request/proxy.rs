@@ -538,7 +538,7 @@ fn access_line(
 }
 
 /// What a request is, before its admission: a gRPC call (and its deadline), a traced one.
-fn begin(req: &RequestHeader, id: &HeaderValue, ctx: &mut RequestCtx) {
+fn begin(req: &RequestHeader, id: Option<&HeaderValue>, ctx: &mut RequestCtx) {
     if grpc::is_grpc(&req.headers) {
         ctx.grpc = true;
         // (99999999H is a client's to send: no deadline past what an instant can hold)
@@ -705,9 +705,14 @@ impl ProxyHttp for Gateway {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip());
-        let id = request_id::of(&req.headers, peer, &snap.config.server.trusted_proxies);
-        begin(req, &id, ctx);
-        ctx.request_id = Some(id);
+        // (`server.request_id: false`: none, and the client's passes as any header)
+        let id = snap
+            .config
+            .server
+            .request_id
+            .then(|| request_id::of(&req.headers, peer, &snap.config.server.trusted_proxies));
+        begin(req, id.as_ref(), ctx);
+        ctx.request_id = id;
         let incoming = Incoming {
             head: req,
             raw_path: req.raw_path(),

@@ -173,17 +173,20 @@ impl Traces {
         &self,
         method: &str,
         headers: &http::HeaderMap,
-        request_id: &http::HeaderValue,
+        request_id: Option<&http::HeaderValue>,
     ) -> Context {
         let parent = self.propagator.extract(&HeaderExtractor(headers));
+        let id = request_id.map(|id| {
+            KeyValue::new(
+                "tollgate.request_id",
+                String::from_utf8_lossy(id.as_bytes()).into_owned(),
+            )
+        });
         let span = self
             .tracer
             .span_builder(method.to_string())
             .with_kind(SpanKind::Server)
-            .with_attributes([KeyValue::new(
-                "tollgate.request_id",
-                String::from_utf8_lossy(request_id.as_bytes()).into_owned(),
-            )])
+            .with_attributes(id)
             .start_with_context(&self.tracer, &parent);
         parent.with_span(span)
     }

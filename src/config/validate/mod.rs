@@ -126,6 +126,9 @@ pub fn validate(file: &Path, loc: Locator, model: FileConfig) -> Result<Config, 
         _ => TenantMode::Optional,
     };
     let routes = check_routes(&mut c, &model.routes, &upstreams, default_mode);
+    if !server.request_id {
+        no_request_ids(&mut c, &model.routes);
+    }
     let (mut plans, members) = check_plans(&mut c, &model.plans, &mut includes);
     let tenant = match &model.tenant {
         Some(t) => check_tenant(

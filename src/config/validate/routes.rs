@@ -503,6 +503,27 @@ fn check_header_ops(c: &mut Checker, base: &str, f: &HeaderOpsFile) -> HeaderOps
     out
 }
 
+/// With `server.request_id: false` there is no id: a route's header value naming
+/// `${request_id}` is an error at its place.
+pub(super) fn no_request_ids(c: &mut Checker, routes: &[RouteFile]) {
+    for (i, r) in routes.iter().enumerate() {
+        for (side, ops) in [
+            ("request_headers", &r.request_headers),
+            ("response_headers", &r.response_headers),
+        ] {
+            let Some(ops) = ops else { continue };
+            for (kind, map) in [("set", &ops.set), ("add", &ops.add)] {
+                for (n, v) in map.iter().filter(|(_, v)| v.contains("${request_id}")) {
+                    c.err(
+                        &format!("routes[{i}].{side}.{kind}.{n}"),
+                        format!("{v:?} names ${{request_id}}, but server.request_id is false: no request has an id"),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A header value with `${tenant}`, `${plan}`, `${route}`, `${client_ip}`, `${request_id}`.
 fn template(c: &mut Checker, path: &str, text: &str) -> Option<Template> {
     let mut pieces = Vec::new();

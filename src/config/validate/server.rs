@@ -166,6 +166,7 @@ pub(super) fn check_server(c: &mut Checker, s: &ServerFile) -> (ServerSettings, 
             .unwrap_or_else(|| DEFAULT_UPGRADE_SOCK.to_string()),
         watch_config: s.watch_config,
         log_json: s.log_format == LogFormatFile::Json,
+        request_id: s.request_id,
     };
     (settings, certs)
 }
