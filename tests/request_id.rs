@@ -119,6 +119,11 @@ fn request_ids_can_be_turned_off() {
         gw.log()
     );
     assert!(!gw.log().contains("request_id="), "{}", gw.log());
+    // a reload turns them on (and the config with them off is rejected when it names one)
+    assert!(gw.reload(&one_route_config(up.addr, 1, "  access_log: true")));
+    let on = gw.get("/c", &[("x-request-id", "from-the-client")]);
+    let id = on.header("x-request-id").expect("an id after the reload");
+    assert_eq!(upstream_saw(&on.body).as_deref(), Some(id));
 
     let dir = TempDir::new();
     let cfg = one_route_config(up.addr, 1, "  request_id: false").replace(
