@@ -478,6 +478,7 @@ fn add_upkeep(server: &mut Server, rt: &Runtime, shared: &SharedSnapshot) {
                     .ok()
                     .as_deref(),
             ),
+            metrics.clone(),
         ),
     ));
     server.add_service(background_service(

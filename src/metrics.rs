@@ -75,6 +75,9 @@ pub struct Metrics {
     client_error_series: Vec<IntCounter>,
     /// `tollgate_jwks_fetches_total{issuer,result}`: fetches of the issuers' JWKS.
     pub jwks_fetches: IntCounterVec,
+    /// `tollgate_usage_archive_total{result}`: ended windows this instance archived
+    /// (`copied`), found archived by another (`elsewhere`), or failed to (`error`).
+    pub usage_archive: IntCounterVec,
     /// `tollgate_tokens_refused_total{reason}`: bearer tokens refused (401), by why.
     pub tokens_refused: IntCounterVec,
     /// Its series, one per [`Refusal`] (in `Refusal::ALL` order), resolved once.
@@ -381,6 +384,14 @@ impl Metrics {
                     "tollgate_jwks_fetches_total",
                     "Fetches of a jwt issuer's JWKS (jwks_uri), by issuer and result (ok, error: the keys held are kept)",
                     &["issuer", "result"],
+                ),
+            )?,
+            usage_archive: registered(
+                &r,
+                counter_vec(
+                    "tollgate_usage_archive_total",
+                    "Ended long windows handled by the usage archive, by result (copied: by this instance; elsewhere: another instance copied it; error: not copied, logged)",
+                    &["result"],
                 ),
             )?,
             tokens_refused: registered(

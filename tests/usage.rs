@@ -6,7 +6,8 @@
 
 mod common;
 use common::{
-    eventually, now_ms, period_with_room, request, Cluster, Gateway, RedisServer, Upstream,
+    eventually, metric_sum, now_ms, period_with_room, request, Cluster, Gateway, RedisServer,
+    Upstream,
 };
 use serde_json::Value;
 use std::collections::HashMap;
@@ -512,6 +513,28 @@ redis:
         .filter(|g| g.log().contains(&copied))
         .count();
     assert_eq!(copies, 1, "{}\n{}", gw.log(), other.log());
+    // and their metrics say so: one copied it, the other found it copied
+    let archived = |result: &str| -> f64 {
+        [&gw, &other]
+            .iter()
+            .map(|g| {
+                metric_sum(
+                    &g.metrics(),
+                    &format!("tollgate_usage_archive_total{{result=\"{result}\"}}"),
+                )
+            })
+            .sum()
+    };
+    // (every long window that ended since they started: each copied once, found copied by
+    // the other)
+    assert!(
+        eventually(Duration::from_secs(5), || archived("copied") >= 1.0
+            && archived("elsewhere") == archived("copied")),
+        "copied {}, elsewhere {}",
+        archived("copied"),
+        archived("elsewhere")
+    );
+    assert_eq!(archived("error"), 0.0);
     assert_eq!(redis.int(&["HGET", &archive, "acme"]), 3);
     assert_eq!(redis.int(&["HGET", &archive, "f1199"]), 2);
     // the tenants and the field that elected the copier

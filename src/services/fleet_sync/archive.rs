@@ -14,12 +14,13 @@ pub use super::usage::LOCK_FIELD;
 use super::usage::{partition_of, pattern};
 use super::KEY_GRACE_MS;
 use crate::config::model::{Algorithm, PartitionBy};
+use crate::metrics::Metrics;
 use crate::snapshot::{SharedSnapshot, Snapshot};
 use crate::ticker::Ticker;
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 /// Windows this long or longer are archived.
@@ -157,15 +158,17 @@ pub fn due(
 pub struct Archiver {
     pub shared: SharedSnapshot,
     pub from_ms: u64,
+    pub metrics: Arc<Metrics>,
     /// The windows archived (or left to another instance): rule id, end.
     done: parking_lot::Mutex<Vec<(String, u64)>>,
 }
 
 impl Archiver {
-    pub fn new(shared: SharedSnapshot, from_ms: u64) -> Archiver {
+    pub fn new(shared: SharedSnapshot, from_ms: u64, metrics: Arc<Metrics>) -> Archiver {
         Archiver {
             shared,
             from_ms,
+            metrics,
             done: parking_lot::Mutex::new(Vec::new()),
         }
     }
@@ -189,9 +192,13 @@ impl Archiver {
         if due.is_empty() {
             return;
         }
+        let result = |r: &str| self.metrics.usage_archive.with_label_values(&[r]).inc();
         let backend = match backend::make(&settings) {
             Ok(b) => b,
-            Err(e) => return log::warn!("usage archive: {e}"),
+            Err(e) => {
+                result("error");
+                return log::warn!("usage archive: {e}");
+            }
         };
         for (id, ended, keep_until) in due {
             let prefix = settings.key_prefix.as_str();
@@ -205,10 +212,21 @@ impl Archiver {
                             ended.1
                         );
                     }
+                    result(if copied.is_some() {
+                        "copied"
+                    } else {
+                        "elsewhere"
+                    });
                     self.done.lock().push((id, ended.1));
                 }
-                Ok(Err(e)) => log::warn!("usage archive: rule {id}: {e}"),
-                Err(_) => log::warn!("usage archive: rule {id}: not done within {KEY_GRACE_MS} ms"),
+                Ok(Err(e)) => {
+                    result("error");
+                    log::warn!("usage archive: rule {id}: {e}")
+                }
+                Err(_) => {
+                    result("error");
+                    log::warn!("usage archive: rule {id}: not done within {KEY_GRACE_MS} ms")
+                }
             }
         }
     }
