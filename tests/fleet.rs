@@ -1227,3 +1227,49 @@ fn a_full_redis_with_noeviction_is_redis_failing_and_its_counts_arrive_once_it_h
         gw.log()
     );
 }
+
+/// A round that mixes plain increments (a rule far from its limit) and ledger scripts (a small
+/// one) on a Redis that has forgotten its scripts (`SCRIPT FLUSH`, as after a restart or on a
+/// promoted replica): the scripts are loaded and only what did not run is sent again, so the
+/// plain increments are not counted twice.
+#[test]
+fn a_redis_without_its_scripts_counts_no_plain_increment_twice() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}", redis.url()),
+        &hourly(1_000_000, 90),
+        "",
+    )
+    .replace(
+        "limits:\n",
+        &format!(
+            "limits:\n  - id: small\n    pathPattern: /**\n    tiers: {}\n",
+            hourly(999, 90)
+        ),
+    );
+    let gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    let total = |rule: &str| -> i64 {
+        redis
+            .counter_keys(&format!("tg:{{t}}:{rule}:*"))
+            .iter()
+            .map(|k| redis.int(&["GET", k]))
+            .sum()
+    };
+    let mut admitted = 0;
+    for round in 0..5 {
+        admitted += (0..6)
+            .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
+            .count() as i64;
+        assert!(
+            eventually(Duration::from_secs(5), || total("fleet") == admitted
+                && total("small") == admitted),
+            "round {round}: Redis holds {} (fleet) and {} (small) of {admitted}",
+            total("fleet"),
+            total("small")
+        );
+        let _ = redis.cmd(&["SCRIPT", "FLUSH"]);
+    }
+}

@@ -119,7 +119,9 @@ async fn query_slot(
     // the cluster client answers a pipeline's replies as they are, errors included
     match conn.route_pipeline(p.clone(), 0, n, to()).await {
         Ok(values) if no_script(&values) => {
-            // a script that was not known ran nothing: the pipeline goes again whole
+            // a script that was not known ran nothing: the pipeline goes again whole (a slot's
+            // pipeline holds no plain increment, which would count twice: on a cluster every
+            // record leases)
             for source in sources() {
                 let mut load = redis::cmd("SCRIPT");
                 load.arg("LOAD").arg(source);

@@ -16,23 +16,43 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::time::Duration;
 
 /// Run a round's pipeline (its errors come back in place, as replies); if the server does not
-/// know the scripts (first use, a restart, a failover, `SCRIPT FLUSH`), load them and run it
-/// once more. A script that was not known ran nothing, so running the pipeline again counts
-/// nothing twice. When Redis refuses to load them (an ACL without `+script|load`), that
+/// know the scripts (first use, a restart, a failover, `SCRIPT FLUSH`), load them and run once
+/// more the calls that it did not know, and only those: a script that was not known ran
+/// nothing, while the rest of the pipeline (plain increments) ran, and would count twice if it
+/// were sent again. When Redis refuses to load them (an ACL without `+script|load`), that
 /// refusal takes the place of each NOSCRIPT reply, so that the round says why.
 async fn query_round<C: redis::aio::ConnectionLike>(
     p: &redis::Pipeline,
     conn: &mut C,
 ) -> redis::RedisResult<Vec<redis::Value>> {
-    let values: Vec<redis::Value> = p.query_async(conn).await?;
-    if no_script(&values) {
-        if let Err(e) = load_scripts(conn).await {
-            let Some(refusal) = ReplyError::of_redis(&e) else {
-                return Err(e);
-            };
-            return Ok(refused_load(values, &refusal));
-        }
-        return p.query_async(conn).await;
+    let mut values: Vec<redis::Value> = p.query_async(conn).await?;
+    if !no_script(&values) {
+        return Ok(values);
+    }
+    if let Err(e) = load_scripts(conn).await {
+        let Some(refusal) = ReplyError::of_redis(&e) else {
+            return Err(e);
+        };
+        return Ok(refused_load(values, &refusal));
+    }
+    // (the calls Redis did not know: in pipeline order, as their replies come back)
+    let unknown: Vec<bool> = values
+        .iter()
+        .map(|v| no_script(std::slice::from_ref(v)))
+        .collect();
+    let mut again = redis::pipe();
+    again.ignore_errors();
+    for (cmd, _) in p.cmd_iter().zip(&unknown).filter(|(_, &u)| u) {
+        again.add_command(cmd.clone());
+    }
+    let replies: Vec<redis::Value> = again.query_async(conn).await?;
+    let places = unknown
+        .iter()
+        .enumerate()
+        .filter(|(_, &u)| u)
+        .map(|(i, _)| i);
+    for (i, v) in places.zip(replies) {
+        values[i] = v;
     }
     Ok(values)
 }
