@@ -175,10 +175,7 @@ impl Snapshot {
         if let Some(r) = &config.redis {
             rt.fleet
                 .set_hold(crate::limits::fleet::hold_limit(r.timeout));
-            rt.fleet.set_plain_increments(matches!(
-                r.endpoint,
-                crate::config::model::RedisEndpoint::Single(_)
-            ));
+            rt.fleet.set_plain_increments(r.plain_increments);
         }
         let gates = config
             .upstreams

@@ -450,6 +450,32 @@ fn a_redis_url_the_client_refuses_is_refused_by_dash_t() {
 }
 
 #[test]
+fn plain_increments_are_for_one_endpoint_only() {
+    let text = with(
+        "plans:\n",
+        "redis:\n  cluster: [\"redis://127.0.0.1:7000\"]\n  plain_increments: true\nplans:\n",
+    );
+    assert_error(
+        &text,
+        18,
+        21,
+        &[
+            "redis.plain_increments",
+            "only with url",
+            "every record leases",
+        ],
+    );
+    let off = with(
+        "plans:\n",
+        "redis:\n  url: redis://127.0.0.1:6379\n  plain_increments: false\nplans:\n",
+    );
+    let dir = TempDir::new();
+    let p = dir.write("gateway.yaml", &off).display().to_string();
+    let (code, _, err) = run_tollgate(&["-t", "-c", &p]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
 fn a_sentinel_endpoint_is_checked_by_dash_t() {
     let sentinel = |body: &str| with("plans:\n", &format!("redis:\n  sentinel: {body}\nplans:\n"));
     let text = sentinel("{ master: \"my master\", nodes: [\"redis://127.0.0.1:26379\"] }");

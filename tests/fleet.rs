@@ -1273,3 +1273,48 @@ fn a_redis_without_its_scripts_counts_no_plain_increment_twice() {
         let _ = redis.cmd(&["SCRIPT", "FLUSH"]);
     }
 }
+
+/// Behind one endpoint, `plain_increments: false` makes every record lease, as behind a cluster
+/// or Sentinel: after an outage that lost what Redis had (here a restart), even a rule far
+/// from its limit has its whole count again, with no request since; with plain increments
+/// (the default) its count comes back only with its next increment.
+#[test]
+fn without_plain_increments_a_count_far_from_the_limit_comes_back_after_an_outage() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!(
+            "url: {}\n  timeout: 200ms\n  plain_increments: false",
+            redis.url()
+        ),
+        &hourly(1_000_000, 90),
+        "",
+    );
+    let gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    let total = |redis: &RedisServer| -> i64 {
+        redis
+            .counter_keys("tg:{t}:*")
+            .iter()
+            .map(|k| redis.int(&["GET", k]))
+            .sum()
+    };
+    let admitted = (0..7)
+        .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
+        .count() as i64;
+    assert_eq!(admitted, 7);
+    assert!(eventually(Duration::from_secs(5), || total(&redis) == 7));
+    // leased: the ledger script reported it (a plain increment writes no ledger)
+    assert!(eventually(Duration::from_secs(5), || redis
+        .keys("tg:{t}:*")
+        .iter()
+        .any(|k| k.ends_with(":fleet"))));
+    redis.restart(); // empty
+    wait_connected(&gw);
+    assert!(
+        eventually(Duration::from_secs(5), || total(&redis) == 7),
+        "Redis holds {} of the 7 admitted",
+        total(&redis)
+    );
+}

@@ -1155,6 +1155,10 @@ pub struct RedisFile {
     /// `rediss://` only: the CA to verify the server against, and a client certificate.
     #[serde(default)]
     pub tls: Option<RedisTlsFile>,
+    /// `url` only: records far from their limit report plain increments (default true);
+    /// false: every record leases, as behind a cluster or Sentinel.
+    #[serde(default)]
+    pub plain_increments: Option<bool>,
 }
 
 /// `redis.sentinel`: the primary that Redis Sentinel names for `master`, asked of `nodes`.

@@ -892,6 +892,9 @@ pub struct RedisSettings {
     pub on_failure: OnFailure,
     /// Credentials and TLS files, as read at load (applied to every URL of the endpoint).
     pub access: RedisAccess,
+    /// Records far from their limit may report plain increments (`url` only, unless
+    /// `plain_increments: false`): cheap, but not idempotent, so a failover can lose them.
+    pub plain_increments: bool,
 }
 
 /// How to log in to Redis beyond what the URL says: read from files at load, so that a

@@ -89,7 +89,15 @@ pub(super) fn check_redis(c: &mut Checker, r: &RedisFile) -> Option<RedisSetting
         );
     }
     let access = check_access(c, r, &endpoint);
+    let single = matches!(endpoint, RedisEndpoint::Single(_));
+    if r.plain_increments == Some(true) && !single {
+        c.err(
+            "redis.plain_increments",
+            "only with url: behind a cluster or Sentinel every record leases (plain increments are not idempotent, and a promoted replica may lack the last ones)",
+        );
+    }
     Some(RedisSettings {
+        plain_increments: single && r.plain_increments.unwrap_or(true),
         endpoint,
         access,
         sync_interval: positive(
