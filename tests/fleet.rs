@@ -40,6 +40,15 @@ fn pair(cfg: &str) -> (Gateway, Gateway) {
     (a, b)
 }
 
+/// What Redis holds in the counter keys `pattern` matches (their sum).
+fn held(redis: &RedisServer, pattern: &str) -> i64 {
+    redis
+        .counter_keys(pattern)
+        .iter()
+        .map(|k| redis.int(&["GET", k]))
+        .sum()
+}
+
 /// Stop Redis and wait until `gw` has noticed.
 fn take_down(redis: &mut RedisServer, gw: &Gateway) {
     redis.kill();
@@ -496,13 +505,7 @@ fn after_an_outage_each_instance_reports_its_whole_count_again() {
             .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
             .count()
     };
-    let total = |redis: &RedisServer| -> i64 {
-        redis
-            .counter_keys("tg:{t}:*")
-            .iter()
-            .map(|k| redis.int(&["GET", k]))
-            .sum()
-    };
+    let total = |redis: &RedisServer| held(redis, "tg:{t}:*");
     assert_eq!(admitted(&a, 3) + admitted(&b, 3), 6);
     assert!(eventually(Duration::from_secs(5), || total(&redis) == 6));
     redis.restart(); // empty
@@ -553,22 +556,12 @@ fn a_redis_restart_that_loses_every_key_costs_at_most_one_window() {
     assert_eq!(other, 5, "a fresh tenant after the restart");
     // what was admitted since reaches the new Redis, and the window's 5 as well: after the
     // outage the record reports its cumulative count again (`ledger::resync`)
-    assert!(eventually(Duration::from_secs(5), || {
-        let total: i64 = redis
-            .counter_keys("tg:{t}:*")
-            .iter()
-            .map(|k| redis.int(&["GET", k]))
-            .sum();
-        total == 5 + extra as i64
-    }));
-    assert!(eventually(Duration::from_secs(5), || {
-        let total: i64 = redis
-            .counter_keys("tg:{u}:*")
-            .iter()
-            .map(|k| redis.int(&["GET", k]))
-            .sum();
-        total == 5
-    }));
+    assert!(eventually(Duration::from_secs(5), || held(
+        &redis, "tg:{t}:*"
+    ) == 5 + extra as i64));
+    assert!(eventually(Duration::from_secs(5), || held(
+        &redis, "tg:{u}:*"
+    ) == 5));
 }
 
 #[test]
@@ -664,11 +657,7 @@ fn sigterm_sends_the_last_counts_to_redis() {
         .ok()
         .flatten()
         .is_some()));
-    let total: i64 = redis
-        .counter_keys("tg:{t}:*")
-        .iter()
-        .map(|k| redis.int(&["GET", k]))
-        .sum();
+    let total = held(&redis, "tg:{t}:*");
     assert_eq!(
         total, admitted as i64,
         "every admitted request reached Redis"
@@ -1251,13 +1240,7 @@ fn a_redis_without_its_scripts_counts_no_plain_increment_twice() {
     );
     let gw = Gateway::start(&cfg);
     wait_connected(&gw);
-    let total = |rule: &str| -> i64 {
-        redis
-            .counter_keys(&format!("tg:{{t}}:{rule}:*"))
-            .iter()
-            .map(|k| redis.int(&["GET", k]))
-            .sum()
-    };
+    let total = |rule: &str| held(&redis, &format!("tg:{{t}}:{rule}:*"));
     let mut admitted = 0;
     for round in 0..5 {
         admitted += (0..6)
@@ -1293,13 +1276,7 @@ fn without_plain_increments_a_count_far_from_the_limit_comes_back_after_an_outag
     );
     let gw = Gateway::start(&cfg);
     wait_connected(&gw);
-    let total = |redis: &RedisServer| -> i64 {
-        redis
-            .counter_keys("tg:{t}:*")
-            .iter()
-            .map(|k| redis.int(&["GET", k]))
-            .sum()
-    };
+    let total = |redis: &RedisServer| held(redis, "tg:{t}:*");
     let admitted = (0..7)
         .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
         .count() as i64;
