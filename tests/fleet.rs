@@ -40,15 +40,6 @@ fn pair(cfg: &str) -> (Gateway, Gateway) {
     (a, b)
 }
 
-/// What Redis holds in the counter keys `pattern` matches (their sum).
-fn held(redis: &RedisServer, pattern: &str) -> i64 {
-    redis
-        .counter_keys(pattern)
-        .iter()
-        .map(|k| redis.int(&["GET", k]))
-        .sum()
-}
-
 /// Stop Redis and wait until `gw` has noticed.
 fn take_down(redis: &mut RedisServer, gw: &Gateway) {
     redis.kill();
@@ -505,16 +496,17 @@ fn after_an_outage_each_instance_reports_its_whole_count_again() {
             .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
             .count()
     };
-    let total = |redis: &RedisServer| held(redis, "tg:{t}:*");
     assert_eq!(admitted(&a, 3) + admitted(&b, 3), 6);
-    assert!(eventually(Duration::from_secs(5), || total(&redis) == 6));
+    assert!(eventually(Duration::from_secs(5), || redis
+        .held("tg:{t}:*")
+        == 6));
     redis.restart(); // empty
     wait_connected(&a);
     wait_connected(&b);
     assert!(
-        eventually(Duration::from_secs(5), || total(&redis) == 6),
+        eventually(Duration::from_secs(5), || redis.held("tg:{t}:*") == 6),
         "Redis holds {} of the 6 the fleet admitted",
-        total(&redis)
+        redis.held("tg:{t}:*")
     );
     // and the window stays full
     assert_eq!(admitted(&a, 2) + admitted(&b, 2), 0);
@@ -556,12 +548,12 @@ fn a_redis_restart_that_loses_every_key_costs_at_most_one_window() {
     assert_eq!(other, 5, "a fresh tenant after the restart");
     // what was admitted since reaches the new Redis, and the window's 5 as well: after the
     // outage the record reports its cumulative count again (`ledger::resync`)
-    assert!(eventually(Duration::from_secs(5), || held(
-        &redis, "tg:{t}:*"
-    ) == 5 + extra as i64));
-    assert!(eventually(Duration::from_secs(5), || held(
-        &redis, "tg:{u}:*"
-    ) == 5));
+    assert!(eventually(Duration::from_secs(5), || redis
+        .held("tg:{t}:*")
+        == 5 + extra as i64));
+    assert!(eventually(Duration::from_secs(5), || redis
+        .held("tg:{u}:*")
+        == 5));
 }
 
 #[test]
@@ -657,7 +649,7 @@ fn sigterm_sends_the_last_counts_to_redis() {
         .ok()
         .flatten()
         .is_some()));
-    let total = held(&redis, "tg:{t}:*");
+    let total = redis.held("tg:{t}:*");
     assert_eq!(
         total, admitted as i64,
         "every admitted request reached Redis"
@@ -1240,7 +1232,7 @@ fn a_redis_without_its_scripts_counts_no_plain_increment_twice() {
     );
     let gw = Gateway::start(&cfg);
     wait_connected(&gw);
-    let total = |rule: &str| held(&redis, &format!("tg:{{t}}:{rule}:*"));
+    let total = |rule: &str| redis.held(&format!("tg:{{t}}:{rule}:*"));
     let mut admitted = 0;
     for round in 0..5 {
         admitted += (0..6)
@@ -1276,12 +1268,13 @@ fn without_plain_increments_a_count_far_from_the_limit_comes_back_after_an_outag
     );
     let gw = Gateway::start(&cfg);
     wait_connected(&gw);
-    let total = |redis: &RedisServer| held(redis, "tg:{t}:*");
     let admitted = (0..7)
         .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
         .count() as i64;
     assert_eq!(admitted, 7);
-    assert!(eventually(Duration::from_secs(5), || total(&redis) == 7));
+    assert!(eventually(Duration::from_secs(5), || redis
+        .held("tg:{t}:*")
+        == 7));
     // leased: the ledger script reported it (a plain increment writes no ledger)
     assert!(eventually(Duration::from_secs(5), || redis
         .keys("tg:{t}:*")
@@ -1290,8 +1283,8 @@ fn without_plain_increments_a_count_far_from_the_limit_comes_back_after_an_outag
     redis.restart(); // empty
     wait_connected(&gw);
     assert!(
-        eventually(Duration::from_secs(5), || total(&redis) == 7),
+        eventually(Duration::from_secs(5), || redis.held("tg:{t}:*") == 7),
         "Redis holds {} of the 7 admitted",
-        total(&redis)
+        redis.held("tg:{t}:*")
     );
 }

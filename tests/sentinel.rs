@@ -36,11 +36,7 @@ fn config(up: &Upstream, sentinels: &[Sentinel]) -> String {
 
 /// What `server` holds for rule `rule`, over every tenant (the counter keys, not the ledgers).
 fn in_redis(server: &RedisServer, rule: &str) -> i64 {
-    server
-        .counter_keys(&format!("cl:{{*}}:{rule}:*"))
-        .iter()
-        .map(|k| server.int(&["GET", k]))
-        .sum()
+    server.held(&format!("cl:{{*}}:{rule}:*"))
 }
 
 /// Until every sentinel names the server on `port` as the primary (a failover ended).

@@ -609,6 +609,15 @@ impl RedisServer {
         keys
     }
 
+    /// What the counter keys `pattern` matches hold, summed (the ledgers left out).
+    #[allow(dead_code)]
+    pub fn held(&self, pattern: &str) -> i64 {
+        self.counter_keys(pattern)
+            .iter()
+            .map(|k| self.int(&["GET", k]))
+            .sum()
+    }
+
     pub fn int(&self, args: &[&str]) -> i64 {
         match self.cmd(args) {
             redis::Value::Int(i) => i,
