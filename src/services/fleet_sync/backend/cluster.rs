@@ -2,11 +2,11 @@
 //! masters at once, and a node that does not answer holds up only its own slots.
 
 use super::pipeline::{finish_counts, first_replies, pipeline};
-use super::round::ScanPage;
 use super::round::{
     adjusted_reply, heartbeat_reply, Exchange, Heartbeat, Refusal, Reply, ReplyError, RoundError,
     SyncBackend, Update, HEARTBEAT_REPLIES,
 };
+use super::round::{HashPage, ScanPage};
 use super::script::{no_script, sources};
 use super::single::refused_load;
 use crate::config::model::{RedisEndpoint, RedisSettings};
@@ -329,12 +329,7 @@ impl SyncBackend for ClusterRedis {
         Ok(out)
     }
 
-    async fn hscan(
-        &self,
-        key: &str,
-        cursor: u64,
-        count: u64,
-    ) -> Result<(u64, Vec<(String, u64)>), RoundError> {
+    async fn hscan(&self, key: &str, cursor: u64, count: u64) -> Result<HashPage, RoundError> {
         super::scan::hscan_on(&mut self.connection().await?, key, cursor, count).await
     }
 

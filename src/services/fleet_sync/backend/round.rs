@@ -374,6 +374,10 @@ pub struct ScanPage {
     pub cursor: u64,
 }
 
+/// One `HSCAN` call's answer: where to go on (0: done) and the fields with their integer
+/// values.
+pub type HashPage = (u64, Vec<(String, u64)>);
+
 #[async_trait]
 pub trait SyncBackend: Send + Sync {
     /// Apply the updates; answer each, and count the live instances (periodic rounds carry
@@ -417,12 +421,7 @@ pub trait SyncBackend: Send + Sync {
     }
 
     /// A page of a hash's fields and integer values (`HSCAN`), wherever the hash lives.
-    async fn hscan(
-        &self,
-        key: &str,
-        cursor: u64,
-        count: u64,
-    ) -> Result<(u64, Vec<(String, u64)>), RoundError> {
+    async fn hscan(&self, key: &str, cursor: u64, count: u64) -> Result<HashPage, RoundError> {
         let _ = (key, cursor, count);
         Err("this backend reads no keys".into())
     }

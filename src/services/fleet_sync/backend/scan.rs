@@ -3,7 +3,7 @@
 //! keys (`GET`s in one pipeline), a page of a hash's fields (`HSCAN`) and some of their values
 //! (`HMGET`). All read only; none changes a key or its TTL.
 
-use super::round::{RoundError, ScanPage};
+use super::round::{HashPage, RoundError, ScanPage};
 
 /// `SCAN cursor MATCH pattern COUNT count` on this connection's server.
 pub async fn scan_on<C: redis::aio::ConnectionLike + Send>(
@@ -49,7 +49,7 @@ pub async fn hscan_on<C: redis::aio::ConnectionLike + Send>(
     key: &str,
     cursor: u64,
     count: u64,
-) -> Result<(u64, Vec<(String, u64)>), RoundError> {
+) -> Result<HashPage, RoundError> {
     let (cursor, pairs): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
         .arg(key)
         .arg(cursor)

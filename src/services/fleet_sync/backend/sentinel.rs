@@ -5,8 +5,8 @@
 //! again. A round in between has nowhere to go and fails: its counters fall back to
 //! `on_failure`, and their cumulative reports reach the new primary with the next round.
 
-use super::round::ScanPage;
 use super::round::{ErrorKind, Exchange, Heartbeat, RoundError, SyncBackend, Update};
+use super::round::{HashPage, ScanPage};
 use super::scan::{counts_on, scan_on};
 use super::single::exchange_on;
 use crate::config::model::{RedisEndpoint, RedisSettings};
@@ -129,12 +129,7 @@ impl SyncBackend for SentinelRedis {
         result
     }
 
-    async fn hscan(
-        &self,
-        key: &str,
-        cursor: u64,
-        count: u64,
-    ) -> Result<(u64, Vec<(String, u64)>), RoundError> {
+    async fn hscan(&self, key: &str, cursor: u64, count: u64) -> Result<HashPage, RoundError> {
         let result = super::scan::hscan_on(&mut self.primary().await?, key, cursor, count).await;
         if result.is_err() {
             self.forget();

@@ -2,11 +2,11 @@
 //! reconnects by itself.
 
 use super::pipeline::{finish_counts, first_replies, pipeline};
-use super::round::ScanPage;
 use super::round::{
     adjusted_reply, heartbeat_reply, Exchange, Heartbeat, Refusal, ReplyError, RoundError,
     SyncBackend, Update, HEARTBEAT_REPLIES,
 };
+use super::round::{HashPage, ScanPage};
 use super::scan::{counts_on, scan_on};
 use super::script::{load_scripts, no_script};
 use crate::config::model::{RedisEndpoint, RedisSettings};
@@ -125,12 +125,7 @@ impl SyncBackend for SingleRedis {
         scan_on(&mut self.conn.clone(), cursor, pattern, count).await
     }
 
-    async fn hscan(
-        &self,
-        key: &str,
-        cursor: u64,
-        count: u64,
-    ) -> Result<(u64, Vec<(String, u64)>), RoundError> {
+    async fn hscan(&self, key: &str, cursor: u64, count: u64) -> Result<HashPage, RoundError> {
         super::scan::hscan_on(&mut self.conn.clone(), key, cursor, count).await
     }
 
