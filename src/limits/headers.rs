@@ -36,7 +36,43 @@ fn number(v: u64) -> HeaderValue {
     small
         .get(v as usize)
         .cloned()
-        .unwrap_or_else(|| HeaderValue::from(v))
+        .unwrap_or_else(|| block::value(&[itoa::Buffer::new().format(v)]))
+}
+
+/// Values made for one answer (a large count, `RateLimit`), cut from a block of this thread
+/// (`BytesMut::split`) instead of allocated each: a block is reused once every value cut from
+/// it is dropped, and Pingora's copy of an HTTP/2 answer's head clones each value by a
+/// reference count instead of moving it to shared storage (a second allocation).
+mod block {
+    use bytes::BytesMut;
+    use http::HeaderValue;
+    use std::cell::RefCell;
+
+    const SIZE: usize = 4096;
+
+    thread_local! {
+        static BLOCK: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+    }
+
+    /// A header value of `parts` one after another (empty if they are not a valid value).
+    pub fn value(parts: &[&str]) -> HeaderValue {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let cut = BLOCK.try_with(|b| {
+            let mut b = b.try_borrow_mut().ok()?;
+            if b.capacity() < len {
+                b.reserve(SIZE.max(len));
+            }
+            for p in parts {
+                b.extend_from_slice(p.as_bytes());
+            }
+            Some(b.split().freeze())
+        });
+        match cut.ok().flatten() {
+            Some(bytes) => HeaderValue::from_maybe_shared(bytes),
+            None => HeaderValue::from_bytes(parts.concat().as_bytes()),
+        }
+        .unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
 }
 
 pub fn text<'l>(limiter: &'l Limiter, t: &TierReport) -> Option<&'l TierText> {
@@ -139,41 +175,27 @@ fn told<'d>(limiter: &Limiter, d: &'d Decision, denied: bool) -> SmallVec<[&'d T
 /// One item of `RateLimit`: the tier's name, (remaining, seconds), and room to format both.
 type Item<'t> = (&'t str, (u64, u64), [itoa::Buffer; 2]);
 
-/// `RateLimit`'s value for the tiers `told`, each with (remaining, seconds) from `left`, made at
-/// its exact size: one allocation, none given back (a `Bytes` made from it keeps no spare
-/// capacity).
+/// `RateLimit`'s value for the tiers `told`, each with (remaining, seconds) from `left`, cut
+/// from this thread's block (see `block`).
 fn rate_limit_value(
     limiter: &Limiter,
     told: &[&TierReport],
     left: impl Fn(&TierReport) -> (u64, u64),
-) -> String {
+) -> HeaderValue {
     let mut numbers: SmallVec<[Item; 2]> = SmallVec::new();
     for &t in told {
         if let Some(tt) = text(limiter, t) {
             numbers.push((&tt.name, left(t), [itoa::Buffer::new(); 2]));
         }
     }
-    let mut items: SmallVec<[(&str, &str, &str); 2]> = SmallVec::new();
-    for (name, (r, back), [rb, tb]) in numbers.iter_mut() {
-        items.push((name, rb.format(*r), tb.format(*back)));
-    }
-    let len = items
-        .iter()
-        .map(|(name, r, t)| name.len() + r.len() + t.len() + 6)
-        .sum::<usize>()
-        + 2 * items.len().saturating_sub(1);
-    let mut rl = String::with_capacity(len);
-    for (i, (name, r, t)) in items.iter().enumerate() {
+    let mut parts: SmallVec<[&str; 12]> = SmallVec::new();
+    for (i, (name, (r, back), [rb, tb])) in numbers.iter_mut().enumerate() {
         if i > 0 {
-            rl.push_str(", ");
+            parts.push(", ");
         }
-        rl.push_str(name);
-        rl.push_str(";r=");
-        rl.push_str(r);
-        rl.push_str(";t=");
-        rl.push_str(t);
+        parts.extend([&**name, ";r=", rb.format(*r), ";t=", tb.format(*back)]);
     }
-    rl
+    block::value(&parts)
 }
 
 /// Add the quota headers to a response's headers. Nothing is added when no (non-shadow) rule
@@ -210,11 +232,9 @@ pub fn apply(
     } else {
         None
     };
-    let rl = if settings.ietf {
-        rate_limit_value(limiter, &told, left)
-    } else {
-        String::new()
-    };
+    let rl = settings
+        .ietf
+        .then(|| rate_limit_value(limiter, &told, left));
     let (remaining, _) = left(top);
     let reset = ceil_secs(top.verdict.reset_ms).max(1);
     // The two values that change with every request (`remaining`, `RateLimit`) are marked
@@ -222,7 +242,7 @@ pub fn apply(
     // filling the connection's HPACK table with values that never come again, each of which
     // h2 0.4's encoder compares with every later value of the name. Measured on gRPC (HTTP/2
     // both ways, BENCHMARKS.md): 2.4K instructions per request less with 3 rules.
-    headers.reserve(5);
+    headers.reserve(QUOTA_HEADERS);
     if settings.x_ratelimit {
         headers.insert(X_LIMIT, top_text.limit.clone());
         let mut v = number(remaining);
@@ -234,12 +254,15 @@ pub fn apply(
         if let Some(policy) = policy {
             headers.insert(POLICY, policy);
         }
-        if let Ok(mut v) = HeaderValue::try_from(rl) {
+        if let Some(mut v) = rl {
             v.set_sensitive(true);
             headers.insert(RATELIMIT, v);
         }
     }
 }
+
+/// The most quota headers `apply` adds.
+pub const QUOTA_HEADERS: usize = 5;
 
 const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");

@@ -156,8 +156,8 @@ impl PathPattern {
         let mut star: Option<(usize, usize)> = None; // (pattern index after **, resume segment)
         let mut capture = None;
         loop {
-            if p < self.segs.len() {
-                if self.segs[p] == Seg::Any {
+            if let Some(at) = self.segs.get(p) {
+                if matches!(at, Seg::Any) {
                     if p + 1 == self.segs.len() {
                         // a last `**` takes whatever is left
                         return Some(capture);
@@ -167,14 +167,14 @@ impl PathPattern {
                     continue;
                 }
                 if s < n {
-                    let seg = segs.get(s);
-                    let ok = match &self.segs[p] {
-                        Seg::Literal(l) => l.as_bytes() == seg.as_bytes(),
+                    let seg = segs.bytes(s);
+                    let ok = match at {
+                        Seg::Literal(l) => l.as_bytes() == seg,
                         Seg::One | Seg::Capture => !seg.is_empty(),
                         Seg::Any => false,
                     };
                     if ok {
-                        if self.segs[p] == Seg::Capture {
+                        if matches!(at, Seg::Capture) {
                             capture = Some(s);
                         }
                         p += 1;
@@ -232,6 +232,15 @@ impl<'a> Segments<'a> {
     pub fn get(&self, i: usize) -> &'a str {
         let (a, b) = self.bounds[i];
         &self.path[a as usize..b as usize]
+    }
+
+    /// Segment `i`'s bytes (no char boundary to check: the bounds are at `/`s).
+    fn bytes(&self, i: usize) -> &'a [u8] {
+        let (a, b) = self.bounds[i];
+        self.path
+            .as_bytes()
+            .get(a as usize..b as usize)
+            .unwrap_or_default()
     }
 
     pub fn path(&self) -> &'a str {

@@ -75,6 +75,49 @@ pub struct Admitted {
     pub origin: Option<http::HeaderValue>,
 }
 
+/// A request's context gives its decision's box back for this thread's next request.
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some(b) = self.outcome.take() {
+            spare::give_back(b);
+        }
+    }
+}
+
+/// Decisions' boxes kept for the next requests of the thread: once warm, deciding allocates
+/// nothing (a box, its tier lists' room, kept; `Limiter::decide_into` clears it).
+mod spare {
+    use std::cell::RefCell;
+    use tollgate_limits::decision::Decision;
+
+    /// The most boxes one thread keeps (a request being decided holds one).
+    const MOST: usize = 64;
+
+    thread_local! {
+        // the boxes themselves are what is kept (a request's context holds one)
+        #[allow(clippy::vec_box)]
+        static SPARE: RefCell<Vec<Box<Decision>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub fn take() -> Box<Decision> {
+        SPARE
+            .try_with(|s| s.try_borrow_mut().ok()?.pop())
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    pub fn give_back(b: Box<Decision>) {
+        let _ = SPARE.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut() {
+                if s.len() < MOST {
+                    s.push(b);
+                }
+            }
+        });
+    }
+}
+
 impl Admitted {
     /// The rate-limit decision of a request that went on (forwarded, throttled or queued)
     /// with a tier applying: what its quota headers, late charges and trace read.
@@ -224,7 +267,7 @@ fn limit(
             }
         }
     }
-    let d = outcome.get_or_insert_with(Box::default);
+    let d = outcome.get_or_insert_with(spare::take);
     let took_ns = limiter.decide_into(lreq, &snap.config.plans, d);
     metrics
         .decision_duration

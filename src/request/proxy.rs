@@ -826,15 +826,20 @@ impl ProxyHttp for Gateway {
                         ended: ctx.grpc_status.is_some(),
                     },
                 );
-                with_header_map(upstream_response, |h| {
-                    headers::apply(h, &snap.limiter, decision, snap.config.headers, false)
-                })?;
             }
         }
-        if let Some((cors, origin)) = cors_of(ctx) {
-            with_header_map(upstream_response, |h| cors::apply(h, cors, origin))?;
-        }
+        let quota = ctx.snapshot.as_ref().zip(ctx.admitted.decision());
+        // one edit of the map for all the gateway adds; with quota headers, grown once for
+        // them, the request id and the `date` Pingora adds as it writes the head (a map grown
+        // twice moves its entries twice)
         with_header_map(upstream_response, |h| {
+            if let Some((snap, decision)) = quota {
+                h.reserve(headers::QUOTA_HEADERS + 2);
+                headers::apply(h, &snap.limiter, decision, snap.config.headers, false);
+            }
+            if let Some((cors, origin)) = cors_of(ctx) {
+                cors::apply(h, cors, origin);
+            }
             if let Some(id) = &ctx.request_id {
                 h.insert(request_id::X_REQUEST_ID, id.clone());
             }

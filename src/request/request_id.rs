@@ -15,17 +15,23 @@ pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The most bytes of a kept id.
 const MOST: usize = 128;
 
-/// The id of a request from `peer` with `headers`.
+/// The id of a request from `peer` with `headers`, marked sensitive: HTTP/2 sends a value
+/// unique to one request without indexing it (RFC 7541 6.2.3), so it does not push the
+/// answers' constant headers out of the connection's HPACK table.
 pub fn of(headers: &HeaderMap, peer: IpAddr, trusted_proxies: &[IpNet]) -> HeaderValue {
-    if super::client_addr::trusted(peer, trusted_proxies) {
-        if let Some(v) = headers
-            .get(X_REQUEST_ID)
-            .filter(|v| well_formed(v.as_bytes()))
-        {
-            return v.clone();
-        }
+    let mut id = kept(headers, peer, trusted_proxies).unwrap_or_else(made);
+    id.set_sensitive(true);
+    id
+}
+
+fn kept(headers: &HeaderMap, peer: IpAddr, trusted_proxies: &[IpNet]) -> Option<HeaderValue> {
+    if !super::client_addr::trusted(peer, trusted_proxies) {
+        return None;
     }
-    made()
+    headers
+        .get(X_REQUEST_ID)
+        .filter(|v| well_formed(v.as_bytes()))
+        .cloned()
 }
 
 /// 1 to 128 letters, digits and `-_.:/+=` (a UUID, a ULID, base64): nothing a log line or a

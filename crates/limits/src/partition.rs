@@ -36,7 +36,7 @@ pub enum PartitionValue<'a> {
 
 impl PartitionValue<'_> {
     /// Append the store key to `out` (an arena of keys, or a buffer of its own).
-    pub fn store_key(&self, out: &mut impl Extend<u8>) {
+    pub fn store_key(&self, out: &mut impl KeySink) {
         let v4;
         let v6;
         let raw: &[u8] = match self {
@@ -52,11 +52,11 @@ impl PartitionValue<'_> {
             PartitionValue::Global => b"",
         };
         if raw.len() <= MAX_RAW {
-            out.extend([0]);
-            out.extend(raw.iter().copied());
+            out.put_tag(0);
+            out.put(raw);
         } else {
-            out.extend([1]);
-            out.extend(Blake2b256::digest(raw));
+            out.put_tag(1);
+            out.put(&Blake2b256::digest(raw));
         }
     }
 
@@ -65,6 +65,31 @@ impl PartitionValue<'_> {
         let mut buf = KeyBuf::new();
         self.store_key(&mut buf);
         buf
+    }
+}
+
+/// What a store key is written into: whole slices at a time (a byte at a time through `Extend`
+/// cost a few hundred instructions a request).
+pub trait KeySink {
+    fn put_tag(&mut self, tag: u8);
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl<A: smallvec::Array<Item = u8>> KeySink for smallvec::SmallVec<A> {
+    fn put_tag(&mut self, tag: u8) {
+        self.push(tag);
+    }
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+impl KeySink for Vec<u8> {
+    fn put_tag(&mut self, tag: u8) {
+        self.push(tag);
+    }
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
     }
 }
 
