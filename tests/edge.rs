@@ -318,6 +318,53 @@ fn plain_listeners_take_http2_prior_knowledge_with_h2c() {
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
 }
 
+/// Over HTTP/2 the values unique to one answer (`x-ratelimit-remaining`, `RateLimit`, the
+/// request id) go as never-indexed literals (RFC 7541 6.2.3): they neither fill the
+/// connection's HPACK table nor push its constant fields out; the constant quota fields
+/// (`x-ratelimit-limit`, `RateLimit-Policy`) are indexed. Read by python-hyper's `hpack`.
+#[test]
+fn over_http2_the_values_unique_to_an_answer_are_never_indexed() {
+    let up = Upstream::start("app");
+    let cfg = one_route_config(up.addr, 1, "  h2c: true")
+        + "limits:\n  - id: hourly\n    pathPattern: /**\n    tiers: [{ period: 1h, threshold: 1000 }]\n";
+    let gw = Gateway::start(&cfg);
+    let out = Command::new(test_python())
+        .arg(repo().join("tests/h2/hpack_probe.py"))
+        .args([
+            &gw.addr.to_string(),
+            "/v1/x",
+            "3",
+            r#"[["x-org-id", "acme"]]"#,
+        ])
+        .output()
+        .expect("run tests/h2/hpack_probe.py");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Vec<Vec<(String, String, bool)>> =
+        serde_json::from_slice(&out.stdout).expect("the probe prints JSON");
+    assert_eq!(answers.len(), 3);
+    for (i, fields) in answers.iter().enumerate() {
+        let never = |name: &str| fields.iter().find(|f| f.0 == name).map(|f| f.2);
+        assert_eq!(
+            fields
+                .iter()
+                .find(|f| f.0 == "x-ratelimit-remaining")
+                .map(|f| f.1.as_str()),
+            Some(["999", "998", "997"][i]),
+            "{fields:?}"
+        );
+        for unique in ["x-ratelimit-remaining", "ratelimit", "x-request-id"] {
+            assert_eq!(never(unique), Some(true), "{unique} in {fields:?}");
+        }
+        for constant in ["x-ratelimit-limit", "ratelimit-policy"] {
+            assert_eq!(never(constant), Some(false), "{constant} in {fields:?}");
+        }
+    }
+}
+
 #[test]
 fn without_h2c_a_plain_listener_does_not_speak_http2() {
     let up = Upstream::start("app");
