@@ -468,6 +468,12 @@ redis:
             redis.url()
         );
     let env = [("TOLLGATE_USAGE_ARCHIVE_FROM_MS", "20000")];
+    // started while no window's copy is under way (each instance looks for a window to copy
+    // from shortly after its end until 9 s after it): an instance that came up during that
+    // span could miss a window the other had copied, and the metrics below count every window
+    // since they started
+    assert!(eventually(Duration::from_secs(25), || (9_100..13_000)
+        .contains(&(now_ms() % 20_000))));
     let (gw, other) = (
         Gateway::start_with_env(&cfg, &env),
         Gateway::start_with_env(&cfg, &env),
@@ -530,9 +536,21 @@ redis:
     assert!(
         eventually(Duration::from_secs(5), || archived("copied") >= 1.0
             && archived("elsewhere") == archived("copied")),
-        "copied {}, elsewhere {}",
+        "copied {}, elsewhere {}, error {}; their archive lines:\n{}",
         archived("copied"),
-        archived("elsewhere")
+        archived("elsewhere"),
+        archived("error"),
+        [&gw, &other]
+            .iter()
+            .flat_map(|g| {
+                g.log()
+                    .lines()
+                    .filter(|l| l.contains("usage archive"))
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     assert_eq!(archived("error"), 0.0);
     assert_eq!(redis.int(&["HGET", &archive, "acme"]), 3);
