@@ -48,7 +48,9 @@ mod block {
     use http::HeaderValue;
     use std::cell::RefCell;
 
-    const SIZE: usize = 4096;
+    /// A block's size: about ten answers' values. Small, because one value still alive (the
+    /// head of a long stream, which Pingora keeps) keeps its whole block.
+    const SIZE: usize = 512;
 
     thread_local! {
         static BLOCK: RefCell<BytesMut> = RefCell::new(BytesMut::new());
