@@ -74,10 +74,21 @@ fn leaseless(algorithm: Algorithm) -> bool {
     matches!(algorithm, Algorithm::FixedWindow | Algorithm::SlidingWindow)
 }
 
-/// The spare budget of a threshold (see `SPARE_PERCENT`).
-pub fn spare(threshold: u64) -> u64 {
-    (threshold / 100 * SPARE_PERCENT + threshold % 100 * SPARE_PERCENT / 100).max(1)
+/// The spare budget of a threshold (see `SPARE_PERCENT`); a fixed window under
+/// `CREDIT_FROM` (where requests past a lease wait for a round) has `SMALL_FIXED_SPARE_PERCENT`.
+pub fn spare(threshold: u64, algorithm: Algorithm) -> u64 {
+    let pct = if threshold < CREDIT_FROM && algorithm == Algorithm::FixedWindow {
+        SMALL_FIXED_SPARE_PERCENT
+    } else {
+        SPARE_PERCENT
+    };
+    (threshold / 100 * pct + threshold % 100 * pct / 100).max(1)
 }
+
+/// The spare budget of a small fixed window: larger leases, so that a window filling at the
+/// limit asks Redis less often (its count is exact whatever the spare: Redis never leases past
+/// the threshold).
+pub const SMALL_FIXED_SPARE_PERCENT: u64 = 10;
 
 /// What an instance may admit in a window before Redis has answered for it: its part of 2%
 /// of the threshold among at least `COLD_FLEET` instances, and at least one.
@@ -1297,7 +1308,7 @@ mod tests {
         s.ledger.demand = 2000;
         s.ledger.drained_ms = 900;
         let periodic = Sizing {
-            spare: spare(3000),
+            spare: spare(3000, Algorithm::FixedWindow),
             now_ms: 1000,
             since_ms: 100,
             horizon_ms: 250,
@@ -1305,7 +1316,9 @@ mod tests {
             periodic: true,
             bucket: false,
         };
-        assert_eq!(spare(3000), 120);
+        assert_eq!(spare(3000, Algorithm::FixedWindow), 120);
+        assert_eq!(spare(100, Algorithm::FixedWindow), 10);
+        assert_eq!(spare(100, Algorithm::SlidingWindow), 4);
         let [_, Some(ask)] = drain(&mut s, periodic) else {
             panic!("an ask")
         };
@@ -1321,7 +1334,7 @@ mod tests {
         s.ledger.ceiling = 40;
         s.ledger.need_milli = 20_000;
         let sizing = Sizing {
-            spare: spare(100),
+            spare: spare(100, Algorithm::FixedWindow),
             now_ms: 19_990,
             since_ms: 100,
             horizon_ms: 250,
@@ -1381,7 +1394,7 @@ mod tests {
             note_hold(&mut s, true, 1);
         }
         let sizing = Sizing {
-            spare: spare(3000),
+            spare: spare(3000, Algorithm::FixedWindow),
             now_ms: 10_100,
             since_ms: 100,
             horizon_ms: 250,

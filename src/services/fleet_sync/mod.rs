@@ -295,7 +295,7 @@ impl Accounts {
                 left_ms: end.saturating_sub(when.now_ms),
                 periodic: when.periodic,
                 bucket: counters.algorithm().is_bucket(),
-                spare: ledger::spare(tier.threshold),
+                spare: ledger::spare(tier.threshold, counters.algorithm()),
             };
             if st.ledger.count_full && st.ledger.drained_ms < when.adjusted_ms {
                 // an operator may have reset or granted its window since it last asked: it
@@ -462,7 +462,7 @@ impl Accounts {
             period_ms: p,
             adopt: ask.adopt,
             need: ask.need,
-            spare: ledger::spare(threshold),
+            spare: ledger::spare(threshold, counters.algorithm()),
             confirmed: ask.confirmed.saturating_sub(direct),
             direct_cap: ledger::direct_cap(threshold, counters.algorithm(), self.fleet.instances()),
             ..LedgerUpdate::default()
