@@ -35,8 +35,9 @@ pub enum PartitionValue<'a> {
 }
 
 impl PartitionValue<'_> {
-    /// Append the store key to `out` (an arena of keys, or a buffer of its own).
-    pub fn store_key(&self, out: &mut impl KeySink) {
+    /// Append the store key to `out` (an arena of keys, or a buffer of its own), by slices
+    /// (a byte at a time through `Extend` cost a few hundred instructions a request).
+    pub fn store_key<A: smallvec::Array<Item = u8>>(&self, out: &mut smallvec::SmallVec<A>) {
         let v4;
         let v6;
         let raw: &[u8] = match self {
@@ -52,11 +53,11 @@ impl PartitionValue<'_> {
             PartitionValue::Global => b"",
         };
         if raw.len() <= MAX_RAW {
-            out.put_tag(0);
-            out.put(raw);
+            out.push(0);
+            out.extend_from_slice(raw);
         } else {
-            out.put_tag(1);
-            out.put(&Blake2b256::digest(raw));
+            out.push(1);
+            out.extend_from_slice(&Blake2b256::digest(raw));
         }
     }
 
@@ -65,31 +66,6 @@ impl PartitionValue<'_> {
         let mut buf = KeyBuf::new();
         self.store_key(&mut buf);
         buf
-    }
-}
-
-/// What a store key is written into: whole slices at a time (a byte at a time through `Extend`
-/// cost a few hundred instructions a request).
-pub trait KeySink {
-    fn put_tag(&mut self, tag: u8);
-    fn put(&mut self, bytes: &[u8]);
-}
-
-impl<A: smallvec::Array<Item = u8>> KeySink for smallvec::SmallVec<A> {
-    fn put_tag(&mut self, tag: u8) {
-        self.push(tag);
-    }
-    fn put(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
-impl KeySink for Vec<u8> {
-    fn put_tag(&mut self, tag: u8) {
-        self.push(tag);
-    }
-    fn put(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
     }
 }
 
