@@ -333,9 +333,13 @@ pub struct HeaderOps {
     pub add: Vec<(HeaderName, Template)>,
 }
 
-/// A header value with variables (`${tenant}`, ...), parsed at load.
+/// A header value, parsed at load: without variables, made once; with variables
+/// (`${tenant}`, ...), rendered per request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Template(pub Vec<Piece>);
+pub enum Template {
+    Fixed(http::HeaderValue),
+    Pieces(Vec<Piece>),
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece {

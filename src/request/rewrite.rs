@@ -19,11 +19,15 @@ pub struct Vars<'a> {
     pub request_id: Option<&'a HeaderValue>,
 }
 
-/// The value of `t` for this request (one allocation); `None` when it is no header value (a
-/// tenant id with a control character): that header is then left out.
+/// The value of `t` for this request (with variables, one allocation); `None` when it is no
+/// header value (a tenant id with a control character): that header is then left out.
 fn render(t: &Template, v: &Vars) -> Option<HeaderValue> {
+    let pieces = match t {
+        Template::Fixed(value) => return Some(value.clone()),
+        Template::Pieces(pieces) => pieces,
+    };
     let mut out = Vec::with_capacity(64);
-    for p in &t.0 {
+    for p in pieces {
         match p {
             Piece::Text(s) => out.extend_from_slice(s.as_bytes()),
             Piece::Var(Var::Tenant) => out.extend_from_slice(v.tenant),
@@ -138,21 +142,27 @@ mod tests {
     /// header value (a tenant id with a control character) left out for that request.
     #[test]
     fn values_render_their_variables_and_an_invalid_one_is_left_out() {
-        let t = |pieces: Vec<Piece>| Template(pieces);
+        let t = Template::Pieces;
         let ops = HeaderOps {
             remove: vec![HeaderName::from_static("x-gone")],
-            set: vec![(
-                HeaderName::from_static("x-who"),
-                t(vec![
-                    Piece::Var(Var::Tenant),
-                    Piece::Text("/".into()),
-                    Piece::Var(Var::Plan),
-                    Piece::Text("@".into()),
-                    Piece::Var(Var::Route),
-                    Piece::Text(" ".into()),
-                    Piece::Var(Var::ClientIp),
-                ]),
-            )],
+            set: vec![
+                (
+                    HeaderName::from_static("x-fixed"),
+                    Template::Fixed(HeaderValue::from_static("made once")),
+                ),
+                (
+                    HeaderName::from_static("x-who"),
+                    t(vec![
+                        Piece::Var(Var::Tenant),
+                        Piece::Text("/".into()),
+                        Piece::Var(Var::Plan),
+                        Piece::Text("@".into()),
+                        Piece::Var(Var::Route),
+                        Piece::Text(" ".into()),
+                        Piece::Var(Var::ClientIp),
+                    ]),
+                ),
+            ],
             add: vec![(
                 HeaderName::from_static("x-id"),
                 t(vec![Piece::Var(Var::RequestId)]),
@@ -172,6 +182,7 @@ mod tests {
         apply(&ops, &v, &mut h);
         assert!(!h.contains_key("x-gone"));
         assert_eq!(h["x-who"], "acme/gold@orders 192.0.2.7");
+        assert_eq!(h["x-fixed"], "made once");
         assert_eq!(
             h.get_all("x-id").iter().collect::<Vec<_>>(),
             ["client", "abc"]

@@ -567,7 +567,11 @@ fn template(c: &mut Checker, path: &str, text: &str) -> Option<Template> {
             }
         }
     }
-    Some(Template(pieces))
+    match pieces.as_slice() {
+        [] => Some(Template::Fixed(http::HeaderValue::from_static(""))),
+        [Piece::Text(t)] => http::HeaderValue::from_str(t).ok().map(Template::Fixed),
+        _ => Some(Template::Pieces(pieces)),
+    }
 }
 
 /// `strip_prefix`: `/api`, at least one segment, no trailing slash, no pattern.
