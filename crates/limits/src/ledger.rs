@@ -659,8 +659,8 @@ pub struct Sizing {
     /// Time left in the window.
     pub left_ms: u64,
     /// A periodic round (every `sync_interval`): it reports every count not yet reported and
-    /// gives back leases nobody used since the last one. Early rounds carry only the records
-    /// that ask.
+    /// gives back leases nobody used since the record's last round. Early rounds carry only
+    /// the records that ask.
     pub periodic: bool,
     /// A token bucket: a lease is tokens out of the fleet's one bucket, which an unused lease
     /// keeps out even after its window has ended (nothing lapses), so it always goes back at a
@@ -747,9 +747,9 @@ fn direct_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
 }
 
 /// A leasing record: a round carries a record that asks; a periodic one also what is
-/// unreported, and a lease nobody used since the last periodic round while others want quota
-/// too (given back; a window's lease nobody else wants lapses with its window; a bucket's
-/// tokens would not). It asks for what waits and the demand forecast over the horizon.
+/// unreported, and a lease nobody used since the last round (early or periodic) while others
+/// want quota too (given back; a window's lease nobody else wants lapses with its window; a
+/// bucket's tokens would not). It asks for what waits and the demand forecast over the horizon.
 fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     let horizon_ms = sizing.horizon_ms.min(sizing.left_ms.max(1));
     let window_start_ms = state.window_start_ms;
@@ -1538,7 +1538,8 @@ mod tests {
             panic!("an ask")
         };
         assert_eq!((held.used, held.need, held.want), (100, 2, 102));
-        // a lease nobody used goes back at a periodic round, once others hold leases too
+        // a lease nobody used since the last round (the early one at 1100, though used before
+        // it) goes back at a periodic round, once others hold leases too (docs/fleet.md)
         s.ledger.current.sent = 100;
         s.ledger.ceiling = 130;
         let quiet = Sizing {
