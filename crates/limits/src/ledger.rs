@@ -584,8 +584,11 @@ fn learn_grant(state: &mut TierState, grant: u64, period_ms: u64, threshold: u64
 }
 
 /// Note that a request of `units` wanted this tier (admitted or not): the size of the next ask.
-pub fn note_demand(state: &mut TierState, units: u64) {
+pub fn note_demand(state: &mut TierState, units: u64, algorithm: Algorithm) {
     state.ledger.demand += units;
+    // (a fixed window's lease in use stays through a quiet moment: `Ledger::busy`; a sliding
+    // window's or a bucket's goes back, since room held idle there refuses others sooner)
+    state.ledger.busy |= algorithm == Algorithm::FixedWindow;
 }
 
 /// What a round sends for one window record of one tier.
@@ -659,8 +662,8 @@ pub struct Sizing {
     /// Time left in the window.
     pub left_ms: u64,
     /// A periodic round (every `sync_interval`): it reports every count not yet reported and
-    /// gives back leases nobody used since the record's last round. Early rounds carry only
-    /// the records that ask.
+    /// gives back leases nobody used (`lease_ask`). Early rounds carry only the records that
+    /// ask.
     pub periodic: bool,
     /// A token bucket: a lease is tokens out of the fleet's one bucket, which an unused lease
     /// keeps out even after its window has ended (nothing lapses), so it always goes back at a
@@ -747,9 +750,10 @@ fn direct_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
 }
 
 /// A leasing record: a round carries a record that asks; a periodic one also what is
-/// unreported, and a lease nobody used since the last round (early or periodic) while others
-/// want quota too (given back; a window's lease nobody else wants lapses with its window; a
-/// bucket's tokens would not). It asks for what waits and the demand forecast over the horizon.
+/// unreported, and a lease nobody used while others want quota too: a fixed window's since the
+/// last periodic round (`Ledger::busy`), others' since the record's last round (given back; a
+/// window's lease nobody else wants lapses with its window; a bucket's tokens would not). It
+/// asks for what waits and the demand forecast over the horizon.
 fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     let horizon_ms = sizing.horizon_ms.min(sizing.left_ms.max(1));
     let window_start_ms = state.window_start_ms;
@@ -762,7 +766,13 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     };
     let holds = l.ceiling > l.current.used;
     let unsent = l.current.used > l.current.sent;
-    let give_back = holds && l.demand == 0 && (l.contended || sizing.bucket);
+    // (a lease used since the last periodic round stays through a quiet moment after an
+    // early round; each periodic round starts that span again)
+    let busy = l.busy;
+    if sizing.periodic {
+        l.busy = false;
+    }
+    let give_back = holds && l.demand == 0 && !busy && (l.contended || sizing.bucket);
     // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
     // comes back only as leases are given back there, or as time passes)
     let full = l.short >= 2 && l.demand > 0;
@@ -787,6 +797,10 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
         // the lease granted to requests that waited stays theirs (and Redis keeps it so)
         want = want.max(l.ceiling);
         l.granted_waiting = false;
+    } else if want < l.ceiling && l.demand == 0 && busy {
+        // used since the last periodic round, quiet since this record's last round: the
+        // lease stays
+        want = l.ceiling;
     } else if want < l.ceiling {
         l.ceiling = want.max(l.current.used);
     }
@@ -1538,8 +1552,9 @@ mod tests {
             panic!("an ask")
         };
         assert_eq!((held.used, held.need, held.want), (100, 2, 102));
-        // a lease nobody used since the last round (the early one at 1100, though used before
-        // it) goes back at a periodic round, once others hold leases too (docs/fleet.md)
+        // a lease nobody used since the last round (a sliding window's, or a fixed window's
+        // with no request since the last periodic round) goes back at a periodic round, once
+        // others hold leases too (docs/fleet.md)
         s.ledger.current.sent = 100;
         s.ledger.ceiling = 130;
         let quiet = Sizing {
@@ -1566,6 +1581,57 @@ mod tests {
         assert_eq!(s.ledger.ceiling, 100);
         // idle, sent and nothing held: nothing to send
         assert_eq!(drain(&mut s, quiet), [None, None]);
+    }
+
+    /// docs/fleet.md "A round": a fixed window's lease used since the last periodic round stays
+    /// through a quiet moment right after an early round (giving it back there made the record
+    /// ask again within the next request or two, a round each time); one unused since the last
+    /// periodic round goes back. A sliding window's goes back at the quiet moment.
+    #[test]
+    fn a_fixed_windows_lease_in_use_stays_through_a_quiet_moment() {
+        let sizing = |now_ms, periodic| Sizing {
+            spare: u64::MAX,
+            now_ms,
+            since_ms: 100,
+            horizon_ms: 1200,
+            left_ms: 5000,
+            periodic,
+            bucket: false,
+        };
+        for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+            let mut s = state();
+            s.ledger.fair = 10; // not the window's first ask
+            s.ledger.contended = true;
+            s.ledger.current.used = 10;
+            s.ledger.current.sent = 10;
+            s.ledger.ceiling = 20;
+            s.ledger.drained_ms = 900;
+            // used since the last periodic round, then an early round
+            note_demand(&mut s, 1, algorithm);
+            s.ledger.current.used = 11;
+            s.ledger.asking = true;
+            let [_, Some(early)] = drain(&mut s, sizing(1000, false)) else {
+                panic!("the early round asks")
+            };
+            assert_eq!(early.used, 11);
+            s.ledger.current.sent = 11; // (answered)
+                                        // the periodic round right after: no request since the early one
+            let periodic = drain(&mut s, sizing(1010, true));
+            if algorithm == Algorithm::FixedWindow {
+                assert_eq!(periodic, [None, None], "the lease in use stays");
+                assert!(s.ledger.ceiling > 11);
+                // a whole interval unused: it goes back at the next periodic round
+                let [_, Some(back)] = drain(&mut s, sizing(2010, true)) else {
+                    panic!("the unused lease goes back")
+                };
+                assert_eq!((back.used, back.want, s.ledger.ceiling), (11, 11, 11));
+            } else {
+                let [_, Some(back)] = periodic else {
+                    panic!("a sliding window's lease goes back at the quiet moment")
+                };
+                assert_eq!((back.used, back.want), (11, 11));
+            }
+        }
     }
 
     #[test]

@@ -434,7 +434,7 @@ impl Limiter {
         } else {
             0
         };
-        ledger::note_demand(state, cx.units);
+        ledger::note_demand(state, cx.units, algo);
         if !self.fleet.plain_increments() {
             // a Redis Cluster: every record leases (see `FleetState::plain_increments`)
             state.ledger.current.leased = true;

@@ -137,6 +137,9 @@ pub struct Ledger {
     /// The window is new and Redis has not answered for it yet: requests held in the old
     /// window (whose asks were of that window) ask again when they are held again.
     pub rehold: bool,
+    /// Requests wanted this tier since the last periodic round: its lease is in use, and a
+    /// quiet moment after an early round does not give it back.
+    pub busy: bool,
 }
 
 /// Counts of a window record that could not stay in its counter (the counter was evicted,
