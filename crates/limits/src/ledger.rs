@@ -1614,8 +1614,8 @@ mod tests {
                 panic!("the early round asks")
             };
             assert_eq!(early.used, 11);
-            s.ledger.current.sent = 11; // (answered)
-                                        // the periodic round right after: no request since the early one
+            // (answered), then the periodic round right after: no request since the early one
+            s.ledger.current.sent = 11;
             let periodic = drain(&mut s, sizing(1010, true));
             if algorithm == Algorithm::FixedWindow {
                 assert_eq!(periodic, [None, None], "the lease in use stays");
