@@ -1571,9 +1571,9 @@ fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
 
 /// The seed's own scenario (`scripts/bench-fleet`, issue 43 item 4), one of its tenants: 3
 /// instances offered twice the limit of 200 per 10 s, evenly, `sync_interval: 1s`, Redis next
-/// door. Every whole window admits exactly 200, and what the fleet asks of Redis for it is
-/// printed (script calls per second for the tenant; the seed's design makes 3, one `INCRBY`
-/// per instance a second).
+/// door. Every whole window admits exactly 200, and what the fleet asks of Redis for it stays
+/// where it is (script calls per second for the tenant, printed; the seed's design makes 3, one
+/// `INCRBY` per instance a second, each far cheaper than a script call).
 #[test]
 fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     let mut calls = Vec::new();
@@ -1616,6 +1616,12 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     }
     let mean = calls.iter().sum::<f64>() / calls.len() as f64;
     eprintln!("seed scenario, one tenant: {mean:.2} script calls per second (seeds: {calls:.2?})");
+    // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
+    // since (deterministic: the same seeds give the same figure)
+    assert!(
+        mean <= 10.5,
+        "the seed scenario asks Redis more than it did: {mean:.2} script calls a second"
+    );
 }
 
 /// Calendar days (`period: 1d` with `calendar.tz`): the same fleets and loads on a fixed
