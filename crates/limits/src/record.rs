@@ -137,8 +137,9 @@ pub struct Ledger {
     /// The window is new and Redis has not answered for it yet: requests held in the old
     /// window (whose asks were of that window) ask again when they are held again.
     pub rehold: bool,
-    /// Requests wanted this tier since the last periodic round: its lease is in use, and a
-    /// quiet moment after an early round does not give it back.
+    /// A fixed window's: requests wanted this tier since the last periodic round, so its
+    /// lease is in use and a quiet moment after an early round does not give it back (set by
+    /// `ledger::note_demand` for fixed windows only).
     pub busy: bool,
 }
 

@@ -567,11 +567,13 @@ fn template(c: &mut Checker, path: &str, text: &str) -> Option<Template> {
             }
         }
     }
-    match pieces.as_slice() {
-        [] => Some(Template::Fixed(http::HeaderValue::from_static(""))),
-        [Piece::Text(t)] => http::HeaderValue::from_str(t).ok().map(Template::Fixed),
-        _ => Some(Template::Pieces(pieces)),
-    }
+    // without variables, the value is made once (its text was checked above)
+    let fixed = match pieces.as_slice() {
+        [] => Some(http::HeaderValue::from_static("")),
+        [Piece::Text(t)] => http::HeaderValue::from_str(t).ok(),
+        _ => None,
+    };
+    Some(fixed.map_or(Template::Pieces(pieces), Template::Fixed))
 }
 
 /// `strip_prefix`: `/api`, at least one segment, no trailing slash, no pattern.
