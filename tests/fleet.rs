@@ -1249,10 +1249,110 @@ fn a_redis_without_its_scripts_counts_no_plain_increment_twice() {
     }
 }
 
+/// Behind one endpoint with plain increments (the default), a Redis restarted empty gets the
+/// counts of the rounds it no longer holds again, with no request since: each round's
+/// increments carry a mark in one transaction, and after a failed round the gateway reads the
+/// marks and sends again what is missing (`backend::journal`, docs/fleet.md).
+#[test]
+fn plain_increments_come_back_after_a_restart_that_lost_them() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}\n  timeout: 200ms", redis.url()),
+        &hourly(1_000_000, 90),
+        "",
+    );
+    let gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    let admitted = (0..7)
+        .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
+        .count() as i64;
+    assert_eq!(admitted, 7);
+    assert!(eventually(Duration::from_secs(5), || redis
+        .held("tg:{t}:*")
+        == 7));
+    // plain increments: no ledger; their rounds' marks
+    assert!(!redis.keys("tg:{t}:*").iter().any(|k| k.ends_with(":fleet")));
+    assert_eq!(redis.keys("tg:rounds:*").len(), 1, "{:?}", redis.keys("tg:*"));
+    redis.restart(); // empty
+    wait_connected(&gw);
+    assert!(
+        eventually(Duration::from_secs(5), || redis.held("tg:{t}:*") == 7),
+        "Redis holds {} of the 7 admitted; log:\n{}",
+        redis.held("tg:{t}:*"),
+        gw.log()
+    );
+    assert!(gw.log().contains("count(s) of rounds the server did not hold sent again"));
+    // and once only
+    assert!(rounds_pass(&[&gw], 3.0));
+    assert_eq!(redis.held("tg:{t}:*"), 7);
+}
+
+/// A round of plain increments that Redis never ran (its connection closed while Redis held
+/// it, unread) is sent again; one that Redis ran after the gateway gave up on it (a timeout) is
+/// not sent twice.
+#[test]
+fn a_round_without_an_answer_is_sent_again_only_if_redis_lacks_it() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(
+        &up,
+        &format!("url: {}\n  timeout: 200ms", redis.url()),
+        &hourly(1_000_000, 90),
+        "",
+    );
+    let gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    let errors = |gw: &Gateway| {
+        metric_sum(&gw.metrics(), "tollgate_redis_sync_total{result=\"error\"}")
+    };
+    let send = |n: usize| {
+        (0..n)
+            .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
+            .count() as i64
+    };
+    assert_eq!(send(3), 3);
+    assert!(eventually(Duration::from_secs(5), || redis
+        .held("tg:{t}:*")
+        == 3));
+    // 1. Redis holds writes (CLIENT PAUSE ... WRITE): the round waits past its timeout; then
+    //    the gateway's connection is closed with the round unread, and Redis resumes
+    let before = errors(&gw);
+    redis.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]);
+    assert_eq!(send(4), 4);
+    assert!(
+        eventually(Duration::from_secs(10), || errors(&gw) > before),
+        "a round timed out"
+    );
+    redis.cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+    redis.cmd(&["CLIENT", "UNPAUSE"]);
+    assert!(
+        eventually(Duration::from_secs(10), || redis.held("tg:{t}:*") == 7),
+        "Redis holds {} of the 7 admitted; log:\n{}",
+        redis.held("tg:{t}:*"),
+        gw.log()
+    );
+    // 2. Redis holds writes, the round times out, and Redis runs it when it resumes
+    let before = errors(&gw);
+    redis.cmd(&["CLIENT", "PAUSE", "20000", "WRITE"]);
+    assert_eq!(send(5), 5);
+    assert!(
+        eventually(Duration::from_secs(10), || errors(&gw) > before),
+        "a round timed out"
+    );
+    redis.cmd(&["CLIENT", "UNPAUSE"]);
+    assert!(eventually(Duration::from_secs(10), || redis
+        .held("tg:{t}:*")
+        >= 12));
+    assert!(rounds_pass(&[&gw], 3.0));
+    assert_eq!(redis.held("tg:{t}:*"), 12, "each admitted once; log:\n{}", gw.log());
+}
+
 /// Behind one endpoint, `plain_increments: false` makes every record lease, as behind a cluster
 /// or Sentinel: after an outage that lost what Redis had (here a restart), even a rule far
-/// from its limit has its whole count again, with no request since; with plain increments
-/// (the default) its count comes back only with its next increment.
+/// from its limit has its whole count again, with no request since (the ledger script's
+/// cumulative report, where plain increments' marks do it for the default, above).
 #[test]
 fn without_plain_increments_a_count_far_from_the_limit_comes_back_after_an_outage() {
     let mut redis = RedisServer::start();

@@ -20,6 +20,9 @@ pub enum Need {
     Cluster,
     /// A primary found through Redis Sentinel (the client asks it its `ROLE`).
     Sentinel,
+    /// One endpoint with plain increments: their rounds' transactions and marks
+    /// (`backend::journal`).
+    Marks,
 }
 
 /// A command the gateway sends, as Redis's ACL names it.
@@ -46,7 +49,7 @@ const fn cmd(name: &'static str, acl: &'static str, args: &'static str, need: Ne
 /// Every command a round sends, its script calls, or the heartbeat sends
 /// (`script::sources`, `backend::count_cmd`, `backend::add_heartbeat`), in the order
 /// docs/operations.md lists them.
-pub const COMMANDS: [Command; 16] = [
+pub const COMMANDS: [Command; 19] = [
     cmd(
         "EVALSHA",
         "evalsha",
@@ -84,6 +87,14 @@ pub const COMMANDS: [Command; 16] = [
         "zremrangebyscore",
         "zremrangebyscore {k} -inf 1",
         Need::Every,
+    ),
+    cmd("MULTI", "multi", "multi", Need::Marks),
+    cmd("EXEC", "exec", "exec", Need::Marks),
+    cmd(
+        "ZRANGEBYSCORE",
+        "zrangebyscore",
+        "zrangebyscore {k} -inf +inf",
+        Need::Marks,
     ),
     cmd("PING", "ping", "ping", Need::Cluster),
     cmd(
@@ -151,6 +162,7 @@ pub fn needed(c: &Command, algorithms: &[Algorithm], endpoint: &RedisEndpoint) -
         Need::Only(these) => algorithms.iter().any(|a| these.contains(a)),
         Need::Cluster => matches!(endpoint, RedisEndpoint::Cluster(_)),
         Need::Sentinel => matches!(endpoint, RedisEndpoint::Sentinel { .. }),
+        Need::Marks => matches!(endpoint, RedisEndpoint::Single(_)),
     }
 }
 
@@ -161,6 +173,7 @@ pub fn advice(user: &str, c: &Command) -> String {
         Need::Every => "every rule needs it".to_string(),
         Need::Cluster => "a Redis Cluster needs it".to_string(),
         Need::Sentinel => "a primary found through Sentinel needs it".to_string(),
+        Need::Marks => "plain increments behind one endpoint need it".to_string(),
         Need::Only(algs) => {
             let names: Vec<String> = algs.iter().map(|a| algorithm_name(*a)).collect();
             format!("{} rules need it", names.join(" and "))
@@ -327,7 +340,8 @@ pub fn report(settings: &RedisSettings, algorithms: &[Algorithm], access: &Acces
             rest_unchecked,
         } => {
             for c in commands {
-                if needed(c, algorithms, &settings.endpoint) {
+                let marks = c.need != Need::Marks || settings.plain_increments;
+                if needed(c, algorithms, &settings.endpoint) && marks {
                     r.errors.push(advice(&user, c));
                 } else if matches!(c.need, Need::Only(_)) {
                     // a reload that adds such a rule would need it
@@ -386,6 +400,8 @@ mod tests {
         called.extend(["evalsha", "script|load", "incrby", "pexpireat"].map(String::from));
         called
             .extend(["zadd", "zremrangebyscore", "pexpire", "hgetall", "zcard"].map(String::from));
+        // (and the marks of plain increments, `journal`)
+        called.extend(["multi", "exec", "zrangebyscore"].map(String::from));
         for c in called {
             assert!(COMMANDS.iter().any(|k| k.acl == c), "{c} is not checked");
         }

@@ -8,13 +8,15 @@
 //! redis-server.
 //!
 //! [`round`] holds what a round sends and gets back and the [`SyncBackend`] trait, [`script`]
-//! the ledger scripts, [`pipeline`] the round's pipeline for one server;
+//! the ledger scripts, [`pipeline`] the round's pipeline for one server, [`journal`] the marks
+//! that keep plain increments from being lost or doubled behind one endpoint;
 //! [`make`] picks the backend: [`single`] (one server), [`cluster`] (a Redis Cluster) or
 //! [`sentinel`] (the primary Redis Sentinel names). The
 //! children use one another, never this module (no cycle between files).
 
 pub mod access;
 pub mod cluster;
+pub mod journal;
 pub mod pipeline;
 pub mod round;
 pub mod scan;
@@ -32,8 +34,23 @@ use single::SingleRedis;
 /// The backend for the configured endpoint. Call inside the runtime: connections are made
 /// lazily and in the background.
 pub fn make(settings: &RedisSettings) -> Result<Box<dyn SyncBackend>, String> {
+    make_for(settings, None)
+}
+
+/// The backend for the rounds of instance `instance` (`Some`): behind one endpoint with plain
+/// increments, their rounds are marked (`journal`) under `<key_prefix>:rounds:<instance>`.
+/// `None`: a backend for single calls and reads (an operator's reset, the usage export).
+pub fn make_for(
+    settings: &RedisSettings,
+    instance: Option<&str>,
+) -> Result<Box<dyn SyncBackend>, String> {
     Ok(match &settings.endpoint {
-        RedisEndpoint::Single(_) => Box::new(SingleRedis::new(settings)?),
+        RedisEndpoint::Single(_) => {
+            let marks = instance
+                .filter(|_| settings.plain_increments)
+                .map(|i| format!("{}:rounds:{i}", settings.key_prefix));
+            Box::new(SingleRedis::new(settings, marks)?)
+        }
         RedisEndpoint::Cluster(_) => Box::new(ClusterRedis::new(settings)?),
         RedisEndpoint::Sentinel { .. } => Box::new(SentinelRedis::new(settings)?),
     })

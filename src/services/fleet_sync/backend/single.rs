@@ -1,10 +1,11 @@
 //! The backend for one Redis server: a round is one pipeline on a connection manager that
 //! reconnects by itself.
 
-use super::pipeline::{finish_counts, first_replies, pipeline};
+use super::journal::{Journal, Marked};
+use super::pipeline::{finish_counts, first_replies, marked_pipeline, pipeline, unmark, Mark};
 use super::round::{
-    adjusted_reply, heartbeat_reply, Exchange, Heartbeat, Refusal, ReplyError, RoundError,
-    SyncBackend, Update, HEARTBEAT_REPLIES,
+    adjusted_reply, heartbeat_reply, CountUpdate, Exchange, Heartbeat, Refusal, ReplyError,
+    RoundError, SyncBackend, Update, HEARTBEAT_REPLIES,
 };
 use super::round::{HashPage, ScanPage};
 use super::scan::{counts_on, scan_on};
@@ -78,10 +79,13 @@ pub(super) fn refused_load(values: Vec<redis::Value>, refusal: &ReplyError) -> V
 /// One Redis server, through a connection manager that reconnects by itself.
 pub struct SingleRedis {
     conn: ConnectionManager,
+    /// The rounds' plain increments and their marks (`journal`; `None`: not marked).
+    journal: Option<parking_lot::Mutex<Journal>>,
 }
 
 impl SingleRedis {
-    pub fn new(settings: &RedisSettings) -> Result<Self, String> {
+    /// `marks`: the key of this instance's marks, when its rounds' plain increments are marked.
+    pub fn new(settings: &RedisSettings, marks: Option<String>) -> Result<Self, String> {
         let RedisEndpoint::Single(url) = &settings.endpoint else {
             return Err("not a single-server endpoint".into());
         };
@@ -97,8 +101,144 @@ impl SingleRedis {
         let conn = client
             .get_connection_manager_lazy(config)
             .map_err(|e| e.to_string())?;
-        Ok(SingleRedis { conn })
+        Ok(SingleRedis {
+            conn,
+            journal: marks.map(|k| parking_lot::Mutex::new(Journal::new(k))),
+        })
     }
+
+    /// A round with its plain increments marked: first, after an exchange that did not end
+    /// with an answer, the check of the kept rounds and the repair (see `journal`).
+    async fn marked_exchange(
+        &self,
+        journal: &parking_lot::Mutex<Journal>,
+        updates: &[Update],
+        hb: Option<&Heartbeat>,
+    ) -> Result<Exchange, RoundError> {
+        let mut conn = self.conn.clone();
+        let key = journal.lock().key().to_string();
+        let check = journal.lock().wants_check();
+        let counts: Vec<CountUpdate> = updates
+            .iter()
+            .filter_map(|u| match u {
+                Update::Count(c) => Some(c.clone()),
+                Update::Lease(_) => None,
+            })
+            .collect();
+        let now_ms = unix_ms();
+        // kept before anything is sent (see `journal`)
+        let seq = journal.lock().begin(counts, now_ms);
+        if check {
+            if let Err(e) = self.check(journal, &key, &mut conn, seq).await {
+                // nothing of this round was sent: its increments go with a later one
+                journal.lock().unapplied(seq);
+                return Err(RoundError {
+                    unapplied: true,
+                    ..e
+                });
+            }
+        }
+        let mark = seq.map(|seq| Mark {
+            key: &key,
+            seq,
+            now_ms,
+        });
+        match exchange_on(&mut conn, updates, hb, mark.as_ref()).await {
+            Ok((ex, marked)) => {
+                let refused: Vec<&str> = ex
+                    .refused
+                    .iter()
+                    .filter_map(|r| updates.get(r.update?))
+                    .filter(|u| matches!(u, Update::Count(_)))
+                    .map(|u| u.key())
+                    .collect();
+                let marked = marked.unwrap_or(Marked::Applied);
+                let mut j = journal.lock();
+                j.answered(seq, marked, &refused, unix_ms());
+                j.settled();
+                drop(j);
+                if marked == Marked::Unmarked {
+                    log::warn!(
+                        "redis: a round's plain increments could not be marked (MULTI, EXEC or the mark's ZADD refused); they go unmarked from now on, and a failover may lose some (the user's ACL needs +multi +exec +zrangebyscore)"
+                    );
+                }
+                Ok(ex)
+            }
+            Err(e) => {
+                if e.unapplied {
+                    journal.lock().unapplied(seq);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Read which kept rounds Redis holds, and send again, in a transaction with its own
+    /// mark, what it does not (`current`: the exchange's own round, not sent yet). A refused
+    /// read stops the marks (the kept rounds are taken as applied, as before marks); an error
+    /// without an answer fails the exchange (checked again with the next).
+    async fn check(
+        &self,
+        journal: &parking_lot::Mutex<Journal>,
+        key: &str,
+        conn: &mut ConnectionManager,
+        current: Option<u64>,
+    ) -> Result<(), RoundError> {
+        let read: redis::RedisResult<Vec<u64>> = redis::cmd("ZRANGEBYSCORE")
+            .arg(key)
+            .arg("-inf")
+            .arg("+inf")
+            .query_async(conn)
+            .await;
+        let marks = match read {
+            Ok(m) => m,
+            Err(e) => {
+                if let Some(refusal) = ReplyError::of_redis(&e) {
+                    log::warn!("redis: the rounds' marks cannot be read ({refusal}); plain increments go unmarked");
+                    journal.lock().turn_off();
+                    return Ok(());
+                }
+                return Err(e.into());
+            }
+        };
+        let now_ms = unix_ms();
+        let Some((seq, again)) = journal.lock().repair(&marks, now_ms, current) else {
+            return Ok(());
+        };
+        let repair: Vec<Update> = again.into_iter().map(Update::Count).collect();
+        let mark = Mark {
+            key,
+            seq,
+            now_ms,
+        };
+        // each increment with its expiry (the key may be gone with the round it repeats)
+        let mut p = marked_pipeline(&repair, None, &mark);
+        p.ignore_errors();
+        let values: Vec<redis::Value> = p.query_async(conn).await?;
+        let (values, marked) = unmark(&repair, values)?;
+        let mut answers = vec![None; repair.len()];
+        let mut refused = Vec::new();
+        let pending = first_replies(&repair, 0..repair.len(), &values, &mut answers, &mut refused)?;
+        finish_counts(conn, &repair, pending, &mut answers, &mut refused).await?;
+        let keys: Vec<&str> = refused
+            .iter()
+            .filter_map(|r| repair.get(r.update?))
+            .map(|u| u.key())
+            .collect();
+        let sent = repair.len() - keys.len();
+        journal.lock().answered(Some(seq), marked, &keys, unix_ms());
+        if marked == Marked::Applied && sent > 0 {
+            log::info!("redis: {sent} count(s) of rounds the server did not hold sent again");
+        }
+        Ok(())
+    }
+}
+
+/// The time marks are scored by (unix ms).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[async_trait]
@@ -108,7 +248,10 @@ impl SyncBackend for SingleRedis {
         updates: &[Update],
         hb: Option<&Heartbeat>,
     ) -> Result<Exchange, RoundError> {
-        exchange_on(&mut self.conn.clone(), updates, hb).await
+        match &self.journal {
+            Some(j) if !j.lock().is_off() => self.marked_exchange(j, updates, hb).await,
+            _ => Ok(exchange_on(&mut self.conn.clone(), updates, hb, None).await?.0),
+        }
     }
 
     async fn invoke(&self, call: &redis::ScriptInvocation<'_>) -> Result<redis::Value, RoundError> {
@@ -146,19 +289,31 @@ impl SyncBackend for SingleRedis {
     }
 }
 
-/// A round on one server's connection: the pipeline, the scripts loaded if it did not know
-/// them, the replies sorted into answers and refusals, the plain increments' expiries.
+/// A round on one server's connection: the pipeline (its plain increments marked with
+/// `mark`, see `journal`), the scripts loaded if it did not know them, the replies sorted into
+/// answers and refusals, the plain increments' expiries; and what became of the mark.
 pub(super) async fn exchange_on<C: redis::aio::ConnectionLike + Send>(
     conn: &mut C,
     updates: &[Update],
     hb: Option<&Heartbeat>,
-) -> Result<Exchange, RoundError> {
-    let mut p = pipeline(updates.iter(), hb);
+    mark: Option<&Mark<'_>>,
+) -> Result<(Exchange, Option<Marked>), RoundError> {
+    let mut p = match mark {
+        Some(m) => marked_pipeline(updates, hb, m),
+        None => pipeline(updates.iter(), hb),
+    };
     // each command's error in its place: a command Redis refused (a full Redis with
     // `noeviction`: OOM; a replica: READONLY; an ACL: NOPERM; an error in the script) was
     // not applied, the others were
     p.ignore_errors();
-    let mut values = query_round(&p, conn).await?;
+    let values = query_round(&p, conn).await?;
+    let (mut values, marked) = match mark {
+        Some(_) => {
+            let (v, m) = unmark(updates, values)?;
+            (v, Some(m))
+        }
+        None => (values, None),
+    };
     let n = updates.len() + if hb.is_some() { HEARTBEAT_REPLIES } else { 0 };
     if values.len() != n {
         return Err(format!("expected {n} answers, got {}", values.len()).into());
@@ -187,11 +342,12 @@ pub(super) async fn exchange_on<C: redis::aio::ConnectionLike + Send>(
         &mut refused,
     )?;
     finish_counts(conn, updates, pending, &mut answers, &mut refused).await?;
-    Ok(Exchange {
+    let ex = Exchange {
         answers,
         instances,
         adjusted: hb.and_then(|_| adjusted_reply(&beat)),
         refused,
         ..Exchange::default()
-    })
+    };
+    Ok((ex, marked))
 }
