@@ -907,3 +907,45 @@ fn t_says_which_command_the_acl_user_may_not_run() {
         "{err}"
     );
 }
+
+/// A user without `+multi` (an ACL written before plain increments were marked): `-t` and the
+/// start-up check name it, and plain increments still reach Redis, unmarked (a warning says a
+/// failover may lose some); nothing is refused.
+#[test]
+fn a_user_without_multi_gets_plain_increments_unmarked() {
+    let up = Upstream::start("app");
+    let r = acl_redis(&acl_without("+multi"));
+    let p = period_with_room(3600, 90);
+    let tier = format!("{{ period: {p}, threshold: 100000 }}");
+    let cfg = acl_config(up.addr, &r, &["fixed_window"], &tier, "local_share");
+    let gw = acl_gateway(&cfg);
+    assert!(wait_redis_state(&gw, "connected"), "{}", gw.log());
+    let said = "redis: user \"gateway\" may not run MULTI (NOPERM): add +multi to its ACL (plain increments behind one endpoint need it)";
+    assert!(
+        eventually(Duration::from_secs(10), || gw.log().contains(said)),
+        "{}",
+        gw.log()
+    );
+    let statuses = alternate(&[&gw], "/fixed_window/x", 5);
+    assert_eq!(statuses, [200; 5]);
+    let held = || {
+        admin_keys(&r)
+            .iter()
+            .filter(|k| k.contains(":fixed_window:") && !k.ends_with(":fleet"))
+            .map(|k| admin_int(&r, &["GET", k]))
+            .sum::<i64>()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || held() == 5),
+        "Redis holds {}; keys {:?}; log:\n{}",
+        held(),
+        admin_keys(&r),
+        gw.log()
+    );
+    assert!(
+        gw.log().contains("plain increments could not be marked"),
+        "{}",
+        gw.log()
+    );
+    assert_eq!(errors_counted(&gw, None), 0.0);
+}

@@ -897,7 +897,8 @@ pub struct RedisSettings {
     /// Credentials and TLS files, as read at load (applied to every URL of the endpoint).
     pub access: RedisAccess,
     /// Records far from their limit may report plain increments (`url` only, unless
-    /// `plain_increments: false`): cheap, but not idempotent, so a failover can lose them.
+    /// `plain_increments: false`): cheap, not idempotent, so each round's are marked
+    /// (`fleet_sync::backend::journal`).
     pub plain_increments: bool,
 }
 

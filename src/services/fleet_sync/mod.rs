@@ -1027,13 +1027,18 @@ impl BackgroundService for SyncService {
             // follow the running config's `redis` section
             let want = self.shared.load().config.redis.clone();
             if want.as_ref() != current.as_ref().map(|(s, _)| s) {
-                current = want.and_then(|s| match backend::make_for(&s, Some(&self.accounts.instance)) {
-                    Ok(b) => Some((s, b)),
-                    Err(e) => {
-                        log::error!("redis: cannot set up the sync ({e}); counting locally");
-                        None
-                    }
-                });
+                current =
+                    want.and_then(
+                        |s| match backend::make_for(&s, Some(&self.accounts.instance)) {
+                            Ok(b) => Some((s, b)),
+                            Err(e) => {
+                                log::error!(
+                                    "redis: cannot set up the sync ({e}); counting locally"
+                                );
+                                None
+                            }
+                        },
+                    );
                 self.accounts.registry.set_syncing(current.is_some());
                 fleet.reset_link();
                 *self.reply_errors.lock() = ReplyErrors::default();

@@ -10,7 +10,9 @@
 //! server may have been replaced or restarted), the next one first reads the marks: a kept
 //! round whose mark Redis does not hold was not applied there, or was lost with a failed
 //! primary, and its increments go again, with a new mark, in a transaction of their own
-//! ([`Journal::repair`]); the others are counted. A round is kept before anything is sent, so
+//! ([`Journal::repair`]); the others are counted. A server that holds none of the marks has lost
+//! every count (a restart without persistence): the ledger's own check of totals brings
+//! records back (`ledger::apply_count`), and nothing is sent again from here. A round is kept before anything is sent, so
 //! that an exchange dropped anywhere on its way (a timeout) leaves it to the next check.
 //!
 //! [`RESYNC_SPAN_MS`]: crate::services::fleet_sync::RESYNC_SPAN_MS
@@ -29,6 +31,8 @@ pub const MAX_KEPT: usize = 100_000;
 #[derive(Debug, Clone)]
 struct Kept {
     seq: u64,
+    /// When it was sent (unix ms: its mark's score).
+    sent_ms: u64,
     /// When Redis answered the round (unix ms); `None`: no answer yet.
     answered_ms: Option<u64>,
     counts: Vec<CountUpdate>,
@@ -45,6 +49,18 @@ pub enum Marked {
     /// Redis ran the commands one by one (it refused `MULTI`, e.g. an ACL without `+multi`):
     /// the increments may be applied without their mark, so marks stop.
     Unmarked,
+}
+
+/// What a check found (`Journal::repair`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Repair {
+    /// Redis holds every kept round.
+    Nothing,
+    /// These increments go again, in a round of this number.
+    Again(u64, Vec<CountUpdate>),
+    /// Redis holds none of the marks of rounds it answered: it lost its data; these kept
+    /// rounds are dropped.
+    Emptied { rounds: usize },
 }
 
 /// This instance's rounds of plain increments and their marks (one backend's; see the module).
@@ -102,23 +118,40 @@ impl Journal {
     /// next one checks, this round included.
     pub fn begin(&mut self, counts: Vec<CountUpdate>, now_ms: u64) -> Option<u64> {
         self.unsettled = true;
+        self.trim(now_ms);
         if counts.is_empty() || self.off {
             return None;
         }
-        self.trim(now_ms);
-        Some(self.keep(counts, None))
+        Some(self.keep(counts, now_ms))
     }
 
-    fn keep(&mut self, counts: Vec<CountUpdate>, answered_ms: Option<u64>) -> u64 {
+    fn keep(&mut self, counts: Vec<CountUpdate>, now_ms: u64) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.increments += counts.len();
         self.rounds.push_back(Kept {
             seq,
-            answered_ms,
+            sent_ms: now_ms,
+            answered_ms: None,
             counts,
         });
         seq
+    }
+
+    /// The last kept round Redis answered (its number and when it was sent), for a round to
+    /// read back: a server that no longer holds it lost it (a failover under a connection
+    /// that came back by itself, with no round failing), see [`Self::lost_sight`].
+    pub fn probe(&self) -> Option<(u64, u64)> {
+        self.rounds
+            .iter()
+            .rev()
+            .find(|k| k.answered_ms.is_some())
+            .map(|k| (k.seq, k.sent_ms))
+    }
+
+    /// Redis did not hold the probed round: the next exchange checks.
+    pub fn lost_sight(&mut self) {
+        self.unsettled = true;
     }
 
     /// Redis answered the round `seq` (a round of the exchange, or a repair), with what became
@@ -165,14 +198,28 @@ impl Journal {
     /// (or were lost with a failed primary), except the round `current` (the exchange's own,
     /// not sent yet). Their increments whose keys have not expired (each instance computes a
     /// key's expiry alike) make one round, kept and numbered here, for the backend to send
-    /// with its own mark (`None`: nothing to send again). The rounds Redis holds count as
-    /// answered now.
-    pub fn repair(
-        &mut self,
-        marks: &[u64],
-        now_ms: u64,
-        current: Option<u64>,
-    ) -> Option<(u64, Vec<CountUpdate>)> {
+    /// with its own mark. The rounds Redis holds count as answered now.
+    ///
+    /// A server that holds none of the marks of rounds it answered has lost its data (a
+    /// restart without persistence): then nothing is sent again ([`Repair::Emptied`]). Such a
+    /// server lost every count, not only the last rounds', and a record far from its limit
+    /// sends its whole count again once its next increment shows a total below what it alone
+    /// had reported (`ledger::apply_count`): the last rounds' increments sent here too would
+    /// count twice.
+    pub fn repair(&mut self, marks: &[u64], now_ms: u64, current: Option<u64>) -> Repair {
+        let emptied = marks.is_empty()
+            && self
+                .rounds
+                .iter()
+                .any(|k| k.answered_ms.is_some() && Some(k.seq) != current);
+        if emptied {
+            let before = self.rounds.len();
+            self.rounds.retain(|k| Some(k.seq) == current);
+            self.increments = self.rounds.iter().map(|k| k.counts.len()).sum();
+            return Repair::Emptied {
+                rounds: before - self.rounds.len(),
+            };
+        }
         let mut again: Vec<CountUpdate> = Vec::new();
         let mut at: HashMap<String, usize> = HashMap::new();
         let mut kept = VecDeque::with_capacity(self.rounds.len());
@@ -200,10 +247,10 @@ impl Journal {
         }
         self.rounds = kept;
         if again.is_empty() {
-            return None;
+            return Repair::Nothing;
         }
-        let seq = self.keep(again.clone(), None);
-        Some((seq, again))
+        let seq = self.keep(again.clone(), now_ms);
+        Repair::Again(seq, again)
     }
 
     /// Drop what needs no check any more: rounds answered more than the resync span ago, then
@@ -258,7 +305,11 @@ mod tests {
         assert_eq!(j.kept(), (2, 2));
         j.answered(Some(2), Marked::Applied, &[], 11_001);
         j.begin(vec![inc("b", 1, 99_000)], 11_011);
-        assert_eq!(j.kept(), (2, 2), "round 1 answered at 1,010: dropped at 11,011");
+        assert_eq!(
+            j.kept(),
+            (2, 2),
+            "round 1 answered at 1,010: dropped at 11,011"
+        );
     }
 
     #[test]
@@ -272,27 +323,50 @@ mod tests {
         assert!(j.wants_check());
         let three = j.begin(vec![inc("a", 5, 50_000)], 20);
         let four = j.begin(vec![inc("a", 7, 50_000)], 30);
-        assert_eq!((one, two, three, four), (Some(1), Some(2), Some(3), Some(4)));
+        assert_eq!(
+            (one, two, three, four),
+            (Some(1), Some(2), Some(3), Some(4))
+        );
         // Redis (a promoted replica) holds round 1 only: 2 and 3 go again, "old" has expired;
         // 4 is the exchange's own, not sent yet
-        let Some((seq, again)) = j.repair(&[1], 200, four) else {
+        let Repair::Again(seq, again) = j.repair(&[1], 200, four) else {
             panic!("rounds to send again")
         };
         assert_eq!(seq, 5);
-        assert_eq!(again, vec![CountUpdate { first: true, ..inc("a", 8, 50_000) }]);
+        assert_eq!(
+            again,
+            vec![CountUpdate {
+                first: true,
+                ..inc("a", 8, 50_000)
+            }]
+        );
         j.answered(Some(5), Marked::Applied, &[], 210);
         assert!(j.wants_check(), "until the exchange is answered");
         // dropped before its answer: the next check finds its round missing
         assert_eq!(
-            j.repair(&[1, 5], 300, None).map(|(_, c)| c),
-            Some(vec![CountUpdate { first: true, ..inc("a", 7, 50_000) }])
+            j.repair(&[1, 5], 300, None),
+            Repair::Again(
+                6,
+                vec![CountUpdate {
+                    first: true,
+                    ..inc("a", 7, 50_000)
+                }]
+            )
         );
         j.settled();
         assert!(!j.wants_check());
-        assert_eq!(j.kept(), (3, 4), "round 1 (2), the repair, the second repair");
+        assert_eq!(
+            j.kept(),
+            (3, 4),
+            "round 1 (2), the repair, the second repair"
+        );
         // a check that finds every round: nothing again
         let s = j.begin(vec![inc("c", 1, 50_000)], 300);
-        assert_eq!(j.repair(&[1, 5, 6], 400, s), None);
+        assert_eq!(j.repair(&[1, 5, 6], 400, s), Repair::Nothing);
+        // a server that holds none of the marks of answered rounds lost its data: nothing
+        // again (the ledger's totals bring the counts back), the exchange's own round kept
+        assert_eq!(j.repair(&[], 500, s), Repair::Emptied { rounds: 3 });
+        assert_eq!(j.kept(), (1, 1));
     }
 
     #[test]
@@ -307,17 +381,33 @@ mod tests {
         let s = j.begin(vec![inc("a", 1, 9_000)], 4);
         j.unapplied(s);
         assert_eq!(j.kept(), (1, 1));
-        assert!(j.wants_check(), "a refused connection: the server may have restarted");
-        assert_eq!(
-            j.repair(&[], 5, None).map(|(_, c)| c),
-            Some(vec![CountUpdate { first: true, ..inc("a", 1, 9_000) }])
+        assert!(
+            j.wants_check(),
+            "a refused connection: the server may have restarted"
         );
+        // only round 1 is kept (2 and 3 are the ledger's), and Redis holds it
+        assert_eq!(j.repair(&[1], 5, None), Repair::Nothing);
         // Redis refused MULTI: marks stop, nothing is kept
         let s = j.begin(vec![inc("a", 1, 9_000)], 6);
         j.answered(s, Marked::Unmarked, &[], 7);
         assert!(j.is_off());
         assert_eq!(j.begin(vec![inc("a", 1, 9_000)], 8), None);
         assert_eq!(j.kept(), (0, 0));
+    }
+
+    #[test]
+    fn a_round_reads_back_the_last_answered_mark() {
+        let mut j = Journal::new("k".into());
+        assert_eq!(j.probe(), None);
+        let a = j.begin(vec![inc("a", 1, 9_000)], 10);
+        j.answered(a, Marked::Applied, &[], 11);
+        let b = j.begin(vec![inc("a", 1, 9_000)], 20);
+        assert_eq!(j.probe(), Some((1, 10)), "round 2 has no answer yet");
+        j.answered(b, Marked::Applied, &[], 21);
+        j.settled();
+        assert_eq!(j.probe(), Some((2, 20)));
+        j.lost_sight();
+        assert!(j.wants_check());
     }
 
     #[test]

@@ -2,11 +2,11 @@
 //! plain increment its first step), the heartbeat, and the reading of the first replies and
 //! of the later steps.
 
+use super::journal::{Marked, MARK_KEEP_MS};
 use super::round::{
     answer, count_cmd, count_reply, count_start, Heartbeat, Refusal, Reply, ReplyError, RoundError,
     Update, HEARTBEAT_TTL_MS,
 };
-use super::journal::{Marked, MARK_KEEP_MS};
 use super::script::ledger_cmd;
 
 fn add_update(p: &mut redis::Pipeline, u: &Update) {
@@ -44,32 +44,45 @@ pub fn pipeline<'a>(
     p
 }
 
-/// A round's mark (`journal`): its number in this instance's set of marks `key`, and when it
-/// was sent (unix ms).
+/// What a marked round adds (`journal`), in the set of marks `key`: its own mark, and a read
+/// of the last answered one.
 #[derive(Debug, Clone, Copy)]
-pub struct Mark<'a> {
+pub struct Marks<'a> {
     pub key: &'a str,
-    pub seq: u64,
-    pub now_ms: u64,
+    /// This round's number and when it is sent (unix ms); none: it has no plain increments.
+    pub mark: Option<(u64, u64)>,
+    /// The last round Redis answered: its number and when it was sent.
+    pub probe: Option<(u64, u64)>,
 }
 
 /// The mark's commands inside the transaction: add it, trim the set, keep the set alive.
 const MARK_COMMANDS: usize = 3;
 
-fn add_mark(p: &mut redis::Pipeline, m: &Mark) {
-    p.cmd("ZADD").arg(m.key).arg(m.now_ms).arg(m.seq);
+fn add_mark(p: &mut redis::Pipeline, key: &str, (seq, now_ms): (u64, u64)) {
+    p.cmd("ZADD").arg(key).arg(now_ms).arg(seq);
     p.cmd("ZREMRANGEBYSCORE")
-        .arg(m.key)
+        .arg(key)
         .arg("-inf")
-        .arg(m.now_ms.saturating_sub(MARK_KEEP_MS));
-    p.cmd("PEXPIRE").arg(m.key).arg(MARK_KEEP_MS);
+        .arg(now_ms.saturating_sub(MARK_KEEP_MS));
+    p.cmd("PEXPIRE").arg(key).arg(MARK_KEEP_MS);
 }
 
-/// A round's pipeline for one server with its plain increments marked (`journal`): the lease
-/// asks, then `MULTI`, the increments' first steps and the mark, `EXEC`, then the heartbeat.
-/// [`unmark`] gives its replies in [`pipeline`]'s order.
-pub fn marked_pipeline(updates: &[Update], hb: Option<&Heartbeat>, mark: &Mark) -> redis::Pipeline {
+/// A round's pipeline for one server with its marks (`journal`): the read of the last answered
+/// mark (the marks of its instant), then, with a mark, the lease asks, `MULTI`, the
+/// increments' first steps and the mark, `EXEC` (without, the updates as [`pipeline`] sends
+/// them), then the heartbeat. [`unmark`] gives its replies in [`pipeline`]'s order.
+pub fn marked_pipeline(updates: &[Update], hb: Option<&Heartbeat>, m: &Marks) -> redis::Pipeline {
     let mut p = redis::pipe();
+    if let Some((_, sent_ms)) = m.probe {
+        p.cmd("ZRANGEBYSCORE").arg(m.key).arg(sent_ms).arg(sent_ms);
+    }
+    let Some(mark) = m.mark else {
+        updates.iter().for_each(|u| add_update(&mut p, u));
+        if let Some(hb) = hb {
+            add_heartbeat(&mut p, hb);
+        }
+        return p;
+    };
     let is_count = |u: &&Update| matches!(u, Update::Count(_));
     updates
         .iter()
@@ -80,7 +93,7 @@ pub fn marked_pipeline(updates: &[Update], hb: Option<&Heartbeat>, mark: &Mark) 
         .iter()
         .filter(is_count)
         .for_each(|u| add_update(&mut p, u));
-    add_mark(&mut p, mark);
+    add_mark(&mut p, m.key, mark);
     p.cmd("EXEC");
     if let Some(hb) = hb {
         add_heartbeat(&mut p, hb);
@@ -88,15 +101,41 @@ pub fn marked_pipeline(updates: &[Update], hb: Option<&Heartbeat>, mark: &Mark) 
     p
 }
 
+/// What became of a round's marks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MarksSeen {
+    /// Its own mark (`Applied` when it had none).
+    pub marked: Marked,
+    /// Whether Redis held the probed mark (none: no probe).
+    pub probe_held: Option<bool>,
+}
+
 /// The replies of a [`marked_pipeline`] in [`pipeline`]'s order (each update's, then the
-/// heartbeat's), and what became of the mark. A transaction Redis refused (a command refused
+/// heartbeat's), and what became of its marks. A transaction Redis refused (a command refused
 /// when queued: its error, or `EXECABORT`) answers each increment with that error: none was
 /// applied.
 pub fn unmark(
     updates: &[Update],
     values: Vec<redis::Value>,
-) -> Result<(Vec<redis::Value>, Marked), RoundError> {
+    m: &Marks,
+) -> Result<(Vec<redis::Value>, MarksSeen), RoundError> {
     use redis::Value;
+    let mut values = values.into_iter();
+    let probe_held = match m.probe {
+        Some((seq, _)) => {
+            let v = values.next().unwrap_or(Value::Nil);
+            Some(holds(&v, seq))
+        }
+        None => None,
+    };
+    if m.mark.is_none() {
+        let seen = MarksSeen {
+            marked: Marked::Applied,
+            probe_held,
+        };
+        return Ok((values.collect(), seen));
+    }
+    let values: Vec<Value> = values.collect();
     let counts = updates
         .iter()
         .filter(|u| matches!(u, Update::Count(_)))
@@ -146,7 +185,21 @@ pub fn unmark(
         out.push(v.unwrap_or(Value::Nil));
     }
     out.extend(rest);
-    Ok((out, marked))
+    Ok((out, MarksSeen { marked, probe_held }))
+}
+
+/// Whether a read of marks (`ZRANGEBYSCORE`) holds round `seq`. An error reply holds nothing
+/// known: taken as held, so that a refused read never makes rounds go twice.
+fn holds(v: &redis::Value, seq: u64) -> bool {
+    match v {
+        redis::Value::Array(items) => items.iter().any(|i| match i {
+            redis::Value::BulkString(b) => std::str::from_utf8(b).ok() == Some(&seq.to_string()),
+            redis::Value::Int(n) => *n == seq as i64,
+            _ => false,
+        }),
+        redis::Value::ServerError(_) => true,
+        _ => false,
+    }
 }
 
 /// The first replies to the updates `idxs` (in pipeline order): their answers where they are
@@ -259,10 +312,10 @@ mod tests {
     fn a_marked_round_sends_its_increments_and_mark_in_one_transaction() {
         let lease = Update::Lease(LedgerUpdate::default());
         let updates = [count("a"), lease, count("b")];
-        let mark = Mark {
+        let mark = Marks {
             key: "p:rounds:i",
-            seq: 7,
-            now_ms: 100_000,
+            mark: Some((7, 100_000)),
+            probe: None,
         };
         let text = packed(&marked_pipeline(&updates, None, &mark));
         let multi = text.find("MULTI").unwrap_or(usize::MAX);
@@ -286,8 +339,8 @@ mod tests {
             queued(),
             Array(vec![Int(3), Int(4), Int(1), Int(0), Int(1)]),
         ];
-        let (v, m) = unmark(&updates, values).unwrap();
-        assert_eq!(m, Marked::Applied);
+        let (v, m) = unmark(&updates, values, &mark).unwrap();
+        assert_eq!(m.marked, Marked::Applied);
         assert_eq!(v, vec![Int(3), script.clone(), Int(4)]);
         // refused when queued: nothing ran, each increment gets the reason
         let oom = error("OOM command not allowed when used memory > 'maxmemory'.");
@@ -301,8 +354,8 @@ mod tests {
             queued(),
             error("EXECABORT Transaction discarded because of previous errors."),
         ];
-        let (v, m) = unmark(&updates, values).unwrap();
-        assert_eq!(m, Marked::Refused);
+        let (v, m) = unmark(&updates, values, &mark).unwrap();
+        assert_eq!(m.marked, Marked::Refused);
         assert_eq!(v, vec![oom.clone(), script.clone(), oom]);
         // MULTI refused (an ACL without +multi): each command ran as it came, unmarked
         let noperm = error("NOPERM User gateway has no permissions to run the 'multi' command");
@@ -316,9 +369,43 @@ mod tests {
             Int(1),
             error("ERR EXEC without MULTI"),
         ];
-        let (v, m) = unmark(&updates, values).unwrap();
-        assert_eq!(m, Marked::Unmarked);
+        let (v, m) = unmark(&updates, values, &mark).unwrap();
+        assert_eq!(m.marked, Marked::Unmarked);
         assert_eq!(v, vec![Int(5), script, Int(6)]);
-        assert!(unmark(&updates, vec![Okay]).is_err(), "too few answers");
+        assert!(
+            unmark(&updates, vec![Okay], &mark).is_err(),
+            "too few answers"
+        );
+    }
+
+    #[test]
+    fn a_round_reads_back_the_last_answered_mark_first() {
+        let updates = [count("a")];
+        let probe = Marks {
+            key: "k",
+            mark: None,
+            probe: Some((6, 99_000)),
+        };
+        let text = packed(&marked_pipeline(&updates, None, &probe));
+        assert_eq!(text, "ZRANGEBYSCORE k 99000 99000 INCRBY a 1 ");
+        let held = |reply: Value| unmark(&updates, vec![reply, Int(4)], &probe).unwrap();
+        let six = Value::BulkString(b"6".to_vec());
+        let (v, m) = held(Array(vec![Value::BulkString(b"5".to_vec()), six]));
+        assert_eq!((v, m.probe_held), (vec![Int(4)], Some(true)));
+        assert_eq!(held(Array(vec![])).1.probe_held, Some(false), "lost");
+        assert_eq!(
+            held(error("NOPERM no")).1.probe_held,
+            Some(true),
+            "not known"
+        );
+        let both = Marks {
+            mark: Some((7, 100_000)),
+            ..probe
+        };
+        let text = packed(&marked_pipeline(&updates, None, &both));
+        assert!(
+            text.starts_with("ZRANGEBYSCORE k 99000 99000 MULTI INCRBY a 1 ZADD k 100000 7"),
+            "{text}"
+        );
     }
 }

@@ -6,9 +6,10 @@ use std::time::Duration;
 use tollgate_limits::ledger::Answer;
 
 /// Why a round has no answer. `unapplied`: certainly nothing of it reached Redis (the
-/// connection was refused), so plain increments are sent again; otherwise (a timeout, a
-/// connection lost on the way) they may have been applied and are taken as counted, so that
-/// none is ever counted twice.
+/// connection was refused), so the ledger sends its plain increments again; otherwise (a
+/// timeout, a connection lost on the way) they may have been applied and the ledger takes them
+/// as counted, so that none is ever counted twice: the backend's marks (`journal`) then tell
+/// whether Redis holds them, and send them again if not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoundError {
     pub message: String,

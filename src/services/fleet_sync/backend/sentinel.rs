@@ -94,7 +94,9 @@ impl SyncBackend for SentinelRedis {
         hb: Option<&Heartbeat>,
     ) -> Result<Exchange, RoundError> {
         let mut conn = self.primary().await?;
-        let result = exchange_on(&mut conn, updates, hb, None).await.map(|(ex, _)| ex);
+        let result = exchange_on(&mut conn, updates, hb, None)
+            .await
+            .map(|(ex, _)| ex);
         let demoted = |e: &Exchange| {
             e.refused
                 .iter()

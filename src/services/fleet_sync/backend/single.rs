@@ -1,8 +1,10 @@
 //! The backend for one Redis server: a round is one pipeline on a connection manager that
 //! reconnects by itself.
 
-use super::journal::{Journal, Marked};
-use super::pipeline::{finish_counts, first_replies, marked_pipeline, pipeline, unmark, Mark};
+use super::journal::{Journal, Marked, Repair};
+use super::pipeline::{
+    finish_counts, first_replies, marked_pipeline, pipeline, unmark, Marks, MarksSeen,
+};
 use super::round::{
     adjusted_reply, heartbeat_reply, CountUpdate, Exchange, Heartbeat, Refusal, ReplyError,
     RoundError, SyncBackend, Update, HEARTBEAT_REPLIES,
@@ -138,13 +140,13 @@ impl SingleRedis {
                 });
             }
         }
-        let mark = seq.map(|seq| Mark {
+        let marks = Marks {
             key: &key,
-            seq,
-            now_ms,
-        });
-        match exchange_on(&mut conn, updates, hb, mark.as_ref()).await {
-            Ok((ex, marked)) => {
+            mark: seq.map(|seq| (seq, now_ms)),
+            probe: journal.lock().probe(),
+        };
+        match exchange_on(&mut conn, updates, hb, Some(&marks)).await {
+            Ok((ex, seen)) => {
                 let refused: Vec<&str> = ex
                     .refused
                     .iter()
@@ -152,10 +154,18 @@ impl SingleRedis {
                     .filter(|u| matches!(u, Update::Count(_)))
                     .map(|u| u.key())
                     .collect();
-                let marked = marked.unwrap_or(Marked::Applied);
+                let MarksSeen { marked, probe_held } = seen.unwrap_or(MarksSeen {
+                    marked: Marked::Applied,
+                    probe_held: None,
+                });
                 let mut j = journal.lock();
                 j.answered(seq, marked, &refused, unix_ms());
                 j.settled();
+                if probe_held == Some(false) {
+                    // the server lost a round it answered, with no round failing (a replica
+                    // promoted under a connection that came back by itself): check next time
+                    j.lost_sight();
+                }
                 drop(j);
                 if marked == Marked::Unmarked {
                     log::warn!(
@@ -202,23 +212,35 @@ impl SingleRedis {
             }
         };
         let now_ms = unix_ms();
-        let Some((seq, again)) = journal.lock().repair(&marks, now_ms, current) else {
-            return Ok(());
+        let repair = journal.lock().repair(&marks, now_ms, current);
+        let (seq, again) = match repair {
+            Repair::Nothing => return Ok(()),
+            Repair::Emptied { rounds } => {
+                log::warn!("redis: the server holds none of this instance's round marks (restarted without its data?); {rounds} round(s) not sent again: each count comes back with its record's next report");
+                return Ok(());
+            }
+            Repair::Again(seq, again) => (seq, again),
         };
         let repair: Vec<Update> = again.into_iter().map(Update::Count).collect();
-        let mark = Mark {
+        let marks = Marks {
             key,
-            seq,
-            now_ms,
+            mark: Some((seq, now_ms)),
+            probe: None,
         };
         // each increment with its expiry (the key may be gone with the round it repeats)
-        let mut p = marked_pipeline(&repair, None, &mark);
+        let mut p = marked_pipeline(&repair, None, &marks);
         p.ignore_errors();
         let values: Vec<redis::Value> = p.query_async(conn).await?;
-        let (values, marked) = unmark(&repair, values)?;
+        let (values, MarksSeen { marked, .. }) = unmark(&repair, values, &marks)?;
         let mut answers = vec![None; repair.len()];
         let mut refused = Vec::new();
-        let pending = first_replies(&repair, 0..repair.len(), &values, &mut answers, &mut refused)?;
+        let pending = first_replies(
+            &repair,
+            0..repair.len(),
+            &values,
+            &mut answers,
+            &mut refused,
+        )?;
         finish_counts(conn, &repair, pending, &mut answers, &mut refused).await?;
         let keys: Vec<&str> = refused
             .iter()
@@ -250,7 +272,9 @@ impl SyncBackend for SingleRedis {
     ) -> Result<Exchange, RoundError> {
         match &self.journal {
             Some(j) if !j.lock().is_off() => self.marked_exchange(j, updates, hb).await,
-            _ => Ok(exchange_on(&mut self.conn.clone(), updates, hb, None).await?.0),
+            _ => Ok(exchange_on(&mut self.conn.clone(), updates, hb, None)
+                .await?
+                .0),
         }
     }
 
@@ -289,16 +313,16 @@ impl SyncBackend for SingleRedis {
     }
 }
 
-/// A round on one server's connection: the pipeline (its plain increments marked with
-/// `mark`, see `journal`), the scripts loaded if it did not know them, the replies sorted into
-/// answers and refusals, the plain increments' expiries; and what became of the mark.
+/// A round on one server's connection: the pipeline (with `marks`, see `journal`), the
+/// scripts loaded if it did not know them, the replies sorted into answers and refusals, the
+/// plain increments' expiries; and what became of the marks.
 pub(super) async fn exchange_on<C: redis::aio::ConnectionLike + Send>(
     conn: &mut C,
     updates: &[Update],
     hb: Option<&Heartbeat>,
-    mark: Option<&Mark<'_>>,
-) -> Result<(Exchange, Option<Marked>), RoundError> {
-    let mut p = match mark {
+    marks: Option<&Marks<'_>>,
+) -> Result<(Exchange, Option<MarksSeen>), RoundError> {
+    let mut p = match marks {
         Some(m) => marked_pipeline(updates, hb, m),
         None => pipeline(updates.iter(), hb),
     };
@@ -307,10 +331,10 @@ pub(super) async fn exchange_on<C: redis::aio::ConnectionLike + Send>(
     // not applied, the others were
     p.ignore_errors();
     let values = query_round(&p, conn).await?;
-    let (mut values, marked) = match mark {
-        Some(_) => {
-            let (v, m) = unmark(updates, values)?;
-            (v, Some(m))
+    let (mut values, seen) = match marks {
+        Some(m) => {
+            let (v, seen) = unmark(updates, values, m)?;
+            (v, Some(seen))
         }
         None => (values, None),
     };
@@ -349,5 +373,5 @@ pub(super) async fn exchange_on<C: redis::aio::ConnectionLike + Send>(
         refused,
         ..Exchange::default()
     };
-    Ok((ex, marked))
+    Ok((ex, seen))
 }
