@@ -25,7 +25,8 @@ use tollgate::limits::ledger::SPARE_PERCENT;
 use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdict};
 #[path = "common/ledger_model.rs"]
 mod ledger_model;
-use ledger_model::update_model;
+use ledger_model::{count_model, update_model};
+use tollgate::services::fleet_sync::backend::journal::{Journal, Marked, Repair};
 use tollgate::services::fleet_sync::backend::{Exchange, Heartbeat, RoundError, Update};
 use tollgate::services::fleet_sync::{Accounts, Round, Schedule};
 
@@ -77,8 +78,10 @@ enum Faults {
     Restart,
     /// Redis fails over once, down for a while: the replica that takes over lacks the writes
     /// of the last ms before the failure (1 to 50, replication being asynchronous), answers
-    /// the primary had already sent back included; the fleet leases only, as it does behind
-    /// a Redis Cluster or Sentinel. (Half of the seeds that would draw `Restart`.)
+    /// the primary had already sent back included. On half of these seeds the fleet leases
+    /// only, as it does behind a Redis Cluster or Sentinel; on the others records far from
+    /// their limit send plain increments, marked (`backend::journal`), as behind one endpoint.
+    /// (Half of the seeds that would draw `Restart`.)
     Failover,
     /// The tenant's Redis Cluster node does not answer for a while; the rest of Redis (the
     /// heartbeat's node) does.
@@ -357,11 +360,74 @@ struct SimRedis {
     shard_down: (u64, u64),
     /// Redis runs nothing in these spans [from, until) (a stall): what arrives waits.
     stalls: Vec<(u64, u64)>,
-    /// Rounds that reach Redis after their sender gave up on them: (when, updates, heartbeat).
-    late: Vec<(u64, Vec<Update>, Option<Heartbeat>)>,
+    /// Rounds that reach Redis after their sender gave up on them: (when, instance, marks,
+    /// updates, heartbeat).
+    late: Vec<LateRound>,
+    /// Each instance's round marks (`backend::journal`).
+    marks: HashMap<usize, Vec<u64>>,
+}
+
+/// A round that reaches Redis after its sender gave up on it: when, from which instance, its
+/// marks, updates and heartbeat.
+type LateRound = (u64, usize, SimMarks, Vec<Update>, Option<Heartbeat>);
+
+/// What Redis keeps: its strings, its hashes, each instance's round marks.
+type RedisData = (HashMap<String, i64>, Hashes, HashMap<usize, Vec<u64>>);
+
+/// What a round carries of its marks, as `backend::single` sends them: whether it checks the
+/// kept rounds first, its own mark, the mark it reads back.
+#[derive(Debug, Clone, Copy, Default)]
+struct SimMarks {
+    check: bool,
+    seq: Option<u64>,
+    probe: Option<u64>,
 }
 
 impl SimRedis {
+    /// Run instance `i`'s round with its marks, as `backend::single` does on one connection:
+    /// the check of the kept rounds and the repair first (when the round checks), then the
+    /// round with its plain increments and its mark, all or nothing. `None` while Redis is
+    /// down; with the round's answer, what became of its mark and whether Redis held the mark
+    /// it reads back.
+    fn run_marked(
+        &mut self,
+        i: usize,
+        journal: &mut Journal,
+        m: SimMarks,
+        updates: &[Update],
+        hb: Option<&Heartbeat>,
+        now: u64,
+    ) -> Option<(Exchange, Marked, Option<bool>)> {
+        if now < self.down_until {
+            return None;
+        }
+        if m.check {
+            let marks = self.marks.get(&i).cloned().unwrap_or_default();
+            if let Repair::Again(seq, again) = journal.repair(&marks, now, m.seq) {
+                for c in &again {
+                    count_model(&mut self.strings, c);
+                }
+                self.marks.entry(i).or_default().push(seq);
+                journal.answered(Some(seq), Marked::Applied, &[], now);
+            }
+        }
+        let held = m
+            .probe
+            .map(|p| self.marks.get(&i).is_some_and(|v| v.contains(&p)));
+        let ex = self.run(updates, hb, now)?;
+        // (a node down answers nothing of the transaction: none of it ran)
+        let applied = ex.answers.iter().all(Option::is_some);
+        let marked = if applied {
+            if let Some(seq) = m.seq {
+                self.marks.entry(i).or_default().push(seq);
+            }
+            Marked::Applied
+        } else {
+            Marked::Refused
+        };
+        Some((ex, marked, held))
+    }
+
     /// Run a round; `None` while Redis is down (the connection is refused: nothing applied).
     fn run(&mut self, updates: &[Update], hb: Option<&Heartbeat>, now: u64) -> Option<Exchange> {
         if now < self.down_until {
@@ -389,13 +455,14 @@ impl SimRedis {
 
 struct InFlight {
     round: Round,
+    marks: SimMarks,
     periodic: bool,
     /// When Redis runs it, when the reply is back, and when the instance gives up.
     apply_at: u64,
     reply_at: u64,
     timeout_at: u64,
     lost: bool,
-    result: Option<Option<Exchange>>,
+    result: Option<Option<(Exchange, Marked, Option<bool>)>>,
 }
 
 struct Instance {
@@ -407,6 +474,8 @@ struct Instance {
     fleet: Arc<Fleet>,
     schedule: Schedule,
     flight: Option<InFlight>,
+    /// Its rounds' plain increments and their marks, as `backend::single` keeps them.
+    journal: Journal,
     /// When Redis runs the last round this instance sent.
     applied_until: u64,
     rounds: u64,
@@ -577,6 +646,7 @@ fn simulate(s: &Scenario) -> Outcome {
                 fleet,
                 schedule: Schedule::new(0),
                 flight: None,
+                journal: Journal::new(format!("sim:rounds:i{i}")),
                 applied_until: 0,
                 rounds: 0,
                 acc: 0.0,
@@ -596,8 +666,8 @@ fn simulate(s: &Scenario) -> Outcome {
         matches!(s.faults, Faults::Restart | Faults::Failover).then(|| 200 + rng.below(s.span_ms));
     // a failover: what the replica had when the primary failed, and how far it lagged
     let lag_ms = 1 + (s.seed / 2) % 50;
-    let mut replica: Option<(HashMap<String, i64>, Hashes)> = None;
-    if failover {
+    let mut replica: Option<RedisData> = None;
+    if failover && (s.seed / 2) % 2 == 1 {
         for inst in &instances {
             inst.fleet.set_plain_increments(false);
         }
@@ -694,14 +764,19 @@ fn simulate(s: &Scenario) -> Outcome {
             }
         }
         if failover && restart_at == Some(step + lag_ms) {
-            replica = Some((redis.strings.clone(), redis.hashes.clone()));
+            replica = Some((
+                redis.strings.clone(),
+                redis.hashes.clone(),
+                redis.marks.clone(),
+            ));
         }
         if restart_at == Some(step) {
             if trace {
                 eprintln!("{step} redis restarts (failover: {failover})");
             }
-            let (strings, hashes) = replica.take().unwrap_or_default();
+            let (strings, hashes, marks) = replica.take().unwrap_or_default();
             redis = SimRedis {
+                marks,
                 down_until: now + 300 + rng.below(1500),
                 restarted: !failover,
                 beats: HashMap::new(),
@@ -717,11 +792,12 @@ fn simulate(s: &Scenario) -> Outcome {
             .find(|(a, b)| (*a..*b).contains(&now))
             .map(|&(_, b)| b);
         let late = std::mem::take(&mut redis.late);
-        for (at, updates, hb) in late {
+        for (at, i, m, updates, hb) in late {
             if at <= now && stalled_until.is_none() {
-                redis.run(&updates, hb.as_ref(), now);
+                let journal = &mut instances[i].journal;
+                redis.run_marked(i, journal, m, &updates, hb.as_ref(), now);
             } else {
-                redis.late.push((at, updates, hb));
+                redis.late.push((at, i, m, updates, hb));
             }
         }
         let window = s.window_of(now).0;
@@ -761,7 +837,9 @@ fn simulate(s: &Scenario) -> Outcome {
                     }
                 }
                 if f.result.is_none() && now >= f.apply_at && stalled_until.is_none() {
-                    f.result = Some(redis.run(&f.round.updates, f.round.heartbeat.as_ref(), now));
+                    let (updates, hb) = (&f.round.updates, f.round.heartbeat.as_ref());
+                    f.result =
+                        Some(redis.run_marked(i, &mut inst.journal, f.marks, updates, hb, now));
                 }
                 let back = f.result.as_ref().is_some_and(|r| r.is_some()) && !f.lost;
                 // Redis down: the connection is refused at once, nothing was applied
@@ -769,8 +847,17 @@ fn simulate(s: &Scenario) -> Outcome {
                 // Redis ran it (or refused it): it is not on its way any more
                 let ran = f.result.is_some();
                 let finished = if back && now >= f.reply_at && f.reply_at <= f.timeout_at {
-                    Some(Ok(f.result.take().flatten().expect("an answer")))
+                    let (ex, marked, held) = f.result.take().flatten().expect("an answer");
+                    // as `backend::single` does with the answer
+                    let j = &mut inst.journal;
+                    j.answered(f.marks.seq, marked, &[], now);
+                    j.settled();
+                    if held == Some(false) {
+                        j.lost_sight();
+                    }
+                    Some(Ok(ex))
                 } else if refused && now >= f.reply_at {
+                    inst.journal.unapplied(f.marks.seq);
                     Some(Err(RoundError {
                         message: "refused".into(),
                         unapplied: true,
@@ -787,7 +874,7 @@ fn simulate(s: &Scenario) -> Outcome {
                     if !ran {
                         // given up on, but on its way: Redis runs it later
                         let (u, h) = (f.round.updates.clone(), f.round.heartbeat.clone());
-                        redis.late.push((f.apply_at, u, h));
+                        redis.late.push((f.apply_at, i, f.marks, u, h));
                     }
                     let periodic = f.periodic;
                     if trace {
@@ -822,9 +909,23 @@ fn simulate(s: &Scenario) -> Outcome {
                     inst.rounds += 1;
                     let round = inst.accounts.begin(&settings, periodic);
                     out.updates += round.updates.len() as u64;
+                    // as `backend::single` marks a round (its I/O at the round's turn in Redis)
+                    let counts = round
+                        .updates
+                        .iter()
+                        .filter_map(|u| match u {
+                            Update::Count(c) => Some(c.clone()),
+                            Update::Lease(_) => None,
+                        })
+                        .collect();
+                    let check = inst.journal.wants_check();
+                    let seq = inst.journal.begin(counts, now);
+                    let probe = inst.journal.probe().map(|(p, _)| p);
+                    let marks = SimMarks { check, seq, probe };
                     let latency = s.rtt_ms + rng.below(s.rtt_ms / 2 + 1);
                     let mut f = InFlight {
                         round,
+                        marks,
                         periodic,
                         apply_at: now + latency / 2,
                         reply_at: now + latency,

@@ -36,9 +36,8 @@ use tollgate_limits::store::{Counter, CounterRegistry, OrphanCount, RuleCounters
 /// Keys live this long past the last moment they are needed.
 pub const KEY_GRACE_MS: u64 = 10_000;
 /// After a failure, the records Redis answered within this span before it report their whole
-/// counts again (`Accounts::note_trouble`): a replica lags its primary by far less, even on a
-/// busy server.
-pub const RESYNC_SPAN_MS: u64 = 10_000;
+/// counts again (`Accounts::note_trouble`); plain increments' rounds are kept as long.
+pub use backend::journal::RESYNC_SPAN_MS;
 /// Longest wait between retries while Redis is failing.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The last round of a draining process starts this long before its grace period ends.

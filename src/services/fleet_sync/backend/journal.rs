@@ -14,11 +14,15 @@
 //! every count (a restart without persistence): the ledger's own check of totals brings
 //! records back (`ledger::apply_count`), and nothing is sent again from here. A round is kept before anything is sent, so
 //! that an exchange dropped anywhere on its way (a timeout) leaves it to the next check.
-//!
-//! [`RESYNC_SPAN_MS`]: crate::services::fleet_sync::RESYNC_SPAN_MS
 
 use super::round::CountUpdate;
 use std::collections::{HashMap, VecDeque};
+
+/// How long after Redis answered it a round may still be lost with a failed server: a replica
+/// lags its primary by far less, even on a busy server. Plain increments' rounds are kept this
+/// long, and after a failure the records Redis answered within it report their whole counts
+/// again (`fleet_sync::Accounts::note_trouble`).
+pub const RESYNC_SPAN_MS: u64 = 10_000;
 
 /// How long Redis keeps a round's mark (and the set, after this instance's last round).
 pub const MARK_KEEP_MS: u64 = 60_000;
@@ -149,7 +153,17 @@ impl Journal {
             .map(|k| (k.seq, k.sent_ms))
     }
 
-    /// Redis did not hold the probed round: the next exchange checks.
+    /// Increments of a repair that Redis refused one by one (the ledger took them as sent
+    /// long ago): kept again without a mark, so that the next check sends them again.
+    pub fn requeue(&mut self, counts: Vec<CountUpdate>, now_ms: u64) {
+        if counts.is_empty() || self.off {
+            return;
+        }
+        self.keep(counts, now_ms);
+        self.unsettled = true;
+    }
+
+    /// Redis did not hold the probed round (or refused a repair): the next exchange checks.
     pub fn lost_sight(&mut self) {
         self.unsettled = true;
     }
@@ -256,7 +270,7 @@ impl Journal {
     /// Drop what needs no check any more: rounds answered more than the resync span ago, then
     /// the oldest past [`MAX_KEPT`] increments.
     fn trim(&mut self, now_ms: u64) {
-        let span = crate::services::fleet_sync::RESYNC_SPAN_MS;
+        let span = RESYNC_SPAN_MS;
         while let Some(k) = self.rounds.front() {
             let old = k.answered_ms.is_some_and(|t| t + span < now_ms);
             if !old && self.increments <= MAX_KEPT {
@@ -408,6 +422,21 @@ mod tests {
         assert_eq!(j.probe(), Some((2, 20)));
         j.lost_sight();
         assert!(j.wants_check());
+        // a repair's increments Redis refused one by one: kept again, unmarked, for the next
+        // check
+        j.settled();
+        j.requeue(vec![inc("b", 2, 9_000)], 30);
+        assert!(j.wants_check());
+        assert_eq!(
+            j.repair(&[1, 2], 40, None),
+            Repair::Again(
+                4,
+                vec![CountUpdate {
+                    first: true,
+                    ..inc("b", 2, 9_000)
+                }]
+            )
+        );
     }
 
     #[test]

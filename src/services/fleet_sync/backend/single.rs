@@ -212,7 +212,14 @@ impl SingleRedis {
             }
         };
         let now_ms = unix_ms();
+        let kept = journal.lock().kept();
         let repair = journal.lock().repair(&marks, now_ms, current);
+        log::debug!(
+            "redis: check: {} mark(s) held, {} round(s) of {} count(s) kept: {repair:?}",
+            marks.len(),
+            kept.0,
+            kept.1
+        );
         let (seq, again) = match repair {
             Repair::Nothing => return Ok(()),
             Repair::Emptied { rounds } => {
@@ -222,38 +229,62 @@ impl SingleRedis {
             Repair::Again(seq, again) => (seq, again),
         };
         let repair: Vec<Update> = again.into_iter().map(Update::Count).collect();
-        let marks = Marks {
-            key,
-            mark: Some((seq, now_ms)),
-            probe: None,
-        };
-        // each increment with its expiry (the key may be gone with the round it repeats)
-        let mut p = marked_pipeline(&repair, None, &marks);
-        p.ignore_errors();
-        let values: Vec<redis::Value> = p.query_async(conn).await?;
-        let (values, MarksSeen { marked, .. }) = unmark(&repair, values, &marks)?;
-        let mut answers = vec![None; repair.len()];
-        let mut refused = Vec::new();
-        let pending = first_replies(
-            &repair,
-            0..repair.len(),
-            &values,
-            &mut answers,
-            &mut refused,
-        )?;
-        finish_counts(conn, &repair, pending, &mut answers, &mut refused).await?;
-        let keys: Vec<&str> = refused
-            .iter()
-            .filter_map(|r| repair.get(r.update?))
-            .map(|u| u.key())
-            .collect();
+        let (marked, keys) = send_repair(conn, key, (seq, now_ms), &repair).await?;
         let sent = repair.len() - keys.len();
-        journal.lock().answered(Some(seq), marked, &keys, unix_ms());
+        let mut j = journal.lock();
+        match marked {
+            // none of it ran: it stays, without an answer, for the next check (the ledger
+            // took these counts as sent long ago: nobody else sends them)
+            Marked::Refused => j.lost_sight(),
+            _ => {
+                j.answered(Some(seq), marked, &keys, unix_ms());
+                // the increments refused one by one: kept again, without a mark
+                let again: Vec<CountUpdate> = repair
+                    .iter()
+                    .filter_map(|u| match u {
+                        Update::Count(c) if keys.contains(&c.key.as_str()) => Some(c.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                j.requeue(again, unix_ms());
+            }
+        }
+        drop(j);
         if marked == Marked::Applied && sent > 0 {
             log::info!("redis: {sent} count(s) of rounds the server did not hold sent again");
         }
         Ok(())
     }
+}
+
+/// Send a repair (`mark`: its number and time) in its own transaction, each increment with its
+/// expiry (the key may be gone with the round it repeats): what became of its mark, and the
+/// keys of the increments Redis refused one by one.
+async fn send_repair<'a>(
+    conn: &mut ConnectionManager,
+    key: &str,
+    mark: (u64, u64),
+    repair: &'a [Update],
+) -> Result<(Marked, Vec<&'a str>), RoundError> {
+    let marks = Marks {
+        key,
+        mark: Some(mark),
+        probe: None,
+    };
+    let mut p = marked_pipeline(repair, None, &marks);
+    p.ignore_errors();
+    let values: Vec<redis::Value> = p.query_async(conn).await?;
+    let (values, MarksSeen { marked, .. }) = unmark(repair, values, &marks)?;
+    let mut answers = vec![None; repair.len()];
+    let mut refused = Vec::new();
+    let pending = first_replies(repair, 0..repair.len(), &values, &mut answers, &mut refused)?;
+    finish_counts(conn, repair, pending, &mut answers, &mut refused).await?;
+    let keys = refused
+        .iter()
+        .filter_map(|r| repair.get(r.update?))
+        .map(|u| u.key())
+        .collect();
+    Ok((marked, keys))
 }
 
 /// The time marks are scored by (unix ms).
