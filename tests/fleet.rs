@@ -62,6 +62,22 @@ fn hourly(threshold: u64, room_s: u64) -> String {
     format!("[{{ period: {p}, threshold: {threshold} }}]")
 }
 
+/// One gateway on `redis` (`timeout: 200ms` and `more` redis lines) with a rule far from its
+/// limit (plain increments), connected.
+fn far_from_the_limit(redis: &RedisServer, up: &Upstream, more: &str) -> Gateway {
+    let url = format!("url: {}\n  timeout: 200ms{more}", redis.url());
+    let gw = Gateway::start(&config(up, &url, &hourly(1_000_000, 90), ""));
+    wait_connected(&gw);
+    gw
+}
+
+/// `n` requests of tenant `t`: how many were admitted.
+fn admitted_of_t(gw: &Gateway, n: usize) -> i64 {
+    (0..n)
+        .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
+        .count() as i64
+}
+
 /// Until every gateway of `gws` has made `n` more rounds (ok or not) with Redis.
 fn rounds_pass(gws: &[&Gateway], n: f64) -> bool {
     let rounds = |g: &Gateway| metric_sum(&g.metrics(), "tollgate_redis_sync_total");
@@ -1257,19 +1273,8 @@ fn a_redis_without_its_scripts_counts_no_plain_increment_twice() {
 fn after_a_restart_that_lost_every_mark_a_count_comes_back_once() {
     let mut redis = RedisServer::start();
     let up = Upstream::start("u");
-    let cfg = config(
-        &up,
-        &format!("url: {}\n  timeout: 200ms", redis.url()),
-        &hourly(1_000_000, 90),
-        "",
-    );
-    let gw = Gateway::start(&cfg);
-    wait_connected(&gw);
-    let send = |n: usize| {
-        (0..n)
-            .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
-            .count() as i64
-    };
+    let gw = far_from_the_limit(&redis, &up, "");
+    let send = |n: usize| admitted_of_t(&gw, n);
     assert_eq!(send(7), 7);
     assert!(eventually(Duration::from_secs(5), || redis
         .held("tg:{t}:*")
@@ -1311,22 +1316,8 @@ fn after_a_restart_that_lost_every_mark_a_count_comes_back_once() {
 fn a_server_that_lost_answered_rounds_gets_them_again_without_a_failed_round() {
     let redis = RedisServer::start();
     let up = Upstream::start("u");
-    let cfg = config(
-        &up,
-        &format!(
-            "url: {}\n  timeout: 200ms\n  sync_interval: 200ms",
-            redis.url()
-        ),
-        &hourly(1_000_000, 90),
-        "",
-    );
-    let gw = Gateway::start(&cfg);
-    wait_connected(&gw);
-    let send = |n: usize| {
-        (0..n)
-            .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
-            .count() as i64
-    };
+    let gw = far_from_the_limit(&redis, &up, "\n  sync_interval: 200ms");
+    let send = |n: usize| admitted_of_t(&gw, n);
     let marks = || {
         let key = redis.keys("tg:rounds:*").pop().unwrap_or_default();
         common::strings(redis.cmd(&["ZRANGE", &key, "0", "-1"]))
@@ -1371,21 +1362,10 @@ fn a_server_that_lost_answered_rounds_gets_them_again_without_a_failed_round() {
 fn a_round_without_an_answer_is_sent_again_only_if_redis_lacks_it() {
     let redis = RedisServer::start();
     let up = Upstream::start("u");
-    let cfg = config(
-        &up,
-        &format!("url: {}\n  timeout: 200ms", redis.url()),
-        &hourly(1_000_000, 90),
-        "",
-    );
-    let gw = Gateway::start(&cfg);
-    wait_connected(&gw);
+    let gw = far_from_the_limit(&redis, &up, "");
     let errors =
         |gw: &Gateway| metric_sum(&gw.metrics(), "tollgate_redis_sync_total{result=\"error\"}");
-    let send = |n: usize| {
-        (0..n)
-            .filter(|_| gw.get("/x", &[("x-org-id", "t")]).status == 200)
-            .count() as i64
-    };
+    let send = |n: usize| admitted_of_t(&gw, n);
     assert_eq!(send(3), 3);
     assert!(eventually(Duration::from_secs(5), || redis
         .held("tg:{t}:*")
