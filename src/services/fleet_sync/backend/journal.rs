@@ -83,9 +83,17 @@ pub struct Journal {
 impl Journal {
     /// `key`: the set of this instance's marks.
     pub fn new(key: String) -> Journal {
+        Self::numbered_from(key, 1)
+    }
+
+    /// Rounds numbered from `first`: a backend made again for the same instance (a reload
+    /// that changed the `redis` section) starts past every number the one before it used
+    /// (`single` starts at the time in µs), so that an old mark in the set never stands for a
+    /// new round.
+    pub fn numbered_from(key: String, first: u64) -> Journal {
         Journal {
             key,
-            next_seq: 1,
+            next_seq: first,
             rounds: VecDeque::new(),
             unsettled: false,
             increments: 0,

@@ -105,7 +105,8 @@ impl SingleRedis {
             .map_err(|e| e.to_string())?;
         Ok(SingleRedis {
             conn,
-            journal: marks.map(|k| parking_lot::Mutex::new(Journal::new(k))),
+            journal: marks
+                .map(|k| parking_lot::Mutex::new(Journal::numbered_from(k, unix_ms() * 1000))),
         })
     }
 
