@@ -549,18 +549,20 @@ fn add_background_services(
         ));
     }
     add_sync(server, rt, shared, &connections);
-    server.add_service(background_service(
-        "config reloader",
-        Reloader {
-            status: reload_status.clone(),
-            path: args.conf().to_path_buf(),
-            shared: shared.clone(),
-            runtime: rt.clone(),
-            metrics: metrics.clone(),
-            flag: sighup,
-            watch: Default::default(),
-        },
-    ));
+    let reloader = Reloader {
+        status: reload_status.clone(),
+        path: args.conf().to_path_buf(),
+        shared: shared.clone(),
+        runtime: rt.clone(),
+        metrics: metrics.clone(),
+        flag: sighup,
+        watch: Default::default(),
+    };
+    // what the files held when loaded, before the first request: the watch (a thread, made
+    // in the reloader's task, after a daemon's fork) compares them when it begins, so an edit
+    // in between is not taken as what was loaded
+    reloader.remember_files();
+    server.add_service(background_service("config reloader", reloader));
     if let Some(admin_addr) = server_cfg.admin {
         let admin = Admin {
             shared: shared.clone(),

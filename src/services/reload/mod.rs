@@ -74,15 +74,29 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    /// Watch the running config's files if it says `watch_config` (it may have turned it on
-    /// or off), as they are now.
-    fn follow_files(&self) {
+    /// The running config's files: its own and its includes.
+    fn files(&self) -> (bool, Vec<PathBuf>) {
         let snap = self.shared.load();
         let cfg = &snap.config;
-        let files: Vec<PathBuf> = std::iter::once(self.path.clone())
+        let files = std::iter::once(self.path.clone())
             .chain(cfg.includes.iter().cloned())
             .collect();
-        self.watch.lock().follow(cfg.server.watch_config, &files);
+        (cfg.server.watch_config, files)
+    }
+
+    /// Watch the running config's files if it says `watch_config` (it may have turned it on
+    /// or off), as they are now: after every reload.
+    fn follow_files(&self) {
+        let (on, files) = self.files();
+        self.watch.lock().follow(on, &files);
+    }
+
+    /// At start-up, before any service runs: what the files hold, as the config was loaded
+    /// from them (the reloader's task, which may first run after the first requests, compares
+    /// them then: an edit in between is seen).
+    pub fn remember_files(&self) {
+        let (_, files) = self.files();
+        self.watch.lock().remember(&files);
     }
 
     /// Reload now; returns whether the new config is running.
@@ -218,7 +232,8 @@ fn warn_restart_needed(old: &Config, new: &Config) {
 #[async_trait]
 impl BackgroundService for Reloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        self.follow_files();
+        let (on, files) = self.files();
+        self.watch.lock().follow_from_start(on, &files);
         let mut ticker = Ticker::every(Duration::from_millis(50));
         while ticker.tick(&mut shutdown).await {
             let signalled = self.flag.swap(false, Ordering::SeqCst);

@@ -49,6 +49,17 @@ fn relevant_names(files: &[PathBuf]) -> Vec<std::ffi::OsString> {
     names
 }
 
+/// Whether an event marks the watch: one about a relevant name, or one that says events were
+/// lost (the kernel's queue overflowed: a busy file beside the config on a busy machine can
+/// fill it, and the config's own event may have been among those lost; notify says so with
+/// [`notify::event::Flag::Rescan`]), or an error. A false mark costs a read of the files.
+fn marks(event: &notify::Result<notify::Event>, names: &[std::ffi::OsString]) -> bool {
+    match event {
+        Ok(e) => e.need_rescan() || relevant(e, names),
+        Err(_) => true,
+    }
+}
+
 fn relevant(event: &notify::Event, names: &[std::ffi::OsString]) -> bool {
     event.paths.iter().any(|p| {
         p.file_name().is_some_and(|n| {
@@ -135,7 +146,7 @@ impl ConfigWatch {
         let mark = Arc::clone(&self.mark);
         let watched = names.clone();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok_and(|e| relevant(&e, &watched)) {
+            if marks(&event, &watched) {
                 mark.last.store(mark.now_ms(), Ordering::Release);
                 mark.dirty.store(true, Ordering::Release);
             }
@@ -159,6 +170,25 @@ impl ConfigWatch {
         self.names = names;
     }
 
+    /// What the files hold now, taken as what the running config was loaded from: at start-up,
+    /// before any service runs (the watch itself starts with the reloader's task, which may run
+    /// after the first requests: [`Self::follow_from_start`]).
+    pub fn remember(&mut self, files: &[PathBuf]) {
+        self.seen = contents(files);
+    }
+
+    /// The first watch, from the reloader's task: the files as remembered at start-up stay what
+    /// they are compared with, and they are compared at the next tick, since an edit made
+    /// before the watch began sent it no event.
+    pub fn follow_from_start(&mut self, on: bool, files: &[PathBuf]) {
+        let remembered = std::mem::take(&mut self.seen);
+        self.follow(on, files);
+        if on && !remembered.is_empty() {
+            self.seen = remembered;
+            self.mark.dirty.store(true, Ordering::Release);
+        }
+    }
+
     /// Have the files changed since they were last loaded? Asked every tick: true once events
     /// have settled and a file holds something else.
     pub fn changed(&mut self) -> Option<PathBuf> {
@@ -175,5 +205,55 @@ impl ConfigWatch {
             .iter()
             .find(|(f, was)| std::fs::read(f).ok() != *was)
             .map(|(f, _)| f.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{EventKind, Flag, ModifyKind};
+
+    #[test]
+    fn a_lost_event_marks_the_watch_and_a_busy_neighbour_does_not() {
+        let names = vec![std::ffi::OsString::from("gateway.yaml")];
+        let about = |file: &str| {
+            Ok(notify::Event::new(EventKind::Modify(ModifyKind::Any))
+                .add_path(PathBuf::from("/etc/tollgate").join(file)))
+        };
+        assert!(marks(&about("gateway.yaml"), &names));
+        assert!(!marks(&about("busy.log"), &names));
+        assert!(marks(&about("..data"), &names), "Kubernetes' swap");
+        // the kernel's queue overflowed (what inotify gives then, through notify): the
+        // config's own event may have been lost
+        let overflow = Ok(notify::Event::new(EventKind::Other).set_flag(Flag::Rescan));
+        assert!(marks(&overflow, &names));
+        assert!(marks(&Err(notify::Error::generic("lost")), &names));
+    }
+
+    #[test]
+    fn an_edit_before_the_watch_began_is_compared_when_it_begins() {
+        let dir = std::env::temp_dir().join(format!("tollgate-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("gateway.yaml");
+        std::fs::write(&f, "a: 1\n").unwrap();
+        let files = [f.clone()];
+        let mut w = ConfigWatch::default();
+        // loaded at start-up; edited before the reloader's task runs
+        w.remember(&files);
+        std::fs::write(&f, "a: 2\n").unwrap();
+        w.follow_from_start(true, &files);
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut changed = None;
+        while changed.is_none() && Instant::now() < until {
+            changed = w.changed();
+            std::thread::yield_now();
+        }
+        assert_eq!(changed, Some(f.clone()));
+        // off: nothing watched, nothing kept
+        let mut off = ConfigWatch::default();
+        off.remember(&files);
+        off.follow_from_start(false, &files);
+        assert_eq!(off.changed(), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
