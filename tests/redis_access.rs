@@ -910,7 +910,7 @@ fn t_says_which_command_the_acl_user_may_not_run() {
 
 /// A user without `+multi` (an ACL written before plain increments were marked): `-t` and the
 /// start-up check name it, and plain increments still reach Redis, unmarked (a warning says a
-/// failover may lose some); nothing is refused.
+/// failover may lose some, and the refusal is counted once); no request is refused.
 #[test]
 fn a_user_without_multi_gets_plain_increments_unmarked() {
     let up = Upstream::start("app");
@@ -943,9 +943,22 @@ fn a_user_without_multi_gets_plain_increments_unmarked() {
         gw.log()
     );
     assert!(
-        gw.log().contains("plain increments could not be marked"),
+        gw.log()
+            .contains("plain increments could not be marked (NOPERM"),
         "{}",
         gw.log()
     );
-    assert_eq!(errors_counted(&gw, None), 0.0);
+    // the refusal is counted as any error reply, once: the marks stop with it
+    assert_eq!(errors_counted(&gw, None), 1.0, "{}", gw.metrics());
+    assert_eq!(errors_counted(&gw, Some("noperm")), 1.0);
+    // and `-t` names the command
+    let dir = TempDir::new();
+    dir.write("redis.pass", "gw-secret\n");
+    let cfg = cfg
+        .replace("{LISTEN}", "127.0.0.1:1")
+        .replace("{ADMIN}", "127.0.0.1:2");
+    let path = dir.write("gateway.yaml", &cfg);
+    let (code, out, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains(&format!("error: {said}")), "{err}");
 }

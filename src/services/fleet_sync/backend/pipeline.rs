@@ -102,12 +102,14 @@ pub fn marked_pipeline(updates: &[Update], hb: Option<&Heartbeat>, m: &Marks) ->
 }
 
 /// What became of a round's marks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MarksSeen {
     /// Its own mark (`Applied` when it had none).
     pub marked: Marked,
-    /// Whether Redis held the probed mark (none: no probe).
+    /// Whether Redis held the probed mark (none: no probe, or the probe was refused).
     pub probe_held: Option<bool>,
+    /// What Redis refused of the marks' own commands (`MULTI`, the probe): marks cannot go on.
+    pub refusal: Option<ReplyError>,
 }
 
 /// The replies of a [`marked_pipeline`] in [`pipeline`]'s order (each update's, then the
@@ -121,17 +123,22 @@ pub fn unmark(
 ) -> Result<(Vec<redis::Value>, MarksSeen), RoundError> {
     use redis::Value;
     let mut values = values.into_iter();
+    let mut refusal = None;
     let probe_held = match m.probe {
-        Some((seq, _)) => {
-            let v = values.next().unwrap_or(Value::Nil);
-            Some(holds(&v, seq))
-        }
+        Some((seq, _)) => match values.next().unwrap_or(Value::Nil) {
+            Value::ServerError(e) => {
+                refusal = Some(ReplyError::of_server(&e));
+                None
+            }
+            v => Some(holds(&v, seq)),
+        },
         None => None,
     };
     if m.mark.is_none() {
         let seen = MarksSeen {
             marked: Marked::Applied,
             probe_held,
+            refusal,
         };
         return Ok((values.collect(), seen));
     }
@@ -152,8 +159,9 @@ pub fn unmark(
     let exec = values.next().unwrap_or(Value::Nil);
     let rest: Vec<Value> = values.collect();
     let is_error = |v: &Value| matches!(v, Value::ServerError(_));
-    let (mut count_replies, marked) = if is_error(&multi) {
+    let (mut count_replies, marked) = if let Value::ServerError(e) = &multi {
         // no transaction: each command ran as it came
+        refusal.get_or_insert_with(|| ReplyError::of_server(e));
         (in_queue, Marked::Unmarked)
     } else {
         match exec {
@@ -185,11 +193,15 @@ pub fn unmark(
         out.push(v.unwrap_or(Value::Nil));
     }
     out.extend(rest);
-    Ok((out, MarksSeen { marked, probe_held }))
+    let seen = MarksSeen {
+        marked,
+        probe_held,
+        refusal,
+    };
+    Ok((out, seen))
 }
 
-/// Whether a read of marks (`ZRANGEBYSCORE`) holds round `seq`. An error reply holds nothing
-/// known: taken as held, so that a refused read never makes rounds go twice.
+/// Whether a read of marks (`ZRANGEBYSCORE`) holds round `seq`.
 fn holds(v: &redis::Value, seq: u64) -> bool {
     match v {
         redis::Value::Array(items) => items.iter().any(|i| match i {
@@ -197,7 +209,6 @@ fn holds(v: &redis::Value, seq: u64) -> bool {
             redis::Value::Int(n) => *n == seq as i64,
             _ => false,
         }),
-        redis::Value::ServerError(_) => true,
         _ => false,
     }
 }
@@ -284,7 +295,7 @@ pub(super) async fn finish_counts<C: redis::aio::ConnectionLike>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::services::fleet_sync::backend::round::{CountUpdate, LedgerUpdate};
+    use crate::services::fleet_sync::backend::round::{CountUpdate, ErrorKind, LedgerUpdate};
     use redis::Value::{self, Array, Int, Okay, SimpleString};
 
     fn count(key: &str) -> Update {
@@ -371,6 +382,7 @@ mod tests {
         ];
         let (v, m) = unmark(&updates, values, &mark).unwrap();
         assert_eq!(m.marked, Marked::Unmarked);
+        assert_eq!(m.refusal.map(|r| r.kind), Some(ErrorKind::NoPerm), "said");
         assert_eq!(v, vec![Int(5), script, Int(6)]);
         assert!(
             unmark(&updates, vec![Okay], &mark).is_err(),
@@ -393,11 +405,10 @@ mod tests {
         let (v, m) = held(Array(vec![Value::BulkString(b"5".to_vec()), six]));
         assert_eq!((v, m.probe_held), (vec![Int(4)], Some(true)));
         assert_eq!(held(Array(vec![])).1.probe_held, Some(false), "lost");
-        assert_eq!(
-            held(error("NOPERM no")).1.probe_held,
-            Some(true),
-            "not known"
-        );
+        // refused (an ACL without +zrangebyscore): not known, and said
+        let refused = held(error("NOPERM no")).1;
+        assert_eq!(refused.probe_held, None);
+        assert_eq!(refused.refusal.map(|r| r.kind), Some(ErrorKind::NoPerm));
         let both = Marks {
             mark: Some((7, 100_000)),
             ..probe

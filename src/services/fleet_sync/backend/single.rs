@@ -131,14 +131,18 @@ impl SingleRedis {
         let now_ms = unix_ms();
         // kept before anything is sent (see `journal`)
         let seq = journal.lock().begin(counts, now_ms);
+        let mut refused_read = None;
         if check {
-            if let Err(e) = self.check(journal, &key, &mut conn, seq).await {
-                // nothing of this round was sent: its increments go with a later one
-                journal.lock().unapplied(seq);
-                return Err(RoundError {
-                    unapplied: true,
-                    ..e
-                });
+            match self.check(journal, &key, &mut conn, seq).await {
+                Ok(refusal) => refused_read = refusal,
+                Err(e) => {
+                    // nothing of this round was sent: its increments go with a later one
+                    journal.lock().unapplied(seq);
+                    return Err(RoundError {
+                        unapplied: true,
+                        ..e
+                    });
+                }
             }
         }
         let marks = Marks {
@@ -147,7 +151,7 @@ impl SingleRedis {
             probe: journal.lock().probe(),
         };
         match exchange_on(&mut conn, updates, hb, Some(&marks)).await {
-            Ok((ex, seen)) => {
+            Ok((mut ex, seen)) => {
                 let refused: Vec<&str> = ex
                     .refused
                     .iter()
@@ -155,9 +159,14 @@ impl SingleRedis {
                     .filter(|u| matches!(u, Update::Count(_)))
                     .map(|u| u.key())
                     .collect();
-                let MarksSeen { marked, probe_held } = seen.unwrap_or(MarksSeen {
+                let MarksSeen {
+                    marked,
+                    probe_held,
+                    refusal,
+                } = seen.unwrap_or(MarksSeen {
                     marked: Marked::Applied,
                     probe_held: None,
+                    refusal: None,
                 });
                 let mut j = journal.lock();
                 j.answered(seq, marked, &refused, unix_ms());
@@ -167,11 +176,24 @@ impl SingleRedis {
                     // promoted under a connection that came back by itself): check next time
                     j.lost_sight();
                 }
+                let refusal = refused_read.or(refusal);
+                let stop = marked == Marked::Unmarked || refusal.is_some();
+                if stop {
+                    j.turn_off();
+                }
                 drop(j);
-                if marked == Marked::Unmarked {
+                if stop {
                     log::warn!(
-                        "redis: a round's plain increments could not be marked (MULTI, EXEC or the mark's ZADD refused); they go unmarked from now on, and a failover may lose some (the user's ACL needs +multi +exec +zrangebyscore)"
+                        "redis: a round's plain increments could not be marked ({}); they go unmarked from now on, and a failover may lose some (the user's ACL needs +multi +exec +zrangebyscore)",
+                        refusal.as_ref().map_or("a mark's command failed", |r| r.message.as_str())
                     );
+                }
+                // counted and shown as any error reply (the heartbeat's place: no update's)
+                if let Some(error) = refusal {
+                    ex.refused.push(Refusal {
+                        update: None,
+                        error,
+                    });
                 }
                 Ok(ex)
             }
@@ -186,15 +208,15 @@ impl SingleRedis {
 
     /// Read which kept rounds Redis holds, and send again, in a transaction with its own
     /// mark, what it does not (`current`: the exchange's own round, not sent yet). A refused
-    /// read stops the marks (the kept rounds are taken as applied, as before marks); an error
-    /// without an answer fails the exchange (checked again with the next).
+    /// read is returned: it stops the marks (the kept rounds are taken as applied, as before
+    /// marks); an error without an answer fails the exchange (checked again with the next).
     async fn check(
         &self,
         journal: &parking_lot::Mutex<Journal>,
         key: &str,
         conn: &mut ConnectionManager,
         current: Option<u64>,
-    ) -> Result<(), RoundError> {
+    ) -> Result<Option<ReplyError>, RoundError> {
         let read: redis::RedisResult<Vec<u64>> = redis::cmd("ZRANGEBYSCORE")
             .arg(key)
             .arg("-inf")
@@ -203,18 +225,13 @@ impl SingleRedis {
             .await;
         let marks = match read {
             Ok(m) => m,
-            Err(e) => {
-                if let Some(refusal) = ReplyError::of_redis(&e) {
-                    log::warn!("redis: the rounds' marks cannot be read ({refusal}); plain increments go unmarked");
-                    journal.lock().turn_off();
-                    return Ok(());
-                }
-                return Err(e.into());
-            }
+            Err(e) => return ReplyError::of_redis(&e).map(Some).ok_or_else(|| e.into()),
         };
         let now_ms = unix_ms();
-        let kept = journal.lock().kept();
-        let repair = journal.lock().repair(&marks, now_ms, current);
+        let (kept, repair) = {
+            let mut j = journal.lock();
+            (j.kept(), j.repair(&marks, now_ms, current))
+        };
         log::debug!(
             "redis: check: {} mark(s) held, {} round(s) of {} count(s) kept: {repair:?}",
             marks.len(),
@@ -222,10 +239,10 @@ impl SingleRedis {
             kept.1
         );
         let (seq, again) = match repair {
-            Repair::Nothing => return Ok(()),
+            Repair::Nothing => return Ok(None),
             Repair::Emptied { rounds } => {
                 log::warn!("redis: the server holds none of this instance's round marks (restarted without its data?); {rounds} round(s) not sent again: each count comes back with its record's next report");
-                return Ok(());
+                return Ok(None);
             }
             Repair::Again(seq, again) => (seq, again),
         };
@@ -254,7 +271,7 @@ impl SingleRedis {
         if marked == Marked::Applied && sent > 0 {
             log::info!("redis: {sent} count(s) of rounds the server did not hold sent again");
         }
-        Ok(())
+        Ok(None)
     }
 }
 
