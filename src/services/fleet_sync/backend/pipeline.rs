@@ -123,16 +123,9 @@ pub fn unmark(
 ) -> Result<(Vec<redis::Value>, MarksSeen), RoundError> {
     use redis::Value;
     let mut values = values.into_iter();
-    let mut refusal = None;
-    let probe_held = match m.probe {
-        Some((seq, _)) => match values.next().unwrap_or(Value::Nil) {
-            Value::ServerError(e) => {
-                refusal = Some(ReplyError::of_server(&e));
-                None
-            }
-            v => Some(holds(&v, seq)),
-        },
-        None => None,
+    let (probe_held, mut refusal) = match m.probe {
+        Some((seq, _)) => probe_reply(values.next().unwrap_or(Value::Nil), seq),
+        None => (None, None),
     };
     if m.mark.is_none() {
         let seen = MarksSeen {
@@ -199,6 +192,14 @@ pub fn unmark(
         refusal,
     };
     Ok((out, seen))
+}
+
+/// What the probe read: whether Redis holds round `seq`, or its refusal.
+fn probe_reply(v: redis::Value, seq: u64) -> (Option<bool>, Option<ReplyError>) {
+    match v {
+        redis::Value::ServerError(e) => (None, Some(ReplyError::of_server(&e))),
+        v => (Some(holds(&v, seq)), None),
+    }
 }
 
 /// Whether a read of marks (`ZRANGEBYSCORE`) holds round `seq`.

@@ -152,49 +152,7 @@ impl SingleRedis {
         };
         match exchange_on(&mut conn, updates, hb, Some(&marks)).await {
             Ok((mut ex, seen)) => {
-                let refused: Vec<&str> = ex
-                    .refused
-                    .iter()
-                    .filter_map(|r| updates.get(r.update?))
-                    .filter(|u| matches!(u, Update::Count(_)))
-                    .map(|u| u.key())
-                    .collect();
-                let MarksSeen {
-                    marked,
-                    probe_held,
-                    refusal,
-                } = seen.unwrap_or(MarksSeen {
-                    marked: Marked::Applied,
-                    probe_held: None,
-                    refusal: None,
-                });
-                let mut j = journal.lock();
-                j.answered(seq, marked, &refused, unix_ms());
-                j.settled();
-                if probe_held == Some(false) {
-                    // the server lost a round it answered, with no round failing (a replica
-                    // promoted under a connection that came back by itself): check next time
-                    j.lost_sight();
-                }
-                let refusal = refused_read.or(refusal);
-                let stop = marked == Marked::Unmarked || refusal.is_some();
-                if stop {
-                    j.turn_off();
-                }
-                drop(j);
-                if stop {
-                    log::warn!(
-                        "redis: a round's plain increments could not be marked ({}); they go unmarked from now on, and a failover may lose some (the user's ACL needs +multi +exec +zrangebyscore)",
-                        refusal.as_ref().map_or("a mark's command failed", |r| r.message.as_str())
-                    );
-                }
-                // counted and shown as any error reply (the heartbeat's place: no update's)
-                if let Some(error) = refusal {
-                    ex.refused.push(Refusal {
-                        update: None,
-                        error,
-                    });
-                }
+                note_answer(journal, seq, updates, &mut ex, seen, refused_read);
                 Ok(ex)
             }
             Err(e) => {
@@ -272,6 +230,62 @@ impl SingleRedis {
             log::info!("redis: {sent} count(s) of rounds the server did not hold sent again");
         }
         Ok(None)
+    }
+}
+
+/// What a marked round's answer tells the journal (`seq`: its round): the increments Redis
+/// refused one by one, its mark, whether the probed mark was there; a refusal of the marks' own
+/// commands (`refused_read`: the check's) stops them, and is counted with the round's.
+fn note_answer(
+    journal: &parking_lot::Mutex<Journal>,
+    seq: Option<u64>,
+    updates: &[Update],
+    ex: &mut Exchange,
+    seen: Option<MarksSeen>,
+    refused_read: Option<ReplyError>,
+) {
+    let refused: Vec<&str> = ex
+        .refused
+        .iter()
+        .filter_map(|r| updates.get(r.update?))
+        .filter(|u| matches!(u, Update::Count(_)))
+        .map(|u| u.key())
+        .collect();
+    let MarksSeen {
+        marked,
+        probe_held,
+        refusal,
+    } = seen.unwrap_or(MarksSeen {
+        marked: Marked::Applied,
+        probe_held: None,
+        refusal: None,
+    });
+    let mut j = journal.lock();
+    j.answered(seq, marked, &refused, unix_ms());
+    j.settled();
+    if probe_held == Some(false) {
+        // the server lost a round it answered, with no round failing (a replica promoted
+        // under a connection that came back by itself): check next time
+        j.lost_sight();
+    }
+    let refusal = refused_read.or(refusal);
+    let stop = marked == Marked::Unmarked || refusal.is_some();
+    if stop {
+        j.turn_off();
+    }
+    drop(j);
+    if stop {
+        log::warn!(
+            "redis: a round's plain increments could not be marked ({}); they go unmarked from now on, and a failover may lose some (the user's ACL needs +multi +exec +zrangebyscore)",
+            refusal.as_ref().map_or("a mark's command failed", |r| r.message.as_str())
+        );
+    }
+    // counted and shown as any error reply (the heartbeat's place: no update's)
+    if let Some(error) = refusal {
+        ex.refused.push(Refusal {
+            update: None,
+            error,
+        });
     }
 }
 
