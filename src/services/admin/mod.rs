@@ -352,7 +352,6 @@ fn dialable(addr: SocketAddr) -> SocketAddr {
 /// every start. Nothing is verified: the probe only needs the listener to be up.
 async fn tls_goodbye(tcp: tokio::net::TcpStream) {
     use pingora::tls::ssl::{SslConnector, SslMethod, SslVerifyMode};
-    use tokio::io::AsyncWriteExt;
     let Ok(mut builder) = SslConnector::builder(SslMethod::tls_client()) else {
         return;
     };
@@ -369,9 +368,30 @@ async fn tls_goodbye(tcp: tokio::net::TcpStream) {
     };
     let handshake = std::pin::Pin::new(&mut stream).connect();
     if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(2), handshake).await {
-        let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+        until_closed(stream).await;
     }
 }
+
+/// Close the probe's side of a connection and wait, at most `PROBE_CLOSE_WAIT`, until the
+/// listener has closed its own: only then has the listener's count of connections let go of
+/// the probe's (`server.max_connections`), which would otherwise take the place of a client's
+/// for as long as a busy process takes to serve it.
+async fn until_closed<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut stream: S) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let drained = async {
+        let _ = stream.shutdown().await;
+        let mut buf = [0u8; 512];
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(PROBE_CLOSE_WAIT, drained).await;
+}
+
+/// The longest the readiness probe waits for a listener to close the probe's connection.
+const PROBE_CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 #[async_trait]
 impl BackgroundService for ReadinessProbe {
@@ -381,6 +401,8 @@ impl BackgroundService for ReadinessProbe {
                 if let Ok(tcp) = tokio::net::TcpStream::connect(dialable(*addr)).await {
                     if self.listen_tls.get(i).copied().unwrap_or(false) {
                         tls_goodbye(tcp).await;
+                    } else {
+                        until_closed(tcp).await;
                     }
                     break;
                 }
