@@ -1221,24 +1221,16 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
     let mut why = Vec::new();
     let t = s.threshold;
     let n = s.instances as u64;
-    // docs/fleet.md, "The bound": 2%, or one request on credit per instance but the one
-    // that filled it
-    // (with costs: one of the largest requests on credit per instance)
-    // (a leaky bucket: one request on credit per instance, see `capacity`)
-    let slack = if t < tollgate_limits::ledger::CREDIT_FROM {
-        // no credit: the leases alone (with costs: one of the largest requests, whose units
-        // may not fit whole)
-        if s.cost_max > 0 {
-            s.units()
-        } else {
-            0
-        }
-    } else if s.queue.is_some() {
-        n * s.units()
-    } else if t < 100 {
-        t / 50 + n * s.units()
+    // docs/fleet.md, "The bound": the threshold (no credit at any threshold: the leases alone,
+    // and direct records within what the script keeps out of leases for them); with costs,
+    // one of the largest requests, whose units may not fit whole. A sliding log from 500 up:
+    // 2% (a previous window's unused leases fill its span until their holders' rounds)
+    let slack = if s.log && t >= 500 {
+        t / 50
+    } else if s.cost_max > 0 {
+        s.units()
     } else {
-        (t / 50).max((n - 1) * s.units())
+        0
     };
     let reachable = s.faults == Faults::None;
     // late charges: also what the requests in flight owed (docs/configuration.md, "Cost from

@@ -123,6 +123,8 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
             } else {
                 0
             },
+            instances: 1 + rng.below(5),
+            direct_each: rng.below(4),
             since_ms: 0,
         };
         let up = if log {
@@ -147,6 +149,8 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
                 },
                 weight_ms: 0,
                 direct_cap: 0,
+                instances: 0,
+                direct_each: 0,
                 log: LogReport {
                     bucket_ms: 10,
                     last: 99,
@@ -238,6 +242,8 @@ fn window_update(key: &str, member: &str, used: u64, want: u64, cap: u64) -> Led
         confirmed: 0,
         prev_key: key.into(),
         direct_cap: 0,
+        instances: 0,
+        direct_each: 0,
         since_ms: 0,
     }
 }
@@ -281,6 +287,8 @@ fn what_direct_records_may_still_report_is_kept_out_of_leases_until_the_total_pa
     let ask = |member: &str, used: u64, need: u64| LedgerUpdate {
         need,
         direct_cap: 300,
+        instances: 3,
+        direct_each: 1,
         ..window_update(key, member, used, used + need, 1000)
     };
     let a = eval(&mut conn, &ask("a.1", 0, 900));
@@ -289,11 +297,17 @@ fn what_direct_records_may_still_report_is_kept_out_of_leases_until_the_total_pa
         (100, 700),
         "1000 - 100 counted - the 200 direct records may still report"
     );
-    // the lease used and reported: the total passes the cap, nothing is kept back any more
+    // the lease used and reported: the total passes the cap; kept back now is only what each
+    // instance not yet among the members (2 of 3) may hold unreported, 1 each
     let a = eval(&mut conn, &ask("a.1", 700, 300));
-    assert_eq!((a.total, a.ceiling), (800, 900));
-    let a = eval(&mut conn, &ask("a.1", 900, 0));
-    assert_eq!(a.total, 1000, "the direct part and the leased part");
+    assert_eq!((a.total, a.ceiling), (800, 898));
+    // another instance's record runs the script (its direct count comes with it): 1 kept back
+    let b = eval(&mut conn, &ask("b.1", 0, 0));
+    assert_eq!(b.total, 800);
+    let a = eval(&mut conn, &ask("a.1", 898, 2));
+    assert_eq!((a.total, a.ceiling), (998, 899));
+    let a = eval(&mut conn, &ask("a.1", 899, 0));
+    assert_eq!(a.total, 999, "the direct part and the leased part");
 }
 
 #[test]

@@ -397,6 +397,8 @@ fn others_hold_the_rest(used: u64) -> (Fleet, Config, Limiter) {
             spare: 4,
             confirmed: 0,
             direct_cap: 0,
+            instances: 0,
+            direct_each: 0,
             since_ms: 0,
         },
     );

@@ -105,13 +105,22 @@ pub fn ledger_model(
     }
     let total = strings.get(&up.key).copied().unwrap_or(0);
     let dcap = as_i(up.direct_cap);
-    let reserve = if dcap > 0 && total + prevw < dcap {
+    let reserve = if dcap > 0 {
         let scripted: i64 = h
             .iter()
             .filter(|(name, _)| name.starts_with("u:"))
             .map(|(_, &v)| v)
             .sum();
-        (dcap - (total - scripted)).max(0)
+        let others = h
+            .keys()
+            .filter(|name| name.starts_with("c:") && **name != format!("c:{}", up.member))
+            .count() as i64;
+        let left = (dcap - (total - scripted)).max(0);
+        if total + prevw < dcap {
+            left
+        } else {
+            left.min((as_i(up.instances) - others - 1).max(0) * as_i(up.direct_each))
+        }
     } else {
         0
     };

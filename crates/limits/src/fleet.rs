@@ -75,6 +75,8 @@ pub struct FleetState {
     /// 0 unknown, 1 up, 2 down
     link: AtomicU8,
     instances: AtomicU64,
+    /// How many times the heartbeats counted the instances (at most 2: see `instances_assumed`).
+    counted: AtomicU8,
     on_failure: AtomicU8,
     /// A counter wants a round now (lease used up or nearly so), and none has begun since.
     wanted: AtomicBool,
@@ -96,6 +98,7 @@ impl FleetState {
             configured: AtomicBool::new(false),
             link: AtomicU8::new(0),
             instances: AtomicU64::new(1),
+            counted: AtomicU8::new(0),
             on_failure: AtomicU8::new(0),
             wanted: AtomicBool::new(false),
             last_round_end_ms: AtomicU64::new(0),
@@ -154,6 +157,24 @@ impl FleetState {
 
     pub fn set_instances(&self, n: u64) {
         self.instances.store(n.max(1), Ordering::Relaxed);
+        let _ = self
+            .counted
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                (c < 2).then_some(c + 1)
+            });
+    }
+
+    /// The instances what is kept for the others' direct records must assume: those the
+    /// heartbeats counted once they have counted twice, and at least
+    /// [`COLD_FLEET`](crate::ledger::COLD_FLEET) before (instances that start together each
+    /// see only themselves at first; by the second count each has written its heartbeat).
+    pub fn instances_assumed(&self) -> u64 {
+        let n = self.instances();
+        if self.counted.load(Ordering::Relaxed) >= 2 {
+            n
+        } else {
+            n.max(crate::ledger::COLD_FLEET)
+        }
     }
 
     pub fn instances(&self) -> u64 {

@@ -17,10 +17,8 @@
 //!   all instances in proportion to what they ask). So the quota other instances hold unused
 //!   is never more than the spare budget, and a burst on one instance finds all the rest free.
 //! - A request that finds this instance's lease used is *held* (never refused for that): it
-//!   waits for the next round's answer, which carries it as `need`. An instance also admits one
-//!   request on *credit* while it holds no lease and the window had room nobody held at the
-//!   last answer, and a few on a fresh window before Redis has answered (`cold_credit`): each
-//!   instance is at most that far over what Redis granted.
+//!   waits for the next round's answer, which carries it as `need`. Nothing is admitted past a
+//!   lease (no credit), so leases and direct records alone bound what the fleet admits.
 //! - A round carries only the records that have something to say: requests waiting, a lease
 //!   half used, counts not yet reported (periodic rounds), or an unused lease to give back.
 //!   Forecasts look one sync interval ahead, so a busy counter asks about once an interval.
@@ -64,6 +62,16 @@ pub fn direct_cap(threshold: u64, algorithm: Algorithm, instances: u64) -> u64 {
     direct_zone(threshold) + instances.max(COLD_FLEET) * direct_allowance(threshold)
 }
 
+/// What one direct record may hold admitted and unreported: `direct_allowance`, 0 where no
+/// record is direct.
+pub fn direct_each(threshold: u64, algorithm: Algorithm) -> u64 {
+    if leaseless(algorithm) {
+        direct_allowance(threshold)
+    } else {
+        0
+    }
+}
+
 fn direct_zone(threshold: u64) -> u64 {
     threshold / 100 * DIRECT_ZONE_PERCENT + threshold % 100 * DIRECT_ZONE_PERCENT / 100
 }
@@ -75,9 +83,9 @@ fn leaseless(algorithm: Algorithm) -> bool {
 }
 
 /// The spare budget of a threshold (see `SPARE_PERCENT`); a fixed window under
-/// `CREDIT_FROM` (where requests past a lease wait for a round) has `SMALL_FIXED_SPARE_PERCENT`.
+/// `SMALL_FIXED_UNDER` has `SMALL_FIXED_SPARE_PERCENT`.
 pub fn spare(threshold: u64, algorithm: Algorithm) -> u64 {
-    let pct = if threshold < CREDIT_FROM && algorithm == Algorithm::FixedWindow {
+    let pct = if threshold < SMALL_FIXED_UNDER && algorithm == Algorithm::FixedWindow {
         SMALL_FIXED_SPARE_PERCENT
     } else {
         SPARE_PERCENT
@@ -90,13 +98,11 @@ pub fn spare(threshold: u64, algorithm: Algorithm) -> u64 {
 /// the threshold).
 pub const SMALL_FIXED_SPARE_PERCENT: u64 = 10;
 
-/// What an instance may admit in a window before Redis has answered for it: its part of 2%
-/// of the threshold among at least `COLD_FLEET` instances, and at least one.
-pub fn cold_credit(threshold: u64, instances: u64) -> u64 {
-    (threshold / 50 / instances.max(COLD_FLEET)).max(1)
-}
+/// Fixed windows under this threshold have the larger spare budget. (Chosen by simulation:
+/// 10% for every algorithm made sliding windows with spikes refuse under 0.9x.)
+pub const SMALL_FIXED_UNDER: u64 = 500;
 
-/// The fleet size cold credits assume at least: instances that start together each see only
+/// The fleet size direct records assume at least: instances that start together each see only
 /// themselves at first, so a small count seen is not believed.
 pub const COLD_FLEET: u64 = 10;
 
@@ -159,7 +165,8 @@ pub fn direct(
         .saturating_add(units)
         .saturating_add(instances.max(COLD_FLEET) * allowance);
     let unreported = l.current.used.saturating_sub(l.current.sent);
-    (unreported < allowance && known <= direct_zone(tier.threshold)).then_some(allowance)
+    (unreported.saturating_add(units) <= allowance && known <= direct_zone(tier.threshold))
+        .then_some(allowance)
 }
 
 /// Does one more request of `units` (its cost; 1 without one) fit what this instance may admit
@@ -186,9 +193,9 @@ pub fn ceiling(
                 None => Ceiling::LeaseUsed,
             };
         }
-        let credit = credit_allows(state, tier, bucket, n, units);
-        let on_credit = l.current.used + units > l.ceiling;
-        if on_credit && !credit {
+        // past the lease, a request waits for the round that asks for it: no credit, at any
+        // threshold (docs/fleet.md, "The bound")
+        if l.current.used + units > l.ceiling {
             return if l.short >= 2 {
                 Ceiling::FleetFull
             } else {
@@ -196,7 +203,7 @@ pub fn ceiling(
             };
         }
         if let Some(now_ms) = sliding {
-            if let Some(full) = sliding_full(state, tier, algorithm, now_ms, n, units, on_credit) {
+            if let Some(full) = sliding_full(state, tier, algorithm, now_ms, units) {
                 return full;
             }
         }
@@ -211,64 +218,22 @@ pub fn ceiling(
     Ceiling::Open
 }
 
-/// Thresholds under this take no credit: one request on credit per instance would pass
-/// them by more than one (`threshold / 50` is under `COLD_FLEET`), so each request past the
-/// lease waits for the round that asks for it (docs/fleet.md, "Small limits").
-pub const CREDIT_FROM: u64 = 50 * COLD_FLEET;
-
-/// May a request of `units` be admitted on credit (past the lease, `n` instances sharing)?
-fn credit_allows(state: &TierState, tier: &Quota, bucket: bool, n: u64, units: u64) -> bool {
-    let l = &state.ledger;
-    if tier.threshold < CREDIT_FROM {
-        return false;
-    }
-    if l.fair == 0 {
-        // no answer yet in this window: a few, so that a burst on a fresh window does not
-        // wait for the first round
-        // (a leaky bucket: one; its requests wait their turn anyway, and its fleet bucket
-        // may be no larger than its queue)
-        let cold = match tier.queue {
-            Some(_) => 1,
-            None => cold_credit(tier.threshold, n),
-        };
-        l.current.used + l.pending + units <= cold
-    } else {
-        // one at a time while the window had room for every instance's credit at the
-        // last answer (a bucket: tokens); a request charged late holds its credit until
-        // its charge comes
-        !l.on_credit
-            && l.pending == 0
-            && l.room >= n
-            && (bucket || state.current + units <= tier.threshold)
-    }
-}
-
 /// A sliding window or log under a lease: the weighted count of this moment is full (no round
 /// changes that, time does), or the log waits for its first answer to know its span. `None`:
 /// it has room.
 ///
 /// A lease reaches to the cap one round gap ahead: use only what the cap of this moment leaves
-/// after what the others held at the answer. Each other instance may have one credit of the
-/// previous window still unreported, and may take one in this window: the previous count is
-/// taken that much higher, and a credit leaves room for theirs.
+/// after what the others held at the answer.
 fn sliding_full(
     state: &TierState,
     tier: &Quota,
     algorithm: Algorithm,
     now_ms: u64,
-    n: u64,
     units: u64,
-    on_credit: bool,
 ) -> Option<Ceiling> {
     let l = &state.ledger;
     let p = tier.period_ms;
-    // (no credit under `CREDIT_FROM`: nobody else's to leave room for)
-    let others = if tier.threshold < CREDIT_FROM {
-        0
-    } else {
-        n.max(2) - 1
-    };
-    let prev = l.prev_bound.saturating_add(others);
+    let prev = l.prev_bound;
     let weight = if algorithm == Algorithm::SlidingLog {
         // a log: what of the previous window is still in the span, as of the last
         // answer (Redis counts it by instant: the log's ledger script), only less since
@@ -277,8 +242,7 @@ fn sliding_full(
         previous_weight(prev, state.window_start_ms, p, now_ms)
     };
     let cap = tier.threshold.saturating_sub(weight);
-    let margin = if on_credit { others } else { 0 };
-    if l.current.used + l.others + margin + units <= cap {
+    if l.current.used + l.others + units <= cap {
         return None;
     }
     // (a log with no answer yet in this window knows the previous window only as a whole,
@@ -750,10 +714,10 @@ fn direct_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
 }
 
 /// A leasing record: a round carries a record that asks; a periodic one also what is
-/// unreported, and a lease nobody used while others want quota too: a fixed window's since the
-/// last periodic round (`Ledger::busy`), others' since the record's last round (given back; a
-/// window's lease nobody else wants lapses with its window; a bucket's tokens would not). It
-/// asks for what waits and the demand forecast over the horizon.
+/// unreported, and a lease nobody used: a fixed window's since the last periodic round
+/// (`Ledger::busy`), others' since the record's last round (given back even when nobody else
+/// held a lease at the last answer: an instance that asks later is not heard by the holder).
+/// It asks for what waits and the demand forecast over the horizon.
 fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     let horizon_ms = sizing.horizon_ms.min(sizing.left_ms.max(1));
     let window_start_ms = state.window_start_ms;
@@ -772,7 +736,7 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     if sizing.periodic {
         l.busy = false;
     }
-    let give_back = holds && l.demand == 0 && !busy && (l.contended || sizing.bucket);
+    let give_back = holds && l.demand == 0 && !busy;
     // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
     // comes back only as leases are given back there, or as time passes)
     let full = l.short >= 2 && l.demand > 0;
@@ -1140,37 +1104,34 @@ mod tests {
     }
 
     #[test]
-    fn a_small_threshold_admits_its_lease_alone_and_holds_the_rest() {
-        // 499 on 10 instances: one credit each would pass it by 9, more than a fiftieth
-        let t = tier(CREDIT_FROM - 1);
-        let mut s = state();
-        // no answer yet: no cold credit, the first request waits for the round
-        assert_eq!(
-            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(10), None, 1),
-            Ceiling::LeaseUsed
-        );
-        // leased 2 with room to spare: 2, then the third waits again (no credit)
-        s.ledger.ceiling = 2;
-        s.ledger.fair = 49;
-        s.ledger.room = 400;
-        for _ in 0..2 {
+    fn a_record_admits_its_lease_alone_and_holds_the_rest_at_any_threshold() {
+        for threshold in [10, 499, 500, 1000, 100_000] {
+            let t = tier(threshold);
+            let mut s = state();
+            s.ledger.current.leased = true;
+            // no answer yet: no credit, the first request waits for the round
             assert_eq!(
                 ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(10), None, 1),
-                Ceiling::Open
+                Ceiling::LeaseUsed
             );
-            commit(&mut s, Admitted::Leased, 1);
-            s.current += 1;
+            // leased 2 with room to spare: 2, then the third waits again
+            s.ledger.ceiling = 2;
+            s.ledger.fair = 49;
+            s.ledger.room = threshold;
+            for _ in 0..2 {
+                assert_eq!(
+                    ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(10), None, 1),
+                    Ceiling::Open
+                );
+                commit(&mut s, Admitted::Leased, 1);
+                s.current += 1;
+            }
+            assert_eq!(
+                ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(10), None, 1),
+                Ceiling::LeaseUsed,
+                "{threshold}"
+            );
         }
-        assert_eq!(
-            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(10), None, 1),
-            Ceiling::LeaseUsed
-        );
-        // the same from CREDIT_FROM up: one on credit
-        let t = tier(CREDIT_FROM);
-        assert_eq!(
-            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(10), None, 1),
-            Ceiling::Open
-        );
     }
 
     /// A lease ask of the current record of `s`.
@@ -1233,38 +1194,21 @@ mod tests {
     }
 
     #[test]
-    fn admits_up_to_the_lease_and_one_on_credit_per_answer() {
+    fn admits_up_to_the_lease_and_asks_at_half_of_it() {
         let t = tier(1000);
         let mut s = state();
-        // no answer yet: a cold credit of 1000 / 50 / 10 = 2, then nothing until Redis answers
-        assert_eq!(cold_credit(1000, 3), 2);
-        assert_eq!(
-            cold_credit(1000, 20),
-            1,
-            "more instances seen: smaller parts"
-        );
-        assert_eq!(cold_credit(10, 3), 1);
-        for _ in 0..2 {
-            assert_eq!(
-                ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
-                Ceiling::Open
-            );
-            assert!(
-                commit(&mut s, Admitted::Leased, 1),
-                "running on credit asks for a round"
-            );
-            s.current += 1;
-        }
+        s.ledger.current.leased = true;
+        // no answer yet: the first request waits for the round
         assert_eq!(
             ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
             Ceiling::LeaseUsed
         );
-        let ask = lease_ask(&s, 2, 32, 0);
+        let ask = lease_ask(&s, 0, 30, 1);
         let answer = Answer {
-            total: 2,
-            ceiling: 32,
+            total: 0,
+            ceiling: 30,
             fair: 1000,
-            room: 968,
+            room: 970,
             held: 0,
             prev: 0,
             grant: 0,
@@ -1282,26 +1226,13 @@ mod tests {
             commit(&mut s, Admitted::Leased, 1),
             "half of the lease used"
         );
-        while s.ledger.current.used < 32 {
+        while s.ledger.current.used < 30 {
             commit(&mut s, Admitted::Leased, 1);
         }
         assert_eq!(
             ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
-            Ceiling::Open,
-            "one on credit: the window had room"
-        );
-        assert!(commit(&mut s, Admitted::Leased, 1));
-        assert_eq!(
-            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
             Ceiling::LeaseUsed,
-            "one at a time"
-        );
-        s.ledger.on_credit = false;
-        s.current = 1000;
-        assert_eq!(
-            ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(3), None, 1),
-            Ceiling::LeaseUsed,
-            "no credit once the window is known to be full"
+            "the window had room, but nothing past the lease"
         );
         assert_eq!(
             ceiling(&s, &t, Algorithm::FixedWindow, 0, None, None, 1),
@@ -1553,8 +1484,9 @@ mod tests {
         };
         assert_eq!((held.used, held.need, held.want), (100, 2, 102));
         // a lease nobody used since the last round (a sliding window's, or a fixed window's
-        // with no request since the last periodic round) goes back at a periodic round, once
-        // others hold leases too (docs/fleet.md)
+        // with no request since the last periodic round) goes back at a periodic round, even
+        // when nobody else held one at the last answer: one that asks later is not heard by
+        // the holder, and would wait for the window's end (docs/fleet.md)
         s.ledger.current.sent = 100;
         s.ledger.ceiling = 130;
         let quiet = Sizing {
@@ -1562,9 +1494,13 @@ mod tests {
             now_ms: 1200,
             ..periodic
         };
-        assert_eq!(drain(&mut s, quiet), [None, None], "nobody else wants it");
-        // a bucket's tokens do not lapse with the window: they go back all the same
-        let mut b = s;
+        let mut b = s.clone();
+        let [_, Some(back)] = drain(&mut s, quiet) else {
+            panic!("an unused lease goes back")
+        };
+        assert_eq!((back.used, back.want), (100, 100));
+        assert_eq!(s.ledger.ceiling, 100);
+        // a bucket's tokens go back all the same
         let bucket = Sizing {
             bucket: true,
             ..quiet
@@ -1573,12 +1509,6 @@ mod tests {
             panic!("a bucket gives its unused tokens back")
         };
         assert_eq!((back.used, back.want, b.ledger.ceiling), (100, 100, 100));
-        s.ledger.contended = true;
-        let [_, Some(back)] = drain(&mut s, quiet) else {
-            panic!("an ask")
-        };
-        assert_eq!((back.used, back.want), (100, 100));
-        assert_eq!(s.ledger.ceiling, 100);
         // idle, sent and nothing held: nothing to send
         assert_eq!(drain(&mut s, quiet), [None, None]);
     }

@@ -464,6 +464,8 @@ impl Accounts {
             spare: ledger::spare(threshold, counters.algorithm()),
             confirmed: ask.confirmed.saturating_sub(direct),
             direct_cap: ledger::direct_cap(threshold, counters.algorithm(), self.fleet.instances()),
+            instances: self.fleet.instances_assumed(),
+            direct_each: ledger::direct_each(threshold, counters.algorithm()),
             ..LedgerUpdate::default()
         };
         if bucket {

@@ -88,6 +88,8 @@ mod tests {
                 spare: 0,
                 confirmed: 0,
                 direct_cap: 0,
+                instances: 0,
+                direct_each: 0,
                 since_ms: 0,
             })
         };

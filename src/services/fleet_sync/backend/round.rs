@@ -299,6 +299,11 @@ pub struct LedgerUpdate {
     /// What direct records can admit in the window in all (`ledger::direct_cap`; 0: none
     /// can): kept out of leases, less what they reported, until the total passes it.
     pub direct_cap: u64,
+    /// The fleet's instances as this one knows them, and what a direct record may hold
+    /// admitted and unreported (`ledger::direct_allowance`; 0: none can be direct): past
+    /// `direct_cap`, that much for each instance not yet among the ledger's members.
+    pub instances: u64,
+    pub direct_each: u64,
     /// Token buckets: what this member admitted and Redis has not charged yet was admitted
     /// at or after this instant (ms; 0: now). Charged from then, so that tokens admitted
     /// while Redis was out of reach refill as they would have (see `script::BUCKETS`).

@@ -48,7 +48,7 @@ const COMMON_ARGS: [(&str, Kind); 8] = [
     ("spare", Number),
 ];
 
-const WINDOW_ARGS: [(&str, Kind); 4] = [
+const WINDOW_ARGS: [(&str, Kind); 6] = [
     // the threshold
     ("cap", Number),
     // a sliding window: how much of the previous window still weighs (ms of `period_ms`);
@@ -57,6 +57,10 @@ const WINDOW_ARGS: [(&str, Kind); 4] = [
     ("period_ms", Number),
     // what direct records can admit in the window in all (0: none can)
     ("direct_cap", Number),
+    // the instances of the fleet, as this member knows them
+    ("instances", Number),
+    // what a direct record may hold admitted and unreported (`ledger::direct_allowance`)
+    ("direct_each", Number),
 ];
 
 const BUCKET_ARGS: [(&str, Kind); 6] = [
@@ -229,7 +233,9 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
 ///
 /// Direct records (far from the limit) report plain increments of the key and hold no lease;
 /// while the (weighted) count is under `direct_cap`, what they may still report (the cap less
-/// what they reported: the total less the members' counts) is kept out of leases.
+/// what they reported: the total less the members' counts) is kept out of leases; past it,
+/// `direct_each` for each of the fleet's `instances` not yet among the members (a record that
+/// runs the script reports its direct count unsent with it, and leases from then on).
 const LIBRARY: &str = r#"
 -- the members' records in a ledger: counts (u:), ceilings (c:), lease ends (e:), what each
 -- asked for beyond its count (d:), the tokens charged to it (t:, buckets); and what an
@@ -320,13 +326,18 @@ if weight_ms > 0 then
   prevw = math.ceil(prev * weight_ms / period_ms)
   cap = cap - prevw
 end
--- what direct records may still report: kept out of leases while the (weighted) count is
--- under the cap of what they can admit
+-- what direct records may still report, kept out of leases: while the (weighted) count is
+-- under the cap of what they can admit, the cap less what they reported; past it, what each
+-- instance that has not run this script in the window (still direct) may hold unreported
 local reserve = 0
-if direct_cap > 0 and total + prevw < direct_cap then
-  local scripted = 0
+if direct_cap > 0 then
+  local scripted, members = 0, 1
   for id, v in pairs(u) do if id ~= member then scripted = scripted + v end end
+  for id in pairs(c) do if id ~= member then members = members + 1 end end
   reserve = math.max(direct_cap - (total - scripted - mine), 0)
+  if total + prevw >= direct_cap then
+    reserve = math.min(reserve, math.max(instances - members, 0) * direct_each)
+  end
 end
 local held, active, wanted = others(u, c, e, d)
 local ceiling, fair, left = lease(c, e, mine, cap - total - held - reserve, held, active, wanted)
@@ -456,7 +467,9 @@ pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
             .push("cap", u.cap)
             .push("weight_ms", u.weight_ms)
             .push("period_ms", u.period_ms)
-            .push("direct_cap", u.direct_cap),
+            .push("direct_cap", u.direct_cap)
+            .push("instances", u.instances)
+            .push("direct_each", u.direct_each),
         Family::Buckets => a
             .push("period_ms", u.period_ms)
             .push("bucket_us", bucket_arg(u.bucket_ns))
