@@ -421,16 +421,11 @@ pub fn note_hold(state: &mut TierState, first: bool, units: u64) {
     l.asking = true;
 }
 
-/// A request of `units` was admitted by a rule that charges it once its answer comes: it holds
-/// that much of this instance's credits until then (`Ledger::pending`).
-pub fn reserve(state: &mut TierState, units: u64) {
-    state.ledger.pending = state.ledger.pending.saturating_add(units);
-}
-
-/// Its answer came: the reservation is released (its charge, if any, is committed).
-pub fn release(state: &mut TierState, units: u64, charged: u64) {
+/// The answer of a request admitted by a rule that charges late came, `charged` units (its
+/// charge, if any, is committed apart): counted, so that held requests ask for the share of
+/// their units that answers are charged.
+pub fn note_answer(state: &mut TierState, charged: u64) {
     let l = &mut state.ledger;
-    l.pending = l.pending.saturating_sub(units);
     if l.answers >= 1024 {
         l.answers /= 2;
         l.charged_answers /= 2;

@@ -698,7 +698,7 @@ impl Limiter {
                 rc.keep_orphan(&late.key, late.list, ti, orphan);
             }
             if late.reserved {
-                ledger::release(state, late.units, units);
+                ledger::note_answer(state, units);
             }
         }
         units > 0 && Self::commit_tiers(cr, c, now, leased, units)
@@ -772,13 +772,7 @@ impl Limiter {
             };
             let cr = &self.limits[a.rule as usize];
             if cr.charges_late {
-                // charged once the answer is known (`charge_late`); until then, with Redis, it
-                // holds the credit it may have taken
-                if leased.is_some() {
-                    for state in c.tiers.iter_mut() {
-                        ledger::reserve(state, a.units);
-                    }
-                }
+                // charged once the answer is known (`charge_late`)
                 continue;
             }
             wake |= Self::commit_tiers(cr, c, now, leased, a.units);

@@ -109,12 +109,6 @@ pub struct Ledger {
     /// uses). Kept across windows.
     pub answers: u16,
     pub charged_answers: u16,
-    /// Late charges (`count_when`, a cost from the answer): the units admission checked for
-    /// requests still waiting for their answers. Credits count them (a credit is for one
-    /// request at a time, or a few on a fresh window, not for a burst whose charges are on
-    /// their way); leases do not (a request may end up charged nothing). Released when the
-    /// charge comes; carried over to the next window's record.
-    pub pending: u64,
     /// A plain increment was confirmed: the key exists and has its expiry.
     pub keyed: bool,
     /// When the round that Redis last answered for this record was drained (ms; 0: none):
@@ -214,8 +208,6 @@ impl Ledger {
             // from the window's start, as the old record's would have)
             settled_ms: if bucket { self.settled_ms } else { 0 },
             unreachable: self.unreachable,
-            // requests admitted in the old window are charged in the new one
-            pending: self.pending,
             answers: self.answers,
             charged_answers: self.charged_answers,
             // requests held in the old window wait on in this one: what they did not ask for
