@@ -148,7 +148,7 @@ pub fn tolerance_ns(tier: &Quota) -> u128 {
 /// leaky bucket's queue and turn, or a fiftieth of its threshold if that is more, so that
 /// leases can flow between sync rounds however small the queue (each instance keeps its own
 /// queue exact; the fleet admits at most `threshold + max(queue + 1, threshold / 50)` a
-/// period, and a request on credit per instance).
+/// period).
 pub fn fleet_tolerance_ns(tier: &Quota) -> u128 {
     match tier.queue {
         Some(q) => (q + 1).max(tier.threshold / 50) as u128 * interval_ns(tier),

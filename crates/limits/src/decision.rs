@@ -115,7 +115,7 @@ pub struct Late {
     pub key: Box<[u8]>,
     /// The units admission checked room for (and its quota reports assumed).
     pub units: u64,
-    /// They are held against this instance's credits until the charge (with Redis).
+    /// Admitted while Redis answered: its answer is counted (`ledger::note_answer`).
     pub reserved: bool,
 }
 

@@ -38,7 +38,8 @@ impl std::fmt::Display for OnFailure {
 pub enum FleetMode {
     /// No sync (or `on_failure: local` while Redis is down): this instance alone decides.
     Alone,
-    /// Redis answers: an instance admits what Redis leased to it (plus one on credit),
+    /// Redis answers: an instance admits what Redis leased to it (or, far from the limit, what
+    /// its direct records may),
     /// `instances` sharing.
     Leased { instances: u64 },
     /// Redis is down and `on_failure: local_share`: each instance may use its share of what
@@ -214,8 +215,8 @@ impl FleetState {
         }
         let instances = self.instances();
         match self.link() {
-            // the first round has not ended (at most `timeout` after start-up): only the
-            // credit, as when a lease has run out
+            // the first round has not ended (at most `timeout` after start-up): what is
+            // leased (nothing yet), as when a lease has run out
             Link::Up | Link::Unknown => return FleetMode::Leased { instances },
             Link::Down => {}
         }

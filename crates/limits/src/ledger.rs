@@ -111,7 +111,7 @@ pub const COLD_FLEET: u64 = 10;
 pub enum Ceiling {
     /// Within what this instance may admit.
     Open,
-    /// The lease (and credit) is used up: wait for the next round, which asks for more.
+    /// The lease is used up: wait for the next round, which asks for more.
     LeaseUsed,
     /// The fleet has no room now: two answers in a row could not grant the requests that
     /// waited, or (sliding windows) the weighted count of this moment is full.
@@ -351,15 +351,15 @@ pub fn fits_after_hold(
 pub enum Admitted {
     /// Directly, under this allowance (see `direct`).
     Direct(u64),
-    /// Under a lease, or on credit.
+    /// Under a lease (or, a shadow rule's, past it).
     Leased,
     /// Without Redis's answers (`on_failure`): a record that can be direct stays so (its
     /// counts go as plain increments when Redis is back); any other leases from now on.
     Unsynced { direct_capable: bool },
 }
 
-/// Count one admitted request of `units` (the ledger counts units). Returns whether a round should come now: the request ran on
-/// credit, half of the lease is used, or (direct) half of the allowance is unreported.
+/// Count one admitted request of `units` (the ledger counts units). Returns whether a round should come now: the request ran
+/// past the lease (a shadow rule's), half of the lease is used, or (direct) half of the allowance is unreported.
 pub fn commit(state: &mut TierState, how: Admitted, units: u64) -> bool {
     let l = &mut state.ledger;
     l.current.used += units;
@@ -376,7 +376,7 @@ pub fn commit(state: &mut TierState, how: Admitted, units: u64) -> bool {
     }
     l.current.leased = true;
     if l.current.used > l.ceiling {
-        l.on_credit = true;
+        l.past_lease = true;
         l.asking = true;
         return true;
     }
@@ -775,7 +775,7 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
         want,
         need,
         confirmed: l.current.sent,
-        // (never answered: its tokens count from now, as a cold fleet's credit must)
+        // (never answered: its tokens count from now)
         since_ms: if l.settled_ms == 0 {
             0
         } else {
@@ -852,7 +852,7 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         }
         l.ceiling = ceiling;
         l.lease_from = ask.used;
-        l.on_credit = false;
+        l.past_lease = false;
         l.adopt = 0;
         let under =
             answer.total.saturating_mul(10) < threshold.saturating_add(l.grant).saturating_mul(9);

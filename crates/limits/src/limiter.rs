@@ -501,7 +501,7 @@ impl Limiter {
                     verdict.remaining = verdict.remaining.min(room.saturating_sub(units));
                 }
             }
-            // a shadow rule never holds a request: it runs on credit
+            // a shadow rule never holds a request: it counts past the lease
             Ceiling::LeaseUsed if shadow => {}
             Ceiling::LeaseUsed => {
                 // under the limit, but this instance's lease is used: the request waits for

@@ -61,8 +61,8 @@ pub struct Ledger {
     pub ceiling: u64,
     /// `used` when the lease was granted (to see when half of it is gone).
     pub lease_from: u64,
-    /// A request was admitted on credit since Redis last answered.
-    pub on_credit: bool,
+    /// A request was counted past the lease (a shadow rule's) since Redis last answered.
+    pub past_lease: bool,
     /// The fleet's total for the window at the last answer (`sent` included).
     pub base: u64,
     /// Requests that wanted this tier (admitted or not) since the last drain.
@@ -71,8 +71,8 @@ pub struct Ledger {
     /// round's answer), in thousandths: the first part of the next ask (`Ledger::need`). A rule
     /// charging late counts the share of its units its last answers were charged.
     pub need_milli: u64,
-    /// This record wants to be in the next round, early or not (a request waits, a credit was
-    /// taken, half of the lease is used).
+    /// This record wants to be in the next round, early or not (a request waits, a shadow rule
+    /// counted past the lease, half of the lease is used).
     pub asking: bool,
     /// When this record was last drained (ms; 0: never): demand over the time since is the
     /// rate that sizes the next ask.
@@ -165,7 +165,7 @@ impl Ledger {
     /// Move to a new window starting at `start_ms`; the old current window becomes the
     /// previous record. Returns the record that had to be dropped with counts still unsent.
     /// `bucket`: a token bucket, whose state outlives windows (what Redis last said of it
-    /// still holds, so the new window takes no cold credit).
+    /// still holds).
     /// `adjacent`: the old window is the one just before the new (otherwise nothing this
     /// record knows bounds the previous window: the first answer will).
     pub fn roll(&mut self, old_start_ms: u64, bucket: bool, adjacent: bool) -> Option<Orphan> {

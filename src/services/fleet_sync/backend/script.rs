@@ -224,7 +224,7 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
 /// of each moment of a sliding window itself, from `prev` and `held` (answered).
 ///
 /// Buckets: tokens are charged as the members report them admitted. Those a member admitted
-/// beyond what was charged (out of a lease, on credit, or while Redis was out of reach; after
+/// beyond what was charged (out of a lease, or while Redis was out of reach; after
 /// a restart of Redis, all but what it had confirmed) are charged from `since_ms`, the earliest
 /// they can have been admitted, not from now: the refill since then covers them as it would
 /// have, had they been reported one by one, and since leases are not in the bucket's time,
