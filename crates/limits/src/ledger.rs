@@ -1489,7 +1489,7 @@ mod tests {
             now_ms: 1200,
             ..periodic
         };
-        let mut b = s.clone();
+        let mut b = s;
         let [_, Some(back)] = drain(&mut s, quiet) else {
             panic!("an unused lease goes back")
         };
