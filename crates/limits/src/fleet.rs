@@ -292,6 +292,21 @@ fn decode_link(c: u8) -> Link {
 mod tests {
     use super::*;
 
+    /// docs/fleet.md "Far from the limit": what is kept for other instances' direct records
+    /// assumes at least 10 instances until the heartbeats have counted twice.
+    #[test]
+    fn the_instances_assumed_are_at_least_ten_until_counted_twice() {
+        let f = FleetState::new(1000);
+        assert_eq!(f.instances_assumed(), crate::ledger::COLD_FLEET);
+        f.set_instances(3);
+        assert_eq!((f.instances(), f.instances_assumed()), (3, 10));
+        f.set_instances(3);
+        assert_eq!(f.instances_assumed(), 3);
+        f.set_instances(12);
+        f.set_instances(2);
+        assert_eq!(f.instances_assumed(), 2, "counted twice stays counted");
+    }
+
     #[test]
     fn a_counter_whose_cluster_node_is_down_falls_back_by_on_failure() {
         let f = FleetState::new(1000);

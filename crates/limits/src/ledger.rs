@@ -971,6 +971,13 @@ mod tests {
         };
         assert!(ask.count && !ask.first, "nothing reported before");
         assert_eq!((ask.used, ask.confirmed), (99, 0));
+        // a request whose units do not fit the allowance whole is not direct: the
+        // script keeps one allowance for each instance still direct, no more
+        // (docs/fleet.md, "Far from the limit")
+        assert_eq!(direct(&s, &t, fixed, 0, 3, 1), Some(100));
+        assert_eq!(direct(&s, &t, fixed, 0, 3, 2), None);
+        assert_eq!(direct_each(100_000, fixed), 100);
+        assert_eq!(direct_each(100_000, Algorithm::SlidingLog), 0);
         // the fleet had 5000; this record admitted 2 more meanwhile
         s.ledger.current.used += 2;
         s.current += 2;
