@@ -1791,7 +1791,7 @@ fn sliding_logs_keep_the_bounds_over_many_seeds() {
 
 /// Costs (`cost: { header }`): the same fleets and loads, each request taking 1 to `cost_max`
 /// units (up to a tenth of the threshold): every bound holds in units (the slack: one of the
-/// largest requests on credit per instance), and Redis holds exactly the units admitted.
+/// largest requests, whose units may not fit whole), and Redis holds exactly the units admitted.
 /// `FLEET_SIM_COST_SEEDS=<n>` runs more seeds.
 #[test]
 fn costs_keep_the_bounds_in_units_over_many_seeds() {
