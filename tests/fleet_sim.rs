@@ -1174,8 +1174,9 @@ fn simulate(s: &Scenario) -> Outcome {
             }
             if trace {
                 eprintln!(
-                    "{step} estimate {:.1} (previous {weighted:.1}, cur {cur})",
-                    weighted + cur
+                    "{step} estimate {:.1} (previous {weighted:.1}, cur {cur}; span {})",
+                    weighted + cur,
+                    out.span_sum
                 );
             }
         }
