@@ -111,9 +111,10 @@ pub fn ledger_model(
             .filter(|(name, _)| name.starts_with("u:"))
             .map(|(_, &v)| v)
             .sum();
+        let own = format!("c:{}", up.member);
         let others = h
             .keys()
-            .filter(|name| name.starts_with("c:") && **name != format!("c:{}", up.member))
+            .filter(|name| name.starts_with("c:") && **name != own)
             .count() as i64;
         let left = (dcap - (total - scripted)).max(0);
         if total + prevw < dcap {

@@ -376,7 +376,6 @@ pub fn commit(state: &mut TierState, how: Admitted, units: u64) -> bool {
     }
     l.current.leased = true;
     if l.current.used > l.ceiling {
-        l.past_lease = true;
         l.asking = true;
         return true;
     }
@@ -852,7 +851,6 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         }
         l.ceiling = ceiling;
         l.lease_from = ask.used;
-        l.past_lease = false;
         l.adopt = 0;
         let under =
             answer.total.saturating_mul(10) < threshold.saturating_add(l.grant).saturating_mul(9);
@@ -874,8 +872,6 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         // next ask counts only those that will still wait
         let past = ceiling.saturating_sub(l.current.used.max(ask.used).saturating_add(ask.need));
         l.need_milli = l.need_milli.saturating_sub(past.saturating_mul(1000));
-        // others hold leases too: what this one does not use goes back
-        l.contended = answer.held > 0;
         l.fair = answer.fair.max(1);
         l.room = answer.room;
         l.others = (answer.total + answer.held).saturating_sub(ask.used);
@@ -1533,7 +1529,6 @@ mod tests {
         for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
             let mut s = state();
             s.ledger.fair = 10; // not the window's first ask
-            s.ledger.contended = true;
             s.ledger.current.used = 10;
             s.ledger.current.sent = 10;
             s.ledger.ceiling = 20;

@@ -61,8 +61,6 @@ pub struct Ledger {
     pub ceiling: u64,
     /// `used` when the lease was granted (to see when half of it is gone).
     pub lease_from: u64,
-    /// A request was counted past the lease (a shadow rule's) since Redis last answered.
-    pub past_lease: bool,
     /// The fleet's total for the window at the last answer (`sent` included).
     pub base: u64,
     /// Requests that wanted this tier (admitted or not) since the last drain.
@@ -97,9 +95,6 @@ pub struct Ledger {
     /// admitted of what they hold, and the next answer is the fleet's truth); after two, the
     /// fleet is full as far as Redis knows, and requests past the lease are refused.
     pub short: u8,
-    /// At the last answer other instances held leases too: an unused lease goes back at the
-    /// next periodic round.
-    pub contended: bool,
     /// Its Redis Cluster node did not answer the last round while others did: the counter
     /// falls back to `on_failure` alone until its node answers (kept across windows).
     pub unreachable: bool,
@@ -201,7 +196,6 @@ impl Ledger {
             },
             fair: if bucket { self.fair } else { 0 },
             room: if bucket { self.room } else { 0 },
-            contended: bucket && self.contended,
             ceiling: carried,
             adopt: carried,
             // (a bucket's tokens admitted in the new window while Redis is out of reach count
