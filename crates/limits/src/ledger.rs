@@ -209,7 +209,7 @@ pub fn ceiling(
         }
     } else if let (Some(n), false) = (shared, bucket) {
         // a token bucket keeps its local bucket alone
-        if let Some((counted, cap)) = share(state, tier, n) {
+        if let Some((counted, cap)) = share(state, tier.threshold, n) {
             if counted + units > cap {
                 return Ceiling::ShareUsed;
             }
@@ -299,7 +299,7 @@ pub fn room(
     }
     match (shared, bucket) {
         (Some(n), false) => {
-            share(state, tier, n).map(|(counted, cap)| cap.saturating_sub(counted).max(1))
+            share(state, tier.threshold, n).map(|(counted, cap)| cap.saturating_sub(counted).max(1))
         }
         _ => None,
     }
@@ -310,7 +310,7 @@ pub fn room(
 /// - Only this counter's cluster node is down, and it had an answer in this window: its lease
 ///   stands (the others' leases are theirs), plus its part of what nobody held at that answer.
 /// - Otherwise: what was left at the last answer, divided among the instances last seen.
-fn share(state: &TierState, tier: &Quota, n: u64) -> Option<(u64, u64)> {
+fn share(state: &TierState, threshold: u64, n: u64) -> Option<(u64, u64)> {
     let l = &state.ledger;
     if l.unreachable && l.fair > 0 {
         return Some((
@@ -321,7 +321,7 @@ fn share(state: &TierState, tier: &Quota, n: u64) -> Option<(u64, u64)> {
     if n <= 1 {
         return None;
     }
-    let left = tier.threshold.saturating_sub(l.base);
+    let left = threshold.saturating_sub(l.base);
     let share = if left == 0 { 0 } else { (left / n).max(1) };
     Some((state.current, l.base + share))
 }
@@ -329,21 +329,32 @@ fn share(state: &TierState, tier: &Quota, n: u64) -> Option<(u64, u64)> {
 /// A request held as long as it may while no answer said the fleet is full (the rounds were
 /// only slow: a busy machine, a stalling Redis): does it fit as if its counter's Redis node did
 /// not answer under `local_share` (`share`)? Its lease, plus its part of what nobody held at
-/// the last answer; with no answer yet in this window, a window's part of what was left, and
-/// nothing for a token bucket.
+/// the last answer; with no answer yet in this window, a window's part of what was left (a
+/// sliding window's or log's: what the previous window leaves, as `sliding_full` weighs it),
+/// and nothing for a token bucket.
 pub fn fits_after_hold(
     state: &TierState,
     tier: &Quota,
     algorithm: Algorithm,
-    n: u64,
+    (now_ms, n): (u64, u64),
     units: u64,
 ) -> bool {
     let l = &state.ledger;
     if l.fair > 0 {
         return l.current.used + units <= l.ceiling.max(l.current.sent) + l.room / n.max(1);
     }
-    !algorithm.is_bucket()
-        && share(state, tier, n.max(2)).is_some_and(|(counted, cap)| counted + units <= cap)
+    if algorithm.is_bucket() || algorithm == Algorithm::SlidingLog {
+        return false;
+    }
+    let weight = match algorithm {
+        Algorithm::SlidingLog => l.prev_bound,
+        a if a.is_sliding() => {
+            previous_weight(l.prev_bound, state.window_start_ms, tier.period_ms, now_ms)
+        }
+        _ => 0,
+    };
+    share(state, tier.threshold.saturating_sub(weight), n.max(2))
+        .is_some_and(|(counted, cap)| counted + units <= cap)
 }
 
 /// How a request was admitted, for the fleet's accounting.
@@ -1189,6 +1200,38 @@ mod tests {
         apply(&mut s, &ask, short(50, 0), (10_000, 100));
         apply(&mut s, &ask, short(50, 0), (10_000, 100));
         assert_eq!(s.ledger.short, 2);
+    }
+
+    /// A request held as long as it may, with no answer yet in its window: a fixed window
+    /// takes its part of the threshold, a sliding window its part of what the previous
+    /// window leaves; a sliding log, whose answers alone know what of the previous window is
+    /// still in the span (and the others may have leased all the rest meanwhile), refuses.
+    #[test]
+    fn after_a_hold_without_an_answer_a_window_takes_only_its_part_of_what_is_left() {
+        let t = tier(1000);
+        let mut s = state();
+        s.ledger.current.used = 99;
+        s.current = 99;
+        s.ledger.prev_bound = 800;
+        let fits =
+            |s: &TierState, algorithm, now_ms| fits_after_hold(s, &t, algorithm, (now_ms, 5), 1);
+        // a fixed window: 1000 / 5
+        assert!(fits(&s, Algorithm::FixedWindow, 10_000));
+        // a sliding window at its start: the previous window weighs 800, 200 / 5 = 40
+        assert!(!fits(&s, Algorithm::SlidingWindow, 10_000));
+        s.ledger.current.used = 39;
+        s.current = 39;
+        assert!(fits(&s, Algorithm::SlidingWindow, 10_000));
+        s.ledger.current.used = 40;
+        s.current = 40;
+        assert!(!fits(&s, Algorithm::SlidingWindow, 10_000));
+        // half way through it weighs 400: 600 / 5 = 120
+        assert!(fits(&s, Algorithm::SlidingWindow, 15_000));
+        assert!(!fits(&s, Algorithm::SlidingLog, 15_000));
+        s.ledger.current.used = 0;
+        s.current = 0;
+        assert!(!fits(&s, Algorithm::SlidingLog, 15_000));
+        assert!(!fits(&s, Algorithm::TokenBucket, 15_000));
     }
 
     #[test]

@@ -484,7 +484,7 @@ impl Limiter {
                 Ceiling::LeaseUsed if patience == Patience::Over => {
                     let n = self.fleet.instances();
                     if state.ledger.short == 0
-                        && ledger::fits_after_hold(state, tier, algo, n, units)
+                        && ledger::fits_after_hold(state, tier, algo, (now_ms, n), units)
                     {
                         Ceiling::Open
                     } else {
