@@ -1115,25 +1115,21 @@ fn simulate(s: &Scenario) -> Outcome {
             } else {
                 cur
             };
-            // as for the upper bound: under 100, one request per instance; past it, the
-            // others' credits (one each) where they are more than 2% of the threshold
-            // (a request on credit may be one of the largest costs)
-            // (a log keeps one credit per other instance out of its cap all through the
-            // window, not only where they are more than 2%: see `ledger::ceiling`)
+            // under 100, one request per instance (a lease is never split finer); with costs,
+            // one of the largest requests per other instance (what the others hold leased may
+            // not fit a request whole); else none (no credit at any threshold)
             let small = if s.threshold < 100 {
                 (s.instances as u64 * s.units()) as f64
-            } else if s.log {
+            } else if s.cost_max > 0 {
                 ((s.instances as u64 - 1) * s.units()) as f64
             } else {
-                ((s.instances as u64 - 1) * s.units()).saturating_sub(s.threshold / 50) as f64
+                0.0
             };
             let (count, under) = if s.bucket {
                 // the level then, less what was taken since (not the refill since)
                 let level = then - (out.bucket_admitted - taken) as f64;
                 let spare = SPARE_PERCENT as f64 / 100.0;
-                // and one request per instance (each may hold one on credit)
-                let n = (s.instances as u64 * s.units()) as f64;
-                (t - level, level - u >= (0.1 + spare) * t + small.max(n))
+                (t - level, level - u >= (0.1 + spare) * t + small)
             } else if s.log {
                 // the fleet's span then, and what it admitted since
                 let e = then + (out.total_admitted - taken) as f64 + u;
@@ -1304,12 +1300,7 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
         };
         // under 100, one request per instance either way (as for the upper bound)
         // (with costs: the last request of a full window may not fit by up to its units)
-        // (a log: less one unreported credit per other instance, which each instance keeps
-        // out of its cap, see `ledger::ceiling`)
-        let floor = 0.98 * t as f64
-            - if t < 100 { n as f64 } else { 0.0 }
-            - (s.units() - 1) as f64
-            - if s.log { (n - 1) as f64 } else { 0.0 };
+        let floor = 0.98 * t as f64 - if t < 100 { n as f64 } else { 0.0 } - (s.units() - 1) as f64;
         if (admitted as f64) < floor {
             why.push(format!(
                 "window {w}: admitted {admitted} of {t} although offered {offered}"
