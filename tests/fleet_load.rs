@@ -355,7 +355,7 @@ fn run_case_on(algorithm: &str, threshold: u64, shape: Shape, start: Start) {
     // at most the threshold (docs/fleet.md, "The bound": no credit at any threshold)
     if admitted > threshold {
         failures.push(format!(
-            "admitted {admitted} > {threshold} (threshold {threshold}; per instance {per_instance:?})"
+            "admitted {admitted} > the threshold {threshold} (per instance {per_instance:?})"
         ));
     }
     // at least threshold x 0.98 when offered 1.5x or more

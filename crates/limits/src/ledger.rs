@@ -330,8 +330,9 @@ fn share(state: &TierState, threshold: u64, n: u64) -> Option<(u64, u64)> {
 /// only slow: a busy machine, a stalling Redis): does it fit as if its counter's Redis node did
 /// not answer under `local_share` (`share`)? Its lease, plus its part of what nobody held at
 /// the last answer; with no answer yet in this window, a window's part of what was left (a
-/// sliding window's or log's: what the previous window leaves, as `sliding_full` weighs it),
-/// and nothing for a token bucket.
+/// sliding window's: of what the previous window leaves at this moment), and nothing for a
+/// token bucket or a sliding log (its answers alone say what of the previous window is still
+/// in the span, and the others may have leased all the rest meanwhile).
 pub fn fits_after_hold(
     state: &TierState,
     tier: &Quota,
@@ -346,12 +347,10 @@ pub fn fits_after_hold(
     if algorithm.is_bucket() || algorithm == Algorithm::SlidingLog {
         return false;
     }
-    let weight = match algorithm {
-        Algorithm::SlidingLog => l.prev_bound,
-        a if a.is_sliding() => {
-            previous_weight(l.prev_bound, state.window_start_ms, tier.period_ms, now_ms)
-        }
-        _ => 0,
+    let weight = if algorithm.is_sliding() {
+        previous_weight(l.prev_bound, state.window_start_ms, tier.period_ms, now_ms)
+    } else {
+        0
     };
     share(state, tier.threshold.saturating_sub(weight), n.max(2))
         .is_some_and(|(counted, cap)| counted + units <= cap)
