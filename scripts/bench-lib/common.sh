@@ -8,6 +8,11 @@
 # A TCP port that is free on 127.0.0.1 (the kernel's pick, released again).
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+# A redis-server's CPU time so far (µs, used_cpu_user + used_cpu_sys, INFO cpu).
+redis_cpu_us() { # port
+  redis-cli -p "$1" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { printf "%d", s * 1e6 }'
+}
+
 # bench_cleanup [--term] [--wait] [--keep NOTE]: what the EXIT trap does (directly, or from a
 # script's own cleanup with extra steps).
 #   Every process in `pids` gets SIGINT (the fast shutdown of tollgate and nginx), and 0.3 s
