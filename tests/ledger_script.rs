@@ -125,6 +125,12 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
             },
             instances: 1 + rng.below(5),
             direct_each: rng.below(4),
+            // (a fixed window's steady demand until its end; the script ignores it elsewhere)
+            rest: if !sliding && !bucket && rng.below(2) == 0 {
+                1 + rng.below(300)
+            } else {
+                0
+            },
             since_ms: 0,
         };
         let up = if log {
@@ -244,6 +250,7 @@ fn window_update(key: &str, member: &str, used: u64, want: u64, cap: u64) -> Led
         direct_cap: 0,
         instances: 0,
         direct_each: 0,
+        rest: 0,
         since_ms: 0,
     }
 }
@@ -274,6 +281,38 @@ fn a_grant_widens_its_window_and_weighs_nothing_on_the_next() {
     };
     let b = eval(&mut conn, &next);
     assert_eq!((b.prev, b.grant, b.ceiling), (70, 0, 30), "{b:?}");
+}
+
+#[test]
+fn a_filling_fixed_window_leases_each_member_its_part_at_once() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    // 200 a window on 3 instances, a spare budget of 20; each member's first request waits
+    let ask = |key: &str, member: &str, rest: u64| LedgerUpdate {
+        need: 1,
+        spare: 20,
+        instances: 3,
+        rest,
+        ..window_update(key, member, 0, 1 + rest, 200)
+    };
+    // steady demand that does not fill the window (3 x 21 of 200): the spare budget's part
+    let key = "t:{p}:s:0:1000";
+    assert_eq!(eval(&mut conn, &ask(key, "a.1", 20)).ceiling, 21);
+    // steady demand that fills it (each wants 131 until the window's end, an instance that
+    // holds no lease taken to want as much): a third of it each, at once
+    let key = "t:{p}:f:0:1000";
+    for m in ["a.1", "b.1", "c.1"] {
+        let a = eval(&mut conn, &ask(key, m, 130));
+        assert_eq!((a.total, a.ceiling), (0, 66), "{m}: {a:?}");
+    }
+    // a member with no steady demand gets what waits there out of what is left, as before
+    let d = eval(&mut conn, &ask(key, "d.1", 0));
+    assert_eq!((d.ceiling, d.room), (1, 1), "{d:?}");
+    // a steady member asking again keeps its part (what waits there is within it), and its
+    // part of what nobody has admitted is no more now that 4 members hold leases
+    let a = eval(&mut conn, &ask(key, "a.1", 130));
+    assert_eq!((a.ceiling, a.room), (66, 1), "{a:?}");
 }
 
 #[test]

@@ -399,6 +399,7 @@ fn others_hold_the_rest(used: u64) -> (Fleet, Config, Limiter) {
             direct_cap: 0,
             instances: 0,
             direct_each: 0,
+            rest: 0,
             since_ms: 0,
         },
     );

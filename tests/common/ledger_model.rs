@@ -181,8 +181,25 @@ pub fn ledger_model(
         .min(free - n)
         .min(fair - (keep - mine))
         .min(spare - held - (keep - mine));
-    let extra = n + f.max(0);
-    let ceiling = keep + extra;
+    let mut ceiling = keep + n + f.max(0);
+    // a fixed window filling: each member's part of what nobody has admitted, at once
+    if up.rest > 0 && up.bucket_ns == 0 && up.log.bucket_ms == 0 {
+        let pool = cap - total - reserve;
+        let others = (as_i(up.instances) - 1 - active).max(0);
+        let mut demand = desire + others * desire;
+        for (name, _) in h.iter() {
+            if let Some(id) = name.strip_prefix("c:") {
+                if id != up.member && get(h, "e", id).unwrap_or(0) > now {
+                    demand += get(h, "d", id).unwrap_or(0).max(desire);
+                }
+            }
+        }
+        if demand >= pool && pool > 0 {
+            // as Lua computes it, in floating point
+            let split = (pool as f64 * desire as f64 / demand as f64).floor() as i64;
+            ceiling = ceiling.max(mine + split.min(avail));
+        }
+    }
     let until = if want <= mine {
         now
     } else {

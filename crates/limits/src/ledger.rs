@@ -389,7 +389,10 @@ pub fn commit(state: &mut TierState, how: Admitted, units: u64) -> bool {
         l.asking = true;
         return true;
     }
-    let half = 2 * (l.current.used - l.lease_from) >= l.ceiling.saturating_sub(l.lease_from);
+    let lease = l.ceiling.saturating_sub(l.lease_from);
+    // (a fixed window's part of a filling window asks again at half only if the answer left
+    // room to grow it; otherwise when it is used)
+    let half = 2 * (l.current.used - l.lease_from) >= lease && (!l.split || 2 * l.room >= lease);
     l.asking |= half;
     half
 }
@@ -554,6 +557,8 @@ fn learn_grant(state: &mut TierState, grant: u64, period_ms: u64, threshold: u64
 /// Note that a request of `units` wanted this tier (admitted or not): the size of the next ask.
 pub fn note_demand(state: &mut TierState, units: u64, algorithm: Algorithm) {
     state.ledger.demand += units;
+    let n = u32::try_from(units).unwrap_or(u32::MAX);
+    state.ledger.interval_demand = state.ledger.interval_demand.saturating_add(n);
     // (a fixed window's lease in use stays through a quiet moment: `Ledger::busy`; a sliding
     // window's or a bucket's goes back, since room held idle there refuses others sooner)
     state.ledger.busy |= algorithm == Algorithm::FixedWindow;
@@ -582,6 +587,11 @@ pub struct Ask {
     pub adopt: u64,
     /// Of `used`, what went as plain increments (the script hears of `used - direct`).
     pub direct: u64,
+    /// A fixed window's steady demand until the window's end, within `want` (0: none, or
+    /// not a fixed window): when the members' such demands fill what is left, Redis leases
+    /// each its part of it at once (`script::WINDOWS`), so that a filling window costs about
+    /// one call per instance.
+    pub rest: u64,
     /// A direct record: `used - confirmed` goes as a plain increment (`first`: the key is not
     /// known to exist yet), with no lease asked.
     pub count: bool,
@@ -641,7 +651,16 @@ pub struct Sizing {
     /// no more (an unused lease is then kept at most that far past what waits: what was leased
     /// for requests that went elsewhere goes back at once).
     pub spare: u64,
+    /// A fixed window under `SMALL_FIXED_UNDER`: an ask may also carry the steady demand until the window's end
+    /// (`Ask::rest`), at `interval_ms` (the time between periodic rounds) per
+    /// `Ledger::steady`, looking at most `REST_INTERVALS` intervals ahead.
+    pub fixed: bool,
+    pub interval_ms: u64,
 }
+
+/// How many intervals ahead a fixed window's steady demand is forecast at most (a lease of a
+/// day's window is not sized by the whole day).
+pub const REST_INTERVALS: u64 = 30;
 
 /// The asks of one tier for this round (previous window, current window). An ask wants the
 /// requests waiting (`need`) and a forecast: the demand since the record was last drained,
@@ -650,6 +669,11 @@ pub struct Sizing {
 /// what is asked is lowered here at once, before Redis hears of it, so that this instance
 /// never admits what Redis has stopped reserving for it.
 pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
+    if sizing.periodic {
+        let l = &mut state.ledger;
+        l.steady = l.last_interval.min(l.interval_demand);
+        l.last_interval = std::mem::take(&mut l.interval_demand);
+    }
     let prev = previous_ask(state);
     let current = if state.ledger.current.leased {
         lease_ask(state, &sizing)
@@ -682,6 +706,7 @@ fn previous_ask(state: &TierState) -> Option<Ask> {
         previous: true,
         adopt: 0,
         direct: l.previous.direct,
+        rest: 0,
         count: !l.previous.leased,
         first: false,
         log: false,
@@ -710,6 +735,7 @@ fn direct_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
         previous: false,
         adopt: 0,
         direct: l.current.direct,
+        rest: 0,
         count: true,
         // an earlier report whose round failed may have created the key without expiry
         first: !l.keyed && l.current.sent > 0,
@@ -760,7 +786,12 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
             .clamp(1, sizing.spare.max(1))
     };
     let need = l.need();
-    let mut want = l.current.used.saturating_add(need).saturating_add(forecast);
+    let rest = rest(l.steady, sizing);
+    let mut want = l
+        .current
+        .used
+        .saturating_add(need)
+        .saturating_add(forecast.max(rest));
     if l.granted_waiting {
         // the lease granted to requests that waited stays theirs (and Redis keeps it so)
         want = want.max(l.ceiling);
@@ -793,10 +824,24 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
         previous: false,
         adopt: l.adopt,
         direct: l.current.direct,
+        rest,
         count: false,
         first: false,
         log: false,
     })
+}
+
+/// A fixed window's steady demand until its end (`Ask::rest`): `steady` units an interval,
+/// over what is left of the window (at most `REST_INTERVALS` intervals).
+fn rest(steady: u32, sizing: &Sizing) -> u64 {
+    if !sizing.fixed || steady == 0 || sizing.interval_ms == 0 {
+        return 0;
+    }
+    let ahead = sizing
+        .left_ms
+        .min(REST_INTERVALS.saturating_mul(sizing.interval_ms));
+    let r = u128::from(steady) * u128::from(ahead) / u128::from(sizing.interval_ms);
+    u64::try_from(r).unwrap_or(u64::MAX)
 }
 
 /// Apply the fleet's total Redis answered to a plain increment (`ask.count`). A total below
@@ -865,6 +910,7 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         let under =
             answer.total.saturating_mul(10) < threshold.saturating_add(l.grant).saturating_mul(9);
         l.granted_waiting = !ask.log && ask.need > 0 && ceiling > ask.used;
+        l.split = ask.rest > 0;
         l.rehold = false;
         l.short = if ceiling >= ask.used + ask.need {
             0
@@ -964,6 +1010,8 @@ mod tests {
         }
         assert_eq!(room(&s, &t, fixed, n, None), None, "no total known yet");
         let sizing = Sizing {
+            fixed: false,
+            interval_ms: 1000,
             spare: u64::MAX,
             now_ms: 1000,
             since_ms: 1000,
@@ -1052,6 +1100,8 @@ mod tests {
     #[test]
     fn after_an_outage_leased_records_report_their_whole_counts_again() {
         let sizing = Sizing {
+            fixed: false,
+            interval_ms: 1000,
             spare: 10,
             now_ms: 12_000,
             since_ms: 1000,
@@ -1155,6 +1205,7 @@ mod tests {
             previous: false,
             adopt: 0,
             direct: 0,
+            rest: 0,
             count: false,
             first: false,
             log: false,
@@ -1293,6 +1344,8 @@ mod tests {
         s.ledger.demand = 2000;
         s.ledger.drained_ms = 900;
         let periodic = Sizing {
+            fixed: false,
+            interval_ms: 1000,
             spare: spare(3000, Algorithm::FixedWindow),
             now_ms: 1000,
             since_ms: 100,
@@ -1319,6 +1372,8 @@ mod tests {
         s.ledger.ceiling = 40;
         s.ledger.need_milli = 20_000;
         let sizing = Sizing {
+            fixed: false,
+            interval_ms: 1000,
             spare: spare(100, Algorithm::FixedWindow),
             now_ms: 19_990,
             since_ms: 100,
@@ -1379,6 +1434,8 @@ mod tests {
             note_hold(&mut s, true, 1);
         }
         let sizing = Sizing {
+            fixed: false,
+            interval_ms: 1000,
             spare: spare(3000, Algorithm::FixedWindow),
             now_ms: 10_100,
             since_ms: 100,
@@ -1488,6 +1545,8 @@ mod tests {
         s.ledger.demand = 10; // 10 in the last 100 ms: 0.1/ms x 250 ms x 1.5 = 37
         s.ledger.drained_ms = 900;
         let early = Sizing {
+            fixed: false,
+            interval_ms: 1000,
             spare: u64::MAX,
             now_ms: 1000,
             since_ms: 100,
@@ -1560,6 +1619,8 @@ mod tests {
     #[test]
     fn a_fixed_windows_lease_in_use_stays_through_a_quiet_moment() {
         let sizing = |now_ms, periodic| Sizing {
+            fixed: false,
+            interval_ms: 1000,
             spare: u64::MAX,
             now_ms,
             since_ms: 100,
@@ -1604,12 +1665,56 @@ mod tests {
     }
 
     #[test]
+    fn a_fixed_windows_ask_carries_its_steady_demand_until_the_windows_end() {
+        let sizing = |now_ms, fixed| Sizing {
+            fixed,
+            interval_ms: 1000,
+            spare: 20,
+            now_ms,
+            since_ms: 1000,
+            horizon_ms: 1200,
+            left_ms: 5000,
+            periodic: true,
+            bucket: false,
+        };
+        let mut s = state();
+        s.ledger.drained_ms = 1000;
+        let interval = |s: &mut TierState, demand: u64, now_ms: u64, fixed: bool| {
+            note_demand(s, demand, Algorithm::FixedWindow);
+            s.ledger.asking = true;
+            let [_, ask] = drain(s, sizing(now_ms, fixed));
+            ask.map_or(0, |a| a.rest)
+        };
+        // one interval of demand is not steady yet; two are: 13 an interval, 5 intervals left
+        assert_eq!(interval(&mut s, 13, 2000, true), 0);
+        assert_eq!(interval(&mut s, 13, 3000, true), 65);
+        // a spike counts as the lesser interval around it, and an interval without demand ends
+        // it
+        assert_eq!(interval(&mut s, 500, 4000, true), 65);
+        assert_eq!(interval(&mut s, 0, 5000, true), 0);
+        // not a fixed window: never
+        interval(&mut s, 13, 6000, false);
+        assert_eq!(interval(&mut s, 13, 7000, false), 0);
+        // and it looks no further than `REST_INTERVALS` intervals (a day's window)
+        let day = Sizing {
+            left_ms: 86_400_000,
+            ..sizing(8000, true)
+        };
+        note_demand(&mut s, 13, Algorithm::FixedWindow);
+        s.ledger.asking = true;
+        let [_, ask] = drain(&mut s, day);
+        assert_eq!(ask.map(|a| a.rest), Some(13 * REST_INTERVALS));
+    }
+
+    #[test]
     fn answers_move_counts_from_unsent_to_the_fleet_total() {
         let mut s = state();
         s.ledger.current.used = 7;
         s.current = 7;
         s.ledger.demand = 1;
         let sizing = Sizing {
+            fixed: false,
+            interval_ms: 1000,
             spare: u64::MAX,
             now_ms: 1000,
             since_ms: 1000,

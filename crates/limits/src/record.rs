@@ -130,6 +130,16 @@ pub struct Ledger {
     /// lease is in use and a quiet moment after an early round does not give it back (set by
     /// `ledger::note_demand` for fixed windows only).
     pub busy: bool,
+    /// The last answer was to an ask for a part of a filling fixed window (`Ask::rest`): the
+    /// lease asks again at half only if that answer left room to grow it.
+    pub split: bool,
+    /// Units that wanted this tier since the last periodic round, and in the interval before
+    /// it (saturating); `steady`: the lesser of the last two complete intervals, the demand an
+    /// interval that sizes a fixed window's forecast until its end (`ledger::Sizing`). Kept
+    /// across windows.
+    pub interval_demand: u32,
+    pub last_interval: u32,
+    pub steady: u32,
 }
 
 /// Counts of a window record that could not stay in its counter (the counter was evicted,
@@ -208,6 +218,9 @@ impl Ledger {
             // yet is asked for here, and those an answer could not grant ask again
             need_milli: self.need_milli,
             asking: self.need_milli > 0,
+            interval_demand: self.interval_demand,
+            last_interval: self.last_interval,
+            steady: self.steady,
             ..Ledger::default()
         };
         orphan

@@ -295,6 +295,12 @@ impl Accounts {
                 periodic: when.periodic,
                 bucket: counters.algorithm().is_bucket(),
                 spare: ledger::spare(tier.threshold, counters.algorithm()),
+                // (a small fixed window's: larger ones keep the spare budget alone, where a
+                // simulated fleet whose load stopped at once refused under 0.9 x threshold
+                // while the others' parts went back)
+                fixed: counters.algorithm() == Algorithm::FixedWindow
+                    && tier.threshold < ledger::SMALL_FIXED_UNDER,
+                interval_ms: settings.sync_interval.as_millis() as u64,
             };
             if st.ledger.count_full && st.ledger.drained_ms < when.adjusted_ms {
                 // an operator may have reset or granted its window since it last asked: it
@@ -354,6 +360,7 @@ impl Accounts {
                 previous: true,
                 adopt: 0,
                 direct: orphan.direct,
+                rest: 0,
                 count: !orphan.leased,
                 first: false,
                 log: rc.algorithm() == Algorithm::SlidingLog,
@@ -466,6 +473,7 @@ impl Accounts {
             direct_cap: ledger::direct_cap(threshold, counters.algorithm(), self.fleet.instances()),
             instances: self.fleet.instances_assumed(),
             direct_each: ledger::direct_each(threshold, counters.algorithm()),
+            rest: ask.rest,
             ..LedgerUpdate::default()
         };
         if bucket {

@@ -90,6 +90,7 @@ mod tests {
                 direct_cap: 0,
                 instances: 0,
                 direct_each: 0,
+                rest: 0,
                 since_ms: 0,
             })
         };

@@ -304,6 +304,10 @@ pub struct LedgerUpdate {
     /// `direct_cap`, that much for each instance not yet among the ledger's members.
     pub instances: u64,
     pub direct_each: u64,
+    /// Fixed windows: the member's steady demand until the window's end (`ledger::Ask::rest`,
+    /// within `want`; 0: none): when the members' demands fill what is left, the script leases
+    /// each its part of it at once.
+    pub rest: u64,
     /// Token buckets: what this member admitted and Redis has not charged yet was admitted
     /// at or after this instant (ms; 0: now). Charged from then, so that tokens admitted
     /// while Redis was out of reach refill as they would have (see `script::BUCKETS`).

@@ -48,7 +48,7 @@ const COMMON_ARGS: [(&str, Kind); 8] = [
     ("spare", Number),
 ];
 
-const WINDOW_ARGS: [(&str, Kind); 6] = [
+const WINDOW_ARGS: [(&str, Kind); 7] = [
     // the threshold
     ("cap", Number),
     // a sliding window: how much of the previous window still weighs (ms of `period_ms`);
@@ -61,6 +61,9 @@ const WINDOW_ARGS: [(&str, Kind); 6] = [
     ("instances", Number),
     // what a direct record may hold admitted and unreported (`ledger::direct_allowance`)
     ("direct_each", Number),
+    // a fixed window: the member's steady demand until the window's end, within `want` (0:
+    // none)
+    ("rest", Number),
 ];
 
 const BUCKET_ARGS: [(&str, Kind); 6] = [
@@ -274,9 +277,10 @@ local function others(u, c, e, d)
   return held, active, wanted
 end
 -- the lease out of `avail`: keep what this member holds up to what it wants, then the
--- requests waiting (`need`) from all that is free, then its part of the spare budget; written
--- to the ledger. Returns the ceiling, the fair part and what is left.
-local function lease(c, e, mine, avail, held, active, wanted)
+-- requests waiting (`need`) from all that is free, then its part of the spare budget, or
+-- (`split`, a fixed window filling) at least that much unused; written to the ledger.
+-- Returns the ceiling, the fair part and what is left.
+local function lease(c, e, mine, avail, held, active, wanted, split)
   local keep = mine
   if c[member] and (e[member] or 0) > now_ms then keep = math.max(mine, math.min(want, c[member])) end
   local desire = math.max(want - mine, 0)
@@ -289,6 +293,7 @@ local function lease(c, e, mine, avail, held, active, wanted)
   local n = math.max(math.min(mine + need - keep, free), 0)
   local f = math.min(want - keep - n, free - n, fair - (keep - mine), spare - held - (keep - mine))
   local ceiling = keep + n + math.max(f, 0)
+  if split > 0 then ceiling = math.max(ceiling, mine + math.min(split, avail)) end
   local until_ms = lease_until_ms
   if want <= mine then until_ms = now_ms end
   redis.call('HSET', KEY_LEDGER, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire)
@@ -340,7 +345,21 @@ if direct_cap > 0 then
   end
 end
 local held, active, wanted = others(u, c, e, d)
-local ceiling, fair, left = lease(c, e, mine, cap - total - held - reserve, held, active, wanted)
+-- a fixed window filling: when this member's steady demand until the window's end and the
+-- others' fill what nobody has admitted, it holds its part of that at once; each other
+-- instance is taken to want at least as much as this one (what a member asked last may be
+-- from before its demand grew; an instance that holds no lease may ask next)
+local split = 0
+if rest > 0 then
+  local desire = math.max(want - mine, 0)
+  local pool = cap - total - reserve
+  local demand = desire + math.max(instances - 1 - active, 0) * desire
+  for id in pairs(c) do
+    if id ~= member and (e[id] or 0) > now_ms then demand = demand + math.max(d[id] or 0, desire) end
+  end
+  if demand >= pool and pool > 0 then split = math.floor(pool * desire / demand) end
+end
+local ceiling, fair, left = lease(c, e, mine, cap - total - held - reserve, held, active, wanted, split)
 return answer(total, ceiling, fair, left, held, prev, grant, {})
 "#;
 
@@ -368,7 +387,7 @@ for id, ceiling in pairs(pc) do
 end
 if charge > 0 then tat = math.max(tat, from) + charge * bucket_us end
 local avail = math.floor((nowus + tolerance_us - math.max(tat, nowus)) / bucket_us) - held
-local ceiling, fair, left = lease(c, e, mine, avail, held, active, wanted)
+local ceiling, fair, left = lease(c, e, mine, avail, held, active, wanted, 0)
 redis.call('HSET', KEY_LEDGER, 't:' .. member, mine)
 redis.call('SET', KEY_BUCKET, string.format('%.0f', tat))
 redis.call('PEXPIREAT', KEY_BUCKET, string.format('%.0f', math.ceil(math.max(tat, nowus) / 1000) + period_ms + 10000))
@@ -416,7 +435,7 @@ if KEY_PREV_LEDGER ~= KEY_LEDGER then
   cap = cap - prev
 end
 local held, active, wanted = others(u, c, e, d)
-local ceiling, fair, left = lease(c, e, mine, cap - total - held, held, active, wanted)
+local ceiling, fair, left = lease(c, e, mine, cap - total - held, held, active, wanted, 0)
 return answer(total, ceiling, fair, left, held, prev, grant, steps)
 "#;
 
@@ -469,7 +488,8 @@ pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
             .push("period_ms", u.period_ms)
             .push("direct_cap", u.direct_cap)
             .push("instances", u.instances)
-            .push("direct_each", u.direct_each),
+            .push("direct_each", u.direct_each)
+            .push("rest", u.rest),
         Family::Buckets => a
             .push("period_ms", u.period_ms)
             .push("bucket_us", bucket_arg(u.bucket_ns))
