@@ -775,16 +775,7 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     if l.current.gen == 0 || !include {
         return None;
     }
-    let forecast = if l.demand == 0 {
-        0
-    } else {
-        // demand per ms over the horizon and a half, at least one request
-        let d =
-            u128::from(l.demand) * u128::from(horizon_ms) * 3 / (2 * u128::from(since_ms.max(1)));
-        u64::try_from(d)
-            .unwrap_or(u64::MAX)
-            .clamp(1, sizing.spare.max(1))
-    };
+    let forecast = forecast(l.demand, horizon_ms, since_ms, sizing.spare);
     let need = l.need();
     let rest = rest(l.steady, sizing);
     let mut want = l
@@ -829,6 +820,16 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
         first: false,
         log: false,
     })
+}
+
+/// The demand since the last drain (over `since_ms`) over the horizon and a half: at least one
+/// request, at most the spare budget (0 without demand).
+fn forecast(demand: u64, horizon_ms: u64, since_ms: u64, spare: u64) -> u64 {
+    if demand == 0 {
+        return 0;
+    }
+    let d = u128::from(demand) * u128::from(horizon_ms) * 3 / (2 * u128::from(since_ms.max(1)));
+    u64::try_from(d).unwrap_or(u64::MAX).clamp(1, spare.max(1))
 }
 
 /// A fixed window's steady demand until its end (`Ask::rest`): `steady` units an interval,
