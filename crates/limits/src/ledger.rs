@@ -770,8 +770,15 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
     // comes back only as leases are given back there, or as time passes)
     let full = l.short >= 2 && l.demand > 0;
+    // a part of a filling fixed window in use and less than half used reports its count at
+    // half of it, not at periodic rounds before (what it holds is its own meanwhile; past
+    // half, the others' asks need its count to tell the fleet's truth)
+    let fresh = l.split
+        && busy
+        && 2 * l.current.used.saturating_sub(l.lease_from) < l.ceiling.saturating_sub(l.lease_from);
+    let report = unsent && !fresh;
     let include =
-        l.asking || l.need_milli > 0 || (sizing.periodic && (unsent || give_back || full));
+        l.asking || l.need_milli > 0 || (sizing.periodic && (report || give_back || full));
     if l.current.gen == 0 || !include {
         return None;
     }
@@ -1705,6 +1712,44 @@ mod tests {
         s.ledger.asking = true;
         let [_, ask] = drain(&mut s, day);
         assert_eq!(ask.map(|a| a.rest), Some(13 * REST_INTERVALS));
+    }
+
+    #[test]
+    fn a_part_of_a_filling_window_reports_at_periodic_rounds_only_past_half_of_it() {
+        let sizing = |now_ms| Sizing {
+            fixed: true,
+            interval_ms: 1000,
+            spare: 20,
+            now_ms,
+            since_ms: 1000,
+            horizon_ms: 1200,
+            left_ms: 5000,
+            periodic: true,
+            bucket: false,
+        };
+        let mut s = state();
+        s.ledger.fair = 7;
+        s.ledger.split = true;
+        s.ledger.ceiling = 66;
+        s.ledger.drained_ms = 1000;
+        // a third of it used, requests still coming: its count waits
+        s.ledger.current.used = 22;
+        note_demand(&mut s, 22, Algorithm::FixedWindow);
+        assert_eq!(drain(&mut s, sizing(2000)), [None, None]);
+        // past half: the periodic round reports it
+        s.ledger.current.used = 34;
+        note_demand(&mut s, 12, Algorithm::FixedWindow);
+        let [_, Some(ask)] = drain(&mut s, sizing(3000)) else {
+            panic!("past half of its part, the record reports")
+        };
+        assert_eq!(ask.used, 34);
+        // a spare-budget lease (not a part) reports at every periodic round, as before
+        let mut t = state();
+        t.ledger.fair = 7;
+        t.ledger.ceiling = 66;
+        t.ledger.current.used = 22;
+        note_demand(&mut t, 22, Algorithm::FixedWindow);
+        assert!(drain(&mut t, sizing(2000))[1].is_some());
     }
 
     #[test]
