@@ -1672,9 +1672,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_fixed_windows_ask_carries_its_steady_demand_until_the_windows_end() {
-        let sizing = |now_ms, fixed| Sizing {
+    /// A periodic round's sizing, 5 s before the window's end, sync every second.
+    fn periodic_sizing(now_ms: u64, fixed: bool) -> Sizing {
+        Sizing {
             fixed,
             interval_ms: 1000,
             spare: 20,
@@ -1684,7 +1684,12 @@ mod tests {
             left_ms: 5000,
             periodic: true,
             bucket: false,
-        };
+        }
+    }
+
+    #[test]
+    fn a_fixed_windows_ask_carries_its_steady_demand_until_the_windows_end() {
+        let sizing = periodic_sizing;
         let mut s = state();
         s.ledger.drained_ms = 1000;
         let interval = |s: &mut TierState, demand: u64, now_ms: u64, fixed: bool| {
@@ -1716,17 +1721,7 @@ mod tests {
 
     #[test]
     fn a_part_of_a_filling_window_reports_at_periodic_rounds_only_past_half_of_it() {
-        let sizing = |now_ms| Sizing {
-            fixed: true,
-            interval_ms: 1000,
-            spare: 20,
-            now_ms,
-            since_ms: 1000,
-            horizon_ms: 1200,
-            left_ms: 5000,
-            periodic: true,
-            bucket: false,
-        };
+        let sizing = |now_ms| periodic_sizing(now_ms, true);
         let mut s = state();
         s.ledger.fair = 7;
         s.ledger.split = true;
