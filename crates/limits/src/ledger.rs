@@ -589,8 +589,8 @@ pub struct Ask {
     pub direct: u64,
     /// A fixed window's steady demand until the window's end, within `want` (0: none, or
     /// not a fixed window): when the members' such demands fill what is left, Redis leases
-    /// each its part of it at once (`script::WINDOWS`), so that a filling window costs about
-    /// one call per instance.
+    /// each its part of it at once (`script::WINDOWS`), so that a filling window costs a few
+    /// calls per instance rather than one for each of the spare budget's small leases.
     pub rest: u64,
     /// A direct record: `used - confirmed` goes as a plain increment (`first`: the key is not
     /// known to exist yet), with no lease asked.
@@ -651,9 +651,9 @@ pub struct Sizing {
     /// no more (an unused lease is then kept at most that far past what waits: what was leased
     /// for requests that went elsewhere goes back at once).
     pub spare: u64,
-    /// A fixed window under `SMALL_FIXED_UNDER`: an ask may also carry the steady demand until the window's end
-    /// (`Ask::rest`), at `interval_ms` (the time between periodic rounds) per
-    /// `Ledger::steady`, looking at most `REST_INTERVALS` intervals ahead.
+    /// A fixed window under `SMALL_FIXED_UNDER`: an ask may also carry the steady demand
+    /// until the window's end (`Ask::rest`), at `interval_ms` (the time between periodic
+    /// rounds) per `Ledger::steady`, looking at most `REST_INTERVALS` intervals ahead.
     pub fixed: bool,
     pub interval_ms: u64,
 }
