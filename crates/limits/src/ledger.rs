@@ -651,11 +651,18 @@ pub struct Sizing {
     /// no more (an unused lease is then kept at most that far past what waits: what was leased
     /// for requests that went elsewhere goes back at once).
     pub spare: u64,
-    /// A fixed window under `SMALL_FIXED_UNDER`: an ask may also carry the steady demand
-    /// until the window's end (`Ask::rest`), at `interval_ms` (the time between periodic
-    /// rounds) per `Ledger::steady`, looking at most `REST_INTERVALS` intervals ahead.
-    pub fixed: bool,
+    /// The tier takes parts of a filling window (`parts`): an ask may also carry the steady
+    /// demand until the window's end (`Ask::rest`), at `interval_ms` (the time between
+    /// periodic rounds) per `Ledger::steady`, looking at most `REST_INTERVALS` intervals ahead.
+    pub parts: bool,
     pub interval_ms: u64,
+}
+
+/// Whether a tier's records take parts of a filling window (`Ask::rest`): fixed windows under
+/// `SMALL_FIXED_UNDER` (chosen by simulation: with parts at any threshold, a fleet whose load
+/// stopped at once refused under 0.9 x threshold while the others' parts went back).
+pub fn parts(threshold: u64, algorithm: Algorithm) -> bool {
+    algorithm == Algorithm::FixedWindow && threshold < SMALL_FIXED_UNDER
 }
 
 /// How many intervals ahead a fixed window's steady demand is forecast at most (a lease of a
@@ -842,7 +849,7 @@ fn forecast(demand: u64, horizon_ms: u64, since_ms: u64, spare: u64) -> u64 {
 /// A fixed window's steady demand until its end (`Ask::rest`): `steady` units an interval,
 /// over what is left of the window (at most `REST_INTERVALS` intervals).
 fn rest(steady: u32, sizing: &Sizing) -> u64 {
-    if !sizing.fixed || steady == 0 || sizing.interval_ms == 0 {
+    if !sizing.parts || steady == 0 || sizing.interval_ms == 0 {
         return 0;
     }
     let ahead = sizing
@@ -1018,7 +1025,7 @@ mod tests {
         }
         assert_eq!(room(&s, &t, fixed, n, None), None, "no total known yet");
         let sizing = Sizing {
-            fixed: false,
+            parts: false,
             interval_ms: 1000,
             spare: u64::MAX,
             now_ms: 1000,
@@ -1108,7 +1115,7 @@ mod tests {
     #[test]
     fn after_an_outage_leased_records_report_their_whole_counts_again() {
         let sizing = Sizing {
-            fixed: false,
+            parts: false,
             interval_ms: 1000,
             spare: 10,
             now_ms: 12_000,
@@ -1352,7 +1359,7 @@ mod tests {
         s.ledger.demand = 2000;
         s.ledger.drained_ms = 900;
         let periodic = Sizing {
-            fixed: false,
+            parts: false,
             interval_ms: 1000,
             spare: spare(3000, Algorithm::FixedWindow),
             now_ms: 1000,
@@ -1380,7 +1387,7 @@ mod tests {
         s.ledger.ceiling = 40;
         s.ledger.need_milli = 20_000;
         let sizing = Sizing {
-            fixed: false,
+            parts: false,
             interval_ms: 1000,
             spare: spare(100, Algorithm::FixedWindow),
             now_ms: 19_990,
@@ -1442,7 +1449,7 @@ mod tests {
             note_hold(&mut s, true, 1);
         }
         let sizing = Sizing {
-            fixed: false,
+            parts: false,
             interval_ms: 1000,
             spare: spare(3000, Algorithm::FixedWindow),
             now_ms: 10_100,
@@ -1553,7 +1560,7 @@ mod tests {
         s.ledger.demand = 10; // 10 in the last 100 ms: 0.1/ms x 250 ms x 1.5 = 37
         s.ledger.drained_ms = 900;
         let early = Sizing {
-            fixed: false,
+            parts: false,
             interval_ms: 1000,
             spare: u64::MAX,
             now_ms: 1000,
@@ -1627,7 +1634,7 @@ mod tests {
     #[test]
     fn a_fixed_windows_lease_in_use_stays_through_a_quiet_moment() {
         let sizing = |now_ms, periodic| Sizing {
-            fixed: false,
+            parts: false,
             interval_ms: 1000,
             spare: u64::MAX,
             now_ms,
@@ -1673,9 +1680,9 @@ mod tests {
     }
 
     /// A periodic round's sizing, 5 s before the window's end, sync every second.
-    fn periodic_sizing(now_ms: u64, fixed: bool) -> Sizing {
+    fn periodic_sizing(now_ms: u64, parts: bool) -> Sizing {
         Sizing {
-            fixed,
+            parts,
             interval_ms: 1000,
             spare: 20,
             now_ms,
@@ -1705,7 +1712,7 @@ mod tests {
         // it
         assert_eq!(interval(&mut s, 500, 4000, true), 65);
         assert_eq!(interval(&mut s, 0, 5000, true), 0);
-        // not a fixed window: never
+        // not a tier that takes parts: never
         interval(&mut s, 13, 6000, false);
         assert_eq!(interval(&mut s, 13, 7000, false), 0);
         // and it looks no further than `REST_INTERVALS` intervals (a day's window)
@@ -1717,6 +1724,33 @@ mod tests {
         s.ledger.asking = true;
         let [_, ask] = drain(&mut s, day);
         assert_eq!(ask.map(|a| a.rest), Some(13 * REST_INTERVALS));
+    }
+
+    #[test]
+    fn only_small_fixed_windows_take_parts_of_a_filling_window() {
+        assert!(parts(499, Algorithm::FixedWindow));
+        assert!(!parts(SMALL_FIXED_UNDER, Algorithm::FixedWindow));
+        for a in [
+            Algorithm::SlidingWindow,
+            Algorithm::TokenBucket,
+            Algorithm::LeakyBucket,
+            Algorithm::SlidingLog,
+        ] {
+            assert!(!parts(200, a), "{a:?}");
+        }
+    }
+
+    #[test]
+    fn a_part_asks_again_at_half_only_if_its_answer_left_room_to_grow_it() {
+        for (split, room, asks) in [(true, 0, false), (true, 33, true), (false, 0, true)] {
+            let mut s = state();
+            s.ledger.fair = 7;
+            s.ledger.ceiling = 66;
+            s.ledger.split = split;
+            s.ledger.room = room;
+            let asked = (0..33).fold(false, |_, _| commit(&mut s, Admitted::Leased, 1));
+            assert_eq!(asked, asks, "split {split}, room {room}");
+        }
     }
 
     #[test]
@@ -1754,7 +1788,7 @@ mod tests {
         s.current = 7;
         s.ledger.demand = 1;
         let sizing = Sizing {
-            fixed: false,
+            parts: false,
             interval_ms: 1000,
             spare: u64::MAX,
             now_ms: 1000,

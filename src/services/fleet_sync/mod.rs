@@ -295,11 +295,7 @@ impl Accounts {
                 periodic: when.periodic,
                 bucket: counters.algorithm().is_bucket(),
                 spare: ledger::spare(tier.threshold, counters.algorithm()),
-                // (a small fixed window's: larger ones keep the spare budget alone, where a
-                // simulated fleet whose load stopped at once refused under 0.9 x threshold
-                // while the others' parts went back)
-                fixed: counters.algorithm() == Algorithm::FixedWindow
-                    && tier.threshold < ledger::SMALL_FIXED_UNDER,
+                parts: ledger::parts(tier.threshold, counters.algorithm()),
                 interval_ms: settings.sync_interval.as_millis() as u64,
             };
             if st.ledger.count_full && st.ledger.drained_ms < when.adjusted_ms {
