@@ -1698,10 +1698,11 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     eprintln!("seed scenario, one tenant: {mean:.2} script calls per second (seeds: {calls:.2?})");
     // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
     // since; 3.80 since a filling fixed window leases each instance its part at once
-    // (`Ask::rest`), 3.00 since such a part reports at periodic rounds only past half of it
-    // (deterministic: the same seeds give the same figure)
+    // (`Ask::rest`), 3.00 since such a part reports at periodic rounds only past half of it,
+    // 2.70 since the spare budget's part takes each other member to want at least as much as
+    // the asker (deterministic: the same seeds give the same figure)
     assert!(
-        mean <= 3.2,
+        mean <= 2.9,
         "the seed scenario asks Redis more than it did: {mean:.2} script calls a second"
     );
 }

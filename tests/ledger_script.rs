@@ -316,6 +316,79 @@ fn a_filling_fixed_window_leases_each_member_its_part_at_once() {
 }
 
 #[test]
+fn the_spare_budget_takes_each_other_member_to_want_at_least_as_much_as_the_asker() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    let key = "t:{p}:w:0:1000";
+    let ask = |member: &str, want: u64| LedgerUpdate {
+        spare: 20,
+        ..window_update(key, member, 0, want, 200)
+    };
+    // two members' first asks, for 2 each (their load just began)
+    for m in ["b.1", "c.1"] {
+        assert_eq!(eval(&mut conn, &ask(m, 2)).ceiling, 2, "{m}");
+    }
+    // the third asks for 20 as its load grew (so will theirs): a third of the spare budget,
+    // not 20 x 20 / (20 + 2 + 2), which left the others 1 a call until it was used
+    let a = eval(&mut conn, &ask("a.1", 20));
+    assert_eq!((a.ceiling, a.fair), (7, 7), "{a:?}");
+    // and the others, asking for 20 in turn, get as much
+    let b = eval(&mut conn, &ask("b.1", 20));
+    assert_eq!(b.ceiling, 7, "{b:?}");
+}
+
+#[test]
+fn each_key_gets_its_expiry_when_written_first_not_at_every_call() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).expect("client");
+    let mut conn = client.get_connection().expect("connection");
+    let key = "t:{p}:x:0:1000";
+    let ledger = format!("{key}:fleet");
+    let ask = |member: &str, used: u64| LedgerUpdate {
+        expire_at_ms: NOW + 20_000,
+        ..window_update(key, member, used, used + 10, 200)
+    };
+    let pexpireats = |conn: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(conn)
+            .expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_pexpireat:calls="))
+            .and_then(|l| l.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let ttls = || {
+        (
+            redis.int(&["PTTL", key]) > 0,
+            redis.int(&["PTTL", &ledger]) > 0,
+        )
+    };
+    eval(&mut conn, &ask("a.1", 5));
+    assert_eq!(
+        ttls(),
+        (true, true),
+        "the count and the ledger a first call wrote"
+    );
+    // the same member's later calls, reports included, set no expiry again; another
+    // member's first lease sets the ledger's
+    let before = pexpireats(&mut conn);
+    for used in 6..16 {
+        eval(&mut conn, &ask("a.1", used));
+    }
+    assert_eq!(pexpireats(&mut conn), before);
+    eval(&mut conn, &ask("b.1", 3));
+    assert_eq!(pexpireats(&mut conn), before + 1, "the ledger's, once");
+    // keys Redis lost (a restart, an eviction) are written again with their expiry
+    redis.int(&["DEL", key, &ledger]);
+    let a = eval(&mut conn, &ask("a.1", 17));
+    assert_eq!(a.total, 17, "the count, reported again whole");
+    assert_eq!(ttls(), (true, true));
+}
+
+#[test]
 fn what_direct_records_may_still_report_is_kept_out_of_leases_until_the_total_passes_it() {
     let redis = RedisServer::start();
     let client = redis::Client::open(redis.url()).expect("client");

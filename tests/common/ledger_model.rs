@@ -125,6 +125,7 @@ pub fn ledger_model(
     } else {
         0
     };
+    let desire = (want - mine).max(0);
     let (mut held, mut active, mut wanted) = (0, 0, 0);
     for (name, &ceiling) in h.iter() {
         let Some(id) = name.strip_prefix("c:") else {
@@ -133,7 +134,7 @@ pub fn ledger_model(
         if id != up.member && get(h, "e", id).unwrap_or(0) > now {
             active += 1;
             held += (ceiling - get(h, "u", id).unwrap_or(0)).max(0);
-            wanted += get(h, "d", id).unwrap_or(0);
+            wanted += get(h, "d", id).unwrap_or(0).max(desire);
         }
     }
     let mut keep = mine;
@@ -142,7 +143,6 @@ pub fn ledger_model(
             keep = mine.max(want.min(c));
         }
     }
-    let desire = (want - mine).max(0);
     let fair_part = |avail: i64| {
         if active > 0 {
             // as Lua computes it, in floating point
@@ -186,14 +186,7 @@ pub fn ledger_model(
     if up.rest > 0 && up.bucket_ns == 0 && up.log.bucket_ms == 0 {
         let pool = cap - total - reserve;
         let others = (as_i(up.instances) - 1 - active).max(0);
-        let mut demand = desire + others * desire;
-        for (name, _) in h.iter() {
-            if let Some(id) = name.strip_prefix("c:") {
-                if id != up.member && get(h, "e", id).unwrap_or(0) > now {
-                    demand += get(h, "d", id).unwrap_or(0).max(desire);
-                }
-            }
-        }
+        let demand = desire + others * desire + wanted;
         if demand >= pool && pool > 0 {
             // as Lua computes it, in floating point
             let split = (pool as f64 * desire as f64 / demand as f64).floor() as i64;

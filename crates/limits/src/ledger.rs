@@ -786,7 +786,7 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     let report = unsent && !fresh;
     let include =
         l.asking || l.need_milli > 0 || (sizing.periodic && (report || give_back || full));
-    if l.current.gen == 0 || !include {
+    if l.current.gen == 0 || !include || (!sizing.periodic && waiting(l, sizing.now_ms)) {
         return None;
     }
     let forecast = forecast(l.demand, horizon_ms, since_ms, sizing.spare);
@@ -834,6 +834,18 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
         first: false,
         log: false,
     })
+}
+
+/// How long a record whose part of a filling window is used up waits before it asks again
+/// (`Ledger::waits`), by how many answers in a row left it waiting on the others: what it
+/// waits for comes only with their rounds, so asking at every early round would cost Redis a
+/// call each 50 ms and gain nothing (a periodic round carries it anyway).
+pub const WAIT_GAPS_MS: [u64; 4] = [0, 0, 100, 200];
+
+/// The record waits on the others and asked too recently to ask again (`WAIT_GAPS_MS`).
+fn waiting(l: &Ledger, now_ms: u64) -> bool {
+    let gap = WAIT_GAPS_MS[usize::from(l.waits).min(WAIT_GAPS_MS.len() - 1)];
+    l.short == 1 && now_ms < l.settled_ms.saturating_add(gap)
 }
 
 /// The demand since the last drain (over `since_ms`) over the horizon and a half: at least one
@@ -927,7 +939,7 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         l.granted_waiting = !ask.log && ask.need > 0 && ceiling > ask.used;
         l.split = ask.rest > 0;
         l.rehold = false;
-        l.short = if ceiling >= ask.used + ask.need {
+        let short = if ceiling >= ask.used + ask.need {
             0
         } else if answer.held > 0 && under {
             // the answer could not grant what waited, but the fleet has admitted under 0.9 x
@@ -938,6 +950,14 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         } else {
             l.short.saturating_add(1)
         };
+        let past_half = answer.total.saturating_mul(2) >= threshold.saturating_add(l.grant);
+        l.waits = if short == 1 && l.split && past_half {
+            l.waits.saturating_add(1)
+        } else {
+            0
+        };
+        l.short = short;
+
         // requests held since the ask was drained (counted for the next one) are admitted out
         // of what it granted past this instance's count and the requests it asked for: the
         // next ask counts only those that will still wait
@@ -1779,6 +1799,63 @@ mod tests {
         t.ledger.current.used = 22;
         note_demand(&mut t, 22, Algorithm::FixedWindow);
         assert!(drain(&mut t, sizing(2000))[1].is_some());
+    }
+
+    #[test]
+    fn a_used_part_waiting_on_the_others_asks_again_less_and_less_often() {
+        let early = |now_ms| Sizing {
+            periodic: false,
+            ..periodic_sizing(now_ms, true)
+        };
+        // the answer to a part's ask: nothing more, the others hold 20 unused, the fleet at
+        // `total` of 200
+        let wait = |s: &mut TierState, ask: &Ask, total: u64| {
+            let answer = Answer {
+                total,
+                ceiling: 66,
+                fair: 1,
+                room: 0,
+                held: 20,
+                prev: 0,
+                grant: 0,
+                steps: Default::default(),
+            };
+            apply(s, ask, answer, (10_000, 200));
+            assert_eq!(s.ledger.short, 1, "the requests wait on");
+            note_hold(s, false, 1);
+        };
+        let mut s = state();
+        s.ledger.steady = 13;
+        s.ledger.ceiling = 66;
+        s.ledger.current.used = 66;
+        note_demand(&mut s, 1, Algorithm::FixedWindow);
+        note_hold(&mut s, true, 1);
+        // past half of the cap: after the first answer that leaves it waiting, the next early
+        // round; after the second, 100 ms; then 200 ms (`WAIT_GAPS_MS`)
+        let mut asks = Vec::new();
+        for now_ms in (5000..5700).step_by(50) {
+            if let [_, Some(ask)] = drain(&mut s, early(now_ms)) {
+                assert!(ask.rest > 0, "a part");
+                asks.push(now_ms);
+                wait(&mut s, &ask, 150);
+            }
+        }
+        assert_eq!(asks, [5000, 5050, 5150, 5350, 5550]);
+        // a periodic round carries it whenever it comes
+        assert!(drain(&mut s, periodic_sizing(5650, true))[1].is_some());
+        // under half of the cap (a refusal there would be one under 0.9 x threshold: what
+        // the others hold may come back at any round), it asks at every early round
+        let mut t = state();
+        t.ledger.steady = 13;
+        t.ledger.ceiling = 66;
+        t.ledger.current.used = 66;
+        note_hold(&mut t, true, 1);
+        for now_ms in (5000..5300).step_by(50) {
+            let [_, Some(ask)] = drain(&mut t, early(now_ms)) else {
+                panic!("under half of the cap, the record asks at {now_ms}")
+            };
+            wait(&mut t, &ask, 90);
+        }
     }
 
     #[test]

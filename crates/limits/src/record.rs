@@ -133,6 +133,10 @@ pub struct Ledger {
     /// The last answer was to an ask for a part of a filling fixed window (`Ask::rest`): the
     /// lease asks again at half only if that answer left room to grow it.
     pub split: bool,
+    /// How many answers in a row left this record's part of a filling window used up, waiting
+    /// on the others (`short` 1) with the fleet past half its cap: it asks again after
+    /// `ledger::WAIT_GAPS_MS` of that many, not at every early round.
+    pub waits: u8,
     /// Units that wanted this tier since the last periodic round, and in the interval before
     /// it (saturating); `steady`: the lesser of the last two complete intervals, the demand an
     /// interval that sizes a fixed window's forecast until its end (`ledger::Sizing`). Kept

@@ -255,23 +255,27 @@ local function fields(key)
   return u, c, e, d, t, g
 end
 -- report the cumulative count: only its growth reaches the count (re-sending changes
--- nothing); returns the member's count as the ledger now holds it
+-- nothing; a count this growth created gets its expiry); returns the member's count, which
+-- `lease` writes to the ledger
 local function report(mine)
   if used <= mine then return mine end
-  redis.call('INCRBY', KEY_COUNT, used - mine)
-  redis.call('HSET', KEY_LEDGER, 'u:' .. member, used)
+  if redis.call('INCRBY', KEY_COUNT, used - mine) == used - mine then
+    redis.call('PEXPIREAT', KEY_COUNT, expire_at_ms)
+  end
   return used
 end
 -- what the other members hold leased and unused while their leases last, how many hold one,
--- and what they asked for beyond their counts
-local function others(u, c, e, d)
-  local held, active, wanted = 0, 0, 0
+-- and what they asked for beyond their counts, each taken to want at least `desire` (what
+-- this member wants beyond its count `mine`): what a member asked last may be from before
+-- its demand grew
+local function others(u, c, e, d, mine)
+  local held, active, wanted, desire = 0, 0, 0, math.max(want - mine, 0)
   for id, ceiling in pairs(c) do
     if id ~= member and (e[id] or 0) > now_ms then
       active = active + 1
       local out = ceiling - (u[id] or 0)
       if out > 0 then held = held + out end
-      wanted = wanted + (d[id] or 0)
+      wanted = wanted + math.max(d[id] or 0, desire)
     end
   end
   return held, active, wanted
@@ -296,14 +300,15 @@ local function lease(c, e, mine, avail, held, active, wanted, split)
   if split > 0 then ceiling = math.max(ceiling, mine + math.min(split, avail)) end
   local until_ms = lease_until_ms
   if want <= mine then until_ms = now_ms end
-  redis.call('HSET', KEY_LEDGER, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire)
+  redis.call('HSET', KEY_LEDGER, 'u:' .. member, mine, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire)
   return ceiling, fair, avail - (ceiling - mine)
 end
--- the keys' expiry, and the answer: {total, ceiling, fair, room, held, prev, grant} and (a
--- sliding log) the previous window's first buckets still in the span (bucket, units, ...)
-local function answer(total, ceiling, fair, left, held, prev, grant, steps)
-  redis.call('PEXPIREAT', KEY_COUNT, expire_at_ms)
-  redis.call('PEXPIREAT', KEY_LEDGER, expire_at_ms)
+-- the ledger's expiry (`first`: the member's first lease in it, which a ledger lost and
+-- written again also is), and the answer: {total, ceiling, fair, room, held, prev, grant}
+-- and (a sliding log) the previous window's first buckets still in the span (bucket, units,
+-- ...)
+local function answer(first, total, ceiling, fair, left, held, prev, grant, steps)
+  if first then redis.call('PEXPIREAT', KEY_LEDGER, expire_at_ms) end
   local out = {total, ceiling, math.max(fair, 0), math.max(left, 0), held, prev, grant}
   for k = 1, math.min(#steps, 8) do
     out[#out + 1] = steps[k][1]
@@ -319,6 +324,7 @@ end
 /// may still report is kept out of leases.
 const WINDOWS: &str = r#"
 local u, c, e, d, _, grant = fields(KEY_LEDGER)
+local first = not c[member]
 cap = cap + grant
 local mine = report(u[member] or 0)
 local total = tonumber(redis.call('GET', KEY_COUNT) or '0')
@@ -344,7 +350,7 @@ if direct_cap > 0 then
     reserve = math.min(reserve, math.max(instances - members, 0) * direct_each)
   end
 end
-local held, active, wanted = others(u, c, e, d)
+local held, active, wanted = others(u, c, e, d, mine)
 -- a fixed window filling: when this member's steady demand until the window's end and the
 -- others' fill what nobody has admitted, it holds its part of that at once; each other
 -- instance is taken to want at least as much as this one (what a member asked last may be
@@ -353,14 +359,11 @@ local split = 0
 if rest > 0 then
   local desire = math.max(want - mine, 0)
   local pool = cap - total - reserve
-  local demand = desire + math.max(instances - 1 - active, 0) * desire
-  for id in pairs(c) do
-    if id ~= member and (e[id] or 0) > now_ms then demand = demand + math.max(d[id] or 0, desire) end
-  end
+  local demand = desire + math.max(instances - 1 - active, 0) * desire + wanted
   if demand >= pool and pool > 0 then split = math.floor(pool * desire / demand) end
 end
 local ceiling, fair, left = lease(c, e, mine, cap - total - held - reserve, held, active, wanted, split)
-return answer(total, ceiling, fair, left, held, prev, grant, {})
+return answer(first, total, ceiling, fair, left, held, prev, grant, {})
 "#;
 
 /// Token and leaky buckets: the cap is the tokens of a bucket kept in Redis (the time at which
@@ -369,10 +372,11 @@ return answer(total, ceiling, fair, left, held, prev, grant, {})
 /// previous window's. Tokens admitted beyond what was charged are charged from `since_ms`.
 const BUCKETS: &str = r#"
 local u, c, e, d, t, grant = fields(KEY_LEDGER)
+local first = not c[member]
 if adopt > 0 and not c[member] then c[member] = adopt; e[member] = tonumber(lease_until_ms) end
 local mine = report(u[member] or 0)
 local total = tonumber(redis.call('GET', KEY_COUNT) or '0')
-local held, active, wanted = others(u, c, e, d)
+local held, active, wanted = others(u, c, e, d, mine)
 local nowus = now_ms * 1000
 local charge = mine - (t[member] or confirmed)
 -- admitted tokens count from when they can first have come: behind the others' tokens
@@ -391,13 +395,14 @@ local ceiling, fair, left = lease(c, e, mine, avail, held, active, wanted, 0)
 redis.call('HSET', KEY_LEDGER, 't:' .. member, mine)
 redis.call('SET', KEY_BUCKET, string.format('%.0f', tat))
 redis.call('PEXPIREAT', KEY_BUCKET, string.format('%.0f', math.ceil(math.max(tat, nowus) / 1000) + period_ms + 10000))
-return answer(total, ceiling, fair, left, held, 0, grant, {})
+return answer(first, total, ceiling, fair, left, held, 0, grant, {})
 "#;
 
 /// The sliding log: the growth is also counted by bucket of the window (`b:`); the cap is
 /// lowered by what of the previous window is still in the span, its leases counted as used.
 const LOG: &str = r#"
 local u, c, e, d, _, grant = fields(KEY_LEDGER)
+local first = not c[member]
 cap = cap + grant
 local mine = u[member] or 0
 if used > mine then
@@ -434,9 +439,9 @@ if KEY_PREV_LEDGER ~= KEY_LEDGER then
   prev = math.max(prev - pg, 0)
   cap = cap - prev
 end
-local held, active, wanted = others(u, c, e, d)
+local held, active, wanted = others(u, c, e, d, mine)
 local ceiling, fair, left = lease(c, e, mine, cap - total - held, held, active, wanted, 0)
-return answer(total, ceiling, fair, left, held, prev, grant, steps)
+return answer(first, total, ceiling, fair, left, held, prev, grant, steps)
 "#;
 
 /// Arguments pushed by name, in the order the family's script names them (checked in debug
