@@ -840,7 +840,7 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
 /// (`Ledger::waits`), by how many answers in a row left it waiting on the others: what it
 /// waits for comes only with their rounds, so asking at every early round would cost Redis a
 /// call each 50 ms and gain nothing (a periodic round carries it anyway).
-pub const WAIT_GAPS_MS: [u64; 4] = [0, 0, 100, 200];
+pub const WAIT_GAPS_MS: [u64; 3] = [0, 100, 200];
 
 /// The record waits on the others and asked too recently to ask again (`WAIT_GAPS_MS`).
 fn waiting(l: &Ledger, now_ms: u64) -> bool {
@@ -1830,8 +1830,8 @@ mod tests {
         s.ledger.current.used = 66;
         note_demand(&mut s, 1, Algorithm::FixedWindow);
         note_hold(&mut s, true, 1);
-        // past half of the cap: after the first answer that leaves it waiting, the next early
-        // round; after the second, 100 ms; then 200 ms (`WAIT_GAPS_MS`)
+        // past half of the cap: 100 ms after the first answer that leaves it waiting, then
+        // 200 ms (`WAIT_GAPS_MS`), not at every early round
         let mut asks = Vec::new();
         for now_ms in (5000..5700).step_by(50) {
             if let [_, Some(ask)] = drain(&mut s, early(now_ms)) {
@@ -1840,7 +1840,7 @@ mod tests {
                 wait(&mut s, &ask, 150);
             }
         }
-        assert_eq!(asks, [5000, 5050, 5150, 5350, 5550]);
+        assert_eq!(asks, [5000, 5100, 5300, 5500]);
         // a periodic round carries it whenever it comes
         assert!(drain(&mut s, periodic_sizing(5650, true))[1].is_some());
         // under half of the cap (a refusal there would be one under 0.9 x threshold: what

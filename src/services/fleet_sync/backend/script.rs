@@ -256,13 +256,12 @@ local function fields(key)
 end
 -- report the cumulative count: only its growth reaches the count (re-sending changes
 -- nothing; a count this growth created gets its expiry); returns the member's count, which
--- `lease` writes to the ledger
+-- `lease` writes to the ledger, and the fleet's total
 local function report(mine)
-  if used <= mine then return mine end
-  if redis.call('INCRBY', KEY_COUNT, used - mine) == used - mine then
-    redis.call('PEXPIREAT', KEY_COUNT, expire_at_ms)
-  end
-  return used
+  if used <= mine then return mine, tonumber(redis.call('GET', KEY_COUNT) or '0') end
+  local total = redis.call('INCRBY', KEY_COUNT, used - mine)
+  if total == used - mine then redis.call('PEXPIREAT', KEY_COUNT, expire_at_ms) end
+  return used, total
 end
 -- what the other members hold leased and unused while their leases last, how many hold one,
 -- and what they asked for beyond their counts, each taken to want at least `desire` (what
@@ -326,8 +325,7 @@ const WINDOWS: &str = r#"
 local u, c, e, d, _, grant = fields(KEY_LEDGER)
 local first = not c[member]
 cap = cap + grant
-local mine = report(u[member] or 0)
-local total = tonumber(redis.call('GET', KEY_COUNT) or '0')
+local mine, total = report(u[member] or 0)
 local prev, prevw = 0, 0
 if weight_ms > 0 then
   local pu, pc, _, _, _, pg = fields(KEY_PREV_LEDGER)
@@ -374,8 +372,7 @@ const BUCKETS: &str = r#"
 local u, c, e, d, t, grant = fields(KEY_LEDGER)
 local first = not c[member]
 if adopt > 0 and not c[member] then c[member] = adopt; e[member] = tonumber(lease_until_ms) end
-local mine = report(u[member] or 0)
-local total = tonumber(redis.call('GET', KEY_COUNT) or '0')
+local mine, total = report(u[member] or 0)
 local held, active, wanted = others(u, c, e, d, mine)
 local nowus = now_ms * 1000
 local charge = mine - (t[member] or confirmed)
@@ -420,8 +417,8 @@ if used > mine then
   end
   if g > 0 then redis.call('HINCRBY', KEY_LEDGER, 'b:' .. at, g) end
 end
-mine = report(mine)
-local total = tonumber(redis.call('GET', KEY_COUNT) or '0')
+local total
+mine, total = report(mine)
 local prev, steps = 0, {}
 if KEY_PREV_LEDGER ~= KEY_LEDGER then
   -- what of the previous window is still in the span (its buckets from `from_bucket`) and
