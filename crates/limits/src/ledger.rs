@@ -208,8 +208,18 @@ pub fn ceiling(
             }
         }
     } else if let (Some(n), false) = (shared, bucket) {
-        // a token bucket keeps its local bucket alone
-        if let Some((counted, cap)) = share(state, tier.threshold, n) {
+        // a token bucket keeps its local bucket alone; a sliding window's threshold at this
+        // moment is less what its previous window still weighs (as the fleet last knew it)
+        let weight = match algorithm {
+            Algorithm::SlidingWindow => previous_weight(
+                l.prev_bound.max(state.previous),
+                state.window_start_ms,
+                tier.period_ms,
+                now_ms,
+            ),
+            _ => 0,
+        };
+        if let Some((counted, cap)) = share(state, tier.threshold.saturating_sub(weight), n) {
             if counted + units > cap {
                 return Ceiling::ShareUsed;
             }
@@ -1856,6 +1866,27 @@ mod tests {
             };
             wait(&mut t, &ask, 90);
         }
+    }
+
+    #[test]
+    fn local_share_lowers_a_sliding_windows_threshold_by_what_its_previous_window_weighs() {
+        // 100 a window on 2 instances, Redis down; the fleet had admitted 20 of this window
+        // and 60 of the previous one, which weighs half (30) halfway through this one
+        let t = tier(100);
+        let mut s = state();
+        s.ledger.base = 20;
+        s.previous = 60;
+        s.ledger.prev_bound = 60;
+        let at = |s: &TierState, current: u64, algorithm: Algorithm| {
+            let s = TierState { current, ..*s };
+            ceiling(&s, &t, algorithm, 15_000, None, Some(2), 1)
+        };
+        // a sliding window: 20 + (100 - 30 - 20) / 2 = 45
+        assert_eq!(at(&s, 44, Algorithm::SlidingWindow), Ceiling::Open);
+        assert_eq!(at(&s, 45, Algorithm::SlidingWindow), Ceiling::ShareUsed);
+        // a fixed window: 20 + (100 - 20) / 2 = 60
+        assert_eq!(at(&s, 59, Algorithm::FixedWindow), Ceiling::Open);
+        assert_eq!(at(&s, 60, Algorithm::FixedWindow), Ceiling::ShareUsed);
     }
 
     #[test]
