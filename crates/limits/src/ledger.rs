@@ -785,8 +785,15 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     }
     let give_back = holds && l.demand == 0 && !busy;
     // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
-    // comes back only as leases are given back there, or as time passes)
+    // comes back only as leases are given back there, or as time passes); not a part of a
+    // filling window whose last answer counted the whole cap admitted (nothing is held to give
+    // back): it asks when an operator grants or resets (`count_full`: the heartbeat reads the
+    // mark) or its window ends (past 0.9 x the cap instead, one of 1,000 simulated fleets with
+    // late charges refused under 0.9 x threshold)
     let full = l.short >= 2 && l.demand > 0;
+    let settled = full && l.split && l.filled;
+    l.count_full |= settled;
+    let full = full && !settled;
     // a part of a filling fixed window in use and less than half used reports its count at
     // half of it, not at periodic rounds before (what it holds is its own meanwhile; past
     // half, the others' asks need its count to tell the fleet's truth)
@@ -946,6 +953,7 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         l.adopt = 0;
         let under =
             answer.total.saturating_mul(10) < threshold.saturating_add(l.grant).saturating_mul(9);
+        l.filled = answer.total >= threshold.saturating_add(l.grant);
         l.granted_waiting = !ask.log && ask.need > 0 && ceiling > ask.used;
         l.split = ask.rest > 0;
         l.rehold = false;
@@ -1887,6 +1895,55 @@ mod tests {
         // a fixed window: 20 + (100 - 20) / 2 = 60
         assert_eq!(at(&s, 59, Algorithm::FixedWindow), Ceiling::Open);
         assert_eq!(at(&s, 60, Algorithm::FixedWindow), Ceiling::ShareUsed);
+    }
+
+    #[test]
+    fn a_part_refused_as_full_in_a_window_counted_full_stops_asking_until_a_grant() {
+        let full_part = |total: u64| {
+            let mut s = state();
+            s.ledger.steady = 13;
+            s.ledger.ceiling = 66;
+            s.ledger.current.used = 66;
+            s.ledger.current.sent = 66;
+            note_demand(&mut s, 1, Algorithm::FixedWindow);
+            note_hold(&mut s, true, 1);
+            let early = Sizing {
+                periodic: false,
+                ..periodic_sizing(5000, true)
+            };
+            let [_, Some(ask)] = drain(&mut s, early) else {
+                panic!("a part that ran out asks")
+            };
+            assert!(ask.rest > 0, "a part");
+            // two answers that grant nothing: refused as full (`short` 2)
+            for _ in 0..2 {
+                let answer = Answer {
+                    total,
+                    ceiling: 66,
+                    fair: 1,
+                    room: 0,
+                    held: 0,
+                    prev: 0,
+                    grant: 0,
+                    steps: Default::default(),
+                };
+                apply(&mut s, &ask, answer, (10_000, 200));
+            }
+            assert_eq!(s.ledger.short, 2);
+            s.ledger.need_milli = 0;
+            s.ledger.last_interval = 13;
+            note_demand(&mut s, 13, Algorithm::FixedWindow);
+            s
+        };
+        // at 200 of 200, the periodic round carries nothing; an operator's grant would be
+        // heard (`count_full`: the sync service asks for it after the heartbeat's mark)
+        let mut s = full_part(200);
+        assert_eq!(drain(&mut s, periodic_sizing(6000, true)), [None, None]);
+        assert!(s.ledger.count_full);
+        // at 199 (another instance holds one unused, which it may give back) it asks at each
+        // periodic round, as any record refused as full
+        let mut s = full_part(199);
+        assert!(drain(&mut s, periodic_sizing(6000, true))[1].is_some());
     }
 
     #[test]

@@ -137,6 +137,11 @@ pub struct Ledger {
     /// on the others (`short` 1) with the fleet past half its cap: it asks again after
     /// `ledger::WAIT_GAPS_MS` of that many, not at every early round.
     pub waits: u8,
+    /// The last answer counted the window's whole cap (threshold and grant) admitted
+    /// (`ledger::apply`): nothing can come back but an operator's grant or reset, so a part of
+    /// a filling window refused as full asks again only then (`count_full`) or when its window
+    /// ends, not at every periodic round.
+    pub filled: bool,
     /// Units that wanted this tier since the last periodic round, and in the interval before
     /// it (saturating); `steady`: the lesser of the last two complete intervals, the demand an
     /// interval that sizes a fixed window's forecast until its end (`ledger::Sizing`). Kept
