@@ -775,34 +775,13 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     } else {
         sizing.now_ms.saturating_sub(l.drained_ms)
     };
-    let holds = l.ceiling > l.current.used;
-    let unsent = l.current.used > l.current.sent;
     // (a lease used since the last periodic round stays through a quiet moment after an
     // early round; each periodic round starts that span again)
     let busy = l.busy;
     if sizing.periodic {
         l.busy = false;
     }
-    let give_back = holds && l.demand == 0 && !busy;
-    // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
-    // comes back only as leases are given back there, or as time passes); not a part of a
-    // filling window whose last answer counted the whole cap admitted (nothing is held to give
-    // back): it asks when an operator grants or resets (`count_full`: the heartbeat reads the
-    // mark) or its window ends (past 0.9 x the cap instead, one of 1,000 simulated fleets with
-    // late charges refused under 0.9 x threshold)
-    let full = l.short >= 2 && l.demand > 0;
-    let settled = full && l.split && l.filled;
-    l.count_full |= settled;
-    let full = full && !settled;
-    // a part of a filling fixed window in use and less than half used reports its count at
-    // half of it, not at periodic rounds before (what it holds is its own meanwhile; past
-    // half, the others' asks need its count to tell the fleet's truth)
-    let fresh = l.split
-        && busy
-        && 2 * l.current.used.saturating_sub(l.lease_from) < l.ceiling.saturating_sub(l.lease_from);
-    let report = unsent && !fresh;
-    let include =
-        l.asking || l.need_milli > 0 || (sizing.periodic && (report || give_back || full));
+    let include = l.asking || l.need_milli > 0 || (sizing.periodic && periodic_cause(l, busy));
     if l.current.gen == 0 || !include || (!sizing.periodic && waiting(l, sizing.now_ms)) {
         return None;
     }
@@ -851,6 +830,30 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
         first: false,
         log: false,
     })
+}
+
+/// Whether a periodic round carries a leasing record that does not ask: to report a count not
+/// yet reported, to give back a lease nobody used (`busy`: used since the last periodic round),
+/// or refused as full, to ask again.
+fn periodic_cause(l: &mut Ledger, busy: bool) -> bool {
+    let give_back = l.ceiling > l.current.used && l.demand == 0 && !busy;
+    // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
+    // comes back only as leases are given back there, or as time passes); not a part of a
+    // filling window whose last answer counted the whole cap admitted (nothing is held to give
+    // back): it asks when an operator grants or resets (`count_full`: the heartbeat reads the
+    // mark) or its window ends (past 0.9 x the cap instead, one of 1,000 simulated fleets with
+    // late charges refused under 0.9 x threshold)
+    let full = l.short >= 2 && l.demand > 0;
+    let settled = full && l.split && l.filled;
+    l.count_full |= settled;
+    // a part of a filling fixed window in use and less than half used reports its count at
+    // half of it, not at periodic rounds before (what it holds is its own meanwhile; past
+    // half, the others' asks need its count to tell the fleet's truth)
+    let fresh = l.split
+        && busy
+        && 2 * l.current.used.saturating_sub(l.lease_from) < l.ceiling.saturating_sub(l.lease_from);
+    let report = l.current.used > l.current.sent && !fresh;
+    report || give_back || (full && !settled)
 }
 
 /// How long a record whose part of a filling window is used up waits before it asks again
@@ -975,7 +978,6 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
             0
         };
         l.short = short;
-
         // requests held since the ask was drained (counted for the next one) are admitted out
         // of what it granted past this instance's count and the requests it asked for: the
         // next ask counts only those that will still wait

@@ -115,8 +115,9 @@ pub struct Ledger {
     /// the last answer (or the admin's own call) said; grants only grow within a window.
     pub grant: u64,
     /// The count refused a request since the last answer (the window is full as far as
-    /// Redis said): when an operator resets or grants a window somewhere in the fleet, the
-    /// record asks at the next round if it has not asked since, so that it hears of it.
+    /// Redis said), or a part refused as full skipped a periodic round (`filled`): when an
+    /// operator resets or grants a window somewhere in the fleet, the record asks at the next
+    /// round if it has not asked since, so that it hears of it.
     pub count_full: bool,
     /// The last answer granted requests that waited here (`Ask::need`) and none has been
     /// drained since: the next drain keeps that lease whole, whatever it asks, so that the
