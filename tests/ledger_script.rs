@@ -27,6 +27,14 @@ impl Rng {
     }
 }
 
+/// A redis-server of its own, and a connection to it.
+fn connected() -> (RedisServer, redis::Connection) {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).expect("client");
+    let conn = client.get_connection().expect("connection");
+    (redis, conn)
+}
+
 fn eval(conn: &mut redis::Connection, u: &LedgerUpdate) -> Answer {
     load_scripts_blocking(conn).expect("SCRIPT LOAD");
     let v: redis::Value = ledger_cmd(u).query(conn).expect("EVALSHA");
@@ -35,9 +43,7 @@ fn eval(conn: &mut redis::Connection, u: &LedgerUpdate) -> Answer {
 
 #[test]
 fn the_lua_script_and_its_rust_twin_answer_alike() {
-    let redis = RedisServer::start();
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut conn = client.get_connection().expect("connection");
+    let (redis, mut conn) = connected();
     let mut strings = HashMap::new();
     let mut hashes = HashMap::new();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
@@ -257,9 +263,7 @@ fn window_update(key: &str, member: &str, used: u64, want: u64, cap: u64) -> Led
 
 #[test]
 fn a_grant_widens_its_window_and_weighs_nothing_on_the_next() {
-    let redis = RedisServer::start();
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut conn = client.get_connection().expect("connection");
+    let (redis, mut conn) = connected();
     // a window of 100 that counted 100, 40 of them granted
     let prev_key = "t:{p}:g:0:1000";
     redis.int(&["INCRBY", prev_key, "100"]);
@@ -285,9 +289,7 @@ fn a_grant_widens_its_window_and_weighs_nothing_on_the_next() {
 
 #[test]
 fn a_filling_fixed_window_leases_each_member_its_part_at_once() {
-    let redis = RedisServer::start();
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut conn = client.get_connection().expect("connection");
+    let (_redis, mut conn) = connected();
     // 200 a window on 3 instances, a spare budget of 20; each member's first request waits
     let ask = |key: &str, member: &str, rest: u64| LedgerUpdate {
         need: 1,
@@ -317,9 +319,7 @@ fn a_filling_fixed_window_leases_each_member_its_part_at_once() {
 
 #[test]
 fn the_spare_budget_takes_each_other_member_to_want_at_least_as_much_as_the_asker() {
-    let redis = RedisServer::start();
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut conn = client.get_connection().expect("connection");
+    let (_redis, mut conn) = connected();
     let key = "t:{p}:w:0:1000";
     let ask = |member: &str, want: u64| LedgerUpdate {
         spare: 20,
@@ -340,9 +340,7 @@ fn the_spare_budget_takes_each_other_member_to_want_at_least_as_much_as_the_aske
 
 #[test]
 fn each_key_gets_its_expiry_when_written_first_not_at_every_call() {
-    let redis = RedisServer::start();
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut conn = client.get_connection().expect("connection");
+    let (redis, mut conn) = connected();
     let key = "t:{p}:x:0:1000";
     let ledger = format!("{key}:fleet");
     let ask = |member: &str, used: u64| LedgerUpdate {
@@ -390,9 +388,7 @@ fn each_key_gets_its_expiry_when_written_first_not_at_every_call() {
 
 #[test]
 fn what_direct_records_may_still_report_is_kept_out_of_leases_until_the_total_passes_it() {
-    let redis = RedisServer::start();
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut conn = client.get_connection().expect("connection");
+    let (redis, mut conn) = connected();
     let key = "t:{p}:d:0:1000";
     // a threshold of 1000; direct records may admit up to 300 in all, 100 of it reported
     redis.int(&["INCRBY", key, "100"]);
@@ -424,9 +420,7 @@ fn what_direct_records_may_still_report_is_kept_out_of_leases_until_the_total_pa
 
 #[test]
 fn a_re_sent_report_changes_nothing_and_leases_never_exceed_the_cap() {
-    let redis = RedisServer::start();
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut conn = client.get_connection().expect("connection");
+    let (redis, mut conn) = connected();
     // no spare limit here (see the test of the spare budget)
     let base = window_update("t:{p}:r:0:1000", "a.1", 5, 100, 60);
     let first = eval(&mut conn, &base);
@@ -464,9 +458,7 @@ fn a_re_sent_report_changes_nothing_and_leases_never_exceed_the_cap() {
 
 #[test]
 fn a_token_bucket_lease_takes_tokens_and_gives_back_what_is_unused() {
-    let redis = RedisServer::start();
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut conn = client.get_connection().expect("connection");
+    let (redis, mut conn) = connected();
     // 100 tokens per 10 s: one every 100 ms
     let ask = |member: &str, used: u64, want: u64, at_ms: u64| LedgerUpdate {
         prev_ledger_key: "t:{p}:b:bucket".into(),
@@ -503,9 +495,7 @@ fn a_token_bucket_lease_takes_tokens_and_gives_back_what_is_unused() {
 
 #[test]
 fn waiting_requests_are_granted_first_and_forecasts_only_from_the_spare_budget() {
-    let redis = RedisServer::start();
-    let client = redis::Client::open(redis.url()).expect("client");
-    let mut conn = client.get_connection().expect("connection");
+    let (_redis, mut conn) = connected();
     // a threshold of 1000, a spare budget of 40
     let ask = |member: &str, used: u64, need: u64, forecast: u64| LedgerUpdate {
         need,
