@@ -246,6 +246,8 @@ impl BackgroundService for Reloader {
                 log::info!("reload: {} changed (watch_config)", file.display());
             }
             if signalled || changed.is_some() {
+                let (_, files) = self.files();
+                self.watch.lock().before_reload(&files);
                 self.reload();
                 self.follow_files();
             }

@@ -77,6 +77,8 @@ pub struct ConfigWatch {
     names: Vec<std::ffi::OsString>,
     /// Each file, and what it held when the config was last loaded (None: unreadable).
     seen: Vec<(PathBuf, Option<Vec<u8>>)>,
+    /// What the running config's files held just before a reload read them (`before_reload`).
+    loading: Vec<(PathBuf, Option<Vec<u8>>)>,
 }
 
 impl Default for ConfigWatch {
@@ -91,6 +93,7 @@ impl Default for ConfigWatch {
             dirs: Vec::new(),
             names: Vec::new(),
             seen: Vec::new(),
+            loading: Vec::new(),
         }
     }
 }
@@ -138,6 +141,15 @@ impl ConfigWatch {
             return;
         }
         self.seen = contents(files);
+        // a file written while the reload read the files, or before this watch began (no
+        // event reached it), holds something else than before the reload: compared at the
+        // next tick, it reloads again (a file the reload read as it is now changes nothing)
+        for (f, was) in std::mem::take(&mut self.loading) {
+            if let Some(seen) = self.seen.iter_mut().find(|(g, _)| *g == f) {
+                seen.1 = was;
+            }
+        }
+        self.mark.dirty.store(true, Ordering::Release);
         let dirs = dirs_of(files);
         let names = relevant_names(files);
         if self.watcher.is_some() && dirs == self.dirs && names == self.names {
@@ -168,6 +180,12 @@ impl ConfigWatch {
         self.watcher = Some(watcher);
         self.dirs = dirs;
         self.names = names;
+    }
+
+    /// What the running config's files hold just before a reload reads them: what the next
+    /// `follow` compares them with, so that an edit made while the reload ran is not lost.
+    pub fn before_reload(&mut self, files: &[PathBuf]) {
+        self.loading = contents(files);
     }
 
     /// What the files hold now, taken as what the running config was loaded from: at start-up,
@@ -228,6 +246,37 @@ mod tests {
         let overflow = Ok(notify::Event::new(EventKind::Other).set_flag(Flag::Rescan));
         assert!(marks(&overflow, &names));
         assert!(marks(&Err(notify::Error::generic("lost")), &names));
+    }
+
+    #[test]
+    fn an_edit_while_a_reload_reads_the_files_reloads_again() {
+        let dir = std::env::temp_dir().join(format!("tollgate-watch-r-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("limits.yaml");
+        std::fs::write(&f, "a: 1\n").unwrap();
+        let files = [f.clone()];
+        let mut w = ConfigWatch::default();
+        // a reload (say a SIGHUP that turns the watch on) reads the files; the file is
+        // written after that and before the watch begins: no event reaches it
+        w.before_reload(&files);
+        std::fs::write(&f, "a: 2\n").unwrap();
+        w.follow(true, &files);
+        let until = Instant::now() + Duration::from_secs(5);
+        let mut changed = None;
+        while changed.is_none() && Instant::now() < until {
+            changed = w.changed();
+            std::thread::yield_now();
+        }
+        assert_eq!(changed, Some(f.clone()));
+        // a reload that read the files as they are changes nothing
+        w.before_reload(&files);
+        w.follow(true, &files);
+        let until = Instant::now() + SETTLE * 2;
+        while Instant::now() < until {
+            assert_eq!(w.changed(), None);
+            std::thread::yield_now();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
