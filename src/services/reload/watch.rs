@@ -248,12 +248,30 @@ mod tests {
         assert!(marks(&Err(notify::Error::generic("lost")), &names));
     }
 
+    /// A file holding `a: 1` in a directory of its own (`tag`: one per test).
+    fn a_file(tag: &str, name: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("tollgate-watch-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join(name);
+        std::fs::write(&f, "a: 1\n").unwrap();
+        (dir, f)
+    }
+
+    /// The first change the watch reports within 5 s.
+    fn first_change(w: &mut ConfigWatch) -> Option<PathBuf> {
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            if let Some(f) = w.changed() {
+                return Some(f);
+            }
+            std::thread::yield_now();
+        }
+        None
+    }
+
     #[test]
     fn an_edit_while_a_reload_reads_the_files_reloads_again() {
-        let dir = std::env::temp_dir().join(format!("tollgate-watch-r-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("limits.yaml");
-        std::fs::write(&f, "a: 1\n").unwrap();
+        let (dir, f) = a_file("r", "limits.yaml");
         let files = [f.clone()];
         let mut w = ConfigWatch::default();
         // a reload (say a SIGHUP that turns the watch on) reads the files; the file is
@@ -261,13 +279,7 @@ mod tests {
         w.before_reload(&files);
         std::fs::write(&f, "a: 2\n").unwrap();
         w.follow(true, &files);
-        let until = Instant::now() + Duration::from_secs(5);
-        let mut changed = None;
-        while changed.is_none() && Instant::now() < until {
-            changed = w.changed();
-            std::thread::yield_now();
-        }
-        assert_eq!(changed, Some(f.clone()));
+        assert_eq!(first_change(&mut w), Some(f.clone()));
         // a reload that read the files as they are changes nothing
         w.before_reload(&files);
         w.follow(true, &files);
@@ -281,23 +293,14 @@ mod tests {
 
     #[test]
     fn an_edit_before_the_watch_began_is_compared_when_it_begins() {
-        let dir = std::env::temp_dir().join(format!("tollgate-watch-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("gateway.yaml");
-        std::fs::write(&f, "a: 1\n").unwrap();
+        let (dir, f) = a_file("s", "gateway.yaml");
         let files = [f.clone()];
         let mut w = ConfigWatch::default();
         // loaded at start-up; edited before the reloader's task runs
         w.remember(&files);
         std::fs::write(&f, "a: 2\n").unwrap();
         w.follow_from_start(true, &files);
-        let until = Instant::now() + Duration::from_secs(5);
-        let mut changed = None;
-        while changed.is_none() && Instant::now() < until {
-            changed = w.changed();
-            std::thread::yield_now();
-        }
-        assert_eq!(changed, Some(f.clone()));
+        assert_eq!(first_change(&mut w), Some(f.clone()));
         // off: nothing watched, nothing kept
         let mut off = ConfigWatch::default();
         off.remember(&files);
