@@ -196,7 +196,7 @@ pub fn ceiling(
         // past the lease, a request waits for the round that asks for it: no credit, at any
         // threshold (docs/fleet.md, "The bound")
         if l.current.used + units > l.ceiling {
-            return if l.short >= 2 {
+            return if l.short >= 2 || (l.capped && algorithm == Algorithm::FixedWindow) {
                 Ceiling::FleetFull
             } else {
                 Ceiling::LeaseUsed
@@ -412,11 +412,18 @@ pub fn commit(state: &mut TierState, how: Admitted, units: u64) -> bool {
 /// a token bucket (it refills), and a sliding window's count of this moment may be full only
 /// as of the last answer (what the others held then may have been given back or used since).
 /// A fixed window that two answers found full asks again at the periodic round (`drain`):
-/// room comes back there only as leases are given back, or when the window ends.
+/// room comes back there only as leases are given back, or when the window ends. One whose
+/// used lease reached the cap (`Ledger::capped`) is full at once, without those two answers.
 pub fn note_full(state: &mut TierState, algorithm: Algorithm) -> bool {
     let l = &mut state.ledger;
     // a refusal is the lease path's (a direct record holds instead): the record leases
     l.current.leased = true;
+    if l.capped && algorithm == Algorithm::FixedWindow && l.short < 2 {
+        // its lease reached the cap and is used: the window is full as two answers would
+        // say (its count goes at the next periodic round)
+        l.short = 2;
+        l.filled = true;
+    }
     let ask = l.short < 2 || algorithm != Algorithm::FixedWindow;
     l.asking |= ask;
     ask
@@ -957,6 +964,12 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         let under =
             answer.total.saturating_mul(10) < threshold.saturating_add(l.grant).saturating_mul(9);
         l.filled = answer.total >= threshold.saturating_add(l.grant);
+        // (the whole cap counted or leased, and at least 0.9 x of it counted, or this
+        // record's lease reaching it: see `Ledger::capped`)
+        l.capped = answer.room == 0
+            && (!under
+                || answer.total.saturating_add(ceiling.saturating_sub(ask.used))
+                    >= threshold.saturating_add(l.grant));
         l.granted_waiting = !ask.log && ask.need > 0 && ceiling > ask.used;
         l.split = ask.rest > 0;
         l.rehold = false;
@@ -1946,6 +1959,54 @@ mod tests {
         // periodic round, as any record refused as full
         let mut s = full_part(199);
         assert!(drain(&mut s, periodic_sizing(6000, true))[1].is_some());
+    }
+
+    #[test]
+    fn a_used_lease_that_reached_the_cap_is_refused_as_full_without_asking() {
+        let t = tier(200);
+        // an answer leasing this record up to `ceiling` (from 50), with nobody left any room
+        let capped = |total, held, ceiling| {
+            let mut s = state();
+            s.ledger.current.used = 50;
+            let ask = lease_ask(&s, 50, 100, 0);
+            let answer = Answer {
+                total,
+                ceiling,
+                fair: 1,
+                room: 0,
+                held,
+                prev: 0,
+                grant: 0,
+                steps: Default::default(),
+            };
+            apply(&mut s, &ask, answer, (10_000, 200));
+            s.ledger.current.used = ceiling;
+            s.ledger.current.leased = true;
+            s
+        };
+        // 180 of 200 counted (0.9 x), the others holding the rest: once the lease is used,
+        // full at once, and no round is asked for it
+        let mut s = capped(180, 10, 60);
+        assert_eq!(s.ledger.short, 0, "the answer granted what was asked");
+        let full = ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(1), None, 1);
+        assert_eq!(full, Ceiling::FleetFull);
+        assert!(!note_full(&mut s, Algorithm::FixedWindow), "no ask");
+        assert_eq!(s.ledger.short, 2);
+        // 150 counted (under 0.9 x) and this lease of 50 reaching 200: the same
+        let s = capped(150, 0, 100);
+        let full = ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(1), None, 1);
+        assert_eq!(full, Ceiling::FleetFull);
+        // 170 counted (under 0.9 x), the others holding the rest unused: they may give it
+        // back, so the requests wait for a round that asks
+        let s = capped(170, 20, 60);
+        let held = ceiling(&s, &t, Algorithm::FixedWindow, 0, Some(1), None, 1);
+        assert_eq!(held, Ceiling::LeaseUsed);
+        // a sliding window gets room back with time: not full for this
+        let s = capped(180, 10, 60);
+        assert_ne!(
+            ceiling(&s, &t, Algorithm::SlidingWindow, 0, Some(1), None, 1),
+            Ceiling::FleetFull
+        );
     }
 
     #[test]

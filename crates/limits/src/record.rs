@@ -143,6 +143,14 @@ pub struct Ledger {
     /// a filling window refused as full asks again only then (`count_full`) or when its window
     /// ends, not at every periodic round.
     pub filled: bool,
+    /// The last answer left nobody any room (the window's whole cap, threshold and grant,
+    /// counted or leased) and counted at least 0.9 x of it admitted, or leased this record the
+    /// rest of it: once the lease is used, a fixed window is full as two answers that could
+    /// not grant would say (a refusal there is not one under 0.9 x threshold; past the
+    /// count and this lease, only the others' leases they give back, or an operator's grant,
+    /// make room), so a request past it is refused at once (`ledger::note_full`), without the
+    /// asks that would learn it.
+    pub capped: bool,
     /// Units that wanted this tier since the last periodic round, and in the interval before
     /// it (saturating); `steady`: the lesser of the last two complete intervals, the demand an
     /// interval that sizes a fixed window's forecast until its end (`ledger::Sizing`). Kept
