@@ -961,36 +961,10 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
         l.ceiling = ceiling;
         l.lease_from = ask.used;
         l.adopt = 0;
-        let under =
-            answer.total.saturating_mul(10) < threshold.saturating_add(l.grant).saturating_mul(9);
-        l.filled = answer.total >= threshold.saturating_add(l.grant);
-        // (the whole cap counted or leased, and at least 0.9 x of it counted, or this
-        // record's lease reaching it: see `Ledger::capped`)
-        l.capped = answer.room == 0
-            && (!under
-                || answer.total.saturating_add(ceiling.saturating_sub(ask.used))
-                    >= threshold.saturating_add(l.grant));
         l.granted_waiting = !ask.log && ask.need > 0 && ceiling > ask.used;
         l.split = ask.rest > 0;
         l.rehold = false;
-        let short = if ceiling >= ask.used + ask.need {
-            0
-        } else if answer.held > 0 && under {
-            // the answer could not grant what waited, but the fleet has admitted under 0.9 x
-            // threshold and others hold the rest unused (leases they will use or give back,
-            // or one a lost reply granted, which its holder's next round frees): not full
-            // yet, so the requests wait on (within their hold limit) and ask again
-            1
-        } else {
-            l.short.saturating_add(1)
-        };
-        let past_half = answer.total.saturating_mul(2) >= threshold.saturating_add(l.grant);
-        l.waits = if short == 1 && l.split && past_half {
-            l.waits.saturating_add(1)
-        } else {
-            0
-        };
-        l.short = short;
+        learn_fullness(l, ask, &answer, ceiling, threshold);
         // requests held since the ask was drained (counted for the next one) are admitted out
         // of what it granted past this instance's count and the requests it asked for: the
         // next ask counts only those that will still wait
@@ -1023,6 +997,40 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
                 + (l.previous.used - l.previous.sent.min(l.previous.used));
         }
     }
+}
+
+/// What an answer says of how full the window is: `filled`, `capped`, `short` and `waits`
+/// (see `Ledger`), given the ceiling it granted.
+fn learn_fullness(l: &mut Ledger, ask: &Ask, answer: &Answer, ceiling: u64, threshold: u64) {
+    let under =
+        answer.total.saturating_mul(10) < threshold.saturating_add(l.grant).saturating_mul(9);
+    l.filled = answer.total >= threshold.saturating_add(l.grant);
+    // (the whole cap counted or leased, and at least 0.9 x of it counted, or this
+    // record's lease reaching it: see `Ledger::capped`)
+    l.capped = answer.room == 0
+        && (!under
+            || answer
+                .total
+                .saturating_add(ceiling.saturating_sub(ask.used))
+                >= threshold.saturating_add(l.grant));
+    let short = if ceiling >= ask.used + ask.need {
+        0
+    } else if answer.held > 0 && under {
+        // the answer could not grant what waited, but the fleet has admitted under 0.9 x
+        // threshold and others hold the rest unused (leases they will use or give back,
+        // or one a lost reply granted, which its holder's next round frees): not full
+        // yet, so the requests wait on (within their hold limit) and ask again
+        1
+    } else {
+        l.short.saturating_add(1)
+    };
+    let past_half = answer.total.saturating_mul(2) >= threshold.saturating_add(l.grant);
+    l.waits = if short == 1 && l.split && past_half {
+        l.waits.saturating_add(1)
+    } else {
+        0
+    };
+    l.short = short;
 }
 
 #[cfg(test)]
