@@ -64,6 +64,10 @@ enum Shape {
     Ramp,
     /// Even over some instances, the others idle.
     SomeIdle,
+    /// The fleet's rate even, each instance's swaying around its share (+-30%, a 7 s cycle,
+    /// the instances' cycles spread over it): as tenants drawn at random spread over
+    /// instances (`scripts/bench-fleet`'s seed run). Only the seed scenario uses it.
+    Swaying,
     /// Spikes of 0.2 x threshold arriving in the same ms on one instance, five to a window
     /// (or to the run, for long windows): the fleet passes 0.9 x threshold at the fifth.
     Spikes,
@@ -315,6 +319,10 @@ impl Scenario {
         let n = self.instances;
         match self.shape {
             Shape::Even => per_ms / n as f64,
+            Shape::Swaying => {
+                let turn = t as f64 / 7000.0 + i as f64 / n as f64;
+                per_ms / n as f64 * (1.0 + 0.3 * (std::f64::consts::TAU * turn).sin())
+            }
             Shape::Skewed => match i {
                 0 => per_ms * 0.9,
                 1 => per_ms * 0.1,
@@ -1651,13 +1659,18 @@ fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
 
 /// The seed's own scenario (`scripts/bench-fleet`, issue 43 item 4), one of its tenants: 3
 /// instances offered twice the limit of 200 per 10 s, evenly, `sync_interval: 1s`, Redis next
-/// door. Every whole window admits exactly 200, and what the fleet asks of Redis for it stays
-/// where it is (script calls per second for the tenant, printed; the seed's design makes 3, one
-/// `INCRBY` per instance a second, each far cheaper than a script call).
+/// door; and the same with each instance's demand swaying around its share (`Shape::Swaying`,
+/// as in the bench, where tenants are drawn at random). Every whole window admits exactly 200,
+/// and what the fleet asks of Redis for it stays where it is (script calls per second for the
+/// tenant, printed; the seed's design makes 3, one `INCRBY` per instance a second, each far
+/// cheaper than a script call). Swaying demand still refuses some requests under 0.9 x
+/// threshold early in a window (docs/fleet.md, "Known"): their number may not grow.
 #[test]
 fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     let mut calls = Vec::new();
-    for seed in 0..8 {
+    let mut holds = Vec::new();
+    let mut swaying_under = 0;
+    for (seed, shape) in (0..8).flat_map(|seed| [(seed, Shape::Even), (seed, Shape::Swaying)]) {
         let s = Scenario {
             seed,
             instances: 3,
@@ -1671,7 +1684,7 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
             timeout_ms: 100,
             rtt_ms: 1,
             rate: 40.0,
-            shape: Shape::Even,
+            shape,
             warm: true,
             faults: Faults::None,
             span_ms: 40_000,
@@ -1683,8 +1696,16 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
             days: Vec::new(),
         };
         let o = simulate(&s);
-        let why = check(&s, &o);
-        assert!(why.is_empty(), "seed {seed}: {}", why.join("; "));
+        let mut why = check(&s, &o);
+        if shape == Shape::Swaying {
+            // known (docs/fleet.md, "Known"): the parts are set at the window's first asks,
+            // and an instance whose demand grew past its part waits on the others' parts,
+            // which they keep while busy: a few of its requests are refused early in a
+            // window that still ends exactly full
+            swaying_under += o.false_refusals.len();
+            why.retain(|w| !w.contains("under 0.9"));
+        }
+        assert!(why.is_empty(), "seed {seed} {shape:?}: {}", why.join("; "));
         let first = o.offered.keys().next().copied();
         let last = o.offered.keys().last().copied().unwrap_or(0);
         for (&w, &admitted) in &o.admitted {
@@ -1693,9 +1714,24 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
             }
         }
         calls.push(o.updates as f64 * 1000.0 / s.span_ms as f64);
+        holds.push(o.longest_hold);
     }
-    let mean = calls.iter().sum::<f64>() / calls.len() as f64;
-    eprintln!("seed scenario, one tenant: {mean:.2} script calls per second (seeds: {calls:.2?})");
+    eprintln!("seed scenario: longest holds (ms, even and swaying by seed): {holds:?}");
+    eprintln!("seed scenario, swaying: {swaying_under} refusals under 0.9 x threshold");
+    assert!(
+        swaying_under <= 16,
+        "swaying demand refused more under 0.9 x threshold than it did: {swaying_under}"
+    );
+    let even: Vec<f64> = calls.iter().step_by(2).copied().collect();
+    let swaying: Vec<f64> = calls.iter().skip(1).step_by(2).copied().collect();
+    let mean = even.iter().sum::<f64>() / even.len() as f64;
+    let mean_swaying = swaying.iter().sum::<f64>() / swaying.len() as f64;
+    eprintln!("seed scenario, one tenant: {mean:.2} script calls per second (seeds: {even:.2?})");
+    eprintln!("seed scenario, swaying: {mean_swaying:.2} script calls per second ({swaying:.2?})");
+    assert!(
+        mean_swaying <= 3.0,
+        "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
+    );
     // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
     // since; 3.80 since a filling fixed window leases each instance its part at once
     // (`Ask::rest`), 3.00 since such a part reports at periodic rounds only past half of it,
