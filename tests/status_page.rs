@@ -93,6 +93,42 @@ fn tenant_lookup_in_a_fleet_of_two_shows_the_tenant_at_its_limit() {
 }
 
 #[test]
+fn tenant_lookup_shows_the_fleets_view_far_from_the_limit_too() {
+    // 100,000 an hour: far from it, each instance counts by plain increments (no lease)
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let (limits, _) = limits_with_room(120);
+    let cfg = one_route_config(up.addr, 1, "")
+        + &limits.edit("threshold: 4", "threshold: 100000")
+        + &format!("redis:\n  url: {}\n  key_prefix: tg\n", redis.url());
+    let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
+    for gw in [&a, &b] {
+        assert!(wait_redis_state(gw, "connected"));
+    }
+    let fleet = |gw: &Gateway| {
+        api(gw, "/api/tenants/acme", &[]).json()["rules"][0]["tiers"][0]["fleet"].clone()
+    };
+    // each instance hears the fleet's total from its next round's plain increment: 3 on a,
+    // then 5 on b (8), then 1 more on a (9)
+    for (gw, n, total) in [(&a, 3, 3), (&b, 5, 8), (&a, 1, 9)] {
+        for _ in 0..n {
+            assert_eq!(gw.get("/x", &[("x-org-id", "acme")]).status, 200);
+        }
+        assert!(
+            eventually(Duration::from_secs(5), || fleet(gw)["total"] == total),
+            "{}",
+            fleet(gw)
+        );
+    }
+    for (gw, n) in [(&a, 4), (&b, 5)] {
+        let f = fleet(gw);
+        assert_eq!(f["this_instance"], n, "{f}");
+        assert_eq!(f["unsent"], 0, "{f}");
+        assert_eq!(f["lease"], 0, "no lease far from the limit: {f}");
+    }
+}
+
+#[test]
 fn status_lists_pools_rules_rates_redis_and_the_last_reload() {
     let up = Upstream::start("u");
     // all of the test's requests in one window

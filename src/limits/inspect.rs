@@ -41,7 +41,8 @@ pub struct TierView {
     /// Requests that would still be admitted here now.
     pub remaining: u64,
     pub reset_ms: u64,
-    /// With Redis, once it has answered in this window.
+    /// With Redis, once it has answered in this window (a lease's answer, or a plain
+    /// increment's).
     pub fleet: Option<FleetView>,
 }
 
@@ -53,7 +54,8 @@ pub struct FleetView {
     pub this_instance: u64,
     /// Of those, not yet confirmed by Redis.
     pub unsent: u64,
-    /// What this instance may still admit on its lease.
+    /// What this instance may still admit on its lease (0 for a record far from its limit,
+    /// which counts by plain increments and holds no lease).
     pub lease: u64,
 }
 
@@ -104,7 +106,8 @@ impl Limiter {
                             used: counted(tier, &state, algo, remaining),
                             remaining,
                             reset_ms: v.reset_ms,
-                            fleet: (l.fair > 0).then_some(FleetView {
+                            // (a lease's answer, or a direct record's plain increment)
+                            fleet: (l.fair > 0 || l.keyed).then_some(FleetView {
                                 total: l.base.max(l.current.sent),
                                 this_instance: l.current.used,
                                 unsent: l.unsent(),
