@@ -1663,8 +1663,8 @@ fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
 /// as in the bench, where tenants are drawn at random). Every whole window admits exactly 200,
 /// and what the fleet asks of Redis for it stays where it is (script calls per second for the
 /// tenant, printed; the seed's design makes 3, one `INCRBY` per instance a second, each far
-/// cheaper than a script call). Swaying demand still refuses some requests under 0.9 x
-/// threshold early in a window (docs/fleet.md, "Known"): their number may not grow.
+/// cheaper than a script call). Every bound holds for both, but swaying demand refuses one
+/// request at 0.9 x threshold (docs/fleet.md, "Known"): their number may not grow.
 #[test]
 fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     let mut calls = Vec::new();
@@ -1698,10 +1698,9 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
         let o = simulate(&s);
         let mut why = check(&s, &o);
         if shape == Shape::Swaying {
-            // known (docs/fleet.md, "Known"): the parts are set at the window's first asks,
-            // and an instance whose demand grew past its part waits on the others' parts,
-            // which they keep while busy: a few of its requests are refused early in a
-            // window that still ends exactly full
+            // known (docs/fleet.md, "Known"): a part re-split only at its holder's calls, and
+            // a holder under half of its part does not call at periodic rounds: the others
+            // can wait on it past their hold (one request of seed 2, at 0.9 x threshold)
             swaying_under += o.false_refusals.len();
             why.retain(|w| !w.contains("under 0.9"));
         }
@@ -1718,8 +1717,9 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     }
     eprintln!("seed scenario: longest holds (ms, even and swaying by seed): {holds:?}");
     eprintln!("seed scenario, swaying: {swaying_under} refusals under 0.9 x threshold");
+    // 16 (in 3 of the 8 seeds) while the parts were set at a window's first asks
     assert!(
-        swaying_under <= 16,
+        swaying_under <= 1,
         "swaying demand refused more under 0.9 x threshold than it did: {swaying_under}"
     );
     let even: Vec<f64> = calls.iter().step_by(2).copied().collect();
@@ -1728,8 +1728,11 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     let mean_swaying = swaying.iter().sum::<f64>() / swaying.len() as f64;
     eprintln!("seed scenario, one tenant: {mean:.2} script calls per second (seeds: {even:.2?})");
     eprintln!("seed scenario, swaying: {mean_swaying:.2} script calls per second ({swaying:.2?})");
+    // swaying: 2.94 while the parts were set at a window's first asks (refusing 16 requests
+    // under 0.9 x threshold in 3 of the 8 seeds), 3.23 since a part is re-split to its share
+    // at its holder's calls
     assert!(
-        mean_swaying <= 3.0,
+        mean_swaying <= 3.3,
         "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
     );
     // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
@@ -1738,7 +1741,8 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // 2.70 since the spare budget's part takes each other member to want at least as much as
     // the asker, 2.67 since a used part waiting on the others asks every 100-200 ms, not 50,
     // 2.59 since a part refused in a window counted full no longer asks at periodic rounds,
-    // 2.30 since a used lease that reached the cap is full without asking (`Ledger::capped`)
+    // 2.30 since a used lease that reached the cap is full without asking (`Ledger::capped`),
+    // 2.33 since a part larger than its share is re-split at its holder's calls
     // (deterministic: the same seeds give the same figure)
     assert!(
         mean <= 2.5,

@@ -311,10 +311,22 @@ fn a_filling_fixed_window_leases_each_member_its_part_at_once() {
     // a member with no steady demand gets what waits there out of what is left, as before
     let d = eval(&mut conn, &ask(key, "d.1", 0));
     assert_eq!((d.ceiling, d.room), (1, 1), "{d:?}");
-    // a steady member asking again keeps its part (what waits there is within it), and its
-    // part of what nobody has admitted is no more now that 4 members hold leases
+    // a steady member asking again now that 4 members hold leases: its part is re-split to
+    // its share of what nobody has admitted (200 x 130 / (4 x 130)), and what it held is kept
+    // for it until its next call (it may have admitted up to it before this answer reaches it)
     let a = eval(&mut conn, &ask(key, "a.1", 130));
-    assert_eq!((a.ceiling, a.room), (66, 1), "{a:?}");
+    assert_eq!((a.ceiling, a.room), (50, 17), "{a:?}");
+    let d = eval(&mut conn, &ask(key, "d.1", 0));
+    assert_eq!(
+        d.held,
+        66 + 66 + 66,
+        "a.1's 66 held until its next call: {d:?}"
+    );
+    // its next call: its part is what it holds now
+    let a = eval(&mut conn, &ask(key, "a.1", 130));
+    assert_eq!(a.ceiling, 50, "{a:?}");
+    let d = eval(&mut conn, &ask(key, "d.1", 0));
+    assert_eq!(d.held, 50 + 66 + 66, "{d:?}");
 }
 
 #[test]

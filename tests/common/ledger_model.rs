@@ -133,6 +133,8 @@ pub fn ledger_model(
         };
         if id != up.member && get(h, "e", id).unwrap_or(0) > now {
             active += 1;
+            // (a part re-split at its holder's last call: what it held before, until its next)
+            let ceiling = ceiling.max(get(h, "p", id).unwrap_or(0));
             held += (ceiling - get(h, "u", id).unwrap_or(0)).max(0);
             wanted += get(h, "d", id).unwrap_or(0).max(desire);
         }
@@ -141,6 +143,29 @@ pub fn ledger_model(
     if let Some(c) = get(h, "c", &up.member) {
         if get(h, "e", &up.member).unwrap_or(0) > now {
             keep = mine.max(want.min(c));
+        }
+    }
+    // this member's call: what it held before a re-split is its count now (0 written over it)
+    if get(h, "p", &up.member).unwrap_or(0) > 0 {
+        h.insert(format!("p:{}", up.member), 0);
+    }
+    // a fixed window filling: each member's part of what nobody has admitted
+    let mut split = None;
+    if up.rest > 0 && up.bucket_ns == 0 && up.log.bucket_ms == 0 {
+        let pool = cap - total - reserve;
+        let others = (as_i(up.instances) - 1 - active).max(0);
+        let demand = desire + others * desire + wanted;
+        if demand >= pool && pool > 0 {
+            // as Lua computes it, in floating point
+            split = Some((pool as f64 * desire as f64 / demand as f64).floor() as i64);
+        }
+    }
+    // a part larger than its share of it (the others' demand grew): re-split, what it held
+    // kept for it until its next call (it may admit up to that meanwhile)
+    if let Some(split) = split {
+        if split > 0 && keep > mine + split {
+            h.insert(format!("p:{}", up.member), keep);
+            keep = mine + split;
         }
     }
     let fair_part = |avail: i64| {
@@ -183,15 +208,8 @@ pub fn ledger_model(
         .min(spare - held - (keep - mine));
     let mut ceiling = keep + n + f.max(0);
     // a fixed window filling: each member's part of what nobody has admitted, at once
-    if up.rest > 0 && up.bucket_ns == 0 && up.log.bucket_ms == 0 {
-        let pool = cap - total - reserve;
-        let others = (as_i(up.instances) - 1 - active).max(0);
-        let demand = desire + others * desire + wanted;
-        if demand >= pool && pool > 0 {
-            // as Lua computes it, in floating point
-            let split = (pool as f64 * desire as f64 / demand as f64).floor() as i64;
-            ceiling = ceiling.max(mine + split.min(avail));
-        }
+    if let Some(split) = split {
+        ceiling = ceiling.max(mine + split.min(avail));
     }
     let until = if want <= mine {
         now

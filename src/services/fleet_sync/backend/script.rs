@@ -241,18 +241,20 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
 /// runs the script reports its direct count unsent with it, and leases from then on).
 const LIBRARY: &str = r#"
 -- the members' records in a ledger: counts (u:), ceilings (c:), lease ends (e:), what each
--- asked for beyond its count (d:), the tokens charged to it (t:, buckets); and what an
--- operator granted to the window (g:, the adjustment script's)
+-- asked for beyond its count (d:), the tokens charged to it (t:, buckets), the ceiling a part
+-- held before a re-split, until its holder's next call (p:, windows); and what an operator
+-- granted to the window (g:, the adjustment script's)
 local function fields(key)
-  local u, c, e, d, t, g = {}, {}, {}, {}, {}, 0
+  local u, c, e, d, t, g, p = {}, {}, {}, {}, {}, 0, {}
   local f = redis.call('HGETALL', key)
   for i = 1, #f, 2 do
     local kind, id, v = string.sub(f[i], 1, 1), string.sub(f[i], 3), tonumber(f[i + 1])
     if kind == 'u' then u[id] = v elseif kind == 'c' then c[id] = v
     elseif kind == 'e' then e[id] = v elseif kind == 'd' then d[id] = v
-    elseif kind == 't' then t[id] = v elseif kind == 'g' then g = v end
+    elseif kind == 't' then t[id] = v elseif kind == 'g' then g = v
+    elseif kind == 'p' then p[id] = v end
   end
-  return u, c, e, d, t, g
+  return u, c, e, d, t, g, p
 end
 -- report the cumulative count: only its growth reaches the count (re-sending changes
 -- nothing; a count this growth created gets its expiry); returns the member's count, which
@@ -263,16 +265,17 @@ local function report(mine)
   if total == used - mine then redis.call('PEXPIREAT', KEY_COUNT, expire_at_ms) end
   return used, total
 end
--- what the other members hold leased and unused while their leases last, how many hold one,
+-- what the other members hold leased and unused while their leases last (a part re-split
+-- at its holder's last call: what it held before, until its next, `p`), how many hold one,
 -- and what they asked for beyond their counts, each taken to want at least `desire` (what
 -- this member wants beyond its count `mine`): what a member asked last may be from before
 -- its demand grew
-local function others(u, c, e, d, mine)
+local function others(u, c, e, d, mine, p)
   local held, active, wanted, desire = 0, 0, 0, math.max(want - mine, 0)
   for id, ceiling in pairs(c) do
     if id ~= member and (e[id] or 0) > now_ms then
       active = active + 1
-      local out = ceiling - (u[id] or 0)
+      local out = math.max(ceiling, p[id] or 0) - (u[id] or 0)
       if out > 0 then held = held + out end
       wanted = wanted + math.max(d[id] or 0, desire)
     end
@@ -282,10 +285,14 @@ end
 -- the lease out of `avail`: keep what this member holds up to what it wants, then the
 -- requests waiting (`need`) from all that is free, then its part of the spare budget, or
 -- (`split`, a fixed window filling) at least that much unused; written to the ledger.
--- Returns the ceiling, the fair part and what is left.
-local function lease(c, e, mine, avail, held, active, wanted, split)
+-- A part larger than its share of what nobody has admitted (the others' demand grew) is
+-- re-split to it, what it held kept for it (`p:`) until its next call: it may admit up to
+-- that until this answer reaches it. Returns the ceiling, the fair part and what is left.
+local function lease(c, e, p, mine, avail, held, active, wanted, split)
   local keep = mine
   if c[member] and (e[member] or 0) > now_ms then keep = math.max(mine, math.min(want, c[member])) end
+  local pending = 0
+  if split > 0 and keep > mine + split then pending, keep = keep, mine + split end
   local desire = math.max(want - mine, 0)
   local function fair_part(a)
     if active == 0 then return a end
@@ -299,7 +306,11 @@ local function lease(c, e, mine, avail, held, active, wanted, split)
   if split > 0 then ceiling = math.max(ceiling, mine + math.min(split, avail)) end
   local until_ms = lease_until_ms
   if want <= mine then until_ms = now_ms end
-  redis.call('HSET', KEY_LEDGER, 'u:' .. member, mine, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire)
+  if pending > 0 or (p[member] or 0) > 0 then
+    redis.call('HSET', KEY_LEDGER, 'u:' .. member, mine, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire, 'p:' .. member, pending)
+  else
+    redis.call('HSET', KEY_LEDGER, 'u:' .. member, mine, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire)
+  end
   return ceiling, fair, avail - (ceiling - mine)
 end
 -- the ledger's expiry (`first`: the member's first lease in it, which a ledger lost and
@@ -322,7 +333,7 @@ end
 /// (counting that window's leases as used, less what was granted to it); what direct records
 /// may still report is kept out of leases.
 const WINDOWS: &str = r#"
-local u, c, e, d, _, grant = fields(KEY_LEDGER)
+local u, c, e, d, _, grant, p = fields(KEY_LEDGER)
 local first = not c[member]
 cap = cap + grant
 local mine, total = report(u[member] or 0)
@@ -348,7 +359,7 @@ if direct_cap > 0 then
     reserve = math.min(reserve, math.max(instances - members, 0) * direct_each)
   end
 end
-local held, active, wanted = others(u, c, e, d, mine)
+local held, active, wanted = others(u, c, e, d, mine, p)
 -- a fixed window filling: when this member's steady demand until the window's end and the
 -- others' fill what nobody has admitted, it holds its part of that at once; each other
 -- instance is taken to want at least as much as this one (what a member asked last may be
@@ -360,7 +371,7 @@ if rest > 0 then
   local demand = desire + math.max(instances - 1 - active, 0) * desire + wanted
   if demand >= pool and pool > 0 then split = math.floor(pool * desire / demand) end
 end
-local ceiling, fair, left = lease(c, e, mine, cap - total - held - reserve, held, active, wanted, split)
+local ceiling, fair, left = lease(c, e, p, mine, cap - total - held - reserve, held, active, wanted, split)
 return answer(first, total, ceiling, fair, left, held, prev, grant, {})
 "#;
 
@@ -369,11 +380,11 @@ return answer(first, total, ceiling, fair, left, held, prev, grant, {})
 /// `tolerance_us`, less what the members hold leased and unused in this window's ledger and the
 /// previous window's. Tokens admitted beyond what was charged are charged from `since_ms`.
 const BUCKETS: &str = r#"
-local u, c, e, d, t, grant = fields(KEY_LEDGER)
+local u, c, e, d, t, grant, p = fields(KEY_LEDGER)
 local first = not c[member]
 if adopt > 0 and not c[member] then c[member] = adopt; e[member] = tonumber(lease_until_ms) end
 local mine, total = report(u[member] or 0)
-local held, active, wanted = others(u, c, e, d, mine)
+local held, active, wanted = others(u, c, e, d, mine, p)
 local nowus = now_ms * 1000
 local charge = mine - (t[member] or confirmed)
 -- admitted tokens count from when they can first have come: behind the others' tokens
@@ -388,7 +399,7 @@ for id, ceiling in pairs(pc) do
 end
 if charge > 0 then tat = math.max(tat, from) + charge * bucket_us end
 local avail = math.floor((nowus + tolerance_us - math.max(tat, nowus)) / bucket_us) - held
-local ceiling, fair, left = lease(c, e, mine, avail, held, active, wanted, 0)
+local ceiling, fair, left = lease(c, e, p, mine, avail, held, active, wanted, 0)
 redis.call('HSET', KEY_LEDGER, 't:' .. member, mine)
 redis.call('SET', KEY_BUCKET, string.format('%.0f', tat))
 redis.call('PEXPIREAT', KEY_BUCKET, string.format('%.0f', math.ceil(math.max(tat, nowus) / 1000) + period_ms + 10000))
@@ -398,7 +409,7 @@ return answer(first, total, ceiling, fair, left, held, 0, grant, {})
 /// The sliding log: the growth is also counted by bucket of the window (`b:`); the cap is
 /// lowered by what of the previous window is still in the span, its leases counted as used.
 const LOG: &str = r#"
-local u, c, e, d, _, grant = fields(KEY_LEDGER)
+local u, c, e, d, _, grant, p = fields(KEY_LEDGER)
 local first = not c[member]
 cap = cap + grant
 local mine = u[member] or 0
@@ -436,8 +447,8 @@ if KEY_PREV_LEDGER ~= KEY_LEDGER then
   prev = math.max(prev - pg, 0)
   cap = cap - prev
 end
-local held, active, wanted = others(u, c, e, d, mine)
-local ceiling, fair, left = lease(c, e, mine, cap - total - held, held, active, wanted, 0)
+local held, active, wanted = others(u, c, e, d, mine, p)
+local ceiling, fair, left = lease(c, e, p, mine, cap - total - held, held, active, wanted, 0)
 return answer(first, total, ceiling, fair, left, held, prev, grant, steps)
 "#;
 
