@@ -407,20 +407,14 @@ fn others_hold_the_rest(used: u64) -> (Fleet, Config, Limiter) {
 }
 
 #[test]
-fn when_others_hold_the_rest_of_a_nearly_full_window_two_answers_refuse_until_it_ends() {
+fn when_others_hold_the_rest_of_a_nearly_full_window_an_answer_refuses_until_it_ends() {
     let (mut f, cfg, limiter) = others_hold_the_rest(95);
-    // no credit under 500 (docs/fleet.md, "Small limits"): held at once; one answer without
-    // room: held once more (asked again)
+    // no credit under 500 (docs/fleet.md, "Small limits"): held at once
     assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Hold);
     f.round(&cfg);
-    assert_eq!(f.verdict(&limiter, &cfg, "acme"), Verdict::Hold);
-    // held as long as it may after that answer: refused (an answer said the fleet is full)
-    assert!(matches!(
-        f.decide_as(&limiter, &cfg, "acme", true).verdict,
-        Verdict::Reject { status: 429 }
-    ));
-    f.round(&cfg);
-    // a second answer without room: refused, and told to come back when the window ends
+    // an answer without room, the fleet at 0.9 x its threshold or more and nobody with room
+    // left (`Ledger::capped`): refused at once, without asking again, and told to come back
+    // when the window ends (before: held once more, refused at the second such answer)
     let d = f.decide(&limiter, &cfg, "acme");
     assert!(
         matches!(d.verdict, Verdict::Reject { status: 429 }),
@@ -430,6 +424,12 @@ fn when_others_hold_the_rest_of_a_nearly_full_window_two_answers_refuse_until_it
     assert!(
         retry > 3_500_000 && retry <= 3_600_000,
         "retry after {retry} ms"
+    );
+    let round = f.accounts.begin(cfg.redis.as_ref().expect("redis"), false);
+    assert!(
+        round.updates.is_empty(),
+        "an early round asks nothing: {:?}",
+        round.updates
     );
 }
 
