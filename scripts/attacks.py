@@ -109,21 +109,22 @@ def get(url, timeout=10):
         return e.code, e.read()
 
 
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
+def proc_field(pid, name, field):
+    """The number after `field` in /proc/PID/`name` (0 if absent)."""
+    with open(f"/proc/{pid}/{name}") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1])
     return 0
+
+
+def rss_kib(pid):
+    return proc_field(pid, "status", "VmRSS:")
 
 
 def read_bytes(pid):
     """Bytes process `pid` has read (read(2) and recv(2) alike: /proc/PID/io's rchar)."""
-    with open(f"/proc/{pid}/io") as f:
-        for line in f:
-            if line.startswith("rchar:"):
-                return int(line.split()[1])
-    return 0
+    return proc_field(pid, "io", "rchar:")
 
 
 def connections_to(addr):

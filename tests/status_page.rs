@@ -33,19 +33,25 @@ fn limits_with_room(room_s: u64) -> (String, u64) {
     (LIMITS.edit("period: 1h", &format!("period: {p}")), p)
 }
 
-#[test]
-fn tenant_lookup_in_a_fleet_of_two_shows_the_tenant_at_its_limit() {
+/// Two gateways sharing a Redis, with `LIMITS`' threshold set to `threshold` and a window
+/// with room for the start-up and the test, and still a minute at its end.
+fn fleet_of_two(threshold: u64) -> (RedisServer, Upstream, Gateway, Gateway) {
     let redis = RedisServer::start();
     let up = Upstream::start("u");
-    // the window has room for the start-up and the test, and still a minute at its end
     let (limits, _) = limits_with_room(120);
     let cfg = one_route_config(up.addr, 1, "")
-        + &limits
+        + &limits.edit("threshold: 4", &format!("threshold: {threshold}"))
         + &format!("redis:\n  url: {}\n  key_prefix: tg\n", redis.url());
     let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
     for gw in [&a, &b] {
         assert!(wait_redis_state(gw, "connected"));
     }
+    (redis, up, a, b)
+}
+
+#[test]
+fn tenant_lookup_in_a_fleet_of_two_shows_the_tenant_at_its_limit() {
+    let (_redis, _up, a, b) = fleet_of_two(4);
     let mut admitted = 0;
     for i in 0..12 {
         let gw = if i % 2 == 0 { &a } else { &b };
@@ -95,16 +101,7 @@ fn tenant_lookup_in_a_fleet_of_two_shows_the_tenant_at_its_limit() {
 #[test]
 fn tenant_lookup_shows_the_fleets_view_far_from_the_limit_too() {
     // 100,000 an hour: far from it, each instance counts by plain increments (no lease)
-    let redis = RedisServer::start();
-    let up = Upstream::start("u");
-    let (limits, _) = limits_with_room(120);
-    let cfg = one_route_config(up.addr, 1, "")
-        + &limits.edit("threshold: 4", "threshold: 100000")
-        + &format!("redis:\n  url: {}\n  key_prefix: tg\n", redis.url());
-    let (a, b) = (Gateway::start(&cfg), Gateway::start(&cfg));
-    for gw in [&a, &b] {
-        assert!(wait_redis_state(gw, "connected"));
-    }
+    let (_redis, _up, a, b) = fleet_of_two(100_000);
     let fleet = |gw: &Gateway| {
         api(gw, "/api/tenants/acme", &[]).json()["rules"][0]["tiers"][0]["fleet"].clone()
     };

@@ -1288,22 +1288,28 @@ mod tests {
         }
     }
 
-    #[test]
-    fn answers_without_room_refuse_only_once_the_fleet_is_near_full() {
-        let t = tier(100);
-        let mut s = state();
-        let ask = lease_ask(&s, 0, 1, 1);
-        // the fleet at 50 of 100, the others holding the rest: not full, ask again
-        let short = |total, held| Answer {
+    /// An answer that leaves nobody any room: the fleet's `total`, this record's `ceiling`,
+    /// and what the others hold unused.
+    fn no_room(total: u64, ceiling: u64, held: u64) -> Answer {
+        Answer {
             total,
-            ceiling: 0,
+            ceiling,
             fair: 1,
             room: 0,
             held,
             prev: 0,
             grant: 0,
             steps: Default::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn answers_without_room_refuse_only_once_the_fleet_is_near_full() {
+        let t = tier(100);
+        let mut s = state();
+        let ask = lease_ask(&s, 0, 1, 1);
+        // the fleet at 50 of 100, the others holding the rest: not full, ask again
+        let short = |total, held| no_room(total, 0, held);
         for _ in 0..5 {
             apply(&mut s, &ask, short(50, 50), (10_000, 100));
             assert_eq!(s.ledger.short, 1);
@@ -1977,17 +1983,7 @@ mod tests {
             let mut s = state();
             s.ledger.current.used = 50;
             let ask = lease_ask(&s, 50, 100, 0);
-            let answer = Answer {
-                total,
-                ceiling,
-                fair: 1,
-                room: 0,
-                held,
-                prev: 0,
-                grant: 0,
-                steps: Default::default(),
-            };
-            apply(&mut s, &ask, answer, (10_000, 200));
+            apply(&mut s, &ask, no_room(total, ceiling, held), (10_000, 200));
             s.ledger.current.used = ceiling;
             s.ledger.current.leased = true;
             s
