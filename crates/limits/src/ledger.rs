@@ -1002,17 +1002,16 @@ pub fn apply(state: &mut TierState, ask: &Ask, answer: Answer, (period_ms, thres
 /// What an answer says of how full the window is: `filled`, `capped`, `short` and `waits`
 /// (see `Ledger`), given the ceiling it granted.
 fn learn_fullness(l: &mut Ledger, ask: &Ask, answer: &Answer, ceiling: u64, threshold: u64) {
-    let under =
-        answer.total.saturating_mul(10) < threshold.saturating_add(l.grant).saturating_mul(9);
-    l.filled = answer.total >= threshold.saturating_add(l.grant);
+    let cap = threshold.saturating_add(l.grant);
+    let under = answer.total.saturating_mul(10) < cap.saturating_mul(9);
+    l.filled = answer.total >= cap;
     // (the whole cap counted or leased, and at least 0.9 x of it counted, or this
     // record's lease reaching it: see `Ledger::capped`)
-    l.capped = answer.room == 0
-        && (!under
-            || answer
-                .total
-                .saturating_add(ceiling.saturating_sub(ask.used))
-                >= threshold.saturating_add(l.grant));
+    let reaches = answer
+        .total
+        .saturating_add(ceiling.saturating_sub(ask.used))
+        >= cap;
+    l.capped = answer.room == 0 && (!under || reaches);
     let short = if ceiling >= ask.used + ask.need {
         0
     } else if answer.held > 0 && under {
@@ -1024,7 +1023,7 @@ fn learn_fullness(l: &mut Ledger, ask: &Ask, answer: &Answer, ceiling: u64, thre
     } else {
         l.short.saturating_add(1)
     };
-    let past_half = answer.total.saturating_mul(2) >= threshold.saturating_add(l.grant);
+    let past_half = answer.total.saturating_mul(2) >= cap;
     l.waits = if short == 1 && l.split && past_half {
         l.waits.saturating_add(1)
     } else {
@@ -1857,17 +1856,7 @@ mod tests {
         // the answer to a part's ask: nothing more, the others hold 20 unused, the fleet at
         // `total` of 200
         let wait = |s: &mut TierState, ask: &Ask, total: u64| {
-            let answer = Answer {
-                total,
-                ceiling: 66,
-                fair: 1,
-                room: 0,
-                held: 20,
-                prev: 0,
-                grant: 0,
-                steps: Default::default(),
-            };
-            apply(s, ask, answer, (10_000, 200));
+            apply(s, ask, no_room(total, 66, 20), (10_000, 200));
             assert_eq!(s.ledger.short, 1, "the requests wait on");
             note_hold(s, false, 1);
         };
@@ -1946,17 +1935,7 @@ mod tests {
             assert!(ask.rest > 0, "a part");
             // two answers that grant nothing: refused as full (`short` 2)
             for _ in 0..2 {
-                let answer = Answer {
-                    total,
-                    ceiling: 66,
-                    fair: 1,
-                    room: 0,
-                    held: 0,
-                    prev: 0,
-                    grant: 0,
-                    steps: Default::default(),
-                };
-                apply(&mut s, &ask, answer, (10_000, 200));
+                apply(&mut s, &ask, no_room(total, 66, 0), (10_000, 200));
             }
             assert_eq!(s.ledger.short, 2);
             s.ledger.need_milli = 0;

@@ -306,11 +306,9 @@ local function lease(c, e, p, mine, avail, held, active, wanted, split)
   if split > 0 then ceiling = math.max(ceiling, mine + math.min(split, avail)) end
   local until_ms = lease_until_ms
   if want <= mine then until_ms = now_ms end
-  if pending > 0 or (p[member] or 0) > 0 then
-    redis.call('HSET', KEY_LEDGER, 'u:' .. member, mine, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire, 'p:' .. member, pending)
-  else
-    redis.call('HSET', KEY_LEDGER, 'u:' .. member, mine, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire)
-  end
+  local f = {'u:' .. member, mine, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire}
+  if pending > 0 or (p[member] or 0) > 0 then f[9], f[10] = 'p:' .. member, pending end
+  redis.call('HSET', KEY_LEDGER, unpack(f))
   return ceiling, fair, avail - (ceiling - mine)
 end
 -- the ledger's expiry (`first`: the member's first lease in it, which a ledger lost and
