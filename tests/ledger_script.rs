@@ -204,21 +204,29 @@ fn the_lua_script_and_its_rust_twin_answer_alike() {
         let real = redis.int(&["GET", &key]);
         assert_eq!(real, strings.get(&key).copied().unwrap_or(0), "{key}");
         let ledger = format!("{key}:fleet");
-        let real: HashMap<String, i64> = redis::cmd("HGETALL")
+        // (the members' records are binary: only the logs' buckets are text)
+        let real: HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
             .arg(&ledger)
             .query(&mut conn)
             .expect("HGETALL");
-        let buckets = |h: &HashMap<String, i64>| -> Vec<(String, i64)> {
-            let mut b: Vec<_> = h
-                .iter()
-                .filter(|(k, _)| k.starts_with("b:"))
-                .map(|(k, v)| (k.clone(), *v))
-                .collect();
-            b.sort();
-            b
-        };
+        let mut real: Vec<(String, i64)> = real
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("b:"))
+            .map(|(k, v)| {
+                let n = String::from_utf8_lossy(&v)
+                    .parse()
+                    .expect("a bucket's count");
+                (k, n)
+            })
+            .collect();
+        real.sort();
         let model = hashes.get(&ledger).cloned().unwrap_or_default();
-        assert_eq!(buckets(&real), buckets(&model), "{ledger}");
+        let mut model: Vec<(String, i64)> = model
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("b:"))
+            .collect();
+        model.sort();
+        assert_eq!(real, model, "{ledger}");
     }
     assert!(
         hashes
@@ -528,4 +536,31 @@ fn waiting_requests_are_granted_first_and_forecasts_only_from_the_spare_budget()
     // - 40 held
     let c = eval(&mut conn, &ask("c.1", 0, 700, 0));
     assert_eq!(c.ceiling, 660, "all that is free, and no more");
+}
+
+#[test]
+fn a_member_written_as_text_fields_by_an_earlier_version_is_seen_holding_its_lease() {
+    let (redis, mut conn) = connected();
+    // an instance not yet upgraded (its record as text fields, the format before 2026-11-28)
+    // has admitted 20 of a window of 100 and holds a lease to 60
+    let key = "t:{p}:o:0:1000";
+    let ledger = format!("{key}:fleet");
+    redis.int(&["INCRBY", key, "20"]);
+    let old = [("u", "20"), ("c", "60"), ("e", "1000"), ("d", "40")];
+    for (kind, v) in old {
+        redis.int(&["HSET", &ledger, &format!("{kind}:old.1"), v]);
+    }
+    // an upgraded one sees the 40 it holds unused, and leases only out of the rest
+    let a = eval(&mut conn, &window_update(key, "new.1", 0, 100, 100));
+    assert_eq!((a.total, a.held), (20, 40), "{a:?}");
+    assert!(a.ceiling <= 100 - 20 - 40, "{a:?}");
+    // and its own record is one field
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&ledger)
+        .query(&mut conn)
+        .expect("HKEYS");
+    assert!(fields.contains(&"m:new.1".to_string()), "{fields:?}");
+    assert!(!fields
+        .iter()
+        .any(|f| f.ends_with(":new.1") && f != "m:new.1"));
 }

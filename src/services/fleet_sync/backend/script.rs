@@ -20,12 +20,20 @@ pub enum Family {
     Log,
 }
 
-/// How a script takes an argument: as Redis gives it, or as a number.
+/// How a script takes an argument: as Redis gives it (its own `ARGV`, after the numbers), or
+/// as a number: all of a call's numbers travel in its first argument, packed as
+/// little-endian doubles (`NUMBER`), which the script unpacks with Redis's `struct` library
+/// in one call (the numbers Lua holds are doubles anyway). Parsing a dozen numbers from text
+/// (`tonumber`) cost a call more instructions than the rest of its argument handling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Text,
     Number,
 }
+
+/// The `struct` format of one packed number (`Kind::Number`, and each number of a ledger's
+/// member record).
+const NUMBER: &str = "d";
 
 use Kind::{Number, Text};
 
@@ -39,7 +47,7 @@ const COMMON_ARGS: [(&str, Kind); 8] = [
     ("want", Number),
     ("now_ms", Number),
     // until when the lease holds (the window's end; a bucket's: the next window's)
-    ("lease_until_ms", Text),
+    ("lease_until_ms", Number),
     // when the keys expire (Unix ms)
     ("expire_at_ms", Text),
     // of `want - used`, the requests waiting now: granted first, from all that is free
@@ -126,11 +134,21 @@ impl Family {
         }
     }
 
-    /// The names of the script's arguments, in order (`ARGV[1]`, ...).
+    /// The names of the script's arguments, in their documented order.
     pub fn args(self) -> impl Iterator<Item = &'static str> {
         COMMON_ARGS
             .iter()
             .chain(self.own_args())
+            .map(|&(name, _)| name)
+    }
+
+    /// The names of the arguments of one kind, in order: the numbers as packed in `ARGV[1]`,
+    /// the texts as `ARGV[2]`, ...
+    fn args_of(self, kind: Kind) -> impl Iterator<Item = &'static str> {
+        COMMON_ARGS
+            .iter()
+            .chain(self.own_args())
+            .filter(move |&&(_, k)| k == kind)
             .map(|&(name, _)| name)
     }
 
@@ -157,14 +175,19 @@ impl Family {
                 i + 1
             ));
         }
-        for (i, &(name, kind)) in COMMON_ARGS.iter().chain(self.own_args()).enumerate() {
-            s.push_str(&match kind {
-                Text => format!("local {name} = ARGV[{}]\n", i + 1),
-                Number => format!("local {name} = tonumber(ARGV[{}])\n", i + 1),
-            });
+        // the numbers, packed in the first argument, then the texts, each an argument
+        let numbers: Vec<&str> = self.args_of(Number).collect();
+        s.push_str(&format!(
+            "local {} = struct.unpack('<{}', ARGV[1])\n",
+            numbers.join(", "),
+            NUMBER.repeat(numbers.len())
+        ));
+        let mut texts = 0;
+        for (i, name) in self.args_of(Text).enumerate() {
+            s.push_str(&format!("local {name} = ARGV[{}]\n", i + 2));
+            texts += 1;
         }
-        let named = COMMON_ARGS.len() + self.own_args().len();
-        s.push_str(&format!("local FIRST_PAIR = {}\n", named + 1));
+        s.push_str(&format!("local FIRST_PAIR = {}\n", texts + 2));
         s.push_str(LIBRARY);
         s.push_str(self.body());
         s
@@ -240,19 +263,32 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
 /// `direct_each` for each of the fleet's `instances` not yet among the members (a record that
 /// runs the script reports its direct count unsent with it, and leases from then on).
 const LIBRARY: &str = r#"
--- the members' records in a ledger: counts (u:), ceilings (c:), lease ends (e:), what each
--- asked for beyond its count (d:), the tokens charged to it (t:, buckets), the ceiling a part
--- held before a re-split, until its holder's next call (p:, windows); and what an operator
--- granted to the window (g:, the adjustment script's)
+-- the members' records in a ledger, one field each (`m:` and the member), its numbers packed
+-- as doubles (`RECORD`, Redis's `struct` library: no number is parsed from text or written as
+-- text): its count, its ceiling, its lease's end, what it asked for beyond its count, the
+-- tokens charged to it (buckets; else -1, read as none), the ceiling a part held before a
+-- re-split, until its holder's next call (windows); and what an operator granted to the
+-- window (`g:`, text, the adjustment script's). A record written as text fields (`u:`,
+-- `c:`, `e:`, `d:`, `t:`, `p:` and the member: before 2026-11-28) is read too, so that an
+-- instance not yet upgraded is seen holding what it holds.
+local RECORD = '<dddddd'
 local function fields(key)
   local u, c, e, d, t, g, p = {}, {}, {}, {}, {}, 0, {}
   local f = redis.call('HGETALL', key)
+  local byte, sub, unpack_ = string.byte, string.sub, struct.unpack
   for i = 1, #f, 2 do
-    local kind, id, v = string.sub(f[i], 1, 1), string.sub(f[i], 3), tonumber(f[i + 1])
-    if kind == 'u' then u[id] = v elseif kind == 'c' then c[id] = v
-    elseif kind == 'e' then e[id] = v elseif kind == 'd' then d[id] = v
-    elseif kind == 't' then t[id] = v elseif kind == 'g' then g = v
-    elseif kind == 'p' then p[id] = v end
+    local kind = byte(f[i])
+    if kind == 109 then -- m
+      local id = sub(f[i], 3)
+      u[id], c[id], e[id], d[id], t[id], p[id] = unpack_(RECORD, f[i + 1])
+      if t[id] < 0 then t[id] = nil end
+    elseif kind == 103 then g = tonumber(f[i + 1]) -- g
+    elseif kind ~= 98 then -- b: a log's buckets; else a record as text
+      local id, v = sub(f[i], 3), tonumber(f[i + 1])
+      if kind == 117 then u[id] = v elseif kind == 99 then c[id] = v
+      elseif kind == 101 then e[id] = v elseif kind == 100 then d[id] = v
+      elseif kind == 116 then t[id] = v elseif kind == 112 then p[id] = v end
+    end
   end
   return u, c, e, d, t, g, p
 end
@@ -284,11 +320,12 @@ local function others(u, c, e, d, mine, p)
 end
 -- the lease out of `avail`: keep what this member holds up to what it wants, then the
 -- requests waiting (`need`) from all that is free, then its part of the spare budget, or
--- (`split`, a fixed window filling) at least that much unused; written to the ledger.
--- A part larger than its share of what nobody has admitted (the others' demand grew) is
--- re-split to it, what it held kept for it (`p:`) until its next call: it may admit up to
--- that until this answer reaches it. Returns the ceiling, the fair part and what is left.
-local function lease(c, e, p, mine, avail, held, active, wanted, split)
+-- (`split`, a fixed window filling) at least that much unused; written to the ledger with
+-- the tokens `charged` to it (buckets; -1: none). A part larger than its share of what
+-- nobody has admitted (the others' demand grew) is re-split to it, what it held kept for it
+-- (its record's last number) until its next call: it may admit up to that until this answer
+-- reaches it. Returns the ceiling, the fair part and what is left.
+local function lease(c, e, mine, avail, held, active, wanted, split, charged)
   local keep = mine
   if c[member] and (e[member] or 0) > now_ms then keep = math.max(mine, math.min(want, c[member])) end
   local pending = 0
@@ -306,9 +343,8 @@ local function lease(c, e, p, mine, avail, held, active, wanted, split)
   if split > 0 then ceiling = math.max(ceiling, mine + math.min(split, avail)) end
   local until_ms = lease_until_ms
   if want <= mine then until_ms = now_ms end
-  local f = {'u:' .. member, mine, 'c:' .. member, ceiling, 'e:' .. member, until_ms, 'd:' .. member, desire}
-  if pending > 0 or (p[member] or 0) > 0 then f[9], f[10] = 'p:' .. member, pending end
-  redis.call('HSET', KEY_LEDGER, unpack(f))
+  local record = struct.pack(RECORD, mine, ceiling, until_ms, desire, charged, pending)
+  redis.call('HSET', KEY_LEDGER, 'm:' .. member, record)
   return ceiling, fair, avail - (ceiling - mine)
 end
 -- the ledger's expiry (`first`: the member's first lease in it, which a ledger lost and
@@ -331,7 +367,7 @@ end
 /// (counting that window's leases as used, less what was granted to it); what direct records
 /// may still report is kept out of leases.
 const WINDOWS: &str = r#"
-local u, c, e, d, _, grant, p = fields(KEY_LEDGER)
+local u, c, e, d, t, grant, p = fields(KEY_LEDGER)
 local first = not c[member]
 cap = cap + grant
 local mine, total = report(u[member] or 0)
@@ -369,7 +405,8 @@ if rest > 0 then
   local demand = desire + math.max(instances - 1 - active, 0) * desire + wanted
   if demand >= pool and pool > 0 then split = math.floor(pool * desire / demand) end
 end
-local ceiling, fair, left = lease(c, e, p, mine, cap - total - held - reserve, held, active, wanted, split)
+local avail = cap - total - held - reserve
+local ceiling, fair, left = lease(c, e, mine, avail, held, active, wanted, split, t[member] or -1)
 return answer(first, total, ceiling, fair, left, held, prev, grant, {})
 "#;
 
@@ -380,7 +417,7 @@ return answer(first, total, ceiling, fair, left, held, prev, grant, {})
 const BUCKETS: &str = r#"
 local u, c, e, d, t, grant, p = fields(KEY_LEDGER)
 local first = not c[member]
-if adopt > 0 and not c[member] then c[member] = adopt; e[member] = tonumber(lease_until_ms) end
+if adopt > 0 and not c[member] then c[member] = adopt; e[member] = lease_until_ms end
 local mine, total = report(u[member] or 0)
 local held, active, wanted = others(u, c, e, d, mine, p)
 local nowus = now_ms * 1000
@@ -397,8 +434,7 @@ for id, ceiling in pairs(pc) do
 end
 if charge > 0 then tat = math.max(tat, from) + charge * bucket_us end
 local avail = math.floor((nowus + tolerance_us - math.max(tat, nowus)) / bucket_us) - held
-local ceiling, fair, left = lease(c, e, p, mine, avail, held, active, wanted, 0)
-redis.call('HSET', KEY_LEDGER, 't:' .. member, mine)
+local ceiling, fair, left = lease(c, e, mine, avail, held, active, wanted, 0, mine)
 redis.call('SET', KEY_BUCKET, string.format('%.0f', tat))
 redis.call('PEXPIREAT', KEY_BUCKET, string.format('%.0f', math.ceil(math.max(tat, nowus) / 1000) + period_ms + 10000))
 return answer(first, total, ceiling, fair, left, held, 0, grant, {})
@@ -407,7 +443,7 @@ return answer(first, total, ceiling, fair, left, held, 0, grant, {})
 /// The sliding log: the growth is also counted by bucket of the window (`b:`); the cap is
 /// lowered by what of the previous window is still in the span, its leases counted as used.
 const LOG: &str = r#"
-local u, c, e, d, _, grant, p = fields(KEY_LEDGER)
+local u, c, e, d, t, grant, p = fields(KEY_LEDGER)
 local first = not c[member]
 cap = cap + grant
 local mine = u[member] or 0
@@ -446,25 +482,59 @@ if KEY_PREV_LEDGER ~= KEY_LEDGER then
   cap = cap - prev
 end
 local held, active, wanted = others(u, c, e, d, mine, p)
-local ceiling, fair, left = lease(c, e, p, mine, cap - total - held, held, active, wanted, 0)
+local avail = cap - total - held
+local ceiling, fair, left = lease(c, e, mine, avail, held, active, wanted, 0, t[member] or -1)
 return answer(first, total, ceiling, fair, left, held, prev, grant, steps)
 "#;
 
 /// Arguments pushed by name, in the order the family's script names them (checked in debug
-/// builds, so every test that builds a call checks it).
-struct Named<'c, I: Iterator<Item = &'static str>> {
-    cmd: &'c mut redis::Cmd,
+/// builds, so every test that builds a call checks it): the numbers packed in one argument
+/// (`Kind::Number`), then the texts.
+struct Named<I: Iterator<Item = &'static str>> {
     names: I,
 }
 
-impl<I: Iterator<Item = &'static str>> Named<'_, I> {
-    fn push(&mut self, name: &str, v: impl redis::ToRedisArgs) -> &mut Self {
+impl<I: Iterator<Item = &'static str>> Named<I> {
+    fn next(&mut self, name: &str) {
         let expected = self.names.next();
         debug_assert_eq!(
             expected,
             Some(name),
             "the script's arguments are in another order"
         );
+    }
+
+    fn done(mut self) {
+        debug_assert!(
+            self.names.next().is_none(),
+            "an argument of the script is missing"
+        );
+    }
+}
+
+/// The numbers of a call, packed as the script unpacks them.
+struct Numbers<I: Iterator<Item = &'static str>> {
+    named: Named<I>,
+    packed: Vec<u8>,
+}
+
+impl<I: Iterator<Item = &'static str>> Numbers<I> {
+    fn push(&mut self, name: &str, v: f64) -> &mut Self {
+        self.named.next(name);
+        self.packed.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+}
+
+/// The text arguments of a call, after its numbers.
+struct Texts<'c, I: Iterator<Item = &'static str>> {
+    named: Named<I>,
+    cmd: &'c mut redis::Cmd,
+}
+
+impl<I: Iterator<Item = &'static str>> Texts<'_, I> {
+    fn push(&mut self, name: &str, v: impl redis::ToRedisArgs) -> &mut Self {
+        self.named.next(name);
         self.cmd.arg(v);
         self
     }
@@ -480,47 +550,65 @@ pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
     if family != Family::Log {
         c.arg(&u.prev_key);
     }
-    let mut a = Named {
-        cmd: &mut c,
-        names: family.args(),
+    // (counts and instants are integers far under 2^53, which a double holds exactly)
+    let mut n = Numbers {
+        named: Named {
+            names: family.args_of(Number),
+        },
+        packed: Vec::with_capacity(8 * 16),
     };
-    a.push("member", &u.member)
-        .push("used", u.used)
-        .push("want", u.want)
-        .push("now_ms", u.now_ms)
-        .push("lease_until_ms", u.lease_until_ms)
-        .push("expire_at_ms", u.expire_at_ms)
-        .push("need", u.need)
-        .push("spare", u.spare);
+    n.push("used", u.used as f64)
+        .push("want", u.want as f64)
+        .push("now_ms", u.now_ms as f64)
+        .push("lease_until_ms", u.lease_until_ms as f64)
+        .push("need", u.need as f64)
+        .push("spare", u.spare as f64);
     match family {
-        Family::Windows => a
-            .push("cap", u.cap)
-            .push("weight_ms", u.weight_ms)
-            .push("period_ms", u.period_ms)
-            .push("direct_cap", u.direct_cap)
-            .push("instances", u.instances)
-            .push("direct_each", u.direct_each)
-            .push("rest", u.rest),
-        Family::Buckets => a
-            .push("period_ms", u.period_ms)
-            .push("bucket_us", bucket_arg(u.bucket_ns))
-            .push("tolerance_us", u.tolerance_us)
-            .push("adopt", u.adopt)
-            .push("confirmed", u.confirmed)
-            .push("since_ms", u.since_ms),
-        Family::Log => a
-            .push("cap", u.cap)
-            .push("last_bucket", u.log.last)
-            .push("from_bucket", u.log.from),
+        Family::Windows => n
+            .push("cap", u.cap as f64)
+            .push("weight_ms", u.weight_ms as f64)
+            .push("period_ms", u.period_ms as f64)
+            .push("direct_cap", u.direct_cap as f64)
+            .push("instances", u.instances as f64)
+            .push("direct_each", u.direct_each as f64)
+            .push("rest", u.rest as f64),
+        Family::Buckets => n
+            .push("period_ms", u.period_ms as f64)
+            .push("bucket_us", bucket_us(u.bucket_ns))
+            .push("tolerance_us", u.tolerance_us as f64)
+            .push("adopt", u.adopt as f64)
+            .push("confirmed", u.confirmed as f64)
+            .push("since_ms", u.since_ms as f64),
+        Family::Log => n
+            .push("cap", u.cap as f64)
+            .push("from_bucket", u.log.from as f64),
     };
-    debug_assert!(
-        a.names.next().is_none(),
-        "an argument of the script is missing"
-    );
+    let Numbers { named, packed } = n;
+    named.done();
+    c.arg(packed);
+    let mut t = Texts {
+        named: Named {
+            names: family.args_of(Text),
+        },
+        cmd: &mut c,
+    };
+    t.push("member", &u.member)
+        .push("expire_at_ms", u.expire_at_ms);
+    if family == Family::Log {
+        t.push("last_bucket", u.log.last);
+    }
+    t.named.done();
     for &(b, n) in &u.log.units {
         c.arg(b).arg(n);
     }
     c
+}
+
+/// A bucket's time per token as the script takes it, in µs (to the ns: a whole number of µs
+/// would make a bucket of 17,606 per 10 s refill 0.2% too fast): the double nearest the
+/// decimal `bucket_arg` writes.
+fn bucket_us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
 }
 
 /// A bucket's time per token as the script takes it: µs, to the ns (`"567.983"`): a whole
@@ -558,17 +646,26 @@ mod tests {
                 let line = format!("local KEY_{} = KEYS[{}]\n", k.to_uppercase(), i + 1);
                 assert!(src.contains(&line), "{family:?}: {line}");
             }
-            for (i, name) in family.args().enumerate() {
-                let line = src
-                    .lines()
-                    .find(|l| l.starts_with(&format!("local {name} = ")))
-                    .unwrap_or_else(|| panic!("{family:?} does not name {name}"));
-                let argv = format!("ARGV[{}]", i + 1);
-                assert!(
-                    line.ends_with(&argv) || line.ends_with(&format!("{argv})")),
-                    "{family:?}: {line} is not argument {}",
-                    i + 1
-                );
+            // the numbers from the first argument, in order; then each text
+            let numbers: Vec<&str> = family.args_of(Number).collect();
+            let line = format!(
+                "local {} = struct.unpack('<{}', ARGV[1])\n",
+                numbers.join(", "),
+                "d".repeat(numbers.len())
+            );
+            assert!(src.contains(&line), "{family:?}: {line}");
+            for (i, name) in family.args_of(Text).enumerate() {
+                let line = format!("local {name} = ARGV[{}]\n", i + 2);
+                assert!(src.contains(&line), "{family:?}: {line}");
+            }
+            // every argument is one or the other, named once in the script's head
+            let head = &src[..src.find("local FIRST_PAIR").unwrap_or(0)];
+            for name in family.args() {
+                let named = head
+                    .split(|ch: char| !(ch.is_alphanumeric() || ch == '_'))
+                    .filter(|w| *w == name)
+                    .count();
+                assert_eq!(named, 1, "{family:?}: {name}");
             }
             // the bodies read arguments by name (the log's pairs after them excepted)
             let body = family.body();
@@ -588,8 +685,15 @@ mod tests {
             // (the order of the names is checked as the call is built, in debug builds)
             let cmd = ledger_cmd(&u);
             let pairs = if family == Family::Log { 4 } else { 0 };
-            // EVALSHA, the hash, the number of keys, then the keys and the arguments
-            let expected = 3 + family.keys().len() + family.args().count() + pairs;
+            // EVALSHA, the hash, the number of keys, then the keys, the numbers packed in one
+            // argument (8 bytes each) and the texts
+            let numbers = family.args_of(Number).count();
+            let expected = 3 + family.keys().len() + 1 + family.args_of(Text).count() + pairs;
+            let packed = cmd.args_iter().nth(3 + family.keys().len());
+            assert!(
+                matches!(packed, Some(redis::Arg::Simple(b)) if b.len() == 8 * numbers),
+                "{family:?}"
+            );
             assert_eq!(cmd.args_iter().count(), expected, "{family:?}");
         }
     }
