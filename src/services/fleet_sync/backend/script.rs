@@ -519,7 +519,12 @@ struct Numbers<I: Iterator<Item = &'static str>> {
 }
 
 impl<I: Iterator<Item = &'static str>> Numbers<I> {
-    fn push(&mut self, name: &str, v: f64) -> &mut Self {
+    /// A count or an instant (integers far under 2^53, which a double holds exactly).
+    fn push(&mut self, name: &str, v: u64) -> &mut Self {
+        self.real(name, v as f64)
+    }
+
+    fn real(&mut self, name: &str, v: f64) -> &mut Self {
         self.named.next(name);
         self.packed.extend_from_slice(&v.to_le_bytes());
         self
@@ -550,38 +555,35 @@ pub fn ledger_cmd(u: &LedgerUpdate) -> redis::Cmd {
     if family != Family::Log {
         c.arg(&u.prev_key);
     }
-    // (counts and instants are integers far under 2^53, which a double holds exactly)
     let mut n = Numbers {
         named: Named {
             names: family.args_of(Number),
         },
         packed: Vec::with_capacity(8 * 16),
     };
-    n.push("used", u.used as f64)
-        .push("want", u.want as f64)
-        .push("now_ms", u.now_ms as f64)
-        .push("lease_until_ms", u.lease_until_ms as f64)
-        .push("need", u.need as f64)
-        .push("spare", u.spare as f64);
+    n.push("used", u.used)
+        .push("want", u.want)
+        .push("now_ms", u.now_ms)
+        .push("lease_until_ms", u.lease_until_ms)
+        .push("need", u.need)
+        .push("spare", u.spare);
     match family {
         Family::Windows => n
-            .push("cap", u.cap as f64)
-            .push("weight_ms", u.weight_ms as f64)
-            .push("period_ms", u.period_ms as f64)
-            .push("direct_cap", u.direct_cap as f64)
-            .push("instances", u.instances as f64)
-            .push("direct_each", u.direct_each as f64)
-            .push("rest", u.rest as f64),
+            .push("cap", u.cap)
+            .push("weight_ms", u.weight_ms)
+            .push("period_ms", u.period_ms)
+            .push("direct_cap", u.direct_cap)
+            .push("instances", u.instances)
+            .push("direct_each", u.direct_each)
+            .push("rest", u.rest),
         Family::Buckets => n
-            .push("period_ms", u.period_ms as f64)
-            .push("bucket_us", bucket_us(u.bucket_ns))
-            .push("tolerance_us", u.tolerance_us as f64)
-            .push("adopt", u.adopt as f64)
-            .push("confirmed", u.confirmed as f64)
-            .push("since_ms", u.since_ms as f64),
-        Family::Log => n
-            .push("cap", u.cap as f64)
-            .push("from_bucket", u.log.from as f64),
+            .push("period_ms", u.period_ms)
+            .real("bucket_us", bucket_us(u.bucket_ns))
+            .push("tolerance_us", u.tolerance_us)
+            .push("adopt", u.adopt)
+            .push("confirmed", u.confirmed)
+            .push("since_ms", u.since_ms),
+        Family::Log => n.push("cap", u.cap).push("from_bucket", u.log.from),
     };
     let Numbers { named, packed } = n;
     named.done();
