@@ -65,7 +65,8 @@ conformance: deps
 ## Criterion benchmark of the decision; the cost per request against a bare Pingora
 ## passthrough (callgrind instructions, wrk throughput, latency, nginx + limit_req); the whole
 ## gateway under wrk (rules vs no rules); the fleet's accuracy and the seed scenario of three
-## instances sharing limits through Redis; HTTP/2 over TLS next to nginx (h2load); unary gRPC
+## instances sharing limits through Redis, and one ledger script call's instructions in Redis
+## (callgrind); HTTP/2 over TLS next to nginx (h2load); unary gRPC
 ## over h2c direct, through the gateway (no rules, 3 rules) and through nginx grpc_pass
 ## (h2load, callgrind, connections to the server); the tenant from an API key or a signed token
 ## (cached, uncached); memory under a million tenant ids; fleet sizing (what 3, 10 and 12
@@ -80,6 +81,7 @@ bench: deps-bench deps-test release
 	scripts/bench-tokens
 	scripts/bench-memory
 	scripts/bench-fleet
+	scripts/bench-script-cost
 	scripts/bench-fleet-sizing
 
 ## The Debian package, target/debian/tollgate_<version>_<arch>.deb (cargo-deb, installed if
