@@ -23,16 +23,16 @@ pub enum Family {
 /// How a script takes an argument: as Redis gives it (its own `ARGV`, after the numbers), or
 /// as a number: all of a call's numbers travel in its first argument, packed as
 /// little-endian doubles (`NUMBER`), which the script unpacks with Redis's `struct` library
-/// in one call (the numbers Lua holds are doubles anyway). Parsing a dozen numbers from text
-/// (`tonumber`) cost a call more instructions than the rest of its argument handling.
+/// in one call (the numbers Lua holds are doubles anyway): 15 `tonumber` of text arguments and
+/// their locals took 19k of a call's 221k instructions in Redis (callgrind; BENCHMARKS.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Text,
     Number,
 }
 
-/// The `struct` format of one packed number (`Kind::Number`, and each number of a ledger's
-/// member record).
+/// The `struct` format of one packed argument (`Kind::Number`; a ledger's member record is six
+/// of them, `RECORD` in `LIBRARY`).
 const NUMBER: &str = "d";
 
 use Kind::{Number, Text};
@@ -182,11 +182,10 @@ impl Family {
             numbers.join(", "),
             NUMBER.repeat(numbers.len())
         ));
-        let mut texts = 0;
         for (i, name) in self.args_of(Text).enumerate() {
             s.push_str(&format!("local {name} = ARGV[{}]\n", i + 2));
-            texts += 1;
         }
+        let texts = self.args_of(Text).count();
         s.push_str(&format!("local FIRST_PAIR = {}\n", texts + 2));
         s.push_str(LIBRARY);
         s.push_str(self.body());
@@ -653,7 +652,7 @@ mod tests {
             let line = format!(
                 "local {} = struct.unpack('<{}', ARGV[1])\n",
                 numbers.join(", "),
-                "d".repeat(numbers.len())
+                NUMBER.repeat(numbers.len())
             );
             assert!(src.contains(&line), "{family:?}: {line}");
             for (i, name) in family.args_of(Text).enumerate() {
