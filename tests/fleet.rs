@@ -965,6 +965,86 @@ fn a_request_past_its_lease_waits_for_the_round_that_grants_it_room() {
     panic!("no request of three bursts was held: {}", a.metrics());
 }
 
+/// Waiting marks (issue 43): an instance whose requests wait on a filling window, its own
+/// part used up, marks the window beside the heartbeat (`tg:instances:waiting...`, a sorted
+/// set of `<instance> <count key>`), where the others' heartbeats read it (a holder of an
+/// unused part then reports at once rather than at half of it: the simulation's seed
+/// scenario shows what that changes); under the limit, none of the waiting requests is
+/// refused.
+#[test]
+fn requests_waiting_on_a_part_mark_their_window_for_the_others_heartbeats() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let url = format!("url: {}\n  sync_interval: 250ms", redis.url());
+    let cfg = config(&up, &url, &hourly(300, 90), "");
+    let (a, b) = pair(&cfg);
+    let t = [("x-org-id", "t")];
+    // steady demand on both (busy at every periodic round), each holding a part of the window
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let steady = |addr: std::net::SocketAddr, gap_ms: u64| {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut statuses = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                statuses.push(common::request(addr, "GET", "/x", &t).map_or(0, |r| r.status));
+                std::thread::sleep(Duration::from_millis(gap_ms));
+            }
+            statuses
+        })
+    };
+    let steady = [steady(a.addr, 40), steady(b.addr, 100)];
+    // (their steady demand is measured over whole sync intervals)
+    assert!(rounds_pass(&[&a, &b], 5.0));
+    // then a burst on B, past its part: its requests wait on A's
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let addr = b.addr;
+            std::thread::spawn(move || {
+                (0..16)
+                    .map(|_| common::request(addr, "GET", "/x", &t).map_or(0, |r| r.status))
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    // (the marks, as Redis keeps them while the burst waits: heartbeats drop them at 500 ms)
+    let mut marks = std::collections::BTreeSet::new();
+    let waiting = tollgate::services::fleet_sync::backend::waiting_key("tg:instances");
+    while clients.iter().any(|c| !c.is_finished()) {
+        let now = redis.cmd(&["ZRANGE", &waiting, "0", "-1"]);
+        marks.extend(common::strings(now));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let burst: Vec<u16> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap_or_default())
+        .collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let steady: Vec<u16> = steady
+        .into_iter()
+        .flat_map(|s| s.join().unwrap_or_default())
+        .collect();
+    let admitted = steady.len() + burst.len();
+    assert!(admitted < 270, "under 0.9 x the limit: {admitted}");
+    assert_eq!(burst, vec![200; 128], "B's burst: {}", b.log());
+    assert!(steady.iter().all(|&s| s == 200), "A's: {steady:?}");
+    // B's requests waited, and marked the window
+    let held = metric_sum(&b.metrics(), "tollgate_fleet_held_total");
+    assert!(
+        held >= 1.0,
+        "no request of B's burst waited: {}",
+        b.metrics()
+    );
+    let keys = redis.keys("tg:*:fleet:*");
+    let of_window = |m: &String| {
+        m.split_once(' ')
+            .is_some_and(|(_, k)| keys.iter().any(|f| f == &format!("{k}:fleet")))
+    };
+    assert!(
+        marks.iter().any(of_window),
+        "marks {marks:?}, keys {keys:?}"
+    );
+}
+
 #[test]
 fn a_threshold_change_keeps_the_fleet_counting_on_the_same_redis_key() {
     let redis = RedisServer::start();

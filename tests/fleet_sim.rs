@@ -27,7 +27,9 @@ use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdic
 mod ledger_model;
 use ledger_model::{count_model, update_model};
 use tollgate::services::fleet_sync::backend::journal::{Journal, Marked, Repair};
-use tollgate::services::fleet_sync::backend::{Exchange, Heartbeat, RoundError, Update};
+use tollgate::services::fleet_sync::backend::{
+    Exchange, Heartbeat, RoundError, Update, WAIT_MARK_MS,
+};
 use tollgate::services::fleet_sync::{Accounts, Round, Schedule};
 
 /// splitmix64: small, fast, and the same on every machine.
@@ -362,6 +364,8 @@ struct SimRedis {
     strings: HashMap<String, i64>,
     hashes: Hashes,
     beats: HashMap<String, u64>,
+    /// The waiting marks (`Heartbeat::waiting_key`): when each member was marked.
+    waiting: HashMap<String, u64>,
     down_until: u64,
     restarted: bool,
     /// The tenant's node does not answer in [from, until).
@@ -446,16 +450,38 @@ impl SimRedis {
             .iter()
             .map(|u| (!shard_down).then(|| update_model(&mut self.strings, &mut self.hashes, u)))
             .collect();
-        let instances = hb.map(|hb| {
+        let mut waited = Vec::new();
+        let instances = hb.and_then(|hb| {
+            for key in &hb.waits {
+                let member = Heartbeat::wait_member(&hb.instance, key);
+                self.waiting.insert(member, hb.now_ms);
+            }
+            if !hb.beat {
+                return None;
+            }
+            let old = hb.now_ms.saturating_sub(WAIT_MARK_MS);
+            self.waiting.retain(|_, t| *t > old);
+            waited = self
+                .waiting
+                .keys()
+                .filter_map(|m| m.split_once(' '))
+                .filter(|(who, _)| *who != hb.instance)
+                .map(|(_, key)| key.to_string())
+                .collect();
+            waited.sort_unstable();
+            waited.dedup();
             self.beats.insert(hb.instance.clone(), hb.now_ms);
-            self.beats
-                .values()
-                .filter(|&&t| t + hb.liveness_ms > hb.now_ms)
-                .count() as u64
+            Some(
+                self.beats
+                    .values()
+                    .filter(|&&t| t + hb.liveness_ms > hb.now_ms)
+                    .count() as u64,
+            )
         });
         Some(Exchange {
             answers,
             instances,
+            waited,
             ..Exchange::default()
         })
     }
@@ -1663,14 +1689,21 @@ fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
 /// as in the bench, where tenants are drawn at random). Every whole window admits exactly 200,
 /// and what the fleet asks of Redis for it stays where it is (script calls per second for the
 /// tenant, printed; the seed's design makes 3, one `INCRBY` per instance a second, each far
-/// cheaper than a script call). Every bound holds for both, but swaying demand refuses one
-/// request at 0.9 x threshold (docs/fleet.md, "Known"): their number may not grow.
+/// cheaper than a script call). Every bound holds for both: swaying demand refused one
+/// request under 0.9 x threshold in these 8 seeds (41 in seeds 0-79) until a holder heard
+/// that others waited on its window (`Heartbeat::waits`; `FLEET_SIM_SEED_SCENARIO_SEEDS=80`:
+/// none).
 #[test]
 fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     let mut calls = Vec::new();
     let mut holds = Vec::new();
     let mut swaying_under = 0;
-    for (seed, shape) in (0..8).flat_map(|seed| [(seed, Shape::Even), (seed, Shape::Swaying)]) {
+    // (`FLEET_SIM_SEED_SCENARIO_SEEDS`: seeds 0 to n - 1, 8 unless said)
+    let n = std::env::var("FLEET_SIM_SEED_SCENARIO_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8u64);
+    for (seed, shape) in (0..n).flat_map(|seed| [(seed, Shape::Even), (seed, Shape::Swaying)]) {
         let s = Scenario {
             seed,
             instances: 3,
@@ -1696,13 +1729,9 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
             days: Vec::new(),
         };
         let o = simulate(&s);
-        let mut why = check(&s, &o);
+        let why = check(&s, &o);
         if shape == Shape::Swaying {
-            // known (docs/fleet.md, "Known"): a part re-split only at its holder's calls, and
-            // a holder under half of its part does not call at periodic rounds: the others
-            // can wait on it past their hold (one request of seed 2, at 0.9 x threshold)
             swaying_under += o.false_refusals.len();
-            why.retain(|w| !w.contains("under 0.9"));
         }
         assert!(why.is_empty(), "seed {seed} {shape:?}: {}", why.join("; "));
         let first = o.offered.keys().next().copied();
@@ -1717,11 +1746,9 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     }
     eprintln!("seed scenario: longest holds (ms, even and swaying by seed): {holds:?}");
     eprintln!("seed scenario, swaying: {swaying_under} refusals under 0.9 x threshold");
-    // 16 (in 3 of the 8 seeds) while the parts were set at a window's first asks
-    assert!(
-        swaying_under <= 1,
-        "swaying demand refused more under 0.9 x threshold than it did: {swaying_under}"
-    );
+    // 16 (in 3 of the 8 seeds) while the parts were set at a window's first asks, 1 while a
+    // holder under half of its part did not hear of the others' waits (`Heartbeat::waits`)
+    assert_eq!(swaying_under, 0, "refusals under 0.9 x threshold");
     let even: Vec<f64> = calls.iter().step_by(2).copied().collect();
     let swaying: Vec<f64> = calls.iter().skip(1).step_by(2).copied().collect();
     let mean = even.iter().sum::<f64>() / even.len() as f64;
@@ -1730,7 +1757,7 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     eprintln!("seed scenario, swaying: {mean_swaying:.2} script calls per second ({swaying:.2?})");
     // swaying: 2.94 while the parts were set at a window's first asks (refusing 16 requests
     // under 0.9 x threshold in 3 of the 8 seeds), 3.23 since a part is re-split to its share
-    // at its holder's calls
+    // at its holder's calls, 3.25 since a holder hears of the others' waits
     assert!(
         mean_swaying <= 3.3,
         "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
@@ -1742,8 +1769,8 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // the asker, 2.67 since a used part waiting on the others asks every 100-200 ms, not 50,
     // 2.59 since a part refused in a window counted full no longer asks at periodic rounds,
     // 2.30 since a used lease that reached the cap is full without asking (`Ledger::capped`),
-    // 2.33 since a part larger than its share is re-split at its holder's calls
-    // (deterministic: the same seeds give the same figure)
+    // 2.33 since a part larger than its share is re-split at its holder's calls, 2.31 since
+    // a holder hears of the others' waits (deterministic: the same seeds give the same figure)
     assert!(
         mean <= 2.5,
         "the seed scenario asks Redis more than it did: {mean:.2} script calls a second"

@@ -673,6 +673,12 @@ pub struct Sizing {
     /// periodic rounds) per `Ledger::steady`, looking at most `REST_INTERVALS` intervals ahead.
     pub parts: bool,
     pub interval_ms: u64,
+    /// Another instance's requests wait on this window lately (its heartbeat read their
+    /// marks), and this record holds a part of it unused: it reports now, and at a periodic
+    /// round even while its part is less than half used (`periodic_cause`), so that what its
+    /// forecast does not need goes to them (the swaying seed scenario: 41 refusals under
+    /// 0.9 x threshold in 80 seeds without it).
+    pub waited_on: bool,
 }
 
 /// Whether a tier's records take parts of a filling window (`Ask::rest`): fixed windows under
@@ -788,7 +794,13 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     if sizing.periodic {
         l.busy = false;
     }
-    let include = l.asking || l.need_milli > 0 || (sizing.periodic && periodic_cause(l, busy));
+    // others wait on this window (`Sizing::waited_on`): a count not yet reported goes now
+    // (Redis re-splits the part at the call)
+    let waited_on = sizing.waited_on && l.current.used > l.current.sent;
+    let include = l.asking
+        || l.need_milli > 0
+        || (sizing.periodic && periodic_cause(l, busy, sizing.waited_on))
+        || waited_on;
     if l.current.gen == 0 || !include || (!sizing.periodic && waiting(l, sizing.now_ms)) {
         return None;
     }
@@ -841,8 +853,8 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
 
 /// Whether a periodic round carries a leasing record that does not ask: to report a count not
 /// yet reported, to give back a lease nobody used (`busy`: used since the last periodic round),
-/// or refused as full, to ask again.
-fn periodic_cause(l: &mut Ledger, busy: bool) -> bool {
+/// or refused as full, to ask again. `waited_on`: see `Sizing::waited_on`.
+fn periodic_cause(l: &mut Ledger, busy: bool, waited_on: bool) -> bool {
     let give_back = l.ceiling > l.current.used && l.demand == 0 && !busy;
     // refused as full (see `Ceiling::FleetFull`): asked again at the periodic round (room
     // comes back only as leases are given back there, or as time passes); not a part of a
@@ -858,6 +870,7 @@ fn periodic_cause(l: &mut Ledger, busy: bool) -> bool {
     // half, the others' asks need its count to tell the fleet's truth)
     let fresh = l.split
         && busy
+        && !waited_on
         && 2 * l.current.used.saturating_sub(l.lease_from) < l.ceiling.saturating_sub(l.lease_from);
     let report = l.current.used > l.current.sent && !fresh;
     report || give_back || (full && !settled)
@@ -1087,6 +1100,7 @@ mod tests {
         let sizing = Sizing {
             parts: false,
             interval_ms: 1000,
+            waited_on: false,
             spare: u64::MAX,
             now_ms: 1000,
             since_ms: 1000,
@@ -1177,6 +1191,7 @@ mod tests {
         let sizing = Sizing {
             parts: false,
             interval_ms: 1000,
+            waited_on: false,
             spare: 10,
             now_ms: 12_000,
             since_ms: 1000,
@@ -1427,6 +1442,7 @@ mod tests {
         let periodic = Sizing {
             parts: false,
             interval_ms: 1000,
+            waited_on: false,
             spare: spare(3000, Algorithm::FixedWindow),
             now_ms: 1000,
             since_ms: 100,
@@ -1455,6 +1471,7 @@ mod tests {
         let sizing = Sizing {
             parts: false,
             interval_ms: 1000,
+            waited_on: false,
             spare: spare(100, Algorithm::FixedWindow),
             now_ms: 19_990,
             since_ms: 100,
@@ -1517,6 +1534,7 @@ mod tests {
         let sizing = Sizing {
             parts: false,
             interval_ms: 1000,
+            waited_on: false,
             spare: spare(3000, Algorithm::FixedWindow),
             now_ms: 10_100,
             since_ms: 100,
@@ -1628,6 +1646,7 @@ mod tests {
         let early = Sizing {
             parts: false,
             interval_ms: 1000,
+            waited_on: false,
             spare: u64::MAX,
             now_ms: 1000,
             since_ms: 100,
@@ -1702,6 +1721,7 @@ mod tests {
         let sizing = |now_ms, periodic| Sizing {
             parts: false,
             interval_ms: 1000,
+            waited_on: false,
             spare: u64::MAX,
             now_ms,
             since_ms: 100,
@@ -1750,6 +1770,7 @@ mod tests {
         Sizing {
             parts,
             interval_ms: 1000,
+            waited_on: false,
             spare: 20,
             now_ms,
             since_ms: 1000,
@@ -2001,6 +2022,7 @@ mod tests {
         let sizing = Sizing {
             parts: false,
             interval_ms: 1000,
+            waited_on: false,
             spare: u64::MAX,
             now_ms: 1000,
             since_ms: 1000,

@@ -28,6 +28,7 @@ use pingora::services::background::BackgroundService;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tollgate_limits::algorithm::{Quota, TierState};
 use tollgate_limits::clock::{Clock, NANOS_PER_MS};
 use tollgate_limits::ledger::{self, Ask};
 use tollgate_limits::sliding_log;
@@ -71,10 +72,13 @@ struct Source {
 /// One round: what is sent, and where the answers go.
 pub struct Round {
     pub updates: Vec<Update>,
-    /// Periodic rounds count the live instances; early rounds carry only what asks.
+    /// Periodic rounds count the live instances; early rounds carry only what asks (and
+    /// their waiting marks, `Heartbeat::waits`).
     pub heartbeat: Option<Heartbeat>,
     sources: Vec<Source>,
     sent_ms: u64,
+    /// The count keys of its asks with requests waiting (`Heartbeat::waits`).
+    waits: Vec<String>,
     /// The round stopped at its size: where its next part starts draining.
     pub rest: Option<Cursor>,
 }
@@ -86,14 +90,33 @@ impl Round {
             heartbeat,
             sources: Vec::new(),
             sent_ms,
+            waits: Vec::new(),
             rest: None,
         }
     }
+
+    /// Its waiting marks go with its heartbeat, or alone (`Heartbeat::beat` off).
+    fn with_marks(mut self, hb: impl FnOnce() -> Heartbeat) -> Round {
+        if self.waits.is_empty() {
+            return self;
+        }
+        let waits = std::mem::take(&mut self.waits);
+        self.heartbeat.get_or_insert_with(hb).waits = waits;
+        self
+    }
+}
+
+/// The count keys the other instances' requests waited on lately (`Beat::waited`, sorted), as
+/// the heartbeat of the round sent at `sent_ms` read them.
+#[derive(Debug, Default)]
+struct Waited {
+    sent_ms: u64,
+    keys: Vec<String>,
 }
 
 /// When a drain happens, as `ledger::Sizing` takes it.
 #[derive(Debug, Clone, Copy)]
-struct DrainTime {
+struct DrainTime<'a> {
     now_ms: u64,
     since_ms: u64,
     horizon_ms: u64,
@@ -101,6 +124,39 @@ struct DrainTime {
     /// When this instance last heard of an operator's reset or grant (ms; 0: never): a
     /// counter its count refused and that has not asked since asks, to hear of it.
     adjusted_ms: u64,
+    /// What others wait on: a part of it held unused and not drained since is reported.
+    waited: &'a Waited,
+}
+
+/// Whether the others wait on a window of which this record holds a part unused, and it has
+/// not drained since the heartbeat read their marks (`ledger::Sizing::waited_on`), within
+/// `WAIT_MARK_MS` of that read (later, the wait has most likely ended, and the next heartbeat
+/// tells). Only such a record's key is made to be looked up.
+fn waited_on(
+    settings: &RedisSettings,
+    counters: &RuleCounters,
+    (key, st, tier): (&[u8], &TierState, &Quota),
+    (waited, now_ms): (&Waited, u64),
+) -> bool {
+    let l = &st.ledger;
+    if waited.keys.is_empty()
+        || now_ms >= waited.sent_ms.saturating_add(backend::WAIT_MARK_MS)
+        || !l.split
+        || l.drained_ms >= waited.sent_ms
+        || l.ceiling <= l.current.used
+    {
+        return false;
+    }
+    let partition = redis_partition(&counters.identity.per, key);
+    let start = st.window_start_ms;
+    let k = redis_key(
+        &settings.key_prefix,
+        &partition,
+        &counters.identity.id,
+        start,
+        tier.window_end(start),
+    );
+    waited.keys.binary_search(&k).is_ok()
 }
 
 /// Where a round in parts goes on: the rule (by `uid`) and its shard.
@@ -135,6 +191,8 @@ pub struct Accounts {
     /// it was first read (ms).
     adjusted_mark: AtomicU64,
     adjusted_ms: AtomicU64,
+    /// What the last heartbeat read of the others' waiting marks.
+    waited: parking_lot::Mutex<Arc<Waited>>,
     /// A round since the last fully answered one found a server that did not answer, and
     /// when the first of them was drained (ms).
     troubled: AtomicBool,
@@ -157,6 +215,7 @@ impl Accounts {
             first_round_ms: AtomicU64::new(0),
             adjusted_mark: AtomicU64::new(0),
             adjusted_ms: AtomicU64::new(0),
+            waited: Default::default(),
             troubled: AtomicBool::new(false),
             trouble_from_ms: AtomicU64::new(0),
         }
@@ -184,15 +243,18 @@ impl Accounts {
         max_updates: usize,
     ) -> Round {
         let now_ms = self.now_ms();
+        let liveness_ms = (3 * settings.sync_interval.as_millis() as u64).max(3000);
         if let Some(from) = from {
-            return self.drain_into(
-                Round::empty(None, now_ms),
-                settings,
-                periodic,
-                from,
-                max_updates,
-                1000,
-            );
+            return self
+                .drain_into(
+                    Round::empty(None, now_ms),
+                    settings,
+                    periodic,
+                    from,
+                    max_updates,
+                    1000,
+                )
+                .with_marks(|| self.heartbeat(settings, now_ms, false, liveness_ms));
         }
         let last = self.last_round_ms.swap(now_ms, Ordering::Relaxed);
         let since_ms = if last == 0 {
@@ -201,7 +263,6 @@ impl Accounts {
             now_ms.saturating_sub(last)
         };
         self.fleet.take_round_request();
-        let liveness_ms = (3 * settings.sync_interval.as_millis() as u64).max(3000);
         let first = match self.first_round_ms.load(Ordering::Relaxed) {
             0 => {
                 self.first_round_ms.store(now_ms, Ordering::Relaxed);
@@ -213,17 +274,33 @@ impl Accounts {
         // new (until the others' heartbeats are all in, what it sees is not the fleet yet)
         let heartbeat = periodic || now_ms < first + liveness_ms;
         let round = Round::empty(
-            heartbeat.then(|| Heartbeat {
-                key: heartbeat_key(settings),
-                adjusted_key: backend::adjusted_key(&heartbeat_key(settings)),
-                instance: self.instance.clone(),
-                now_ms,
-                liveness_ms,
-            }),
+            heartbeat.then(|| self.heartbeat(settings, now_ms, true, liveness_ms)),
             now_ms,
         );
         let start = Cursor { uid: 0, shard: 0 };
         self.drain_into(round, settings, periodic, start, max_updates, since_ms)
+            .with_marks(|| self.heartbeat(settings, now_ms, false, liveness_ms))
+    }
+
+    /// This instance's heartbeat (`beat`: a whole one), without marks yet.
+    fn heartbeat(
+        &self,
+        settings: &RedisSettings,
+        now_ms: u64,
+        beat: bool,
+        liveness_ms: u64,
+    ) -> Heartbeat {
+        let key = heartbeat_key(settings);
+        Heartbeat {
+            adjusted_key: backend::adjusted_key(&key),
+            waiting_key: backend::waiting_key(&key),
+            key,
+            waits: Vec::new(),
+            beat,
+            instance: self.instance.clone(),
+            now_ms,
+            liveness_ms,
+        }
     }
 
     fn drain_into(
@@ -238,6 +315,7 @@ impl Accounts {
         let now_ms = round.sent_ms;
         let horizon_ms = horizon_ms(settings);
         let max_updates = max_updates.max(1);
+        let waited = Arc::clone(&self.waited.lock());
         for rc in self.registry.live() {
             if rc.uid < from.uid {
                 continue;
@@ -256,6 +334,7 @@ impl Accounts {
                     horizon_ms,
                     periodic,
                     adjusted_ms: self.adjusted_ms.load(Ordering::Relaxed),
+                    waited: &waited,
                 };
                 rc.for_each_in(shard, |key, c| {
                     self.drain_counter(&mut round, settings, (&counters, &lists), (key, c), when);
@@ -271,10 +350,7 @@ impl Accounts {
         &self,
         round: &mut Round,
         settings: &RedisSettings,
-        (counters, lists): (
-            &Arc<RuleCounters>,
-            &[Vec<tollgate_limits::algorithm::Quota>],
-        ),
+        (counters, lists): (&Arc<RuleCounters>, &[Vec<Quota>]),
         (key, c): (&[u8], &mut Counter),
         when: DrainTime,
     ) {
@@ -297,14 +373,23 @@ impl Accounts {
                 spare: ledger::spare(tier.threshold, counters.algorithm()),
                 parts: ledger::parts(tier.threshold, counters.algorithm()),
                 interval_ms: settings.sync_interval.as_millis() as u64,
+                waited_on: waited_on(
+                    settings,
+                    counters,
+                    (key, st, tier),
+                    (when.waited, when.now_ms),
+                ),
             };
             if st.ledger.count_full && st.ledger.drained_ms < when.adjusted_ms {
                 // an operator may have reset or granted its window since it last asked: it
                 // asks, to hear of it
                 st.ledger.asking = true;
             }
+            // its part of a filling window used up (its last answer leased a part)
+            let part = st.ledger.split;
             let asks = ledger::drain(st, sizing);
             for mut ask in asks.into_iter().flatten() {
+                let waits = part && ask.need > 0 && !ask.previous;
                 ask.log = logged;
                 // a log's units by bucket, for Redis to count them by instant
                 let units = match c.logs.as_deref().and_then(|l| l.get(ti)) {
@@ -323,6 +408,11 @@ impl Accounts {
                     (ask, units),
                     (tier, false),
                 );
+                if let Some(Update::Lease(u)) = round.updates.last().filter(|_| waits) {
+                    // requests wait on the others' parts: their heartbeats hear of it
+                    // (`Sizing::waited_on`)
+                    round.waits.push(u.key.clone());
+                }
             }
         }
     }
@@ -381,7 +471,7 @@ impl Accounts {
         counters: &Arc<RuleCounters>,
         (key, list, tier): (&[u8], u16, usize),
         (ask, log_units): (Ask, Vec<(u64, u64)>),
-        (quota, orphan): (&tollgate_limits::algorithm::Quota, bool),
+        (quota, orphan): (&Quota, bool),
     ) {
         let id = &counters.identity.id;
         let partition = redis_partition(&counters.identity.per, key);
@@ -430,7 +520,7 @@ impl Accounts {
         settings: &RedisSettings,
         (counters, partition): (&RuleCounters, &str),
         (ask, log_units): (Ask, Vec<(u64, u64)>),
-        (quota, p): (&tollgate_limits::algorithm::Quota, u64),
+        (quota, p): (&Quota, u64),
         (contract_key, sent_ms, expire_at_ms): (String, u64, u64),
     ) -> LedgerUpdate {
         let start = ask.window_start_ms;
@@ -594,19 +684,38 @@ impl Accounts {
                 }
             }
         }
-        if let Some(instances) = outcome.as_ref().ok().and_then(|ex| ex.instances) {
+        if let Ok(ex) = outcome {
+            self.heard(&round, ex, now_ms);
+        }
+        self.note_trouble(!ok || unanswered, round.sent_ms);
+        let changed_from = self.fleet.set_connected(ok);
+        Finished { ok, changed_from }
+    }
+
+    /// What the round's heartbeat told: the live instances, the others' waits (a whole
+    /// heartbeat's), an operator's adjustment.
+    fn heard(&self, round: &Round, ex: &Exchange, now_ms: u64) {
+        if let Some(instances) = ex.instances {
             self.fleet.set_instances(instances);
         }
-        if let Some(mark) = outcome.as_ref().ok().and_then(|ex| ex.adjusted) {
+        if round.heartbeat.as_ref().is_some_and(|h| h.beat) {
+            let waited = !ex.waited.is_empty();
+            *self.waited.lock() = Arc::new(Waited {
+                sent_ms: round.sent_ms,
+                keys: ex.waited.clone(),
+            });
+            if waited {
+                // the next round (now) carries the parts others wait on
+                self.fleet.want_round();
+            }
+        }
+        if let Some(mark) = ex.adjusted {
             if self.adjusted_mark.swap(mark, Ordering::Relaxed) != mark {
                 // a new adjustment: the next round (now) carries the counters it may concern
                 self.adjusted_ms.store(now_ms, Ordering::Relaxed);
                 self.fleet.want_round();
             }
         }
-        self.note_trouble(!ok || unanswered, round.sent_ms);
-        let changed_from = self.fleet.set_connected(ok);
-        Finished { ok, changed_from }
     }
 
     /// After a round (drained at `sent_ms`) that some server did not answer, the first that
@@ -1099,7 +1208,7 @@ impl BackgroundService for SyncService {
 
 /// A bucket's time per token (ns) and how far ahead the fleet's bucket may be booked (µs,
 /// rounded up: a bucket of one token must hold one).
-fn bucket_args(quota: &tollgate_limits::algorithm::Quota) -> (u64, u64) {
+fn bucket_args(quota: &Quota) -> (u64, u64) {
     use tollgate_limits::algorithm::{fleet_tolerance_ns, interval_ns};
     (
         u64::try_from(interval_ns(quota)).unwrap_or(u64::MAX),

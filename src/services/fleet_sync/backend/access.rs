@@ -23,6 +23,10 @@ pub enum Need {
     /// One endpoint with plain increments: their rounds' transactions and marks
     /// (`backend::journal`).
     Marks,
+    /// The marks' read, which the heartbeat also sends to hear of the others' waits
+    /// (`Heartbeat::waiting_key`): needed as `Marks` is; elsewhere, without it, a holder
+    /// does not hear of them (a warning).
+    MarksAndWaits,
 }
 
 /// A command the gateway sends, as Redis's ACL names it.
@@ -94,7 +98,7 @@ pub const COMMANDS: [Command; 19] = [
         "ZRANGEBYSCORE",
         "zrangebyscore",
         "zrangebyscore {k} -inf +inf",
-        Need::Marks,
+        Need::MarksAndWaits,
     ),
     cmd("PING", "ping", "ping", Need::Cluster),
     cmd(
@@ -162,7 +166,7 @@ pub fn needed(c: &Command, algorithms: &[Algorithm], endpoint: &RedisEndpoint) -
         Need::Only(these) => algorithms.iter().any(|a| these.contains(a)),
         Need::Cluster => matches!(endpoint, RedisEndpoint::Cluster(_)),
         Need::Sentinel => matches!(endpoint, RedisEndpoint::Sentinel { .. }),
-        Need::Marks => matches!(endpoint, RedisEndpoint::Single(_)),
+        Need::Marks | Need::MarksAndWaits => matches!(endpoint, RedisEndpoint::Single(_)),
     }
 }
 
@@ -174,6 +178,7 @@ pub fn advice(user: &str, c: &Command) -> String {
         Need::Cluster => "a Redis Cluster needs it".to_string(),
         Need::Sentinel => "a primary found through Sentinel needs it".to_string(),
         Need::Marks => "plain increments behind one endpoint need it".to_string(),
+        Need::MarksAndWaits => "plain increments behind one endpoint need it, and an instance holding a part of a window hears with it that others wait on it".to_string(),
         Need::Only(algs) => {
             let names: Vec<String> = algs.iter().map(|a| algorithm_name(*a)).collect();
             format!("{} rules need it", names.join(" and "))
@@ -340,10 +345,11 @@ pub fn report(settings: &RedisSettings, algorithms: &[Algorithm], access: &Acces
             rest_unchecked,
         } => {
             for c in commands {
-                let marks = c.need != Need::Marks || settings.plain_increments;
+                let marks = !matches!(c.need, Need::Marks | Need::MarksAndWaits)
+                    || settings.plain_increments;
                 if needed(c, algorithms, &settings.endpoint) && marks {
                     r.errors.push(advice(&user, c));
-                } else if matches!(c.need, Need::Only(_)) {
+                } else if matches!(c.need, Need::Only(_) | Need::MarksAndWaits) {
                     // a reload that adds such a rule would need it
                     r.warnings.push(advice(&user, c));
                 }
@@ -400,7 +406,7 @@ mod tests {
         called.extend(["evalsha", "script|load", "incrby", "pexpireat"].map(String::from));
         called
             .extend(["zadd", "zremrangebyscore", "pexpire", "hgetall", "zcard"].map(String::from));
-        // (and the marks of plain increments, `journal`)
+        // (and the marks of plain increments, `journal`, whose read the heartbeat also sends)
         called.extend(["multi", "exec", "zrangebyscore"].map(String::from));
         for c in called {
             assert!(COMMANDS.iter().any(|k| k.acl == c), "{c} is not checked");

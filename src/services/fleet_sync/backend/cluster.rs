@@ -3,8 +3,8 @@
 
 use super::pipeline::{finish_counts, first_replies, pipeline};
 use super::round::{
-    adjusted_reply, heartbeat_reply, Exchange, Heartbeat, Refusal, Reply, ReplyError, RoundError,
-    SyncBackend, Update, HEARTBEAT_REPLIES,
+    beat_reply, Beat, Exchange, Heartbeat, Refusal, Reply, ReplyError, RoundError, SyncBackend,
+    Update,
 };
 use super::round::{HashPage, ScanPage};
 use super::script::{no_script, sources};
@@ -142,17 +142,17 @@ async fn query_slot(
     }
 }
 
-/// What one slot's pipeline got back: the answers by the slot's own indexes, the live
-/// instances (when it carried the heartbeat), and the refusals.
-/// (And the mark of the last operator's adjustment the heartbeat read.)
-type SlotAnswers = (Vec<Option<Reply>>, (Option<u64>, Option<u64>), Vec<Refusal>);
+/// What one slot's pipeline got back: the answers by the slot's own indexes, what its
+/// heartbeat told (when it carried it), and the refusals.
+type SlotAnswers = (Vec<Option<Reply>>, Beat, Vec<Refusal>);
 
-/// One slot's pipeline (`n` replies expected) to its master, bounded by `timeout`.
+/// One slot's pipeline (`n` replies expected) to its master, bounded by `timeout`; `hb`:
+/// the heartbeat it carries.
 async fn exchange_slot(
     mut conn: redis::cluster_async::ClusterConnection,
     slot: redis::cluster_routing::Slot,
     (p, n): (redis::Pipeline, usize),
-    mine: Vec<Update>,
+    (mine, hb): (Vec<Update>, Option<Heartbeat>),
     timeout: Duration,
 ) -> Result<SlotAnswers, RoundError> {
     use redis::cluster_routing::{Route, SlotAddr};
@@ -167,18 +167,16 @@ async fn exchange_slot(
         let (values, beat) = values.split_at(mine.len());
         let pending = first_replies(&mine, 0..mine.len(), values, &mut answers, &mut refused)?;
         finish_counts(&mut conn, &mine, pending, &mut answers, &mut refused).await?;
-        let instances = match heartbeat_reply(beat) {
-            Ok(n) => n,
-            Err(error) => {
-                refused.push(Refusal {
-                    update: None,
-                    error,
-                });
-                None
-            }
-        };
-        let adjusted = adjusted_reply(beat);
-        Ok::<_, RoundError>((answers, (instances, adjusted), refused))
+        let mut told = Beat::default();
+        if let Some(hb) = &hb {
+            let (beat, error) = beat_reply(hb, beat);
+            told = beat;
+            refused.extend(error.map(|error| Refusal {
+                update: None,
+                error,
+            }));
+        }
+        Ok::<_, RoundError>((answers, told, refused))
     };
     tokio::time::timeout(timeout, run)
         .await
@@ -188,7 +186,7 @@ async fn exchange_slot(
 
 /// A slot's answers into the round's (`idxs`: the round's index of each of the slot's).
 fn merge_slot(out: &mut Exchange, idxs: &[usize], with_hb: bool, answered: SlotAnswers) {
-    let (answers, (instances, adjusted), refused) = answered;
+    let (answers, told, refused) = answered;
     for (k, &i) in idxs.iter().enumerate() {
         out.answers[i] = answers.get(k).copied().flatten();
     }
@@ -198,8 +196,9 @@ fn merge_slot(out: &mut Exchange, idxs: &[usize], with_hb: bool, answered: SlotA
         error: r.error,
     }));
     if with_hb {
-        out.instances = instances;
-        out.adjusted = adjusted;
+        out.instances = told.instances;
+        out.adjusted = told.adjusted;
+        out.waited = told.waited;
     }
     out.slots_answered += 1;
 }
@@ -226,12 +225,7 @@ impl SyncBackend for ClusterRedis {
         for (slot, idxs) in slots {
             let with_hb = hb.filter(|_| Some(slot) == hb_slot);
             let p = pipeline(idxs.iter().filter_map(|&i| updates.get(i)), with_hb);
-            let n = idxs.len()
-                + if with_hb.is_some() {
-                    HEARTBEAT_REPLIES
-                } else {
-                    0
-                };
+            let n = idxs.len() + with_hb.map_or(0, Heartbeat::replies);
             let mine: Vec<Update> = idxs
                 .iter()
                 .filter_map(|&i| updates.get(i).cloned())
@@ -240,7 +234,7 @@ impl SyncBackend for ClusterRedis {
                 conn.clone(),
                 slot,
                 (p, n),
-                mine,
+                (mine, with_hb.cloned()),
                 self.timeout,
             ));
             tasks.push((slot, idxs, with_hb.is_some(), task));

@@ -168,37 +168,90 @@ mod tests {
     }
 
     #[test]
-    fn the_heartbeat_reads_the_mark_of_an_adjustment_in_its_own_slot() {
+    fn the_heartbeat_reads_the_adjustment_mark_and_the_others_waiting_marks_in_its_own_slot() {
         use redis::cluster_routing::Slot;
-        use redis::Value::{Array, BulkString, Int, Map, Nil};
+        use redis::Value::{Array, BulkString, Int, Map, Nil, Okay};
         for hb in [
             "tg:instances",
             "a{b}c:instances",
             "tollgate:instances",
             "tg:instances",
         ] {
-            let k = adjusted_key(hb);
-            assert_eq!(Slot::for_key(&k), Slot::for_key(hb), "{k}");
-            // under the key prefix, as an ACL's key pattern names it
-            assert!(k.starts_with(&format!("{hb}:adjusted")), "{k}");
+            for (k, name) in [(adjusted_key(hb), "adjusted"), (waiting_key(hb), "waiting")] {
+                assert_eq!(Slot::for_key(&k), Slot::for_key(hb), "{k}");
+                // under the key prefix, as an ACL's key pattern names it
+                assert!(k.starts_with(&format!("{hb}:{name}")), "{k}");
+            }
         }
         assert_eq!(adjusted_key("a{b}c:instances"), "a{b}c:instances:adjusted");
-        let beat = |mark: redis::Value| [Int(1), Int(0), Int(1), mark, Int(3)];
+        assert_eq!(waiting_key("a{b}c:instances"), "a{b}c:instances:waiting");
         let v = |s: &str| BulkString(s.as_bytes().to_vec());
-        assert_eq!(
-            adjusted_reply(&beat(Array(vec![v("v"), v("1795")]))),
-            Some(1795)
+        let hb = Heartbeat {
+            key: "tg:instances".into(),
+            adjusted_key: adjusted_key("tg:instances"),
+            waiting_key: waiting_key("tg:instances"),
+            waits: vec!["tg:{a}:r:1:2".into()],
+            beat: true,
+            instance: "i1".into(),
+            now_ms: 5_000,
+            liveness_ms: 3_000,
+        };
+        // its marks (ZADD, PEXPIRE), then the beat
+        let replies = |mark: redis::Value, waiting: redis::Value| {
+            vec![
+                Int(1),
+                Int(1),
+                Int(1),
+                Int(0),
+                Int(1),
+                mark,
+                Int(0),
+                waiting,
+                Int(3),
+            ]
+        };
+        assert_eq!(hb.replies(), 9);
+        let told = |mark, waiting| beat_reply(&hb, &replies(mark, waiting));
+        let (beat, error) = told(
+            Array(vec![v("v"), v("1795")]),
+            Array(vec![
+                v("i2 tg:{b}:r:1:2"),
+                v("i1 tg:{a}:r:1:2"),
+                v("i3 tg:{a}:r:1:2"),
+                v("i2 tg:{a}:r:1:2"),
+            ]),
         );
+        assert_eq!(error, None);
+        assert_eq!(beat.instances, Some(3));
+        assert_eq!(beat.adjusted, Some(1795));
+        // the others' marks only, each key once, sorted
+        assert_eq!(beat.waited, ["tg:{a}:r:1:2", "tg:{b}:r:1:2"]);
         // RESP3 answers a hash as a map
-        assert_eq!(
-            adjusted_reply(&beat(Map(vec![(v("v"), v("42"))]))),
-            Some(42)
-        );
+        let (beat, _) = told(Map(vec![(v("v"), v("42"))]), Array(vec![]));
+        assert_eq!((beat.adjusted, beat.waited.len()), (Some(42), 0));
         // none lately (the key expired), or not a mark
-        assert_eq!(adjusted_reply(&beat(Array(vec![]))), None);
-        assert_eq!(adjusted_reply(&beat(Nil)), None);
-        assert_eq!(adjusted_reply(&beat(Array(vec![v("v"), v("x")]))), None);
-        assert_eq!(heartbeat_reply(&beat(Array(vec![]))), Ok(Some(3)));
+        for mark in [Array(vec![]), Nil, Array(vec![v("v"), v("x")])] {
+            assert_eq!(told(mark, Nil).0.adjusted, None);
+        }
+        // a refused read of the waits (an ACL without +zrangebyscore): said, the instances
+        // still counted; a refused count: said, none
+        let noperm =
+            redis::parse_redis_value(b"-NOPERM this user has no permissions\r\n").unwrap_or(Nil);
+        let (beat, error) = told(Nil, noperm.clone());
+        let kind = Some(ErrorKind::NoPerm);
+        assert_eq!((beat.instances, error.map(|e| e.kind)), (Some(3), kind));
+        let mut refused = replies(Nil, Array(vec![v("i2 k")]));
+        refused[8] = noperm;
+        let (beat, error) = beat_reply(&hb, &refused);
+        assert_eq!((beat.instances, error.map(|e| e.kind)), (None, kind));
+        assert_eq!(beat.waited, ["k"]);
+        // marks alone: no beat, nothing told
+        let alone = Heartbeat {
+            beat: false,
+            ..hb.clone()
+        };
+        assert_eq!(alone.replies(), 2);
+        assert_eq!(beat_reply(&alone, &[Int(1), Okay]), (Beat::default(), None));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use super::journal::{Marked, MARK_KEEP_MS};
 use super::round::{
     answer, count_cmd, count_reply, count_start, Heartbeat, Refusal, Reply, ReplyError, RoundError,
-    Update, HEARTBEAT_TTL_MS,
+    Update, HEARTBEAT_TTL_MS, WAITING_TTL_MS, WAIT_MARK_MS,
 };
 use super::script::ledger_cmd;
 
@@ -17,9 +17,23 @@ fn add_update(p: &mut redis::Pipeline, u: &Update) {
 }
 
 /// The heartbeat: plain commands, not a script (a script call costs Redis 50-85 us by INFO
-/// commandstats, these 15-20 us together in `scripts/bench-redis-cost`). Not atomic, and need not be: each instance only adds itself and
-/// removes the silent ones, and the count is read last. Its answer is the last reply.
+/// commandstats, these 15-20 us together in `scripts/bench-redis-cost`). Not atomic, and need
+/// not be: each instance only adds itself and its waiting marks, removes the silent ones and
+/// the old marks, and the count is read last. `Heartbeat::replies` counts what it adds.
 fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
+    if !hb.waits.is_empty() {
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&hb.waiting_key);
+        for key in &hb.waits {
+            zadd.arg(hb.now_ms)
+                .arg(Heartbeat::wait_member(&hb.instance, key));
+        }
+        p.add_command(zadd);
+        p.cmd("PEXPIRE").arg(&hb.waiting_key).arg(WAITING_TTL_MS);
+    }
+    if !hb.beat {
+        return;
+    }
     p.cmd("ZADD").arg(&hb.key).arg(hb.now_ms).arg(&hb.instance);
     p.cmd("ZREMRANGEBYSCORE")
         .arg(&hb.key)
@@ -27,6 +41,14 @@ fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
         .arg(hb.now_ms.saturating_sub(hb.liveness_ms));
     p.cmd("PEXPIRE").arg(&hb.key).arg(HEARTBEAT_TTL_MS);
     p.cmd("HGETALL").arg(&hb.adjusted_key);
+    p.cmd("ZREMRANGEBYSCORE")
+        .arg(&hb.waiting_key)
+        .arg("-inf")
+        .arg(hb.now_ms.saturating_sub(WAIT_MARK_MS));
+    p.cmd("ZRANGEBYSCORE")
+        .arg(&hb.waiting_key)
+        .arg("-inf")
+        .arg("+inf");
     p.cmd("ZCARD").arg(&hb.key);
 }
 

@@ -328,7 +328,7 @@ pub struct LogReport {
     pub units: Vec<(u64, u64)>,
 }
 
-/// This instance's heartbeat.
+/// This instance's heartbeat, and the marks of the partitions its requests wait on.
 #[derive(Debug, Clone)]
 pub struct Heartbeat {
     pub key: String,
@@ -336,10 +336,96 @@ pub struct Heartbeat {
     /// heartbeat: a change makes the counters the count refuses ask at once, so that they
     /// hear of it (`fleet_sync::adjust`).
     pub adjusted_key: String,
+    /// The fleet's waiting marks (`waiting_key`): a sorted set of `<instance> <count key>`
+    /// by when that instance last asked for that window with requests waiting. A holder of an
+    /// unused part of a window others wait on reports it at once (`ledger::Sizing::waited_on`)
+    /// rather than at half of it, so that what it does not need goes to them.
+    pub waiting_key: String,
+    /// This round's marks: the count keys of its asks with requests waiting.
+    pub waits: Vec<String>,
+    /// A whole heartbeat (periodic rounds, and every round while the instance is new): it
+    /// counts the live instances, and reads the adjustment mark and the others' waiting marks
+    /// younger than `WAIT_MARK_MS`. Otherwise the round only adds its marks.
+    pub beat: bool,
     pub instance: String,
     pub now_ms: u64,
     /// Instances not heard from for this long are no longer counted.
     pub liveness_ms: u64,
+}
+
+/// How long a waiting mark is heard (chosen by simulation: kept 1-2 s, holders report more
+/// often for waits that have ended; the swaying seed scenario refuses nobody under 0.9 x at
+/// 500 ms).
+pub const WAIT_MARK_MS: u64 = 500;
+
+/// How long the set of waiting marks outlives its last writer.
+pub const WAITING_TTL_MS: u64 = 10_000;
+
+impl Heartbeat {
+    /// How many replies it adds to a pipeline: its marks' (`ZADD`, `PEXPIRE`), then the
+    /// beat's, `BEAT_REPLIES`.
+    pub fn replies(&self) -> usize {
+        let marks = if self.waits.is_empty() { 0 } else { 2 };
+        marks + if self.beat { BEAT_REPLIES } else { 0 }
+    }
+
+    /// The member of the waiting marks for a window's count key.
+    pub fn wait_member(instance: &str, key: &str) -> String {
+        format!("{instance} {key}")
+    }
+}
+
+/// What a heartbeat's replies told.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Beat {
+    /// The live instance count (`None`: no beat, or a reply refused).
+    pub instances: Option<u64>,
+    /// The last operator's adjustment mark (`Heartbeat::adjusted_key`; `None`: none lately).
+    pub adjusted: Option<u64>,
+    /// The count keys the other instances' requests waited on lately, sorted (`waiting_key`).
+    pub waited: Vec<String>,
+}
+
+/// A heartbeat's replies (the last `hb.replies()` of a pipeline): what they told, and the
+/// first error reply among them. The instances are counted unless one of their own commands
+/// was refused; the adjustment mark and the others' waits are read even so (an ACL without
+/// `+zrangebyscore` refuses the waits' read alone).
+pub fn beat_reply(hb: &Heartbeat, values: &[redis::Value]) -> (Beat, Option<ReplyError>) {
+    let refused = |v: &redis::Value| match v {
+        redis::Value::ServerError(e) => Some(ReplyError::of_server(e)),
+        _ => None,
+    };
+    let error = values.iter().find_map(refused);
+    let marks = values.len().saturating_sub(BEAT_REPLIES);
+    let beat = match values.get(marks..) {
+        Some(b) if hb.beat => b,
+        _ => return (Beat::default(), error),
+    };
+    // (the instances' own: ZADD, ZREMRANGEBYSCORE, PEXPIRE, then ZCARD)
+    let counted = [0, 1, 2, 6]
+        .iter()
+        .all(|&i| beat.get(i).and_then(refused).is_none());
+    let mut waited: Vec<String> = match beat.get(5) {
+        Some(redis::Value::Array(a)) => a
+            .iter()
+            .filter_map(text)
+            .filter_map(|m| {
+                let (who, key) = m.split_once(' ')?;
+                (who != hb.instance).then(|| key.to_string())
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    waited.sort_unstable();
+    waited.dedup();
+    let told = Beat {
+        instances: counted
+            .then(|| beat.last().and_then(int).map(|i| i.max(1) as u64))
+            .flatten(),
+        adjusted: adjusted_reply(beat),
+        waited,
+    };
+    (told, error)
 }
 
 /// What a round got back.
@@ -353,6 +439,8 @@ pub struct Exchange {
     /// What the heartbeat read of the last operator's adjustment (`Heartbeat::adjusted_key`;
     /// `None`: none lately, or no heartbeat).
     pub adjusted: Option<u64>,
+    /// What the heartbeat read of the others' waiting marks (`Beat::waited`).
+    pub waited: Vec<String>,
     /// Cluster: how many slots the round went to answered, and how many did not (their keys
     /// wait), and why.
     pub slots_answered: usize,
@@ -462,51 +550,59 @@ pub trait SyncBackend: Send + Sync {
 /// How long the heartbeat set outlives its last writer.
 pub const HEARTBEAT_TTL_MS: u64 = 60_000;
 
-/// How many replies the heartbeat adds to a pipeline.
-pub const HEARTBEAT_REPLIES: usize = 5;
+/// How many replies a whole heartbeat (`Heartbeat::beat`) adds to a pipeline.
+pub const BEAT_REPLIES: usize = 7;
 
-/// The key an operator's adjustment marks (`Heartbeat::adjusted_key`): under the heartbeat's
-/// key (so under the key prefix an ACL allows, `~prefix:*`) and in its Redis Cluster slot, so
-/// that the heartbeat reads it in the same pipeline: `<heartbeat key>:adjusted`, or, where
-/// that falls in another slot, the first `<heartbeat key>:adjusted:<n>` that does not (every
-/// instance finds the same; kept for the last key prefix asked).
+/// The key an operator's adjustment marks (`Heartbeat::adjusted_key`), see [`beside`].
 pub fn adjusted_key(heartbeat_key: &str) -> String {
+    beside(heartbeat_key, "adjusted")
+}
+
+/// The fleet's waiting marks (`Heartbeat::waiting_key`), see [`beside`].
+pub fn waiting_key(heartbeat_key: &str) -> String {
+    beside(heartbeat_key, "waiting")
+}
+
+/// A key the heartbeat reads: under the heartbeat's key (so under the key prefix an ACL
+/// allows, `~prefix:*`) and in its Redis Cluster slot, so that the heartbeat reads it in the
+/// same pipeline: `<heartbeat key>:<name>`, or, where that falls in another slot, the first
+/// `<heartbeat key>:<name>:<n>` that does not (every instance finds the same; kept for the
+/// last key prefix asked).
+fn beside(heartbeat_key: &str, name: &str) -> String {
     use redis::cluster_routing::Slot;
-    static LAST: parking_lot::Mutex<Option<(String, String)>> = parking_lot::Mutex::new(None);
-    let mut last = LAST.lock();
-    if let Some((hb, key)) = last.as_ref() {
-        if hb == heartbeat_key {
-            return key.clone();
-        }
+    type Found = Vec<(String, String, String)>;
+    static FOUND: parking_lot::Mutex<Found> = parking_lot::Mutex::new(Vec::new());
+    let mut found = FOUND.lock();
+    if let Some((_, _, key)) = found
+        .iter()
+        .find(|(hb, n, _)| hb == heartbeat_key && n == name)
+    {
+        return key.clone();
     }
     let slot = Slot::for_key(heartbeat_key);
-    let plain = format!("{heartbeat_key}:adjusted");
+    let plain = format!("{heartbeat_key}:{name}");
     let key = if Slot::for_key(&plain) == slot {
         plain
     } else {
         // (one in 16,384 lands in a given slot: a few thousand tries, once)
         (0u32..)
-            .map(|n| format!("{heartbeat_key}:adjusted:{n}"))
+            .map(|n| format!("{heartbeat_key}:{name}:{n}"))
             .find(|k| Slot::for_key(k) == slot)
             .unwrap_or(plain)
     };
-    *last = Some((heartbeat_key.to_string(), key.clone()));
+    // (a few key prefixes at most: the last one's keys)
+    found.retain(|(hb, _, _)| hb == heartbeat_key);
+    found.push((heartbeat_key.to_string(), name.to_string(), key.clone()));
     key
 }
 
-/// The mark of the last operator's adjustment among the heartbeat's replies (its fourth: an
-/// `HGETALL` of `{v: mark}`), if there is one.
-pub fn adjusted_reply(values: &[redis::Value]) -> Option<u64> {
-    let fields: Vec<&redis::Value> = match values.get(3)? {
+/// The mark of the last operator's adjustment among a whole heartbeat's replies (its fourth:
+/// an `HGETALL` of `{v: mark}`), if there is one.
+fn adjusted_reply(beat: &[redis::Value]) -> Option<u64> {
+    let fields: Vec<&redis::Value> = match beat.get(3)? {
         redis::Value::Array(a) => a.iter().collect(),
         redis::Value::Map(m) => m.iter().flat_map(|(k, v)| [k, v]).collect(),
         _ => return None,
-    };
-    let text = |v: &redis::Value| match v {
-        redis::Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_string),
-        redis::Value::SimpleString(s) => Some(s.clone()),
-        redis::Value::Int(i) => Some(i.to_string()),
-        _ => None,
     };
     fields
         .chunks(2)
@@ -515,15 +611,13 @@ pub fn adjusted_reply(values: &[redis::Value]) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-/// The heartbeat's replies (the last `HEARTBEAT_REPLIES` of a pipeline): the live instance
-/// count, or the first error reply among them.
-pub fn heartbeat_reply(values: &[redis::Value]) -> Result<Option<u64>, ReplyError> {
-    for v in values {
-        if let redis::Value::ServerError(e) = v {
-            return Err(ReplyError::of_server(e));
-        }
+fn text(v: &redis::Value) -> Option<String> {
+    match v {
+        redis::Value::BulkString(b) => std::str::from_utf8(b).ok().map(str::to_string),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        redis::Value::Int(i) => Some(i.to_string()),
+        _ => None,
     }
-    Ok(values.last().and_then(int).map(|i| i.max(1) as u64))
 }
 
 /// One script answer: `{total, ceiling, fair, room, held, prev, grant}`, then a sliding log's

@@ -6,8 +6,8 @@ use super::pipeline::{
     finish_counts, first_replies, marked_pipeline, pipeline, unmark, Marks, MarksSeen,
 };
 use super::round::{
-    adjusted_reply, heartbeat_reply, CountUpdate, Exchange, Heartbeat, Refusal, ReplyError,
-    RoundError, SyncBackend, Update, HEARTBEAT_REPLIES,
+    beat_reply, Beat, CountUpdate, Exchange, Heartbeat, Refusal, ReplyError, RoundError,
+    SyncBackend, Update,
 };
 use super::round::{HashPage, ScanPage};
 use super::scan::{counts_on, scan_on};
@@ -401,23 +401,21 @@ pub(super) async fn exchange_on<C: redis::aio::ConnectionLike + Send>(
         }
         None => (values, None),
     };
-    let n = updates.len() + if hb.is_some() { HEARTBEAT_REPLIES } else { 0 };
+    let n = updates.len() + hb.map_or(0, Heartbeat::replies);
     if values.len() != n {
         return Err(format!("expected {n} answers, got {}", values.len()).into());
     }
     let mut refused = Vec::new();
-    let beat = values.split_off(updates.len());
-    let instances = match hb.map(|_| heartbeat_reply(&beat)) {
-        Some(Ok(n)) => n,
-        Some(Err(error)) => {
-            refused.push(Refusal {
-                update: None,
-                error,
-            });
-            None
-        }
-        None => None,
-    };
+    let replies = values.split_off(updates.len());
+    let mut told = Beat::default();
+    if let Some(hb) = hb {
+        let (beat, error) = beat_reply(hb, &replies);
+        told = beat;
+        refused.extend(error.map(|error| Refusal {
+            update: None,
+            error,
+        }));
+    }
     // the refused updates have no answer: they go again with a later round, and their
     // counters fall back to `on_failure` meanwhile
     let mut answers = vec![None; updates.len()];
@@ -431,8 +429,9 @@ pub(super) async fn exchange_on<C: redis::aio::ConnectionLike + Send>(
     finish_counts(conn, updates, pending, &mut answers, &mut refused).await?;
     let ex = Exchange {
         answers,
-        instances,
-        adjusted: hb.and_then(|_| adjusted_reply(&beat)),
+        instances: told.instances,
+        adjusted: told.adjusted,
+        waited: told.waited,
         refused,
         ..Exchange::default()
     };
