@@ -1690,19 +1690,19 @@ fn late_charges_pass_the_bounds_by_no_more_than_the_requests_in_flight() {
 /// and what the fleet asks of Redis for it stays where it is (script calls per second for the
 /// tenant, printed; the seed's design makes 3, one `INCRBY` per instance a second, each far
 /// cheaper than a script call). Every bound holds for both: swaying demand refused one
-/// request under 0.9 x threshold in these 8 seeds (41 in seeds 0-79) until a holder heard
-/// that others waited on its window (`Heartbeat::waits`; `FLEET_SIM_SEED_SCENARIO_SEEDS=80`:
-/// none).
+/// request under 0.9 x threshold in seeds 0-7 (41 in seeds 0-79, which a release build runs)
+/// until a holder heard that others waited on its window (`Heartbeat::waits`): none now.
 #[test]
 fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     let mut calls = Vec::new();
     let mut holds = Vec::new();
     let mut swaying_under = 0;
-    // (`FLEET_SIM_SEED_SCENARIO_SEEDS`: seeds 0 to n - 1, 8 unless said)
+    // (`FLEET_SIM_SEED_SCENARIO_SEEDS`: seeds 0 to n - 1; 80 in a release build, 8 in a debug
+    // one; the bounds on script calls below are of the first 8, as they were measured)
     let n = std::env::var("FLEET_SIM_SEED_SCENARIO_SEEDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(8u64);
+        .unwrap_or(if cfg!(debug_assertions) { 8u64 } else { 80 });
     for (seed, shape) in (0..n).flat_map(|seed| [(seed, Shape::Even), (seed, Shape::Swaying)]) {
         let s = Scenario {
             seed,
@@ -1749,8 +1749,8 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // 16 (in 3 of the 8 seeds) while the parts were set at a window's first asks, 1 while a
     // holder under half of its part did not hear of the others' waits (`Heartbeat::waits`)
     assert_eq!(swaying_under, 0, "refusals under 0.9 x threshold");
-    let even: Vec<f64> = calls.iter().step_by(2).copied().collect();
-    let swaying: Vec<f64> = calls.iter().skip(1).step_by(2).copied().collect();
+    let even: Vec<f64> = calls.iter().step_by(2).take(8).copied().collect();
+    let swaying: Vec<f64> = calls.iter().skip(1).step_by(2).take(8).copied().collect();
     let mean = even.iter().sum::<f64>() / even.len() as f64;
     let mean_swaying = swaying.iter().sum::<f64>() / swaying.len() as f64;
     eprintln!("seed scenario, one tenant: {mean:.2} script calls per second (seeds: {even:.2?})");
