@@ -39,6 +39,8 @@ pub struct Metrics {
     pub fleet_held: IntCounter,
     /// `tollgate_fleet_hold_seconds`: how long each held request waited for the fleet
     pub fleet_hold: Histogram,
+    /// `tollgate_fleet_waits_heard_total`: parts reported for the others' waiting requests
+    pub fleet_waits_heard: IntCounter,
     /// `tollgate_trace_spans_dropped_total`
     pub trace_spans_dropped: IntCounter,
     /// `tollgate_queue_waited_total`, `tollgate_queue_left_total`
@@ -279,6 +281,11 @@ impl Metrics {
                         0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     ],
                 ),
+            )?,
+            fleet_waits_heard: reg_counter(
+                &r,
+                "tollgate_fleet_waits_heard_total",
+                "Parts of filling fixed windows this instance reported at once because another instance's requests waited on the window (the fleet's waiting marks), so that Redis could re-split them",
             )?,
             trace_spans_dropped: reg_counter(
                 &r,

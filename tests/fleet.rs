@@ -967,12 +967,12 @@ fn a_request_past_its_lease_waits_for_the_round_that_grants_it_room() {
 
 /// Waiting marks (issue 43): an instance whose requests wait on a filling window, its own
 /// part used up, marks the window beside the heartbeat (`tg:instances:waiting...`, a sorted
-/// set of `<instance> <count key>`), where the others' heartbeats read it (a holder of an
-/// unused part then reports at once rather than at half of it: the simulation's seed
-/// scenario shows what that changes); under the limit, none of the waiting requests is
-/// refused.
+/// set of `<instance> <count key>`), where the others' heartbeats read it: a holder of an
+/// unused part then reports at once rather than at half of it
+/// (`tollgate_fleet_waits_heard_total`; the simulation's seed scenario shows what that
+/// changes). Under the limit, none of the waiting requests is refused.
 #[test]
-fn requests_waiting_on_a_part_mark_their_window_for_the_others_heartbeats() {
+fn a_holder_hears_that_requests_wait_on_its_window_and_reports_its_part_at_once() {
     let redis = RedisServer::start();
     let up = Upstream::start("u");
     let url = format!("url: {}\n  sync_interval: 250ms", redis.url());
@@ -1042,6 +1042,13 @@ fn requests_waiting_on_a_part_mark_their_window_for_the_others_heartbeats() {
     assert!(
         marks.iter().any(of_window),
         "marks {marks:?}, keys {keys:?}"
+    );
+    // and A, holding its part, heard of them and reported it at once
+    let heard = || metric_sum(&a.metrics(), "tollgate_fleet_waits_heard_total");
+    assert!(
+        eventually(Duration::from_secs(5), || heard() >= 1.0),
+        "{}",
+        a.metrics()
     );
 }
 

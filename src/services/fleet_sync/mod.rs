@@ -79,6 +79,8 @@ pub struct Round {
     sent_ms: u64,
     /// The count keys of its asks with requests waiting (`Heartbeat::waits`).
     waits: Vec<String>,
+    /// How many parts it reports because others wait on their windows (`Sizing::waited_on`).
+    pub heard: u64,
     /// The round stopped at its size: where its next part starts draining.
     pub rest: Option<Cursor>,
 }
@@ -91,6 +93,7 @@ impl Round {
             sources: Vec::new(),
             sent_ms,
             waits: Vec::new(),
+            heard: 0,
             rest: None,
         }
     }
@@ -388,6 +391,9 @@ impl Accounts {
             // its part of a filling window used up (its last answer leased a part)
             let part = st.ledger.split;
             let asks = ledger::drain(st, sizing);
+            if sizing.waited_on && asks[1].is_some() {
+                round.heard += 1;
+            }
             for mut ask in asks.into_iter().flatten() {
                 let waits = part && ask.need > 0 && !ask.previous;
                 ask.log = logged;
@@ -860,6 +866,7 @@ impl SyncService {
                 .accounts
                 .begin_part(settings, periodic, from, ROUND_PART_UPDATES);
             let rest = part.rest;
+            self.metrics.fleet_waits_heard.inc_by(part.heard);
             let ok = self.exchange(settings, backend, part, &mut refused).await;
             match rest {
                 Some(next) if ok => from = Some(next),
