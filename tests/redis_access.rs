@@ -970,3 +970,53 @@ fn a_user_without_multi_gets_plain_increments_unmarked() {
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains(&format!("error: {said}")), "{err}");
 }
+
+/// A user without `+zrangebyscore` (an ACL written before plain increments were marked and the
+/// heartbeat read the fleet's waiting marks): both reads are refused once each, counted and
+/// logged, and then no more (the marks go unmarked, the instance no longer hears of the
+/// others' waits); every request goes through and Redis holds each.
+#[test]
+fn a_user_without_zrangebyscore_is_refused_the_marks_reads_once_each_and_counts_go_on() {
+    let up = Upstream::start("app");
+    let r = acl_redis(&acl_without("+zrangebyscore"));
+    let p = period_with_room(3600, 90);
+    let tier = format!("{{ period: {p}, threshold: 100000 }}");
+    let cfg = acl_config(up.addr, &r, &["fixed_window"], &tier, "local_share");
+    let gw = acl_gateway(&cfg);
+    assert!(wait_redis_state(&gw, "connected"), "{}", gw.log());
+    let statuses = alternate(&[&gw], "/fixed_window/x", 5);
+    assert_eq!(statuses, [200; 5]);
+    let held = || {
+        admin_keys(&r)
+            .iter()
+            .filter(|k| k.contains(":fixed_window:") && !k.ends_with(":fleet"))
+            .map(|k| admin_int(&r, &["GET", k]))
+            .sum::<i64>()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || held() == 5),
+        "Redis holds {}; log:\n{}",
+        held(),
+        gw.log()
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || errors_counted(
+            &gw,
+            Some("noperm")
+        ) == 2.0),
+        "{}",
+        gw.metrics()
+    );
+    let log = gw.log();
+    assert!(log.contains("waiting marks could not be read"), "{log}");
+    assert!(
+        log.contains("plain increments could not be marked (NOPERM"),
+        "{log}"
+    );
+    // three more periodic rounds: no more refusals
+    let rounds = || metric_sum(&gw.metrics(), "tollgate_redis_sync_total");
+    let before = rounds();
+    assert!(eventually(Duration::from_secs(10), || rounds() >= before + 3.0));
+    assert_eq!(errors_counted(&gw, None), 2.0, "{}", gw.metrics());
+    assert_eq!(alternate(&[&gw], "/fixed_window/x", 3), [200; 3]);
+}

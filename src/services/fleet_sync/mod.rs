@@ -194,8 +194,10 @@ pub struct Accounts {
     /// it was first read (ms).
     adjusted_mark: AtomicU64,
     adjusted_ms: AtomicU64,
-    /// What the last heartbeat read of the others' waiting marks.
+    /// What the last heartbeat read of the others' waiting marks; whether it reads them (off
+    /// once Redis refused the read: `Heartbeat::hear`).
     waited: parking_lot::Mutex<Arc<Waited>>,
+    hear: AtomicBool,
     /// A round since the last fully answered one found a server that did not answer, and
     /// when the first of them was drained (ms).
     troubled: AtomicBool,
@@ -219,6 +221,7 @@ impl Accounts {
             adjusted_mark: AtomicU64::new(0),
             adjusted_ms: AtomicU64::new(0),
             waited: Default::default(),
+            hear: AtomicBool::new(true),
             troubled: AtomicBool::new(false),
             trouble_from_ms: AtomicU64::new(0),
         }
@@ -300,6 +303,7 @@ impl Accounts {
             key,
             waits: Vec::new(),
             beat,
+            hear: self.hear.load(Ordering::Relaxed),
             instance: self.instance.clone(),
             now_ms,
             liveness_ms,
@@ -703,6 +707,10 @@ impl Accounts {
     fn heard(&self, round: &Round, ex: &Exchange, now_ms: u64) {
         if let Some(instances) = ex.instances {
             self.fleet.set_instances(instances);
+        }
+        if ex.unheard && self.hear.swap(false, Ordering::Relaxed) {
+            // (the refusal is counted and logged as any, once: the reads stop with it)
+            log::warn!("redis: the fleet's waiting marks could not be read; from now on this instance does not hear that others wait on its parts of filling windows (the user's ACL needs +zrangebyscore)");
         }
         if round.heartbeat.as_ref().is_some_and(|h| h.beat) {
             let waited = !ex.waited.is_empty();

@@ -199,6 +199,7 @@ fn merge_slot(out: &mut Exchange, idxs: &[usize], with_hb: bool, answered: SlotA
         out.instances = told.instances;
         out.adjusted = told.adjusted;
         out.waited = told.waited;
+        out.unheard = told.unheard;
     }
     out.slots_answered += 1;
 }

@@ -192,6 +192,7 @@ mod tests {
             waiting_key: waiting_key("tg:instances"),
             waits: vec!["tg:{a}:r:1:2".into()],
             beat: true,
+            hear: true,
             instance: "i1".into(),
             now_ms: 5_000,
             liveness_ms: 3_000,
@@ -240,11 +241,25 @@ mod tests {
         let (beat, error) = told(Nil, noperm.clone());
         let kind = Some(ErrorKind::NoPerm);
         assert_eq!((beat.instances, error.map(|e| e.kind)), (Some(3), kind));
+        assert!(beat.unheard);
         let mut refused = replies(Nil, Array(vec![v("i2 k")]));
         refused[8] = noperm;
         let (beat, error) = beat_reply(&hb, &refused);
         assert_eq!((beat.instances, error.map(|e| e.kind)), (None, kind));
-        assert_eq!(beat.waited, ["k"]);
+        assert_eq!((beat.waited, beat.unheard), (vec!["k".to_string()], false));
+        // after such a refusal, the beat reads the marks no more
+        let deaf = Heartbeat {
+            hear: false,
+            waits: Vec::new(),
+            ..hb.clone()
+        };
+        assert_eq!(deaf.replies(), 5);
+        let beat = |mark| vec![Int(1), Int(0), Int(1), mark, Int(3)];
+        let (told, error) = beat_reply(&deaf, &beat(Array(vec![v("v"), v("7")])));
+        assert_eq!(
+            (told.instances, told.adjusted, error),
+            (Some(3), Some(7), None)
+        );
         // marks alone: no beat, nothing told
         let alone = Heartbeat {
             beat: false,

@@ -41,14 +41,16 @@ fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
         .arg(hb.now_ms.saturating_sub(hb.liveness_ms));
     p.cmd("PEXPIRE").arg(&hb.key).arg(HEARTBEAT_TTL_MS);
     p.cmd("HGETALL").arg(&hb.adjusted_key);
-    p.cmd("ZREMRANGEBYSCORE")
-        .arg(&hb.waiting_key)
-        .arg("-inf")
-        .arg(hb.now_ms.saturating_sub(WAIT_MARK_MS));
-    p.cmd("ZRANGEBYSCORE")
-        .arg(&hb.waiting_key)
-        .arg("-inf")
-        .arg("+inf");
+    if hb.hear {
+        p.cmd("ZREMRANGEBYSCORE")
+            .arg(&hb.waiting_key)
+            .arg("-inf")
+            .arg(hb.now_ms.saturating_sub(WAIT_MARK_MS));
+        p.cmd("ZRANGEBYSCORE")
+            .arg(&hb.waiting_key)
+            .arg("-inf")
+            .arg("+inf");
+    }
     p.cmd("ZCARD").arg(&hb.key);
 }
 

@@ -344,9 +344,12 @@ pub struct Heartbeat {
     /// This round's marks: the count keys of its asks with requests waiting.
     pub waits: Vec<String>,
     /// A whole heartbeat (periodic rounds, and every round while the instance is new): it
-    /// counts the live instances, and reads the adjustment mark and the others' waiting marks
-    /// younger than `WAIT_MARK_MS`. Otherwise the round only adds its marks.
+    /// counts the live instances, and reads the adjustment mark and (`hear`) the others'
+    /// waiting marks younger than `WAIT_MARK_MS`. Otherwise the round only adds its marks.
     pub beat: bool,
+    /// A whole heartbeat reads the others' waiting marks (off once Redis refused the read:
+    /// an ACL without `+zrangebyscore`).
+    pub hear: bool,
     pub instance: String,
     pub now_ms: u64,
     /// Instances not heard from for this long are no longer counted.
@@ -363,10 +366,19 @@ pub const WAITING_TTL_MS: u64 = 10_000;
 
 impl Heartbeat {
     /// How many replies it adds to a pipeline: its marks' (`ZADD`, `PEXPIRE`), then the
-    /// beat's, `BEAT_REPLIES`.
+    /// beat's (`ZADD`, `ZREMRANGEBYSCORE`, `PEXPIRE`, `HGETALL`, with `hear` a
+    /// `ZREMRANGEBYSCORE` and a `ZRANGEBYSCORE` of the marks, then `ZCARD`).
     pub fn replies(&self) -> usize {
         let marks = if self.waits.is_empty() { 0 } else { 2 };
-        marks + if self.beat { BEAT_REPLIES } else { 0 }
+        marks + self.beat_replies()
+    }
+
+    fn beat_replies(&self) -> usize {
+        match (self.beat, self.hear) {
+            (false, _) => 0,
+            (true, false) => 5,
+            (true, true) => 7,
+        }
     }
 
     /// The member of the waiting marks for a window's count key.
@@ -384,6 +396,8 @@ pub struct Beat {
     pub adjusted: Option<u64>,
     /// The count keys the other instances' requests waited on lately, sorted (`waiting_key`).
     pub waited: Vec<String>,
+    /// Redis refused the read of the waiting marks (`Heartbeat::hear`).
+    pub unheard: bool,
 }
 
 /// A heartbeat's replies (the last `hb.replies()` of a pipeline): what they told, and the
@@ -396,16 +410,17 @@ pub fn beat_reply(hb: &Heartbeat, values: &[redis::Value]) -> (Beat, Option<Repl
         _ => None,
     };
     let error = values.iter().find_map(refused);
-    let marks = values.len().saturating_sub(BEAT_REPLIES);
+    let marks = values.len().saturating_sub(hb.beat_replies());
     let beat = match values.get(marks..) {
         Some(b) if hb.beat => b,
         _ => return (Beat::default(), error),
     };
     // (the instances' own: ZADD, ZREMRANGEBYSCORE, PEXPIRE, then ZCARD)
-    let counted = [0, 1, 2, 6]
+    let counted = [0, 1, 2, beat.len().saturating_sub(1)]
         .iter()
         .all(|&i| beat.get(i).and_then(refused).is_none());
-    let mut waited: Vec<String> = match beat.get(5) {
+    let reads = beat.get(4..6).filter(|_| hb.hear).unwrap_or_default();
+    let mut waited: Vec<String> = match reads.get(1) {
         Some(redis::Value::Array(a)) => a
             .iter()
             .filter_map(text)
@@ -424,6 +439,7 @@ pub fn beat_reply(hb: &Heartbeat, values: &[redis::Value]) -> (Beat, Option<Repl
             .flatten(),
         adjusted: adjusted_reply(beat),
         waited,
+        unheard: reads.iter().any(|v| refused(v).is_some()),
     };
     (told, error)
 }
@@ -439,8 +455,10 @@ pub struct Exchange {
     /// What the heartbeat read of the last operator's adjustment (`Heartbeat::adjusted_key`;
     /// `None`: none lately, or no heartbeat).
     pub adjusted: Option<u64>,
-    /// What the heartbeat read of the others' waiting marks (`Beat::waited`).
+    /// What the heartbeat read of the others' waiting marks (`Beat::waited`), and whether
+    /// Redis refused the read (`Beat::unheard`).
     pub waited: Vec<String>,
+    pub unheard: bool,
     /// Cluster: how many slots the round went to answered, and how many did not (their keys
     /// wait), and why.
     pub slots_answered: usize,
@@ -549,9 +567,6 @@ pub trait SyncBackend: Send + Sync {
 
 /// How long the heartbeat set outlives its last writer.
 pub const HEARTBEAT_TTL_MS: u64 = 60_000;
-
-/// How many replies a whole heartbeat (`Heartbeat::beat`) adds to a pipeline.
-pub const BEAT_REPLIES: usize = 7;
 
 /// The key an operator's adjustment marks (`Heartbeat::adjusted_key`), see [`beside`].
 pub fn adjusted_key(heartbeat_key: &str) -> String {

@@ -432,6 +432,7 @@ pub(super) async fn exchange_on<C: redis::aio::ConnectionLike + Send>(
         instances: told.instances,
         adjusted: told.adjusted,
         waited: told.waited,
+        unheard: told.unheard,
         refused,
         ..Exchange::default()
     };
