@@ -916,18 +916,34 @@ fn t_says_which_command_the_acl_user_may_not_run() {
     );
 }
 
+/// A gateway whose ACL user lacks `command`, with a fixed window far from its limit (plain
+/// increments), connected; its Redis, and its config.
+fn fixed_window_without(up: &Upstream, command: &str) -> (RedisServer, Gateway, String) {
+    let r = acl_redis(&acl_without(command));
+    let p = period_with_room(3600, 90);
+    let tier = format!("{{ period: {p}, threshold: 100000 }}");
+    let cfg = acl_config(up.addr, &r, &["fixed_window"], &tier, "local_share");
+    let gw = acl_gateway(&cfg);
+    assert!(wait_redis_state(&gw, "connected"), "{}", gw.log());
+    (r, gw, cfg)
+}
+
+/// What Redis holds of the fixed windows' counts.
+fn fixed_window_counts(r: &RedisServer) -> i64 {
+    admin_keys(r)
+        .iter()
+        .filter(|k| k.contains(":fixed_window:") && !k.ends_with(":fleet"))
+        .map(|k| admin_int(r, &["GET", k]))
+        .sum::<i64>()
+}
+
 /// A user without `+multi` (an ACL written before plain increments were marked): `-t` and the
 /// start-up check name it, and plain increments still reach Redis, unmarked (a warning says a
 /// failover may lose some, and the refusal is counted once); no request is refused.
 #[test]
 fn a_user_without_multi_gets_plain_increments_unmarked() {
     let up = Upstream::start("app");
-    let r = acl_redis(&acl_without("+multi"));
-    let p = period_with_room(3600, 90);
-    let tier = format!("{{ period: {p}, threshold: 100000 }}");
-    let cfg = acl_config(up.addr, &r, &["fixed_window"], &tier, "local_share");
-    let gw = acl_gateway(&cfg);
-    assert!(wait_redis_state(&gw, "connected"), "{}", gw.log());
+    let (r, gw, cfg) = fixed_window_without(&up, "+multi");
     let said = "redis: user \"gateway\" may not run MULTI (NOPERM): add +multi to its ACL (plain increments behind one endpoint need it)";
     assert!(
         eventually(Duration::from_secs(10), || gw.log().contains(said)),
@@ -936,13 +952,7 @@ fn a_user_without_multi_gets_plain_increments_unmarked() {
     );
     let statuses = alternate(&[&gw], "/fixed_window/x", 5);
     assert_eq!(statuses, [200; 5]);
-    let held = || {
-        admin_keys(&r)
-            .iter()
-            .filter(|k| k.contains(":fixed_window:") && !k.ends_with(":fleet"))
-            .map(|k| admin_int(&r, &["GET", k]))
-            .sum::<i64>()
-    };
+    let held = || fixed_window_counts(&r);
     assert!(
         eventually(Duration::from_secs(10), || held() == 5),
         "Redis holds {}; keys {:?}; log:\n{}",
@@ -950,14 +960,21 @@ fn a_user_without_multi_gets_plain_increments_unmarked() {
         admin_keys(&r),
         gw.log()
     );
+    // (Redis applies the increments a refused MULTI leaves untransacted at once: the warning
+    // comes as the gateway reads the replies, a moment after)
+    let warned = || {
+        gw.log()
+            .contains("plain increments could not be marked (NOPERM")
+    };
+    assert!(eventually(Duration::from_secs(10), warned), "{}", gw.log());
+    // the refusal is counted as any error reply (after the round), once: the marks stop with
+    // it
+    let counted = || errors_counted(&gw, None) == 1.0;
     assert!(
-        gw.log()
-            .contains("plain increments could not be marked (NOPERM"),
+        eventually(Duration::from_secs(10), counted),
         "{}",
-        gw.log()
+        gw.metrics()
     );
-    // the refusal is counted as any error reply, once: the marks stop with it
-    assert_eq!(errors_counted(&gw, None), 1.0, "{}", gw.metrics());
     assert_eq!(errors_counted(&gw, Some("noperm")), 1.0);
     // and `-t` names the command
     let dir = TempDir::new();
@@ -978,21 +995,10 @@ fn a_user_without_multi_gets_plain_increments_unmarked() {
 #[test]
 fn a_user_without_zrangebyscore_is_refused_the_marks_reads_once_each_and_counts_go_on() {
     let up = Upstream::start("app");
-    let r = acl_redis(&acl_without("+zrangebyscore"));
-    let p = period_with_room(3600, 90);
-    let tier = format!("{{ period: {p}, threshold: 100000 }}");
-    let cfg = acl_config(up.addr, &r, &["fixed_window"], &tier, "local_share");
-    let gw = acl_gateway(&cfg);
-    assert!(wait_redis_state(&gw, "connected"), "{}", gw.log());
+    let (r, gw, _) = fixed_window_without(&up, "+zrangebyscore");
     let statuses = alternate(&[&gw], "/fixed_window/x", 5);
     assert_eq!(statuses, [200; 5]);
-    let held = || {
-        admin_keys(&r)
-            .iter()
-            .filter(|k| k.contains(":fixed_window:") && !k.ends_with(":fleet"))
-            .map(|k| admin_int(&r, &["GET", k]))
-            .sum::<i64>()
-    };
+    let held = || fixed_window_counts(&r);
     assert!(
         eventually(Duration::from_secs(10), || held() == 5),
         "Redis holds {}; log:\n{}",
