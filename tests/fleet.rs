@@ -974,8 +974,29 @@ fn a_request_past_its_lease_waits_for_the_round_that_grants_it_room() {
 #[test]
 fn a_holder_hears_that_requests_wait_on_its_window_and_reports_its_part_at_once() {
     let redis = RedisServer::start();
+    holder_hears(&format!("url: {}", redis.url()), &[&redis]);
+}
+
+/// The same on a Redis Cluster: the marks live in the heartbeat's slot, on whichever node
+/// holds it, and early rounds send them there.
+#[test]
+fn a_holder_hears_of_waits_through_a_redis_cluster() {
+    let cluster = Cluster::start(3, 0);
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("\"{}\"", n.url()))
+        .collect();
+    let nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    holder_hears(&format!("cluster: [{}]", seeds.join(", ")), &nodes);
+}
+
+/// Two gateways on `redis_line` (the `redis:` section's endpoint; `servers` hold the keys):
+/// steady demand on both, then a burst on B past its part, which waits on A's and marks the
+/// window; A hears of it and reports.
+fn holder_hears(redis_line: &str, servers: &[&RedisServer]) {
     let up = Upstream::start("u");
-    let url = format!("url: {}\n  sync_interval: 250ms", redis.url());
+    let url = format!("{redis_line}\n  sync_interval: 250ms");
     let cfg = config(&up, &url, &hourly(300, 90), "");
     let (a, b) = pair(&cfg);
     let t = [("x-org-id", "t")];
@@ -1010,8 +1031,12 @@ fn a_holder_hears_that_requests_wait_on_its_window_and_reports_its_part_at_once(
     let mut marks = std::collections::BTreeSet::new();
     let waiting = tollgate::services::fleet_sync::backend::waiting_key("tg:instances");
     while clients.iter().any(|c| !c.is_finished()) {
-        let now = redis.cmd(&["ZRANGE", &waiting, "0", "-1"]);
-        marks.extend(common::strings(now));
+        // (a cluster node that does not hold the key answers MOVED: none there)
+        for r in servers {
+            if let Ok(now) = common::redis_cmd(r.port, &["ZRANGE", &waiting, "0", "-1"]) {
+                marks.extend(common::strings(now));
+            }
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
     let burst: Vec<u16> = clients
@@ -1034,7 +1059,10 @@ fn a_holder_hears_that_requests_wait_on_its_window_and_reports_its_part_at_once(
         "no request of B's burst waited: {}",
         b.metrics()
     );
-    let keys = redis.keys("tg:*:fleet:*");
+    let keys: Vec<String> = servers
+        .iter()
+        .flat_map(|r| r.keys("tg:*:fleet:*"))
+        .collect();
     let of_window = |m: &String| {
         m.split_once(' ')
             .is_some_and(|(_, k)| keys.iter().any(|f| f == &format!("{k}:fleet")))
