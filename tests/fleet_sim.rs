@@ -26,9 +26,10 @@ use tollgate::limits::{CounterRegistry, FakeClock, LimitRequest, Limiter, Verdic
 #[path = "common/ledger_model.rs"]
 mod ledger_model;
 use ledger_model::{count_model, update_model};
+use redis::Value;
 use tollgate::services::fleet_sync::backend::journal::{Journal, Marked, Repair};
 use tollgate::services::fleet_sync::backend::{
-    Exchange, Heartbeat, RoundError, Update, WAIT_MARK_MS,
+    beat_reply, Exchange, Heartbeat, RoundError, Update, WAIT_MARK_MS,
 };
 use tollgate::services::fleet_sync::{Accounts, Round, Schedule};
 
@@ -450,34 +451,36 @@ impl SimRedis {
             .iter()
             .map(|u| (!shard_down).then(|| update_model(&mut self.strings, &mut self.hashes, u)))
             .collect();
-        let mut waited = Vec::new();
-        let instances = hb.and_then(|hb| {
+        // the heartbeat's commands as Redis runs them, read by the gateway's own `beat_reply`
+        let told = hb.map(|hb| {
             for key in &hb.waits {
                 let member = Heartbeat::wait_member(&hb.instance, key);
                 self.waiting.insert(member, hb.now_ms);
             }
-            if !hb.beat {
-                return None;
+            let mut replies = Vec::new();
+            if !hb.waits.is_empty() {
+                replies.extend([Value::Int(hb.waits.len() as i64), Value::Int(1)]);
             }
-            let old = hb.now_ms.saturating_sub(WAIT_MARK_MS);
-            self.waiting.retain(|_, t| *t > old);
-            waited = self
-                .waiting
-                .keys()
-                .filter_map(|m| m.split_once(' '))
-                .filter(|(who, _)| *who != hb.instance)
-                .map(|(_, key)| key.to_string())
-                .collect();
-            waited.sort_unstable();
-            waited.dedup();
-            self.beats.insert(hb.instance.clone(), hb.now_ms);
-            Some(
-                self.beats
+            if hb.beat {
+                self.beats.insert(hb.instance.clone(), hb.now_ms);
+                let live = self
+                    .beats
                     .values()
                     .filter(|&&t| t + hb.liveness_ms > hb.now_ms)
-                    .count() as u64,
-            )
+                    .count();
+                let old = hb.now_ms.saturating_sub(WAIT_MARK_MS);
+                self.waiting.retain(|_, t| *t > old);
+                let marks = self
+                    .waiting
+                    .keys()
+                    .map(|m| Value::BulkString(m.clone().into_bytes()))
+                    .collect();
+                replies.extend([Value::Int(1), Value::Int(0), Value::Int(1), Value::Nil]);
+                replies.extend([Value::Int(0), Value::Array(marks), Value::Int(live as i64)]);
+            }
+            beat_reply(hb, &replies).0
         });
+        let (instances, waited) = told.map_or((None, Vec::new()), |t| (t.instances, t.waited));
         Some(Exchange {
             answers,
             instances,
