@@ -416,6 +416,44 @@ mod tests {
     }
 
     #[test]
+    fn a_heartbeat_adds_its_waiting_marks_and_a_whole_one_trims_and_reads_them() {
+        let hb = Heartbeat {
+            key: "tg:instances".into(),
+            adjusted_key: "tg:instances:adjusted".into(),
+            waiting_key: "tg:instances:waiting".into(),
+            waits: vec!["tg:{a}:r:0:9".into()],
+            beat: false,
+            hear: true,
+            instance: "i1".into(),
+            now_ms: 5_000,
+            liveness_ms: 3_000,
+        };
+        // marks alone (an early round): kept 10 s past the last writer
+        let marks =
+            "ZADD tg:instances:waiting 5000 i1 tg:{a}:r:0:9 PEXPIRE tg:instances:waiting 10000 ";
+        assert_eq!(packed(&pipeline([].iter(), Some(&hb))), marks);
+        // a whole heartbeat: the marks of the last 500 ms read, the older dropped
+        let beat = Heartbeat {
+            beat: true,
+            ..hb.clone()
+        };
+        assert_eq!(
+            packed(&pipeline([].iter(), Some(&beat))),
+            format!("{marks}ZADD tg:instances 5000 i1 ZREMRANGEBYSCORE tg:instances -inf 2000 PEXPIRE tg:instances 60000 HGETALL tg:instances:adjusted ZREMRANGEBYSCORE tg:instances:waiting -inf 4500 ZRANGEBYSCORE tg:instances:waiting -inf +inf ZCARD tg:instances ")
+        );
+        // deaf (the read refused once): no reads of the marks
+        let deaf = Heartbeat {
+            hear: false,
+            waits: Vec::new(),
+            ..beat
+        };
+        assert_eq!(
+            packed(&pipeline([].iter(), Some(&deaf))),
+            "ZADD tg:instances 5000 i1 ZREMRANGEBYSCORE tg:instances -inf 2000 PEXPIRE tg:instances 60000 HGETALL tg:instances:adjusted ZCARD tg:instances "
+        );
+    }
+
+    #[test]
     fn a_round_reads_back_the_last_answered_mark_first() {
         let updates = [count("a")];
         let probe = Marks {
