@@ -508,12 +508,12 @@ fn add_sync(server: &mut Server, rt: &Runtime, shared: &SharedSnapshot, conns: &
         "redis sync",
         SyncService {
             shared: shared.clone(),
-            accounts: Accounts::new(
+            accounts: Arc::new(Accounts::new(
                 rt.registry.clone(),
                 rt.fleet.clone(),
                 rt.clock.clone(),
                 instance_id(),
-            ),
+            )),
             metrics: rt.metrics.clone(),
             slots_down: Default::default(),
             last_error: Default::default(),

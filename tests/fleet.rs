@@ -1014,6 +1014,25 @@ fn holder_hears(redis_line: &str, servers: &[&RedisServer]) {
         })
     };
     let steady = [steady(a.addr, 40), steady(b.addr, 100)];
+    // both listen on the waits channel (on a cluster, each on a seed of its choosing)
+    let listening = || {
+        servers
+            .iter()
+            .filter_map(|r| common::redis_cmd(r.port, &["PUBSUB", "NUMSUB", "tg:waits"]).ok())
+            .map(|v| match v {
+                redis::Value::Array(a) => match a.get(1) {
+                    Some(redis::Value::Int(n)) => *n,
+                    _ => 0,
+                },
+                _ => 0,
+            })
+            .sum::<i64>()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || listening() == 2),
+        "{} listen on tg:waits",
+        listening()
+    );
     // (their steady demand is measured over whole sync intervals)
     assert!(rounds_pass(&[&a, &b], 5.0));
     // then a burst on B, past its part: its requests wait on A's
@@ -1071,12 +1090,69 @@ fn holder_hears(redis_line: &str, servers: &[&RedisServer]) {
         marks.iter().any(of_window),
         "marks {marks:?}, keys {keys:?}"
     );
+    // published on the channel, which A hears (its heartbeats pass over published marks)
+    let published: u64 = servers
+        .iter()
+        .filter_map(|r| common::redis_cmd(r.port, &["INFO", "commandstats"]).ok())
+        .map(|v| {
+            let text = match v {
+                redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+                redis::Value::VerbatimString { text, .. } => text,
+                _ => String::new(),
+            };
+            text.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_publish:calls="))
+                .and_then(|c| c.split(',').next()?.parse().ok())
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(published >= 1, "no PUBLISH reached Redis");
     // and A, holding its part, heard of them and reported it at once
     let heard = || metric_sum(&a.metrics(), "tollgate_fleet_waits_heard_total");
     assert!(
         eventually(Duration::from_secs(5), || heard() >= 1.0),
         "{}",
         a.metrics()
+    );
+}
+
+/// The waits channel's listener, its connection killed by Redis (`CLIENT KILL TYPE pubsub`):
+/// it listens again, on a new connection.
+#[test]
+fn a_listener_killed_by_redis_listens_again() {
+    let redis = RedisServer::start();
+    let up = Upstream::start("u");
+    let cfg = config(&up, &format!("url: {}", redis.url()), &hourly(300, 90), "");
+    let gw = Gateway::start(&cfg);
+    wait_connected(&gw);
+    // (the listeners' connections: their ids)
+    let listeners = || {
+        let text = match common::redis_cmd(redis.port, &["CLIENT", "LIST", "TYPE", "pubsub"]) {
+            Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+            Ok(redis::Value::VerbatimString { text, .. }) => text,
+            _ => String::new(),
+        };
+        text.lines()
+            .filter(|l| l.contains(" sub=1 "))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect::<Vec<String>>()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || listeners().len() == 1),
+        "{:?}",
+        listeners()
+    );
+    let first = listeners();
+    assert!(common::redis_cmd(redis.port, &["CLIENT", "KILL", "TYPE", "pubsub"]).is_ok());
+    let again = || {
+        let now = listeners();
+        now.len() == 1 && now != first
+    };
+    assert!(
+        eventually(Duration::from_secs(10), again),
+        "{:?} after {first:?}; {}",
+        listeners(),
+        gw.log()
     );
 }
 

@@ -1026,3 +1026,49 @@ fn a_user_without_zrangebyscore_is_refused_the_marks_reads_once_each_and_counts_
     assert_eq!(errors_counted(&gw, None), 2.0, "{}", gw.metrics());
     assert_eq!(alternate(&[&gw], "/fixed_window/x", 3), [200; 3]);
 }
+
+/// A user without the waits channel (an ACL written before it: `resetchannels` alone): the
+/// listener's refused subscription is logged once and not retried, `-t` names both commands as
+/// warnings (exit status 0: holders still hear of waits at their heartbeats), and every request
+/// goes through with Redis holding each.
+#[test]
+fn a_user_without_the_waits_channel_is_warned_and_counts_go_on() {
+    let up = Upstream::start("app");
+    let (r, gw, cfg) = fixed_window_without(&up, "&tollgate:*");
+    let refused = "cannot listen on the waits channel tollgate:waits";
+    assert!(
+        eventually(Duration::from_secs(10), || gw.log().contains(refused)),
+        "{}",
+        gw.log()
+    );
+    let statuses = alternate(&[&gw], "/fixed_window/x", 5);
+    assert_eq!(statuses, [200; 5]);
+    assert!(
+        eventually(Duration::from_secs(10), || fixed_window_counts(&r) == 5),
+        "Redis holds {}; log:\n{}",
+        fixed_window_counts(&r),
+        gw.log()
+    );
+    // (not retried: once in the log, after three more periodic rounds)
+    let rounds = || metric_sum(&gw.metrics(), "tollgate_redis_sync_total");
+    let before = rounds();
+    assert!(eventually(Duration::from_secs(10), || rounds() >= before + 3.0));
+    assert_eq!(gw.log().matches(refused).count(), 1, "{}", gw.log());
+    let dir = TempDir::new();
+    dir.write("redis.pass", "gw-secret\n");
+    let cfg = cfg
+        .replace("{LISTEN}", "127.0.0.1:1")
+        .replace("{ADMIN}", "127.0.0.1:2");
+    let path = dir.write("gateway.yaml", &cfg);
+    let (code, out, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+    assert_eq!(code, 0, "{out}{err}");
+    for c in [
+        "PUBLISH (NOPERM): add +publish",
+        "SUBSCRIBE (NOPERM): add +subscribe",
+    ] {
+        let said = format!(
+            "warning: redis: user \"gateway\" may not run {c} to its ACL (with it, and the channel"
+        );
+        assert!(err.contains(&said), "{said} in {err}");
+    }
+}

@@ -198,6 +198,11 @@ pub struct Accounts {
     /// once Redis refused the read: `Heartbeat::hear`).
     waited: parking_lot::Mutex<Arc<Waited>>,
     hear: AtomicBool,
+    /// Subscribed to the waits channel (`told`): the heartbeat reads only the marks that were
+    /// not published (`Heartbeat::subscribed`).
+    subscribed: AtomicBool,
+    /// Whether the marks are published (off once Redis refused: `Heartbeat::publish`).
+    publish: AtomicBool,
     /// A round since the last fully answered one found a server that did not answer, and
     /// when the first of them was drained (ms).
     troubled: AtomicBool,
@@ -222,6 +227,8 @@ impl Accounts {
             adjusted_ms: AtomicU64::new(0),
             waited: Default::default(),
             hear: AtomicBool::new(true),
+            subscribed: AtomicBool::new(false),
+            publish: AtomicBool::new(true),
             troubled: AtomicBool::new(false),
             trouble_from_ms: AtomicU64::new(0),
         }
@@ -302,6 +309,9 @@ impl Accounts {
             waiting_key: backend::waiting_key(&key),
             key,
             waits: Vec::new(),
+            channel: backend::waits_channel(&settings.key_prefix),
+            publish: self.publish.load(Ordering::Relaxed),
+            subscribed: self.subscribed.load(Ordering::Relaxed),
             beat,
             hear: self.hear.load(Ordering::Relaxed),
             instance: self.instance.clone(),
@@ -712,16 +722,11 @@ impl Accounts {
             // (the refusal is counted and logged as any, once: the reads stop with it)
             log::warn!("redis: the fleet's waiting marks could not be read; from now on this instance does not hear that others wait on its parts of filling windows (the user's ACL needs +zrangebyscore)");
         }
-        if round.heartbeat.as_ref().is_some_and(|h| h.beat) {
-            let waited = !ex.waited.is_empty();
-            *self.waited.lock() = Arc::new(Waited {
-                sent_ms: round.sent_ms,
-                keys: ex.waited.clone(),
-            });
-            if waited {
-                // the next round (now) carries the parts others wait on
-                self.fleet.want_round();
-            }
+        if ex.unpublished && self.publish.swap(false, Ordering::Relaxed) {
+            log::warn!("redis: the fleet's waiting marks could not be published; from now on the others hear of this instance's waits at their heartbeats only (the user's ACL needs +publish and the channel {})", round.heartbeat.as_ref().map_or("", |h| h.channel.as_str()));
+        }
+        if round.heartbeat.as_ref().is_some_and(|h| h.beat && h.hear) {
+            self.waits_heard(&ex.waited, round.sent_ms);
         }
         if let Some(mark) = ex.adjusted {
             if self.adjusted_mark.swap(mark, Ordering::Relaxed) != mark {
@@ -730,6 +735,42 @@ impl Accounts {
                 self.fleet.want_round();
             }
         }
+    }
+
+    /// Whether this instance is subscribed to the waits channel (then `told` tells it of the
+    /// others' published waits, and its heartbeats read only the marks not published).
+    pub fn set_subscribed(&self, on: bool) {
+        self.subscribed.store(on, Ordering::Relaxed);
+    }
+
+    /// What the waits channel told (`backend::subscribe`): others' requests wait on these
+    /// count keys now. The holder hears of a wait within a round trip, not at its heartbeat.
+    pub fn told(&self, keys: &[String]) {
+        self.waits_heard(keys, self.now_ms());
+    }
+
+    /// Others' requests wait on these count keys, as heard at `at_ms` (a heartbeat's read:
+    /// when its round was drained; the waits channel: when told). Added to those heard within
+    /// `WAIT_MARK_MS` before; a record not drained since reports its unused part
+    /// (`waited_on`), in a round asked for at once.
+    fn waits_heard(&self, keys: &[String], at_ms: u64) {
+        if keys.is_empty() {
+            return;
+        }
+        let mut waited = self.waited.lock();
+        let mut all: Vec<String> = keys.to_vec();
+        if at_ms < waited.sent_ms.saturating_add(backend::WAIT_MARK_MS) {
+            all.extend(waited.keys.iter().cloned());
+        }
+        all.sort_unstable();
+        all.dedup();
+        *waited = Arc::new(Waited {
+            sent_ms: waited.sent_ms.max(at_ms),
+            keys: all,
+        });
+        drop(waited);
+        // the next round (now) carries the parts others wait on
+        self.fleet.want_round();
     }
 
     /// After a round (drained at `sent_ms`) that some server did not answer, the first that
@@ -779,7 +820,7 @@ pub struct SyncService {
     /// The running config: the `redis` section is read from it, so a reload that changes it
     /// reconnects (or stops syncing).
     pub shared: SharedSnapshot,
-    pub accounts: Accounts,
+    pub accounts: Arc<Accounts>,
     pub metrics: Arc<Metrics>,
     /// Redis Cluster slots whose last round failed (logged when some fail and when all answer
     /// again, not at every round).
@@ -1141,6 +1182,23 @@ impl Schedule {
     }
 }
 
+impl SyncService {
+    /// The waits channel's listener for `settings` (`backend::subscribe`), telling the
+    /// accounts what it hears.
+    fn listen(&self, settings: &RedisSettings) -> tokio::task::JoinHandle<()> {
+        let accounts = Arc::clone(&self.accounts);
+        let instance = accounts.instance.clone();
+        tokio::spawn(backend::subscribe::listen(
+            settings.clone(),
+            instance,
+            move |heard| match heard {
+                backend::subscribe::Heard::Subscribed(on) => accounts.set_subscribed(on),
+                backend::subscribe::Heard::Waits(keys) => accounts.told(&keys),
+            },
+        ))
+    }
+}
+
 #[async_trait]
 impl BackgroundService for SyncService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
@@ -1152,6 +1210,8 @@ impl BackgroundService for SyncService {
         let mut schedule = Schedule::new(0);
         // the access check of the current backend is still to come
         let mut unchecked = false;
+        // the waits channel's listener of the current backend
+        let mut listener: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             // follow the running config's `redis` section
             let want = self.shared.load().config.redis.clone();
@@ -1169,6 +1229,11 @@ impl BackgroundService for SyncService {
                         },
                     );
                 self.accounts.registry.set_syncing(current.is_some());
+                if let Some(old) = listener.take() {
+                    old.abort();
+                }
+                self.accounts.set_subscribed(false);
+                listener = current.as_ref().map(|(s, _)| self.listen(s));
                 fleet.reset_link();
                 *self.reply_errors.lock() = ReplyErrors::default();
                 unchecked = current.is_some();
@@ -1196,6 +1261,9 @@ impl BackgroundService for SyncService {
                         let _ = self.round(s, b.as_ref(), true).await;
                     }
                     self.leaving.reported();
+                    if let Some(l) = listener.take() {
+                        l.abort();
+                    }
                     return;
                 }
                 _ = tokio::time::sleep_until(at(schedule.due_ms(asked, healthy))) => {}

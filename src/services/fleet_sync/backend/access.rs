@@ -27,6 +27,9 @@ pub enum Need {
     /// (`Heartbeat::waiting_key`): needed as `Marks` is; elsewhere, without it, a holder
     /// does not hear of them (a warning).
     MarksAndWaits,
+    /// The waits channel (`backend::subscribe`): without it, holders hear of the others'
+    /// waits at their heartbeats only (a warning, whatever the config).
+    Waits,
 }
 
 /// A command the gateway sends, as Redis's ACL names it.
@@ -53,7 +56,7 @@ const fn cmd(name: &'static str, acl: &'static str, args: &'static str, need: Ne
 /// Every command a round sends, its script calls, or the heartbeat sends
 /// (`script::sources`, `backend::count_cmd`, `backend::add_heartbeat`), in the order
 /// docs/operations.md lists them.
-pub const COMMANDS: [Command; 19] = [
+pub const COMMANDS: [Command; 21] = [
     cmd(
         "EVALSHA",
         "evalsha",
@@ -100,6 +103,8 @@ pub const COMMANDS: [Command; 19] = [
         "zrangebyscore {k} -inf +inf",
         Need::MarksAndWaits,
     ),
+    cmd("PUBLISH", "publish", "publish {k} m", Need::Waits),
+    cmd("SUBSCRIBE", "subscribe", "subscribe {k}", Need::Waits),
     cmd("PING", "ping", "ping", Need::Cluster),
     cmd(
         "CLUSTER SLOTS",
@@ -162,7 +167,7 @@ pub fn user(settings: &RedisSettings) -> String {
 /// Whether the rules of `algorithms` (those the config has) and `endpoint` need `c`.
 pub fn needed(c: &Command, algorithms: &[Algorithm], endpoint: &RedisEndpoint) -> bool {
     match c.need {
-        Need::Every => true,
+        Need::Every | Need::Waits => true,
         Need::Only(these) => algorithms.iter().any(|a| these.contains(a)),
         Need::Cluster => matches!(endpoint, RedisEndpoint::Cluster(_)),
         Need::Sentinel => matches!(endpoint, RedisEndpoint::Sentinel { .. }),
@@ -179,6 +184,7 @@ pub fn advice(user: &str, c: &Command) -> String {
         Need::Sentinel => "a primary found through Sentinel needs it".to_string(),
         Need::Marks => "plain increments behind one endpoint need it".to_string(),
         Need::MarksAndWaits => "plain increments behind one endpoint need it, and an instance holding a part of a window hears with it that others wait on it".to_string(),
+        Need::Waits => "with it, and the channel <key prefix>:waits (&<key prefix>:*), an instance holding a part of a window hears within a round trip that others wait on it, not at its heartbeat".to_string(),
         Need::Only(algs) => {
             let names: Vec<String> = algs.iter().map(|a| algorithm_name(*a)).collect();
             format!("{} rules need it", names.join(" and "))
@@ -345,11 +351,14 @@ pub fn report(settings: &RedisSettings, algorithms: &[Algorithm], access: &Acces
             rest_unchecked,
         } => {
             for c in commands {
-                let marks = !matches!(c.need, Need::Marks | Need::MarksAndWaits)
-                    || settings.plain_increments;
-                if needed(c, algorithms, &settings.endpoint) && marks {
+                let error = match c.need {
+                    Need::Marks | Need::MarksAndWaits => settings.plain_increments,
+                    Need::Waits => false,
+                    _ => true,
+                };
+                if needed(c, algorithms, &settings.endpoint) && error {
                     r.errors.push(advice(&user, c));
-                } else if matches!(c.need, Need::Only(_) | Need::MarksAndWaits) {
+                } else if matches!(c.need, Need::Only(_) | Need::MarksAndWaits | Need::Waits) {
                     // a reload that adds such a rule would need it
                     r.warnings.push(advice(&user, c));
                 }
@@ -408,6 +417,8 @@ mod tests {
             .extend(["zadd", "zremrangebyscore", "pexpire", "hgetall", "zcard"].map(String::from));
         // (and the marks of plain increments, `journal`, whose read the heartbeat also sends)
         called.extend(["multi", "exec", "zrangebyscore"].map(String::from));
+        // (and the waits channel's)
+        called.extend(["publish", "subscribe"].map(String::from));
         for c in called {
             assert!(COMMANDS.iter().any(|k| k.acl == c), "{c} is not checked");
         }

@@ -200,6 +200,7 @@ fn merge_slot(out: &mut Exchange, idxs: &[usize], with_hb: bool, answered: SlotA
         out.adjusted = told.adjusted;
         out.waited = told.waited;
         out.unheard = told.unheard;
+        out.unpublished = told.unpublished;
     }
     out.slots_answered += 1;
 }

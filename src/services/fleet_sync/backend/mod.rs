@@ -11,7 +11,8 @@
 //! the ledger scripts, [`pipeline`] the round's pipeline for one server, [`journal`] the marks
 //! that keep plain increments from being lost or doubled behind one endpoint;
 //! [`make`] picks the backend: [`single`] (one server), [`cluster`] (a Redis Cluster) or
-//! [`sentinel`] (the primary Redis Sentinel names). The
+//! [`sentinel`] (the primary Redis Sentinel names); [`subscribe`] listens on the waits channel.
+//! The
 //! children use one another, never this module (no cycle between files).
 
 pub mod access;
@@ -23,6 +24,7 @@ pub mod scan;
 pub mod script;
 pub mod sentinel;
 pub mod single;
+pub mod subscribe;
 
 use crate::config::model::{RedisEndpoint, RedisSettings};
 use cluster::ClusterRedis;
@@ -191,6 +193,9 @@ mod tests {
             adjusted_key: adjusted_key("tg:instances"),
             waiting_key: waiting_key("tg:instances"),
             waits: vec!["tg:{a}:r:1:2".into()],
+            channel: "tg:waits".into(),
+            publish: false,
+            subscribed: false,
             beat: true,
             hear: true,
             instance: "i1".into(),
@@ -227,6 +232,20 @@ mod tests {
         assert_eq!(beat.adjusted, Some(1795));
         // the others' marks only, each key once, sorted
         assert_eq!(beat.waited, ["tg:{a}:r:1:2", "tg:{b}:r:1:2"]);
+        // heard on the waits channel: the published marks passed over, not the others
+        let marks = Array(vec![
+            v("i2+ tg:{b}:r:1:2"),
+            v("i1+ tg:{c}:r:1:2"),
+            v("i3 tg:{a}:r:1:2"),
+        ]);
+        let hearing = Heartbeat {
+            subscribed: true,
+            ..hb.clone()
+        };
+        let (beat, _) = beat_reply(&hearing, &replies(Nil, marks.clone()));
+        assert_eq!(beat.waited, ["tg:{a}:r:1:2"]);
+        let (beat, _) = beat_reply(&hb, &replies(Nil, marks));
+        assert_eq!(beat.waited, ["tg:{a}:r:1:2", "tg:{b}:r:1:2"]);
         // RESP3 answers a hash as a map
         let (beat, _) = told(Map(vec![(v("v"), v("42"))]), Array(vec![]));
         assert_eq!((beat.adjusted, beat.waited.len()), (Some(42), 0));
@@ -243,7 +262,7 @@ mod tests {
         assert_eq!((beat.instances, error.map(|e| e.kind)), (Some(3), kind));
         assert!(beat.unheard);
         let mut refused = replies(Nil, Array(vec![v("i2 k")]));
-        refused[8] = noperm;
+        refused[8] = noperm.clone();
         let (beat, error) = beat_reply(&hb, &refused);
         assert_eq!((beat.instances, error.map(|e| e.kind)), (None, kind));
         assert_eq!((beat.waited, beat.unheard), (vec!["k".to_string()], false));
@@ -267,6 +286,16 @@ mod tests {
         };
         assert_eq!(alone.replies(), 2);
         assert_eq!(beat_reply(&alone, &[Int(1), Okay]), (Beat::default(), None));
+        // published: a refused PUBLISH (an ACL without +publish or the channel) is said
+        let published = Heartbeat {
+            publish: true,
+            ..alone
+        };
+        assert_eq!(published.replies(), 3);
+        let (told, error) = beat_reply(&published, &[Int(1), Okay, Int(2)]);
+        assert_eq!((told.unpublished, error), (false, None));
+        let (told, error) = beat_reply(&published, &[Int(1), Okay, noperm]);
+        assert_eq!((told.unpublished, error.map(|e| e.kind)), (true, kind));
     }
 
     #[test]

@@ -25,11 +25,13 @@ fn add_heartbeat(p: &mut redis::Pipeline, hb: &Heartbeat) {
         let mut zadd = redis::cmd("ZADD");
         zadd.arg(&hb.waiting_key);
         for key in &hb.waits {
-            zadd.arg(hb.now_ms)
-                .arg(Heartbeat::wait_member(&hb.instance, key));
+            zadd.arg(hb.now_ms).arg(hb.wait_member(key));
         }
         p.add_command(zadd);
         p.cmd("PEXPIRE").arg(&hb.waiting_key).arg(WAITING_TTL_MS);
+        if hb.publish {
+            p.cmd("PUBLISH").arg(&hb.channel).arg(hb.wait_message());
+        }
     }
     if !hb.beat {
         return;
@@ -422,6 +424,9 @@ mod tests {
             adjusted_key: "tg:instances:adjusted".into(),
             waiting_key: "tg:instances:waiting".into(),
             waits: vec!["tg:{a}:r:0:9".into()],
+            channel: "tg:waits".into(),
+            publish: false,
+            subscribed: false,
             beat: false,
             hear: true,
             instance: "i1".into(),
@@ -432,6 +437,37 @@ mod tests {
         let marks =
             "ZADD tg:instances:waiting 5000 i1 tg:{a}:r:0:9 PEXPIRE tg:instances:waiting 10000 ";
         assert_eq!(packed(&pipeline([].iter(), Some(&hb))), marks);
+        // published too, for the holders to hear at once: the instance, then the keys (the
+        // marks say so, for the heartbeats of those that hear them to pass over)
+        let told = Heartbeat {
+            publish: true,
+            waits: vec!["tg:{a}:r:0:9".into(), "tg:{b}:r:0:9".into()],
+            ..hb.clone()
+        };
+        assert_eq!(
+            packed(&pipeline([].iter(), Some(&told))),
+            "ZADD tg:instances:waiting 5000 i1+ tg:{a}:r:0:9 5000 i1+ tg:{b}:r:0:9 PEXPIRE tg:instances:waiting 10000 PUBLISH tg:waits i1\ntg:{a}:r:0:9\ntg:{b}:r:0:9 "
+        );
+        assert_eq!(told.replies(), 3);
+        assert_eq!(
+            crate::services::fleet_sync::backend::round::waits_told(
+                told.wait_message().as_bytes(),
+                "i2"
+            ),
+            Some(vec!["tg:{a}:r:0:9".to_string(), "tg:{b}:r:0:9".to_string()])
+        );
+        // its own, or none
+        assert_eq!(
+            crate::services::fleet_sync::backend::round::waits_told(
+                told.wait_message().as_bytes(),
+                "i1"
+            ),
+            None
+        );
+        assert_eq!(
+            crate::services::fleet_sync::backend::round::waits_told(b"i3", "i1"),
+            None
+        );
         // a whole heartbeat: the marks of the last 500 ms read, the older dropped
         let beat = Heartbeat {
             beat: true,

@@ -343,6 +343,14 @@ pub struct Heartbeat {
     pub waiting_key: String,
     /// This round's marks: the count keys of its asks with requests waiting.
     pub waits: Vec<String>,
+    /// The waits channel (`waits_channel`): the marks are also published there (`publish`,
+    /// off once Redis refused it: an ACL without `+publish` or the channel), for the
+    /// holders to hear of them within a round trip.
+    pub channel: String,
+    pub publish: bool,
+    /// This instance hears the waits channel: its heartbeat reads only the marks that were
+    /// not published (an earlier release's, or where Redis refused the `PUBLISH`).
+    pub subscribed: bool,
     /// A whole heartbeat (periodic rounds, and every round while the instance is new): it
     /// counts the live instances, and reads the adjustment mark and (`hear`) the others'
     /// waiting marks younger than `WAIT_MARK_MS`. Otherwise the round only adds its marks.
@@ -365,11 +373,15 @@ pub const WAIT_MARK_MS: u64 = 500;
 pub const WAITING_TTL_MS: u64 = 10_000;
 
 impl Heartbeat {
-    /// How many replies it adds to a pipeline: its marks' (`ZADD`, `PEXPIRE`), then the
-    /// beat's (`ZADD`, `ZREMRANGEBYSCORE`, `PEXPIRE`, `HGETALL`, with `hear` a
+    /// How many replies it adds to a pipeline: its marks' (`ZADD`, `PEXPIRE`, with `publish`
+    /// a `PUBLISH`), then the beat's (`ZADD`, `ZREMRANGEBYSCORE`, `PEXPIRE`, `HGETALL`, with `hear` a
     /// `ZREMRANGEBYSCORE` and a `ZRANGEBYSCORE` of the marks, then `ZCARD`).
     pub fn replies(&self) -> usize {
-        let marks = if self.waits.is_empty() { 0 } else { 2 };
+        let marks = match (self.waits.is_empty(), self.publish) {
+            (true, _) => 0,
+            (false, false) => 2,
+            (false, true) => 3,
+        };
         marks + self.beat_replies()
     }
 
@@ -381,10 +393,46 @@ impl Heartbeat {
         }
     }
 
-    /// The member of the waiting marks for a window's count key.
-    pub fn wait_member(instance: &str, key: &str) -> String {
-        format!("{instance} {key}")
+    /// The member of the waiting marks for a window's count key: `<instance> <key>`, or
+    /// `<instance>+ <key>` where the mark is also published (`publish`).
+    pub fn wait_member(&self, key: &str) -> String {
+        let published = if self.publish { "+" } else { "" };
+        format!("{}{published} {key}", self.instance)
     }
+
+    /// What the marks publish: the instance, then each count key, a line each.
+    pub fn wait_message(&self) -> String {
+        let mut m = String::with_capacity(
+            self.instance.len() + self.waits.iter().map(|k| k.len() + 1).sum::<usize>(),
+        );
+        m.push_str(&self.instance);
+        for k in &self.waits {
+            m.push('\n');
+            m.push_str(k);
+        }
+        m
+    }
+}
+
+/// The count keys a message of the waits channel names, unless this instance sent it.
+pub fn waits_told(message: &[u8], instance: &str) -> Option<Vec<String>> {
+    let text = std::str::from_utf8(message).ok()?;
+    let mut lines = text.split('\n');
+    if lines.next()? == instance {
+        return None;
+    }
+    let keys: Vec<String> = lines
+        .filter(|k| !k.is_empty())
+        .map(str::to_string)
+        .collect();
+    (!keys.is_empty()).then_some(keys)
+}
+
+/// The channel the waiting marks are published on: `<key prefix>:waits` (an ACL names it
+/// `&<key prefix>:*`). A Redis Cluster passes a `PUBLISH` to every node, so an instance may
+/// listen on any.
+pub fn waits_channel(key_prefix: &str) -> String {
+    format!("{key_prefix}:waits")
 }
 
 /// What a heartbeat's replies told.
@@ -398,6 +446,8 @@ pub struct Beat {
     pub waited: Vec<String>,
     /// Redis refused the read of the waiting marks (`Heartbeat::hear`).
     pub unheard: bool,
+    /// Redis refused to publish the marks (`Heartbeat::publish`).
+    pub unpublished: bool,
 }
 
 /// A heartbeat's replies (the last `hb.replies()` of a pipeline): what they told, and the
@@ -411,9 +461,17 @@ pub fn beat_reply(hb: &Heartbeat, values: &[redis::Value]) -> (Beat, Option<Repl
     };
     let error = values.iter().find_map(refused);
     let marks = values.len().saturating_sub(hb.beat_replies());
+    // (the marks' replies: ZADD, PEXPIRE, then PUBLISH's)
+    let unpublished = hb.publish && marks == 3 && values.get(2).and_then(refused).is_some();
     let beat = match values.get(marks..) {
         Some(b) if hb.beat => b,
-        _ => return (Beat::default(), error),
+        _ => {
+            let told = Beat {
+                unpublished,
+                ..Beat::default()
+            };
+            return (told, error);
+        }
     };
     // (the instances' own: ZADD, ZREMRANGEBYSCORE, PEXPIRE, then ZCARD)
     let counted = [0, 1, 2, beat.len().saturating_sub(1)]
@@ -426,7 +484,11 @@ pub fn beat_reply(hb: &Heartbeat, values: &[redis::Value]) -> (Beat, Option<Repl
             .filter_map(text)
             .filter_map(|m| {
                 let (who, key) = m.split_once(' ')?;
-                (who != hb.instance).then(|| key.to_string())
+                let (who, published) = match who.strip_suffix('+') {
+                    Some(w) => (w, true),
+                    None => (who, false),
+                };
+                (who != hb.instance && !(published && hb.subscribed)).then(|| key.to_string())
             })
             .collect(),
         _ => Vec::new(),
@@ -440,6 +502,7 @@ pub fn beat_reply(hb: &Heartbeat, values: &[redis::Value]) -> (Beat, Option<Repl
         adjusted: adjusted_reply(beat),
         waited,
         unheard: reads.iter().any(|v| refused(v).is_some()),
+        unpublished,
     };
     (told, error)
 }
@@ -459,6 +522,8 @@ pub struct Exchange {
     /// Redis refused the read (`Beat::unheard`).
     pub waited: Vec<String>,
     pub unheard: bool,
+    /// Redis refused to publish the marks (`Beat::unpublished`).
+    pub unpublished: bool,
     /// Cluster: how many slots the round went to answered, and how many did not (their keys
     /// wait), and why.
     pub slots_answered: usize,

@@ -433,6 +433,7 @@ pub(super) async fn exchange_on<C: redis::aio::ConnectionLike + Send>(
         adjusted: told.adjusted,
         waited: told.waited,
         unheard: told.unheard,
+        unpublished: told.unpublished,
         refused,
         ..Exchange::default()
     };
