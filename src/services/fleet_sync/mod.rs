@@ -1183,6 +1183,35 @@ impl Schedule {
 }
 
 impl SyncService {
+    /// The backend of the running config's `redis` section (`None`: none, or it cannot be
+    /// set up), with its waits channel's listener in place of the last one; the link state
+    /// and the error replies of the last one forgotten.
+    fn follow(
+        &self,
+        want: Option<RedisSettings>,
+        listener: &mut Option<tokio::task::JoinHandle<()>>,
+    ) -> Option<(RedisSettings, Box<dyn SyncBackend>)> {
+        let current =
+            want.and_then(
+                |s| match backend::make_for(&s, Some(&self.accounts.instance)) {
+                    Ok(b) => Some((s, b)),
+                    Err(e) => {
+                        log::error!("redis: cannot set up the sync ({e}); counting locally");
+                        None
+                    }
+                },
+            );
+        self.accounts.registry.set_syncing(current.is_some());
+        if let Some(old) = listener.take() {
+            old.abort();
+        }
+        self.accounts.set_subscribed(false);
+        *listener = current.as_ref().map(|(s, _)| self.listen(s));
+        self.accounts.fleet.reset_link();
+        *self.reply_errors.lock() = ReplyErrors::default();
+        current
+    }
+
     /// The waits channel's listener for `settings` (`backend::subscribe`), telling the
     /// accounts what it hears.
     fn listen(&self, settings: &RedisSettings) -> tokio::task::JoinHandle<()> {
@@ -1216,26 +1245,7 @@ impl BackgroundService for SyncService {
             // follow the running config's `redis` section
             let want = self.shared.load().config.redis.clone();
             if want.as_ref() != current.as_ref().map(|(s, _)| s) {
-                current =
-                    want.and_then(
-                        |s| match backend::make_for(&s, Some(&self.accounts.instance)) {
-                            Ok(b) => Some((s, b)),
-                            Err(e) => {
-                                log::error!(
-                                    "redis: cannot set up the sync ({e}); counting locally"
-                                );
-                                None
-                            }
-                        },
-                    );
-                self.accounts.registry.set_syncing(current.is_some());
-                if let Some(old) = listener.take() {
-                    old.abort();
-                }
-                self.accounts.set_subscribed(false);
-                listener = current.as_ref().map(|(s, _)| self.listen(s));
-                fleet.reset_link();
-                *self.reply_errors.lock() = ReplyErrors::default();
+                current = self.follow(want, &mut listener);
                 unchecked = current.is_some();
                 schedule = Schedule::new(ms());
             }
