@@ -312,7 +312,8 @@ impl Gateway {
     }
 
     pub fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
-        request(self.addr, "GET", path, headers).expect("request to gateway")
+        request(self.addr, "GET", path, headers)
+            .unwrap_or_else(|e| panic!("request to gateway: {e}; log:\n{}", self.log()))
     }
 
     pub fn metrics(&self) -> String {
