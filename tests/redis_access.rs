@@ -937,6 +937,32 @@ fn fixed_window_counts(r: &RedisServer) -> i64 {
         .sum::<i64>()
 }
 
+/// Five requests through `gw`, each admitted, and Redis holding the five.
+fn five_reach_redis(r: &RedisServer, gw: &Gateway) {
+    let statuses = alternate(&[gw], "/fixed_window/x", 5);
+    assert_eq!(statuses, [200; 5]);
+    let held = || fixed_window_counts(r);
+    assert!(
+        eventually(Duration::from_secs(10), || held() == 5),
+        "Redis holds {}; keys {:?}; log:\n{}",
+        held(),
+        admin_keys(r),
+        gw.log()
+    );
+}
+
+/// `tollgate -t` on the config `cfg` (its password file beside it): exit status, stdout,
+/// stderr.
+fn t_of(cfg: &str) -> (i32, String, String) {
+    let dir = TempDir::new();
+    dir.write("redis.pass", "gw-secret\n");
+    let cfg = cfg
+        .replace("{LISTEN}", "127.0.0.1:1")
+        .replace("{ADMIN}", "127.0.0.1:2");
+    let path = dir.write("gateway.yaml", &cfg);
+    run_tollgate(&["-t", "-c", &path.display().to_string()])
+}
+
 /// A user without `+multi` (an ACL written before plain increments were marked): `-t` and the
 /// start-up check name it, and plain increments still reach Redis, unmarked (a warning says a
 /// failover may lose some, and the refusal is counted once); no request is refused.
@@ -950,16 +976,7 @@ fn a_user_without_multi_gets_plain_increments_unmarked() {
         "{}",
         gw.log()
     );
-    let statuses = alternate(&[&gw], "/fixed_window/x", 5);
-    assert_eq!(statuses, [200; 5]);
-    let held = || fixed_window_counts(&r);
-    assert!(
-        eventually(Duration::from_secs(10), || held() == 5),
-        "Redis holds {}; keys {:?}; log:\n{}",
-        held(),
-        admin_keys(&r),
-        gw.log()
-    );
+    five_reach_redis(&r, &gw);
     // (Redis applies the increments a refused MULTI leaves untransacted at once: the warning
     // comes as the gateway reads the replies, a moment after)
     let warned = || {
@@ -977,13 +994,7 @@ fn a_user_without_multi_gets_plain_increments_unmarked() {
     );
     assert_eq!(errors_counted(&gw, Some("noperm")), 1.0);
     // and `-t` names the command
-    let dir = TempDir::new();
-    dir.write("redis.pass", "gw-secret\n");
-    let cfg = cfg
-        .replace("{LISTEN}", "127.0.0.1:1")
-        .replace("{ADMIN}", "127.0.0.1:2");
-    let path = dir.write("gateway.yaml", &cfg);
-    let (code, out, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+    let (code, out, err) = t_of(&cfg);
     assert_eq!(code, 1, "{out}{err}");
     assert!(err.contains(&format!("error: {said}")), "{err}");
 }
@@ -1041,26 +1052,13 @@ fn a_user_without_the_waits_channel_is_warned_and_counts_go_on() {
         "{}",
         gw.log()
     );
-    let statuses = alternate(&[&gw], "/fixed_window/x", 5);
-    assert_eq!(statuses, [200; 5]);
-    assert!(
-        eventually(Duration::from_secs(10), || fixed_window_counts(&r) == 5),
-        "Redis holds {}; log:\n{}",
-        fixed_window_counts(&r),
-        gw.log()
-    );
+    five_reach_redis(&r, &gw);
     // (not retried: once in the log, after three more periodic rounds)
     let rounds = || metric_sum(&gw.metrics(), "tollgate_redis_sync_total");
     let before = rounds();
     assert!(eventually(Duration::from_secs(10), || rounds() >= before + 3.0));
     assert_eq!(gw.log().matches(refused).count(), 1, "{}", gw.log());
-    let dir = TempDir::new();
-    dir.write("redis.pass", "gw-secret\n");
-    let cfg = cfg
-        .replace("{LISTEN}", "127.0.0.1:1")
-        .replace("{ADMIN}", "127.0.0.1:2");
-    let path = dir.write("gateway.yaml", &cfg);
-    let (code, out, err) = run_tollgate(&["-t", "-c", &path.display().to_string()]);
+    let (code, out, err) = t_of(&cfg);
     assert_eq!(code, 0, "{out}{err}");
     for c in [
         "PUBLISH (NOPERM): add +publish",
