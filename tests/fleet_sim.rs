@@ -1806,7 +1806,7 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     }
     // swaying: p99 954 ms, max 1,200 while holders heard of waits at their heartbeats only
     // (`FLEET_SIM_NO_PUBSUB=1`), 252 and 303 since they hear on the waits channel (302 and
-    // 302 in the first 8 seeds), 262 and 452 since parts are sized on one interval's demand
+    // 302 in the first 8 seeds)
     assert!(
         p99[1] <= 400,
         "held requests wait longer than they did: p99 {} ms",
