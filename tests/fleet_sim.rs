@@ -1826,10 +1826,9 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // swaying: 2.94 while the parts were set at a window's first asks (refusing 16 requests
     // under 0.9 x threshold in 3 of the 8 seeds), 3.23 since a part is re-split to its share
     // at its holder's calls, 3.25 since a holder hears of the others' waits, 3.34 since it
-    // hears of them within a round trip (the waits channel; holds p99 954 -> 252 ms), 3.12
-    // since a window's first asks take their part on one interval's demand
+    // hears of them within a round trip (the waits channel; holds p99 954 -> 252 ms)
     assert!(
-        mean_swaying <= 3.2,
+        mean_swaying <= 3.4,
         "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
     );
     // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
@@ -1840,11 +1839,10 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // 2.59 since a part refused in a window counted full no longer asks at periodic rounds,
     // 2.30 since a used lease that reached the cap is full without asking (`Ledger::capped`),
     // 2.33 since a part larger than its share is re-split at its holder's calls, 2.31 since
-    // a holder hears of the others' waits, 2.42 since it hears of them within a round trip,
-    // 2.18 since a window's first asks take their part on one interval's demand
+    // a holder hears of the others' waits, 2.42 since it hears of them within a round trip
     // (deterministic: the same seeds give the same figure)
     assert!(
-        mean <= 2.25,
+        mean <= 2.5,
         "the seed scenario asks Redis more than it did: {mean:.2} script calls a second"
     );
 }

@@ -806,7 +806,7 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     }
     let forecast = forecast(l.demand, horizon_ms, since_ms, sizing.spare);
     let need = l.need();
-    let rest = rest(steady(l, sizing), sizing);
+    let rest = rest(l.steady, sizing);
     let mut want = l
         .current
         .used
@@ -896,19 +896,6 @@ fn forecast(demand: u64, horizon_ms: u64, since_ms: u64, spare: u64) -> u64 {
     }
     let d = u128::from(demand) * u128::from(horizon_ms) * 3 / (2 * u128::from(since_ms.max(1)));
     u64::try_from(d).unwrap_or(u64::MAX).clamp(1, spare.max(1))
-}
-
-/// The demand an interval a part is sized on: the lesser of the last two intervals'
-/// (`Ledger::steady`), or, before two intervals have told it, the last one's where more than
-/// two intervals of the window are left (a window's first asks need not wait two intervals to
-/// take their part; in a window of one or two intervals the last one's alone may be a spike:
-/// simulated fleet seed 1466, 285 a second on 3 instances, refused 6 under 0.9 x with it).
-fn steady(l: &Ledger, sizing: &Sizing) -> u32 {
-    if l.steady == 0 && sizing.left_ms > 2 * sizing.interval_ms {
-        l.last_interval
-    } else {
-        l.steady
-    }
 }
 
 /// A fixed window's steady demand until its end (`Ask::rest`): `steady` units an interval,
@@ -1805,10 +1792,8 @@ mod tests {
             let [_, ask] = drain(s, sizing(now_ms, fixed));
             ask.map_or(0, |a| a.rest)
         };
-        // one interval of demand is taken as its rate where more than two intervals are left
-        // (a window's first asks take their part at once), and two are steady: 13 an
-        // interval, 5 intervals left
-        assert_eq!(interval(&mut s, 13, 2000, true), 65);
+        // one interval of demand is not steady yet; two are: 13 an interval, 5 intervals left
+        assert_eq!(interval(&mut s, 13, 2000, true), 0);
         assert_eq!(interval(&mut s, 13, 3000, true), 65);
         // a spike counts as the lesser interval around it, and an interval without demand ends
         // it
@@ -1817,17 +1802,6 @@ mod tests {
         // not a tier that takes parts: never
         interval(&mut s, 13, 6000, false);
         assert_eq!(interval(&mut s, 13, 7000, false), 0);
-        // with two intervals left, one interval's demand may be a spike: not yet
-        let mut short = state();
-        short.ledger.drained_ms = 1000;
-        note_demand(&mut short, 13, Algorithm::FixedWindow);
-        short.ledger.asking = true;
-        let two_left = Sizing {
-            left_ms: 2000,
-            ..sizing(2000, true)
-        };
-        let [_, ask] = drain(&mut short, two_left);
-        assert_eq!(ask.map(|a| a.rest), Some(0));
         // and it looks no further than `REST_INTERVALS` intervals (a day's window)
         let day = Sizing {
             left_ms: 86_400_000,
