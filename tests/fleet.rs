@@ -974,7 +974,20 @@ fn a_request_past_its_lease_waits_for_the_round_that_grants_it_room() {
 #[test]
 fn a_holder_hears_that_requests_wait_on_its_window_and_reports_its_part_at_once() {
     let redis = RedisServer::start();
-    holder_hears(&format!("url: {}", redis.url()), &[&redis]);
+    holder_hears(&format!("url: {}", redis.url()), &[&redis], true);
+}
+
+/// The same as a user whose ACL refuses `PUBLISH`: the refusal is said once, the marks are no
+/// longer published, and the holder, listening, still hears of them at its heartbeat (it passes
+/// over published marks only).
+#[test]
+fn a_holder_hears_at_its_heartbeat_of_waits_that_could_not_be_published() {
+    let redis = RedisServer::start_with(&[
+        "--user", "default", "on", "nopass", "~*", "&*", "+@all", "--user", "gateway", "on", ">gw",
+        "~tg:*", "&tg:*", "+@all", "-publish",
+    ]);
+    let url = format!("url: redis://gateway:gw@127.0.0.1:{}", redis.port);
+    holder_hears(&url, &[&redis], false);
 }
 
 /// The same on a Redis Cluster: the marks live in the heartbeat's slot, on whichever node
@@ -988,13 +1001,13 @@ fn a_holder_hears_of_waits_through_a_redis_cluster() {
         .map(|n| format!("\"{}\"", n.url()))
         .collect();
     let nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
-    holder_hears(&format!("cluster: [{}]", seeds.join(", ")), &nodes);
+    holder_hears(&format!("cluster: [{}]", seeds.join(", ")), &nodes, true);
 }
 
 /// Two gateways on `redis_line` (the `redis:` section's endpoint; `servers` hold the keys):
 /// steady demand on both, then a burst on B past its part, which waits on A's and marks the
 /// window; A hears of it and reports.
-fn holder_hears(redis_line: &str, servers: &[&RedisServer]) {
+fn holder_hears(redis_line: &str, servers: &[&RedisServer], publish: bool) {
     let up = Upstream::start("u");
     let url = format!("{redis_line}\n  sync_interval: 250ms");
     let cfg = config(&up, &url, &hourly(300, 90), "");
@@ -1106,7 +1119,13 @@ fn holder_hears(redis_line: &str, servers: &[&RedisServer]) {
                 .unwrap_or(0)
         })
         .sum();
-    assert!(published >= 1, "no PUBLISH reached Redis");
+    if publish {
+        assert!(published >= 1, "no PUBLISH reached Redis");
+    } else {
+        // refused once, then not sent again
+        let said = "the fleet's waiting marks could not be published";
+        assert_eq!(b.log().matches(said).count(), 1, "{}", b.log());
+    }
     // and A, holding its part, heard of them and reported it at once
     let heard = || metric_sum(&a.metrics(), "tollgate_fleet_waits_heard_total");
     assert!(
