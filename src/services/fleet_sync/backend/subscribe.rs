@@ -35,9 +35,14 @@ pub enum Heard {
 pub async fn listen(settings: RedisSettings, instance: String, tell: impl Fn(Heard)) {
     let channel = waits_channel(&settings.key_prefix);
     let mut retry = RETRY_FIRST;
+    // the last failure logged: a new reason is logged at WARN, the same one again not
+    let mut failed: Option<String> = None;
     for attempt in 0usize.. {
         match subscribe(&settings, attempt, &channel).await {
             Ok((sink, stream)) => {
+                if failed.take().is_some() {
+                    log::info!("redis: listening on the waits channel {channel} again");
+                }
                 tell(Heard::Subscribed(true));
                 retry = RETRY_FIRST;
                 let why = hear(sink, stream, &instance, settings.timeout, &tell).await;
@@ -48,7 +53,13 @@ pub async fn listen(settings: RedisSettings, instance: String, tell: impl Fn(Hea
                 log::warn!("redis: cannot listen on the waits channel {channel} ({e}); this instance hears of the others' waits at its heartbeats only (the user's ACL needs +subscribe and the channel)");
                 return;
             }
-            Err(e) => log::debug!("redis: the waits channel {channel}: {e}"),
+            Err(e) => {
+                let why = e.to_string();
+                if failed.as_ref() != Some(&why) {
+                    log::warn!("redis: cannot listen on the waits channel {channel} ({why}); the heartbeats read the others' waits meanwhile; trying again");
+                    failed = Some(why);
+                }
+            }
         }
         tokio::time::sleep(retry).await;
         retry = (retry * 2).min(RETRY_MOST);
