@@ -667,6 +667,9 @@ fn simulate(s: &Scenario) -> Outcome {
     };
     let clock = Arc::new(FakeClock::at_ms(t0));
     let metrics = tollgate::metrics::Metrics::new().expect("metrics");
+    // (`FLEET_SIM_NO_PUBSUB`: no instance listens on the waits channel, as where none can
+    // subscribe)
+    let listening = std::env::var_os("FLEET_SIM_NO_PUBSUB").is_none();
     let mut instances: Vec<Instance> = (0..s.instances)
         .map(|i| {
             let registry = Arc::new(CounterRegistry::new(
@@ -687,9 +690,7 @@ fn simulate(s: &Scenario) -> Outcome {
                 fleet.clone(),
             );
             let accounts = Accounts::new(registry, fleet.clone(), clock.clone(), format!("i{i}"));
-            // (`FLEET_SIM_NO_PUBSUB`: no instance listens on the waits channel, as where none
-            // can subscribe)
-            accounts.set_subscribed(std::env::var_os("FLEET_SIM_NO_PUBSUB").is_none());
+            accounts.set_subscribed(listening);
             Instance {
                 held: Default::default(),
                 limiter,
@@ -863,7 +864,6 @@ fn simulate(s: &Scenario) -> Outcome {
         let published = std::mem::take(&mut redis.published);
         for (at, from, keys) in published {
             if at + s.rtt_ms / 2 <= now {
-                let listening = std::env::var_os("FLEET_SIM_NO_PUBSUB").is_none();
                 for inst in instances
                     .iter()
                     .filter(|x| listening && x.accounts.instance != from)

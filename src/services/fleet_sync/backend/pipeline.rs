@@ -449,25 +449,15 @@ mod tests {
             "ZADD tg:instances:waiting 5000 i1+ tg:{a}:r:0:9 5000 i1+ tg:{b}:r:0:9 PEXPIRE tg:instances:waiting 10000 PUBLISH tg:waits i1\ntg:{a}:r:0:9\ntg:{b}:r:0:9 "
         );
         assert_eq!(told.replies(), 3);
+        use crate::services::fleet_sync::backend::round::waits_told;
+        let message = told.wait_message();
         assert_eq!(
-            crate::services::fleet_sync::backend::round::waits_told(
-                told.wait_message().as_bytes(),
-                "i2"
-            ),
+            waits_told(message.as_bytes(), "i2"),
             Some(vec!["tg:{a}:r:0:9".to_string(), "tg:{b}:r:0:9".to_string()])
         );
         // its own, or none
-        assert_eq!(
-            crate::services::fleet_sync::backend::round::waits_told(
-                told.wait_message().as_bytes(),
-                "i1"
-            ),
-            None
-        );
-        assert_eq!(
-            crate::services::fleet_sync::backend::round::waits_told(b"i3", "i1"),
-            None
-        );
+        assert_eq!(waits_told(message.as_bytes(), "i1"), None);
+        assert_eq!(waits_told(b"i3", "i1"), None);
         // a whole heartbeat: the marks of the last 500 ms read, the older dropped
         let beat = Heartbeat {
             beat: true,
