@@ -1139,38 +1139,64 @@ fn holder_hears(redis_line: &str, servers: &[&RedisServer], publish: bool) {
 /// it listens again, on a new connection.
 #[test]
 fn a_listener_killed_by_redis_listens_again() {
+    let (redis, _up, gw, first) = listening_gateway();
+    assert!(common::redis_cmd(redis.port, &["CLIENT", "KILL", "TYPE", "pubsub"]).is_ok());
+    listens_anew(&redis, &first, &gw);
+}
+
+/// A listener whose Redis goes silent without closing its connection (SIGSTOP) finds it by
+/// its `PING`, gives that connection up, and listens on a new one once Redis answers again.
+#[test]
+fn a_listener_finds_a_silent_redis_by_its_ping_and_listens_again() {
+    let (redis, _up, gw, first) = listening_gateway();
+    redis.signal("STOP");
+    let given_up = || gw.log().contains("closed (no answer to PING)");
+    let found = eventually(Duration::from_secs(15), given_up);
+    redis.signal("CONT");
+    assert!(found, "{}", gw.log());
+    listens_anew(&redis, &first, &gw);
+}
+
+/// A gateway on a redis-server of its own, listening on the waits channel: the server, the
+/// upstream, the gateway, and the listening connection's id.
+fn listening_gateway() -> (RedisServer, Upstream, Gateway, Vec<String>) {
     let redis = RedisServer::start();
     let up = Upstream::start("u");
     let cfg = config(&up, &format!("url: {}", redis.url()), &hourly(300, 90), "");
     let gw = Gateway::start(&cfg);
     wait_connected(&gw);
-    // (the listeners' connections: their ids)
-    let listeners = || {
-        let text = match common::redis_cmd(redis.port, &["CLIENT", "LIST", "TYPE", "pubsub"]) {
-            Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
-            Ok(redis::Value::VerbatimString { text, .. }) => text,
-            _ => String::new(),
-        };
-        text.lines()
-            .filter(|l| l.contains(" sub=1 "))
-            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
-            .collect::<Vec<String>>()
-    };
     assert!(
-        eventually(Duration::from_secs(10), || listeners().len() == 1),
+        eventually(Duration::from_secs(10), || listeners(&redis).len() == 1),
         "{:?}",
-        listeners()
+        listeners(&redis)
     );
-    let first = listeners();
-    assert!(common::redis_cmd(redis.port, &["CLIENT", "KILL", "TYPE", "pubsub"]).is_ok());
+    let first = listeners(&redis);
+    (redis, up, gw, first)
+}
+
+/// The ids of the connections listening on a channel.
+fn listeners(redis: &RedisServer) -> Vec<String> {
+    let text = match common::redis_cmd(redis.port, &["CLIENT", "LIST", "TYPE", "pubsub"]) {
+        Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
+        Ok(redis::Value::VerbatimString { text, .. }) => text,
+        _ => String::new(),
+    };
+    text.lines()
+        .filter(|l| l.contains(" sub=1 "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// One connection listens again, not `first`.
+fn listens_anew(redis: &RedisServer, first: &[String], gw: &Gateway) {
     let again = || {
-        let now = listeners();
+        let now = listeners(redis);
         now.len() == 1 && now != first
     };
     assert!(
-        eventually(Duration::from_secs(10), again),
+        eventually(Duration::from_secs(20), again),
         "{:?} after {first:?}; {}",
-        listeners(),
+        listeners(redis),
         gw.log()
     );
 }
