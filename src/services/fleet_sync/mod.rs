@@ -109,12 +109,14 @@ impl Round {
     }
 }
 
-/// The count keys the other instances' requests waited on lately (`Beat::waited`, sorted), as
-/// the heartbeat of the round sent at `sent_ms` read them.
+/// The count keys the other instances' requests waited on lately (a heartbeat's read,
+/// `Beat::waited`, or the waits channel), sorted, each with when it was heard (ms); `last_ms`:
+/// the latest of those. Each is kept `WAIT_MARK_MS`, so the set stays as small as the waits
+/// of the last moment however long messages keep coming.
 #[derive(Debug, Default)]
 struct Waited {
-    sent_ms: u64,
-    keys: Vec<String>,
+    last_ms: u64,
+    keys: Vec<(String, u64)>,
 }
 
 /// When a drain happens, as `ledger::Sizing` takes it.
@@ -143,9 +145,9 @@ fn waited_on(
 ) -> bool {
     let l = &st.ledger;
     if waited.keys.is_empty()
-        || now_ms >= waited.sent_ms.saturating_add(backend::WAIT_MARK_MS)
+        || now_ms >= waited.last_ms.saturating_add(backend::WAIT_MARK_MS)
         || !l.split
-        || l.drained_ms >= waited.sent_ms
+        || l.drained_ms >= waited.last_ms
         || l.ceiling <= l.current.used
     {
         return false;
@@ -159,7 +161,15 @@ fn waited_on(
         start,
         tier.window_end(start),
     );
-    waited.keys.binary_search(&k).is_ok()
+    match waited
+        .keys
+        .binary_search_by(|(w, _)| w.as_str().cmp(k.as_str()))
+    {
+        Ok(i) => waited.keys.get(i).is_some_and(|&(_, at)| {
+            now_ms < at.saturating_add(backend::WAIT_MARK_MS) && l.drained_ms < at
+        }),
+        Err(_) => false,
+    }
 }
 
 /// Where a round in parts goes on: the rule (by `uid`) and its shard.
@@ -758,14 +768,18 @@ impl Accounts {
             return;
         }
         let mut waited = self.waited.lock();
-        let mut all: Vec<String> = keys.to_vec();
-        if at_ms < waited.sent_ms.saturating_add(backend::WAIT_MARK_MS) {
-            all.extend(waited.keys.iter().cloned());
-        }
-        all.sort_unstable();
-        all.dedup();
+        // the fresh ones heard before, then these (a key heard again: its latest time)
+        let mut all: Vec<(String, u64)> = waited
+            .keys
+            .iter()
+            .filter(|&&(_, t)| at_ms < t.saturating_add(backend::WAIT_MARK_MS))
+            .cloned()
+            .chain(keys.iter().map(|k| (k.clone(), at_ms)))
+            .collect();
+        all.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        all.dedup_by(|later, first| later.0 == first.0);
         *waited = Arc::new(Waited {
-            sent_ms: waited.sent_ms.max(at_ms),
+            last_ms: waited.last_ms.max(at_ms),
             keys: all,
         });
         drop(waited);
@@ -1330,6 +1344,39 @@ fn log_report(start: u64, p: u64, sent_ms: u64, units: Vec<(u64, u64)>) -> LogRe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waits_heard_are_kept_500_ms_each_however_long_messages_keep_coming() {
+        let metrics = crate::metrics::Metrics::new().expect("metrics");
+        let registry = Arc::new(CounterRegistry::new(
+            metrics.evictions.clone(),
+            metrics.untracked.clone(),
+        ));
+        let clock = Arc::new(tollgate_limits::clock::FakeClock::at_ms(10_000));
+        let accounts = Accounts::new(registry, Arc::default(), clock.clone(), "i1".into());
+        let keys = |a: &Accounts| -> Vec<(String, u64)> { a.waited.lock().keys.clone() };
+        // a message every 300 ms, each naming a new key: only the last 500 ms's are kept
+        for i in 0..10u64 {
+            clock.set_ms(10_000 + 300 * i);
+            accounts.told(&[format!("k{i}")]);
+        }
+        assert_eq!(
+            keys(&accounts),
+            [("k8".to_string(), 12_400), ("k9".to_string(), 12_700)]
+        );
+        // a key heard again keeps its latest time, sorted by key
+        clock.set_ms(12_800);
+        accounts.told(&["k8".into(), "a".into()]);
+        assert_eq!(
+            keys(&accounts),
+            [
+                ("a".to_string(), 12_800),
+                ("k8".to_string(), 12_800),
+                ("k9".to_string(), 12_700)
+            ]
+        );
+        assert_eq!(accounts.waited.lock().last_ms, 12_800);
+    }
 
     #[test]
     fn an_error_reply_is_noted_when_it_starts_and_when_a_periodic_round_ends_without_it() {
