@@ -50,6 +50,32 @@ fn until_the_sentinels_name(sentinels: &[Sentinel], port: u16) {
     );
 }
 
+/// How many connections listen on the waits channel of `server` (the gateways'; the
+/// sentinels' own subscriptions are to another channel).
+fn listening(server: &RedisServer) -> i64 {
+    match redis_cmd(server.port, &["PUBSUB", "NUMSUB", "cl:waits"]) {
+        Ok(redis::Value::Array(v)) => match v.get(1) {
+            Some(redis::Value::Int(n)) => *n,
+            _ => -1,
+        },
+        _ => -1,
+    }
+}
+
+/// Until `n` connections listen on `server`'s waits channel.
+fn until_listening(server: &RedisServer, n: i64, gws: &[&Gateway]) {
+    assert!(
+        eventually(Duration::from_secs(20), || listening(server) == n),
+        "{} of {n} listen on the waits channel of the server on {}; logs:\n{}",
+        listening(server),
+        server.port,
+        gws.iter()
+            .map(|g| g.log())
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    );
+}
+
 /// A primary, its replica (synced), and three sentinels that know both and one another: down
 /// after 500 ms without an answer, two of the three to agree.
 fn sentinel_fleet() -> (RedisServer, RedisServer, Vec<Sentinel>) {
@@ -91,6 +117,7 @@ fn the_primary_killed_under_load_fails_over_through_the_sentinels_and_counting_r
     for gw in [&a, &b] {
         assert!(wait_redis_state(gw, "connected"), "{}", gw.log());
     }
+    until_listening(&primary, 2, &[&a, &b]);
     let dir = TempDir::new();
     let load = [wrk(&dir, &a, 8), wrk(&dir, &b, 8)];
     until_tiny_is_full([&a, &b], |rule| in_redis(&primary, rule));
@@ -106,6 +133,9 @@ fn the_primary_killed_under_load_fails_over_through_the_sentinels_and_counting_r
         "the gateways did not round to the promoted replica"
     );
     let found = killed.elapsed();
+    // and listen on the waits channel of the promoted replica, asking the sentinels again
+    // (the channel's connection to the killed primary is lost)
+    until_listening(&replica, 2, &[&a, &b]);
     let results: Vec<(u64, u64)> = load.into_iter().map(wrk_result).collect();
     nothing_failed_or_lost(
         [&a, &b],
@@ -128,6 +158,7 @@ fn a_failover_that_demotes_the_running_primary_moves_the_rounds_to_the_new_one()
     let up = Upstream::start("u");
     let gw = Gateway::start(&config(&up, &sentinels));
     assert!(wait_redis_state(&gw, "connected"), "{}", gw.log());
+    until_listening(&primary, 1, &[&gw]);
     let get = |n: usize| {
         for i in 0..n {
             let tenant = format!("t{}", i % TENANTS);
@@ -149,6 +180,10 @@ fn a_failover_that_demotes_the_running_primary_moves_the_rounds_to_the_new_one()
         })
     };
     assert!(eventually(Duration::from_secs(15), demoted), "not demoted");
+    // the sentinels close the demoted primary's clients, the channel's too: it listens on
+    // the new primary
+    until_listening(&replica, 1, &[&gw]);
+    assert_eq!(listening(&primary), 0);
     get(20);
     assert!(
         eventually(Duration::from_secs(15), || in_redis(&replica, "all") == 40),
