@@ -137,6 +137,9 @@ struct Scenario {
     calendar: Option<(&'static str, u64)>,
     /// The calendar days the run touches (start, end), computed once.
     days: Vec<(u64, u64)>,
+    /// The last instance starts this far into the run (0: with the others): until then it
+    /// runs no round and takes no request, and the others count themselves without it.
+    join_ms: u64,
 }
 
 /// Most decisions a seed may make (keeps the whole run within seconds).
@@ -211,6 +214,7 @@ impl Scenario {
             counted_percent: 100,
             calendar: None,
             days: Vec::new(),
+            join_ms: 0,
         }
     }
 
@@ -235,6 +239,29 @@ impl Scenario {
         s.calendar = Some(day);
         let cal = Calendar::new(CalendarUnit::Day, day.0).expect("a zone");
         s.days = vec![cal.window_of(day.1 - 1), cal.window_of(day.1)];
+        s
+    }
+
+    /// The same fleet and load as `draw`, on a small fixed window (5 to 500, which takes
+    /// parts when filling), the instances meeting at the start, the last one starting 100 ms
+    /// to 3 s after the others: one that took its part while it counted itself alone may hold
+    /// the whole window when it comes (`tests/outcomes.rs`' `a_fleet_takes_late_charges` once
+    /// refused under the quota so).
+    fn draw_join(seed: u64) -> Scenario {
+        let mut s = Scenario::draw(seed);
+        let mut r = Rng(seed ^ 0x301E);
+        s.sliding = false;
+        s.bucket = false;
+        s.warm = false;
+        s.instances = s.instances.max(2);
+        s.threshold = r.log_uniform(5.0, 500.0) as u64;
+        s.period_ms = r.pick(&[10_000, 60_000, 3_600_000]);
+        s.span_ms = s.span_ms.max(4000);
+        s.phase_ms %= s.period_ms;
+        s.join_ms = 100 + r.below(2900);
+        // from a few requests a second to ten times the threshold a window
+        let most = 10.0 * s.threshold as f64 * 1000.0 / s.period_ms as f64;
+        s.rate = r.log_uniform(2.0, most.max(4.0));
         s
     }
 
@@ -899,6 +926,10 @@ fn simulate(s: &Scenario) -> Outcome {
         // contract's "at most 0.9 x threshold, the request included" among concurrent requests)
         let judge_ms = 2 * s.rtt_ms + MIN_ROUND_GAP_MS;
         for (i, inst) in instances.iter_mut().enumerate() {
+            if i + 1 == s.instances && step < s.join_ms {
+                // not started yet
+                continue;
+            }
             // 1. the round in flight
             let mut round_ended = false;
             if let Some(f) = &mut inst.flight {
@@ -1768,6 +1799,7 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
             counted_percent: 100,
             calendar: None,
             days: Vec::new(),
+            join_ms: 0,
         };
         let o = simulate(&s);
         let why = check(&s, &o);
@@ -1806,7 +1838,8 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     }
     // swaying: p99 954 ms, max 1,200 while holders heard of waits at their heartbeats only
     // (`FLEET_SIM_NO_PUBSUB=1`), 252 and 303 since they hear on the waits channel (302 and
-    // 302 in the first 8 seeds)
+    // 302 in the first 8 seeds), 302 and 302 since a window's first asks take their part on
+    // one interval's demand
     assert!(
         p99[1] <= 400,
         "held requests wait longer than they did: p99 {} ms",
@@ -1826,9 +1859,10 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // swaying: 2.94 while the parts were set at a window's first asks (refusing 16 requests
     // under 0.9 x threshold in 3 of the 8 seeds), 3.23 since a part is re-split to its share
     // at its holder's calls, 3.25 since a holder hears of the others' waits, 3.34 since it
-    // hears of them within a round trip (the waits channel; holds p99 954 -> 252 ms)
+    // hears of them within a round trip (the waits channel; holds p99 954 -> 252 ms), 3.12
+    // since a window's first asks take their part on one interval's demand
     assert!(
-        mean_swaying <= 3.4,
+        mean_swaying <= 3.2,
         "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
     );
     // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
@@ -1839,10 +1873,12 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // 2.59 since a part refused in a window counted full no longer asks at periodic rounds,
     // 2.30 since a used lease that reached the cap is full without asking (`Ledger::capped`),
     // 2.33 since a part larger than its share is re-split at its holder's calls, 2.31 since
-    // a holder hears of the others' waits, 2.42 since it hears of them within a round trip
+    // a holder hears of the others' waits, 2.42 since it hears of them within a round trip,
+    // 2.18 since a window's first asks take their part on one interval's demand, 2.21 since
+    // a re-split part that others wait on calls at once (`Ledger::resplit`)
     // (deterministic: the same seeds give the same figure)
     assert!(
-        mean <= 2.5,
+        mean <= 2.25,
         "the seed scenario asks Redis more than it did: {mean:.2} script calls a second"
     );
 }
@@ -1937,6 +1973,32 @@ fn costs_keep_the_bounds_in_units_over_many_seeds() {
     );
     eprintln!("costs: {units} units admitted, {under} refusals under 0.9x");
     assert_none_failed("cost", &failures);
+}
+
+/// Join seeds past the default 300 that failed, replayed on every run (a release build):
+/// 361, 761 (the one that came waited without marking: it held no part, so the holder of the
+/// whole window never heard), 1293, 1434, 2438, 2699 (the holders heard and reported, but
+/// Redis kept what their parts held before the re-split until their next calls, a periodic
+/// round away: `Ledger::resplit`).
+const REPLAYED_JOIN: [u64; 6] = [361, 761, 1293, 1434, 2438, 2699];
+
+/// An instance that starts after the others (`Scenario::draw_join`): every bound holds, no
+/// refusal under 0.9 x threshold while one that counted itself alone holds its part of the
+/// whole window. `FLEET_SIM_JOIN_SEEDS=<n>` runs more seeds.
+#[test]
+fn an_instance_that_starts_late_gets_its_share() {
+    let (mut admitted, mut under) = (0u64, 0usize);
+    let mut seeds = seeds_of("FLEET_SIM_JOIN_SEEDS", 20, 300);
+    let n = seeds.len() as u64;
+    if !cfg!(debug_assertions) && std::env::var("FLEET_SIM_SEED").is_err() {
+        seeds.extend(REPLAYED_JOIN.iter().filter(|&&s| s > n));
+    }
+    let failures = failing_seeds("join", seeds, Scenario::draw_join, |_, o| {
+        admitted += o.total_admitted;
+        under += o.false_refusals.len();
+    });
+    eprintln!("late joiners: {admitted} admitted, {under} refusals under 0.9x");
+    assert_none_failed("join", &failures);
 }
 
 /// FNV-1a of a text (the fingerprints of `golden_line`).

@@ -148,7 +148,7 @@ fn waited_on(
         || now_ms >= waited.last_ms.saturating_add(backend::WAIT_MARK_MS)
         || !l.split
         || l.drained_ms >= waited.last_ms
-        || l.ceiling <= l.current.used
+        || (l.ceiling <= l.current.used && !l.resplit)
     {
         return false;
     }
@@ -412,8 +412,10 @@ impl Accounts {
                 // asks, to hear of it
                 st.ledger.asking = true;
             }
-            // its part of a filling window used up (its last answer leased a part)
-            let part = st.ledger.split;
+            // its part of a filling window used up (its last answer leased a part), or, holding
+            // none, its requests left waiting by the last answer (the others hold the rest:
+            // one that took its part while it counted itself alone may hold the whole window)
+            let part = st.ledger.split || (sizing.parts && st.ledger.short > 0);
             let asks = ledger::drain(st, sizing);
             if sizing.waited_on && asks[1].is_some() {
                 round.heard += 1;
