@@ -1860,9 +1860,11 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // under 0.9 x threshold in 3 of the 8 seeds), 3.23 since a part is re-split to its share
     // at its holder's calls, 3.25 since a holder hears of the others' waits, 3.34 since it
     // hears of them within a round trip (the waits channel; holds p99 954 -> 252 ms), 3.12
-    // since a window's first asks take their part on one interval's demand
+    // since a window's first asks take their part on one interval's demand, 2.79 since a
+    // window that will not fill leases each its demand until the end and the first interval's
+    // demand so far sizes it
     assert!(
-        mean_swaying <= 3.2,
+        mean_swaying <= 2.85,
         "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
     );
     // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
@@ -1875,10 +1877,12 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // 2.33 since a part larger than its share is re-split at its holder's calls, 2.31 since
     // a holder hears of the others' waits, 2.42 since it hears of them within a round trip,
     // 2.18 since a window's first asks take their part on one interval's demand, 2.21 since
-    // a re-split part that others wait on calls at once (`Ledger::resplit`)
+    // a re-split part that others wait on calls at once (`Ledger::resplit`), 1.95 since a
+    // window that will not fill leases each its demand until the end (2.14 alone) and the
+    // first interval's demand so far sizes it (2.10 alone)
     // (deterministic: the same seeds give the same figure)
     assert!(
-        mean <= 2.25,
+        mean <= 2.0,
         "the seed scenario asks Redis more than it did: {mean:.2} script calls a second"
     );
 }

@@ -306,9 +306,12 @@ fn a_filling_fixed_window_leases_each_member_its_part_at_once() {
         rest,
         ..window_update(key, member, 0, 1 + rest, 200)
     };
-    // steady demand that does not fill the window (3 x 21 of 200): the spare budget's part
+    // steady demand that does not fill the window (3 x 41 of 200): its own demand until the
+    // window's end, past the spare budget's part (21 before 2026-11-28), for each that asks
     let key = "t:{p}:s:0:1000";
-    assert_eq!(eval(&mut conn, &ask(key, "a.1", 20)).ceiling, 21);
+    for m in ["a.1", "b.1", "c.1"] {
+        assert_eq!(eval(&mut conn, &ask(key, m, 40)).ceiling, 41, "{m}");
+    }
     // steady demand that fills it (each wants 131 until the window's end, an instance that
     // holds no lease taken to want as much): a third of it each, at once
     let key = "t:{p}:f:0:1000";

@@ -158,6 +158,9 @@ pub fn ledger_model(
         if demand >= pool && pool > 0 {
             // as Lua computes it, in floating point
             split = Some((pool as f64 * desire as f64 / demand as f64).floor() as i64);
+        } else if pool > 0 {
+            // a window that will not fill: each its own demand until the end
+            split = Some(desire);
         }
     }
     // a part larger than its share of it (the others' demand grew): re-split, what it held

@@ -679,6 +679,10 @@ pub struct Sizing {
     /// forecast does not need goes to them (the swaying seed scenario: 41 refusals under
     /// 0.9 x threshold in 80 seeds without it).
     pub waited_on: bool,
+    /// Time since the last periodic round began (0: this is one, or none yet): the demand
+    /// counted since (`Ledger::interval_demand`) over it is a rate before a whole interval
+    /// has told one (`steady`).
+    pub into_interval_ms: u64,
 }
 
 /// Whether a tier's records take parts of a filling window (`Ask::rest`): fixed windows under
@@ -903,13 +907,21 @@ fn forecast(demand: u64, horizon_ms: u64, since_ms: u64, spare: u64) -> u64 {
 /// (`Ledger::steady`), or, before two intervals have told it, the last one's where more than
 /// two intervals of the window are left (a window's first asks need not wait two intervals to
 /// take their part; in a window of one or two intervals the last one's alone may be a spike:
-/// simulated fleet seed 1466, 285 a second on 3 instances, refused 6 under 0.9 x with it).
+/// simulated fleet seed 1466, 285 a second on 3 instances, refused 6 under 0.9 x with it), or,
+/// before one has, the demand since the last periodic round at its rate, once a quarter of
+/// an interval has passed (the seed scenario's first window: 2.21 -> 2.10 script calls a
+/// second for a tenant in the simulation).
 fn steady(l: &Ledger, sizing: &Sizing) -> u32 {
-    if l.steady == 0 && sizing.left_ms > 2 * sizing.interval_ms {
-        l.last_interval
-    } else {
-        l.steady
+    if l.steady != 0 || sizing.left_ms <= 2 * sizing.interval_ms {
+        return l.steady;
     }
+    let into = sizing.into_interval_ms;
+    if l.last_interval == 0 && 4 * into >= sizing.interval_ms && into < sizing.interval_ms {
+        // within the first interval, a quarter of it in: its demand so far, at that rate
+        let r = u64::from(l.interval_demand) * sizing.interval_ms / into;
+        return u32::try_from(r).unwrap_or(u32::MAX);
+    }
+    l.last_interval
 }
 
 /// A fixed window's steady demand until its end (`Ask::rest`): `steady` units an interval,
@@ -1116,6 +1128,7 @@ mod tests {
             parts: false,
             interval_ms: 1000,
             waited_on: false,
+            into_interval_ms: 0,
             spare: u64::MAX,
             now_ms: 1000,
             since_ms: 1000,
@@ -1207,6 +1220,7 @@ mod tests {
             parts: false,
             interval_ms: 1000,
             waited_on: false,
+            into_interval_ms: 0,
             spare: 10,
             now_ms: 12_000,
             since_ms: 1000,
@@ -1458,6 +1472,7 @@ mod tests {
             parts: false,
             interval_ms: 1000,
             waited_on: false,
+            into_interval_ms: 0,
             spare: spare(3000, Algorithm::FixedWindow),
             now_ms: 1000,
             since_ms: 100,
@@ -1487,6 +1502,7 @@ mod tests {
             parts: false,
             interval_ms: 1000,
             waited_on: false,
+            into_interval_ms: 0,
             spare: spare(100, Algorithm::FixedWindow),
             now_ms: 19_990,
             since_ms: 100,
@@ -1550,6 +1566,7 @@ mod tests {
             parts: false,
             interval_ms: 1000,
             waited_on: false,
+            into_interval_ms: 0,
             spare: spare(3000, Algorithm::FixedWindow),
             now_ms: 10_100,
             since_ms: 100,
@@ -1662,6 +1679,7 @@ mod tests {
             parts: false,
             interval_ms: 1000,
             waited_on: false,
+            into_interval_ms: 0,
             spare: u64::MAX,
             now_ms: 1000,
             since_ms: 100,
@@ -1737,6 +1755,7 @@ mod tests {
             parts: false,
             interval_ms: 1000,
             waited_on: false,
+            into_interval_ms: 0,
             spare: u64::MAX,
             now_ms,
             since_ms: 100,
@@ -1786,6 +1805,7 @@ mod tests {
             parts,
             interval_ms: 1000,
             waited_on: false,
+            into_interval_ms: 0,
             spare: 20,
             now_ms,
             since_ms: 1000,
@@ -1830,6 +1850,24 @@ mod tests {
         };
         let [_, ask] = drain(&mut short, two_left);
         assert_eq!(ask.map(|a| a.rest), Some(0));
+        // within the first interval (no periodic round has told one yet), the demand since the
+        // last periodic round at its rate, once a quarter of the interval has passed: 4 in
+        // 250 ms, 16 an interval, 5 intervals left
+        let first = |into_interval_ms| {
+            let mut f = state();
+            f.ledger.drained_ms = 1000;
+            note_demand(&mut f, 4, Algorithm::FixedWindow);
+            f.ledger.asking = true;
+            let early = Sizing {
+                periodic: false,
+                into_interval_ms,
+                ..sizing(1250, true)
+            };
+            drain(&mut f, early)[1].map(|a| a.rest)
+        };
+        assert_eq!(first(250), Some(80));
+        // sooner, a few requests may be a burst: not yet
+        assert_eq!(first(200), Some(0));
         // and it looks no further than `REST_INTERVALS` intervals (a day's window)
         let day = Sizing {
             left_ms: 86_400_000,
@@ -2085,6 +2123,7 @@ mod tests {
             parts: false,
             interval_ms: 1000,
             waited_on: false,
+            into_interval_ms: 0,
             spare: u64::MAX,
             now_ms: 1000,
             since_ms: 1000,

@@ -126,6 +126,8 @@ struct DrainTime<'a> {
     since_ms: u64,
     horizon_ms: u64,
     periodic: bool,
+    /// Time since the last periodic round began (`Sizing::into_interval_ms`).
+    into_interval_ms: u64,
     /// When this instance last heard of an operator's reset or grant (ms; 0: never): a
     /// counter its count refused and that has not asked since asks, to hear of it.
     adjusted_ms: u64,
@@ -198,6 +200,8 @@ pub struct Accounts {
     pub clock: Arc<dyn Clock>,
     pub instance: String,
     last_round_ms: AtomicU64,
+    /// When the last periodic round began (0: none yet).
+    periodic_ms: AtomicU64,
     /// When the first round began (0: none yet).
     first_round_ms: AtomicU64,
     /// The last mark of an operator's adjustment the heartbeat read (0: none yet), and when
@@ -232,6 +236,7 @@ impl Accounts {
             clock,
             instance,
             last_round_ms: AtomicU64::new(0),
+            periodic_ms: AtomicU64::new(0),
             first_round_ms: AtomicU64::new(0),
             adjusted_mark: AtomicU64::new(0),
             adjusted_ms: AtomicU64::new(0),
@@ -343,6 +348,18 @@ impl Accounts {
         let horizon_ms = horizon_ms(settings);
         let max_updates = max_updates.max(1);
         let waited = Arc::clone(&self.waited.lock());
+        let into_interval_ms = if periodic {
+            // (a round in parts goes on from where the periodic one began)
+            if from.uid == 0 && from.shard == 0 {
+                self.periodic_ms.store(now_ms, Ordering::Relaxed);
+            }
+            0
+        } else {
+            match self.periodic_ms.load(Ordering::Relaxed) {
+                0 => 0,
+                t => now_ms.saturating_sub(t),
+            }
+        };
         for rc in self.registry.live() {
             if rc.uid < from.uid {
                 continue;
@@ -360,6 +377,7 @@ impl Accounts {
                     since_ms,
                     horizon_ms,
                     periodic,
+                    into_interval_ms,
                     adjusted_ms: self.adjusted_ms.load(Ordering::Relaxed),
                     waited: &waited,
                 };
@@ -400,6 +418,7 @@ impl Accounts {
                 spare: ledger::spare(tier.threshold, counters.algorithm()),
                 parts: ledger::parts(tier.threshold, counters.algorithm()),
                 interval_ms: settings.sync_interval.as_millis() as u64,
+                into_interval_ms: when.into_interval_ms,
                 waited_on: waited_on(
                     settings,
                     counters,

@@ -396,13 +396,15 @@ local held, active, wanted = others(u, c, e, d, mine, p)
 -- a fixed window filling: when this member's steady demand until the window's end and the
 -- others' fill what nobody has admitted, it holds its part of that at once; each other
 -- instance is taken to want at least as much as this one (what a member asked last may be
--- from before its demand grew; an instance that holds no lease may ask next)
+-- from before its demand grew; an instance that holds no lease may ask next); when they do
+-- not fill it, its own demand until the end (what is left is more than they all want)
 local split = 0
 if rest > 0 then
   local desire = math.max(want - mine, 0)
   local pool = cap - total - reserve
   local demand = desire + math.max(instances - 1 - active, 0) * desire + wanted
-  if demand >= pool and pool > 0 then split = math.floor(pool * desire / demand) end
+  if demand >= pool and pool > 0 then split = math.floor(pool * desire / demand)
+  elseif pool > 0 then split = desire end
 end
 local avail = cap - total - held - reserve
 local ceiling, fair, left = lease(c, e, mine, avail, held, active, wanted, split, t[member] or -1)
