@@ -262,6 +262,12 @@ impl Scenario {
         // from a few requests a second to ten times the threshold a window
         let most = 10.0 * s.threshold as f64 * 1000.0 / s.period_ms as f64;
         s.rate = r.log_uniform(2.0, most.max(4.0));
+        // a third charged once the answer comes, `count_when` counting some answers (an
+        // instance whose answers were not counted holds its part with nothing to report)
+        if r.below(3) == 0 {
+            s.late_ms = r.pick(&[2, 20, 100]);
+            s.counted_percent = r.pick(&[0, 10, 50]);
+        }
         s
     }
 
@@ -1862,7 +1868,7 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // hears of them within a round trip (the waits channel; holds p99 954 -> 252 ms), 3.12
     // since a window's first asks take their part on one interval's demand, 2.79 since a
     // window that will not fill leases each its demand until the end and the first interval's
-    // demand so far sizes it
+    // demand so far sizes it, 2.81 since a part waited on calls even with nothing to report
     assert!(
         mean_swaying <= 2.85,
         "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
@@ -1879,10 +1885,11 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // 2.18 since a window's first asks take their part on one interval's demand, 2.21 since
     // a re-split part that others wait on calls at once (`Ledger::resplit`), 1.95 since a
     // window that will not fill leases each its demand until the end (2.14 alone) and the
-    // first interval's demand so far sizes it (2.10 alone)
+    // first interval's demand so far sizes it (2.10 alone), 2.00 since a part waited on calls
+    // even with nothing to report
     // (deterministic: the same seeds give the same figure)
     assert!(
-        mean <= 2.0,
+        mean <= 2.05,
         "the seed scenario asks Redis more than it did: {mean:.2} script calls a second"
     );
 }
@@ -1979,12 +1986,17 @@ fn costs_keep_the_bounds_in_units_over_many_seeds() {
     assert_none_failed("cost", &failures);
 }
 
-/// Join seeds past the default 300 that failed, replayed on every run (a release build):
+/// Join seeds past the default 300 that failed, replayed on every run (a release build)
+/// (drawn before the late charges below were added to the draw; they replay all the same):
 /// 361, 761 (the one that came waited without marking: it held no part, so the holder of the
 /// whole window never heard), 1293, 1434, 2438, 2699 (the holders heard and reported, but
 /// Redis kept what their parts held before the re-split until their next calls, a periodic
 /// round away: `Ledger::resplit`).
-const REPLAYED_JOIN: [u64; 6] = [361, 761, 1293, 1434, 2438, 2699];
+/// Then, with a third of the seeds charged late (`count_when`): 353, 623 (a holder whose
+/// answers were not counted had nothing to report, so it did not call when told of the
+/// waits), 1503 (a part taken while alone, held on as a plain lease once its instance's
+/// demand no longer filled the window: only parts were told of waits).
+const REPLAYED_JOIN: [u64; 9] = [353, 361, 623, 761, 1293, 1434, 1503, 2438, 2699];
 
 /// An instance that starts after the others (`Scenario::draw_join`): every bound holds, no
 /// refusal under 0.9 x threshold while one that counted itself alone holds its part of the

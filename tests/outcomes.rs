@@ -306,9 +306,17 @@ fn a_fleet_takes_late_charges() {
     let t = [("x-org-id", "acme")];
     let key = |rule: &str| count_in(&redis, rule);
     // successes are not counted
-    for gw in [&a, &b] {
-        for _ in 0..4 {
-            assert_eq!(gw.get("/status/200", &t).status, 200);
+    for (n, gw) in [&a, &b].into_iter().enumerate() {
+        for i in 0..4 {
+            let r = gw.get("/status/200", &t);
+            assert_eq!(
+                r.status,
+                200,
+                "gateway {n}, request {i}: {:?}\nA:\n{}\nB:\n{}",
+                r.headers,
+                a.log(),
+                b.log()
+            );
         }
     }
     // 5xx answers are, alternating, until both gateways refuse (even an answer that would

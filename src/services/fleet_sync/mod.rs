@@ -146,9 +146,12 @@ fn waited_on(
     (waited, now_ms): (&Waited, u64),
 ) -> bool {
     let l = &st.ledger;
+    // (a part of a filling window, or a lease of a tier that takes parts: one taken while
+    // the window was not filling yet is held as any lease)
+    let parts = l.split || ledger::parts(tier.threshold, counters.algorithm());
     if waited.keys.is_empty()
         || now_ms >= waited.last_ms.saturating_add(backend::WAIT_MARK_MS)
-        || !l.split
+        || !parts
         || l.drained_ms >= waited.last_ms
         || (l.ceiling <= l.current.used && !l.resplit)
     {
