@@ -676,8 +676,8 @@ pub struct Sizing {
     /// Another instance's requests wait on this window lately (its heartbeat read their
     /// marks, or the waits channel told), and this record holds a part of it (or a lease of a
     /// tier that takes parts) unused: it calls now, with nothing to report too (the call is
-    /// what re-splits a part; a lease gives back what its forecast does not need), and at a periodic
-    /// round even while its part is less than half used (`periodic_cause`), so that what its
+    /// what re-splits a part; a lease gives back what its forecast does not need), and at a
+    /// periodic round even while its part is less than half used (`periodic_cause`), so that what its
     /// forecast does not need goes to them (the swaying seed scenario: 41 refusals under
     /// 0.9 x threshold in 80 seeds without it).
     pub waited_on: bool,
@@ -923,7 +923,7 @@ fn steady(l: &Ledger, sizing: &Sizing) -> u32 {
     let into = sizing.into_interval_ms;
     if l.last_interval == 0 && 4 * into >= sizing.interval_ms && into < sizing.interval_ms {
         // within the first interval, a quarter of it in: its demand so far, at that rate
-        let r = u64::from(l.interval_demand) * sizing.interval_ms / into;
+        let r = u64::from(l.interval_demand).saturating_mul(sizing.interval_ms) / into;
         return u32::try_from(r).unwrap_or(u32::MAX);
     }
     l.last_interval

@@ -135,9 +135,8 @@ pub struct Ledger {
     /// lease asks again at half only if that answer left room to grow it.
     pub split: bool,
     /// The last answer lowered this record's part of a filling window (Redis re-split it to
-    /// its share): Redis keeps what it held before for it until its next call, so when others
-    /// wait on the window (`Sizing::waited_on`) that call comes at once, even with nothing to
-    /// report.
+    /// its share): Redis keeps what it held before for it until its next call, so even used
+    /// up it is told when others wait on the window (`Sizing::waited_on`), and calls.
     pub resplit: bool,
     /// How many answers in a row left this record's part of a filling window used up, waiting
     /// on the others (`short` 1) with the fleet past half its cap: it asks again after
