@@ -1795,6 +1795,22 @@ mod tests {
                     panic!("the unused lease goes back")
                 };
                 assert_eq!((back.used, back.want, s.ledger.ceiling), (11, 11, 11));
+                // but not while others wait on the window (`Sizing::waited_on`): what it does
+                // not need goes at once
+                let mut w = state();
+                w.ledger.fair = 10;
+                w.ledger.current.used = 11;
+                w.ledger.current.sent = 11;
+                w.ledger.ceiling = 20;
+                w.ledger.busy = true;
+                let told = Sizing {
+                    waited_on: true,
+                    ..sizing(1010, true)
+                };
+                let [_, Some(back)] = drain(&mut w, told) else {
+                    panic!("a lease waited on calls")
+                };
+                assert_eq!((back.want, w.ledger.ceiling), (11, 11));
             } else {
                 let [_, Some(back)] = periodic else {
                     panic!("a sliding window's lease goes back at the quiet moment")
