@@ -135,23 +135,23 @@ struct DrainTime<'a> {
     waited: &'a Waited,
 }
 
-/// Whether the others wait on a window of which this record holds a part unused, and it has
+/// Whether the others wait on a window of which this record holds a part unused (or a lease,
+/// where its tier takes parts: `parts`), and it has
 /// not drained since the heartbeat read their marks (`ledger::Sizing::waited_on`), within
 /// `WAIT_MARK_MS` of that read (later, the wait has most likely ended, and the next heartbeat
 /// tells). Only such a record's key is made to be looked up.
 fn waited_on(
     settings: &RedisSettings,
     counters: &RuleCounters,
-    (key, st, tier): (&[u8], &TierState, &Quota),
+    (key, st, tier, parts): (&[u8], &TierState, &Quota, bool),
     (waited, now_ms): (&Waited, u64),
 ) -> bool {
     let l = &st.ledger;
-    // (a part of a filling window, or a lease of a tier that takes parts: one taken while
-    // the window was not filling yet is held as any lease)
-    let parts = l.split || ledger::parts(tier.threshold, counters.algorithm());
+    // (a part of a filling window, or a lease of a tier that takes parts, `parts`: one taken
+    // while the window was not filling yet is held as any lease)
     if waited.keys.is_empty()
         || now_ms >= waited.last_ms.saturating_add(backend::WAIT_MARK_MS)
-        || !parts
+        || !(l.split || parts)
         || l.drained_ms >= waited.last_ms
         || (l.ceiling <= l.current.used && !l.resplit)
     {
@@ -411,6 +411,7 @@ impl Accounts {
                 0 => tier.window_end(st.window_start_ms),
                 e => e,
             };
+            let parts = ledger::parts(tier.threshold, counters.algorithm());
             let sizing = ledger::Sizing {
                 now_ms: when.now_ms,
                 since_ms: when.since_ms,
@@ -419,13 +420,13 @@ impl Accounts {
                 periodic: when.periodic,
                 bucket: counters.algorithm().is_bucket(),
                 spare: ledger::spare(tier.threshold, counters.algorithm()),
-                parts: ledger::parts(tier.threshold, counters.algorithm()),
+                parts,
                 interval_ms: settings.sync_interval.as_millis() as u64,
                 into_interval_ms: when.into_interval_ms,
                 waited_on: waited_on(
                     settings,
                     counters,
-                    (key, st, tier),
+                    (key, st, tier, parts),
                     (when.waited, when.now_ms),
                 ),
             };
