@@ -14,7 +14,8 @@
 //! `FLEET_SIM_SEED=<seed> cargo test --release --test fleet_sim -- --nocapture`.
 //! `FLEET_SIM_SEEDS=<n>` runs more seeds. Measuring switches (docs/fleet.md, Holding):
 //! `FLEET_SIM_HOLD_ONCE=1` holds requests `timeout + 1.5 x rtt` and no longer (the bound issue
-//! 43 asks), `FLEET_SIM_NO_PUBSUB=1` has no instance listen on the waits channel.
+//! 43 asks), `FLEET_SIM_NO_PUBSUB=1` has no instance listen on the waits channel,
+//! `FLEET_SIM_PER_SECOND=1` prints the seed scenario's Redis calls by second of each run.
 
 use http::{HeaderMap, Method};
 use std::collections::{BTreeMap, HashMap};
@@ -646,6 +647,8 @@ struct Outcome {
     /// The longest a request was held (ms), and how long each held request was (ms).
     longest_hold: u64,
     holds: Vec<u64>,
+    /// Script calls and plain increments sent, by second of the run.
+    updates_by_second: Vec<u64>,
     /// The first ms of the run.
     t0: u64,
     /// Late charges: the most units owed by requests in flight on one instance at one moment
@@ -1020,6 +1023,11 @@ fn simulate(s: &Scenario) -> Outcome {
                     inst.rounds += 1;
                     let round = inst.accounts.begin(&settings, periodic);
                     out.updates += round.updates.len() as u64;
+                    let second = (step / 1000) as usize;
+                    if out.updates_by_second.len() <= second {
+                        out.updates_by_second.resize(second + 1, 0);
+                    }
+                    out.updates_by_second[second] += round.updates.len() as u64;
                     // as `backend::single` marks a round (its I/O at the round's turn in Redis)
                     let counts = round
                         .updates
@@ -1808,6 +1816,13 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
             join_ms: 0,
         };
         let o = simulate(&s);
+        if std::env::var_os("FLEET_SIM_PER_SECOND").is_some() {
+            eprintln!(
+                "seed {seed} {shape:?}, load from {} ms into a window: script calls by second {:?}",
+                s.phase_ms % s.period_ms,
+                o.updates_by_second
+            );
+        }
         let why = check(&s, &o);
         if shape == Shape::Swaying {
             swaying_under += o.false_refusals.len();
@@ -1845,9 +1860,9 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // swaying: p99 954 ms, max 1,200 while holders heard of waits at their heartbeats only
     // (`FLEET_SIM_NO_PUBSUB=1`), 252 and 303 since they hear on the waits channel (302 and
     // 302 in the first 8 seeds), 302 and 302 since a window's first asks take their part on
-    // one interval's demand
+    // one interval's demand, 202 and 302 since a part asks again once used up, not at half
     assert!(
-        p99[1] <= 400,
+        p99[1] <= 300,
         "held requests wait longer than they did: p99 {} ms",
         p99[1]
     );
@@ -1868,9 +1883,11 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // hears of them within a round trip (the waits channel; holds p99 954 -> 252 ms), 3.12
     // since a window's first asks take their part on one interval's demand, 2.79 since a
     // window that will not fill leases each its demand until the end and the first interval's
-    // demand so far sizes it, 2.81 since a part waited on calls even with nothing to report
+    // demand so far sizes it, 2.81 since a part waited on calls even with nothing to report,
+    // 2.53 since a part asks again once used up, not at half (2.58 alone), and a window's last
+    // two intervals take parts on one interval's demand too
     assert!(
-        mean_swaying <= 2.85,
+        mean_swaying <= 2.60,
         "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
     );
     // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
@@ -1886,10 +1903,13 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // a re-split part that others wait on calls at once (`Ledger::resplit`), 1.95 since a
     // window that will not fill leases each its demand until the end (2.14 alone) and the
     // first interval's demand so far sizes it (2.10 alone), 2.00 since a part waited on calls
-    // even with nothing to report
+    // even with nothing to report, 1.84 since a part asks again once used up, not at half
+    // (1.87 alone), and a window's last two intervals take parts on one interval's demand too
+    // (1.98 alone: a cold fleet's load starting there, seed 7 here, 26 -> 15 calls in its
+    // first two seconds)
     // (deterministic: the same seeds give the same figure)
     assert!(
-        mean <= 2.05,
+        mean <= 1.90,
         "the seed scenario asks Redis more than it did: {mean:.2} script calls a second"
     );
 }

@@ -132,7 +132,7 @@ pub struct Ledger {
     /// `ledger::note_demand` for fixed windows only).
     pub busy: bool,
     /// The last answer was to an ask for a part of a filling fixed window (`Ask::rest`): the
-    /// lease asks again at half only if that answer left room to grow it.
+    /// lease asks again once used up, not at half.
     pub split: bool,
     /// The last answer lowered this record's part of a filling window (Redis re-split it to
     /// its share): Redis keeps what it held before for it until its next call, so even used
