@@ -1010,7 +1010,11 @@ fn a_holder_hears_of_waits_through_a_redis_cluster() {
 fn holder_hears(redis_line: &str, servers: &[&RedisServer], publish: bool) {
     let up = Upstream::start("u");
     let url = format!("{redis_line}\n  sync_interval: 250ms");
-    let cfg = config(&up, &url, &hourly(300, 90), "");
+    // (each part is at most half of what nobody has admitted, 245 here: B's burst of 272 passes
+    // its part whatever the machine's speed; with 128 of 300, a busy machine's parts, 150
+    // each, took the whole burst: no wait, no mark, 12 runs of 28 beside two CPU hogs failed)
+    let (threshold, burst_n) = (490u64, 8 * 34);
+    let cfg = config(&up, &url, &hourly(threshold, 90), "");
     let (a, b) = pair(&cfg);
     let t = [("x-org-id", "t")];
     // steady demand on both (busy at every periodic round), each holding a part of the window
@@ -1048,12 +1052,38 @@ fn holder_hears(redis_line: &str, servers: &[&RedisServer], publish: bool) {
     );
     // (their steady demand is measured over whole sync intervals)
     assert!(rounds_pass(&[&a, &b], 5.0));
+    // the members' counts and ceilings in the window's ledger (said when an assert fails)
+    let ledger_state = || -> Vec<String> {
+        let mut out = Vec::new();
+        for r in servers {
+            for k in r.keys("tg:*:fleet:*:fleet") {
+                if let Ok(redis::Value::Array(f)) = common::redis_cmd(r.port, &["HGETALL", &k]) {
+                    for pair in f.chunks(2) {
+                        // (a member's record: six doubles, the count and the ceiling first)
+                        if let [redis::Value::BulkString(name), redis::Value::BulkString(v)] = pair
+                        {
+                            let d: Vec<f64> = v
+                                .chunks(8)
+                                .map(|c| c.try_into().map_or(f64::NAN, f64::from_le_bytes))
+                                .collect();
+                            if let [used, ceiling, ..] = d[..] {
+                                let name = String::from_utf8_lossy(name);
+                                out.push(format!("{name}: used {used}, ceiling {ceiling}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    };
+    let before = ledger_state();
     // then a burst on B, past its part: its requests wait on A's
     let clients: Vec<_> = (0..8)
         .map(|_| {
             let addr = b.addr;
             std::thread::spawn(move || {
-                (0..16)
+                (0..burst_n / 8)
                     .map(|_| common::request(addr, "GET", "/x", &t).map_or(0, |r| r.status))
                     .collect::<Vec<u16>>()
             })
@@ -1081,8 +1111,11 @@ fn holder_hears(redis_line: &str, servers: &[&RedisServer], publish: bool) {
         .flat_map(|s| s.join().unwrap_or_default())
         .collect();
     let admitted = steady.len() + burst.len();
-    assert!(admitted < 270, "under 0.9 x the limit: {admitted}");
-    assert_eq!(burst, vec![200; 128], "B's burst: {}", b.log());
+    assert!(
+        admitted as u64 * 10 < threshold * 9,
+        "under 0.9 x the limit: {admitted}"
+    );
+    assert_eq!(burst, vec![200; burst_n], "B's burst: {}", b.log());
     assert!(steady.iter().all(|&s| s == 200), "A's: {steady:?}");
     // B's requests waited, and marked the window
     let held = metric_sum(&b.metrics(), "tollgate_fleet_held_total");
@@ -1101,7 +1134,8 @@ fn holder_hears(redis_line: &str, servers: &[&RedisServer], publish: bool) {
     };
     assert!(
         marks.iter().any(of_window),
-        "marks {marks:?}, keys {keys:?}"
+        "marks {marks:?}, keys {keys:?}; the ledger before the burst {before:?}, now {:?}",
+        ledger_state()
     );
     // published on the channel, which A hears (its heartbeats pass over published marks)
     let published: u64 = servers
@@ -1130,7 +1164,8 @@ fn holder_hears(redis_line: &str, servers: &[&RedisServer], publish: bool) {
     let heard = || metric_sum(&a.metrics(), "tollgate_fleet_waits_heard_total");
     assert!(
         eventually(Duration::from_secs(5), || heard() >= 1.0),
-        "{}",
+        "A did not hear; marks {marks:?}; the ledger before the burst {before:?}, now {:?}; {}",
+        ledger_state(),
         a.metrics()
     );
 }

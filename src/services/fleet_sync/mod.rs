@@ -220,6 +220,10 @@ pub struct Accounts {
     subscribed: AtomicBool,
     /// Whether the marks are published (off once Redis refused: `Heartbeat::publish`).
     publish: AtomicBool,
+    /// The marks of the round whose `PUBLISH` Redis refused: they say they were published,
+    /// so a listening holder's heartbeat passes over them; the next round marks them again,
+    /// unpublished (`Round::with_marks`).
+    remark: parking_lot::Mutex<Vec<String>>,
     /// A round since the last fully answered one found a server that did not answer, and
     /// when the first of them was drained (ms).
     troubled: AtomicBool,
@@ -247,6 +251,7 @@ impl Accounts {
             hear: AtomicBool::new(true),
             subscribed: AtomicBool::new(false),
             publish: AtomicBool::new(true),
+            remark: Default::default(),
             troubled: AtomicBool::new(false),
             trouble_from_ms: AtomicU64::new(0),
         }
@@ -309,8 +314,9 @@ impl Accounts {
             now_ms,
         );
         let start = Cursor { uid: 0, shard: 0 };
-        self.drain_into(round, settings, periodic, start, max_updates, since_ms)
-            .with_marks(|| self.heartbeat(settings, now_ms, false, liveness_ms))
+        let mut round = self.drain_into(round, settings, periodic, start, max_updates, since_ms);
+        round.waits.append(&mut self.remark.lock());
+        round.with_marks(|| self.heartbeat(settings, now_ms, false, liveness_ms))
     }
 
     /// This instance's heartbeat (`beat`: a whole one), without marks yet.
@@ -758,6 +764,13 @@ impl Accounts {
             log::warn!("redis: the fleet's waiting marks could not be read; from now on this instance does not hear that others wait on its parts of filling windows (the user's ACL needs +zrangebyscore)");
         }
         if ex.unpublished && self.publish.swap(false, Ordering::Relaxed) {
+            // (the marks sent with it say they were published: marked again, unpublished,
+            // at once; in `tests/fleet.rs`' ACL without `+publish` a burst that waited once
+            // was never heard, 12 runs of 12 beside two CPU hogs)
+            if let Some(hb) = &round.heartbeat {
+                self.remark.lock().extend(hb.waits.iter().cloned());
+                self.fleet.want_round();
+            }
             log::warn!("redis: the fleet's waiting marks could not be published; from now on the others hear of this instance's waits at their heartbeats only (the user's ACL needs +publish and the channel {})", round.heartbeat.as_ref().map_or("", |h| h.channel.as_str()));
         }
         if round.heartbeat.as_ref().is_some_and(|h| h.beat && h.hear) {
@@ -1401,6 +1414,48 @@ mod tests {
             ]
         );
         assert_eq!(accounts.waited.lock().last_ms, 12_800);
+    }
+
+    #[test]
+    fn marks_whose_publish_was_refused_are_marked_again_unpublished_in_the_next_round() {
+        let metrics = crate::metrics::Metrics::new().expect("metrics");
+        let registry = Arc::new(CounterRegistry::new(
+            metrics.evictions.clone(),
+            metrics.untracked.clone(),
+        ));
+        let clock = Arc::new(tollgate_limits::clock::FakeClock::at_ms(10_000));
+        let fleet: Arc<Fleet> = Arc::default();
+        let accounts = Accounts::new(registry, fleet.clone(), clock, "i1".into());
+        let text = "server: { listen: [\"127.0.0.1:1\"] }\n\
+             upstreams: { app: { servers: [\"127.0.0.1:2\"] } }\n\
+             routes: [{ id: all, path: /**, upstream: app }]\n\
+             redis: { url: \"redis://127.0.0.1:3\" }\n";
+        let cfg = crate::config::load_str(std::path::Path::new("t.yaml"), text).expect("config");
+        let settings = cfg.redis.expect("a redis section");
+        // a round whose marks went out published (`i1+ <key>`), and Redis refused the PUBLISH
+        let mut round = accounts.begin(&settings, true);
+        let hb = round.heartbeat.as_mut().expect("a periodic round beats");
+        assert!(hb.publish);
+        hb.waits = vec!["tg:{a}:r:0:9".into()];
+        fleet.take_round_request();
+        let refused = Exchange {
+            unpublished: true,
+            ..Exchange::default()
+        };
+        accounts.heard(&round, &refused, 10_000);
+        // a round at once, whose heartbeat marks the key again, unpublished: the listening
+        // holders' heartbeats pass over the published marks alone
+        assert!(fleet.round_requested());
+        let next = accounts.begin(&settings, false);
+        let hb = next.heartbeat.expect("its marks");
+        assert_eq!(
+            (hb.publish, hb.waits.clone()),
+            (false, vec!["tg:{a}:r:0:9".to_string()])
+        );
+        assert_eq!(hb.wait_member("tg:{a}:r:0:9"), "i1 tg:{a}:r:0:9");
+        // once (a new instance's rounds all beat: without marks now)
+        let then = accounts.begin(&settings, false).heartbeat;
+        assert!(then.is_none_or(|hb| hb.waits.is_empty()));
     }
 
     #[test]
