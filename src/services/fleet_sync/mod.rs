@@ -1383,15 +1383,23 @@ fn log_report(start: u64, p: u64, sent_ms: u64, units: Vec<(u64, u64)>) -> LogRe
 mod tests {
     use super::*;
 
-    #[test]
-    fn waits_heard_are_kept_500_ms_each_however_long_messages_keep_coming() {
+    /// An instance's accounts on a fake clock at 10 s, with its fleet.
+    fn accounts_at_10_s(fleet: Arc<Fleet>) -> (Accounts, Arc<tollgate_limits::clock::FakeClock>) {
         let metrics = crate::metrics::Metrics::new().expect("metrics");
         let registry = Arc::new(CounterRegistry::new(
             metrics.evictions.clone(),
             metrics.untracked.clone(),
         ));
         let clock = Arc::new(tollgate_limits::clock::FakeClock::at_ms(10_000));
-        let accounts = Accounts::new(registry, Arc::default(), clock.clone(), "i1".into());
+        (
+            Accounts::new(registry, fleet, clock.clone(), "i1".into()),
+            clock,
+        )
+    }
+
+    #[test]
+    fn waits_heard_are_kept_500_ms_each_however_long_messages_keep_coming() {
+        let (accounts, clock) = accounts_at_10_s(Arc::default());
         let keys = |a: &Accounts| -> Vec<(String, u64)> { a.waited.lock().keys.clone() };
         // a message every 300 ms, each naming a new key: only the last 500 ms's are kept
         for i in 0..10u64 {
@@ -1418,14 +1426,8 @@ mod tests {
 
     #[test]
     fn marks_whose_publish_was_refused_are_marked_again_unpublished_in_the_next_round() {
-        let metrics = crate::metrics::Metrics::new().expect("metrics");
-        let registry = Arc::new(CounterRegistry::new(
-            metrics.evictions.clone(),
-            metrics.untracked.clone(),
-        ));
-        let clock = Arc::new(tollgate_limits::clock::FakeClock::at_ms(10_000));
         let fleet: Arc<Fleet> = Arc::default();
-        let accounts = Accounts::new(registry, fleet.clone(), clock, "i1".into());
+        let (accounts, _) = accounts_at_10_s(fleet.clone());
         let text = "server: { listen: [\"127.0.0.1:1\"] }\n\
              upstreams: { app: { servers: [\"127.0.0.1:2\"] } }\n\
              routes: [{ id: all, path: /**, upstream: app }]\n\
