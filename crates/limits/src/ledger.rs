@@ -809,11 +809,10 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     // joiner's requests in `tests/outcomes.rs`' `a_fleet_takes_late_charges` were refused
     // in 36 runs of 60 while only a count to report made the call), and a call after a
     // re-split frees what Redis kept of the part before it (`Ledger::resplit`)
-    let waited_on = sizing.waited_on;
     let include = l.asking
         || l.need_milli > 0
         || (sizing.periodic && periodic_cause(l, busy, sizing.waited_on))
-        || waited_on;
+        || sizing.waited_on;
     if l.current.gen == 0 || !include || (!sizing.periodic && waiting(l, sizing.now_ms)) {
         return None;
     }

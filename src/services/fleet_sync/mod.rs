@@ -766,7 +766,7 @@ impl Accounts {
         if ex.unpublished && self.publish.swap(false, Ordering::Relaxed) {
             // (the marks sent with it say they were published: marked again, unpublished,
             // at once; in `tests/fleet.rs`' ACL without `+publish` a burst that waited once
-            // was never heard, 12 runs of 12 beside two CPU hogs)
+            // was never heard: about 4 runs of 10 beside two CPU hogs)
             if let Some(hb) = &round.heartbeat {
                 self.remark.lock().extend(hb.waits.iter().cloned());
                 self.fleet.want_round();

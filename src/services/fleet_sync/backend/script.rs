@@ -272,7 +272,7 @@ const LIBRARY: &str = r#"
 -- instance not yet upgraded is seen holding what it holds.
 -- Read into one table per member, `r[id]`: {count, ceiling, lease's end, asked, charged,
 -- held before a re-split} (one table each, built whole: six tables keyed by member, each
--- grown as the records were read, cost Redis about 12k more instructions a call of 136k,
+-- grown as the records were read, cost Redis about 8k more instructions a call of 136k,
 -- by callgrind)
 local RECORD = '<dddddd'
 local max, min, floor, ceil = math.max, math.min, math.floor, math.ceil
