@@ -13,8 +13,9 @@
 //! trips a second. A failing seed is printed; replay it with
 //! `FLEET_SIM_SEED=<seed> cargo test --release --test fleet_sim -- --nocapture`.
 //! `FLEET_SIM_SEEDS=<n>` runs more seeds. Measuring switches (docs/fleet.md, Holding):
-//! `FLEET_SIM_HOLD_ONCE=1` holds requests `timeout + 1.5 x rtt` and no longer (the bound issue
-//! 43 asks), `FLEET_SIM_NO_PUBSUB=1` has no instance listen on the waits channel,
+//! `FLEET_SIM_HOLD_ONCE=1` holds requests `timeout + 1.5 x rtt` from their first hold and no
+//! longer (the bound issue 43 asks; decided again at each round's end all the same, as the
+//! gateway does), `FLEET_SIM_NO_PUBSUB=1` has no instance listen on the waits channel,
 //! `FLEET_SIM_PER_SECOND=1` prints the seed scenario's Redis calls by second of each run.
 
 use http::{HeaderMap, Method};
@@ -904,6 +905,9 @@ fn simulate(s: &Scenario) -> Outcome {
                     .iter()
                     .filter(|x| listening && x.accounts.instance != from)
                 {
+                    if trace {
+                        eprintln!("{step} {} told {keys:?}", inst.accounts.instance);
+                    }
                     inst.accounts.told(&keys);
                 }
             } else {
@@ -1083,12 +1087,14 @@ fn simulate(s: &Scenario) -> Outcome {
             let mut arrivals: Vec<(Option<u64>, u64, u64)> = Vec::new();
             let held = std::mem::take(&mut inst.held);
             for (since, until, units) in held {
-                if round_ended && !once {
-                    arrivals.push((
-                        Some(since),
-                        (step + hold_ms).min(since + 4 * hold_ms),
-                        units,
-                    ));
+                if round_ended {
+                    // (`once`: decided again all the same, its wait not lengthened)
+                    let until = if once {
+                        until
+                    } else {
+                        (step + hold_ms).min(since + 4 * hold_ms)
+                    };
+                    arrivals.push((Some(since), until, units));
                 } else if step >= until {
                     arrivals.push((Some(since), until, units));
                 } else {
