@@ -1891,9 +1891,10 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // window that will not fill leases each its demand until the end and the first interval's
     // demand so far sizes it, 2.81 since a part waited on calls even with nothing to report,
     // 2.53 since a part asks again once used up, not at half (2.58 alone), and a window's last
-    // two intervals take parts on one interval's demand too
+    // two intervals take parts on one interval's demand too; 2.42 since a record's first ask
+    // takes its even part of the spare budget (`Sizing::first_ahead`)
     assert!(
-        mean_swaying <= 2.60,
+        mean_swaying <= 2.50,
         "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
     );
     // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
@@ -1912,7 +1913,8 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // even with nothing to report, 1.84 since a part asks again once used up, not at half
     // (1.87 alone), and a window's last two intervals take parts on one interval's demand too
     // (1.98 alone: a cold fleet's load starting there, seed 7 here, 26 -> 15 calls in its
-    // first two seconds)
+    // first two seconds), 1.82 since a record's first ask takes its even part of the spare
+    // budget (each instance's first window: three asks before its part, now two)
     // (deterministic: the same seeds give the same figure)
     assert!(
         mean <= 1.90,

@@ -671,6 +671,12 @@ pub struct Sizing {
     /// no more (an unused lease is then kept at most that far past what waits: what was leased
     /// for requests that went elsewhere goes back at once).
     pub spare: u64,
+    /// What a record never drained (a partition's first ask on this instance) asks for ahead
+    /// at least: its even part of the spare budget (`spare` over the fleet's instances). Its
+    /// demand so far is one request, and a lease of what that needs was used within an early
+    /// round's gap: the seed scenario's first window took three asks an instance before its
+    /// part, and takes two.
+    pub first_ahead: u64,
     /// The tier takes parts of a filling window (`parts`): an ask may also carry the steady
     /// demand until the window's end (`Ask::rest`), at `interval_ms` (the time between
     /// periodic rounds) per `Ledger::steady`, looking at most `REST_INTERVALS` intervals ahead.
@@ -816,7 +822,10 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     if l.current.gen == 0 || !include || (!sizing.periodic && waiting(l, sizing.now_ms)) {
         return None;
     }
-    let forecast = forecast(l.demand, horizon_ms, since_ms, sizing.spare);
+    let mut forecast = forecast(l.demand, horizon_ms, since_ms, sizing.spare);
+    if l.drained_ms == 0 {
+        forecast = forecast.max(sizing.first_ahead);
+    }
     let need = l.need();
     let rest = rest(steady(l, sizing), sizing);
     let mut want = l
@@ -1139,6 +1148,7 @@ mod tests {
             waited_on: false,
             into_interval_ms: 0,
             spare: u64::MAX,
+            first_ahead: 0,
             now_ms: 1000,
             since_ms: 1000,
             horizon_ms: 1200,
@@ -1231,6 +1241,7 @@ mod tests {
             waited_on: false,
             into_interval_ms: 0,
             spare: 10,
+            first_ahead: 0,
             now_ms: 12_000,
             since_ms: 1000,
             horizon_ms: 1200,
@@ -1483,6 +1494,7 @@ mod tests {
             waited_on: false,
             into_interval_ms: 0,
             spare: spare(3000, Algorithm::FixedWindow),
+            first_ahead: 0,
             now_ms: 1000,
             since_ms: 100,
             horizon_ms: 250,
@@ -1513,6 +1525,7 @@ mod tests {
             waited_on: false,
             into_interval_ms: 0,
             spare: spare(100, Algorithm::FixedWindow),
+            first_ahead: 0,
             now_ms: 19_990,
             since_ms: 100,
             horizon_ms: 250,
@@ -1577,6 +1590,7 @@ mod tests {
             waited_on: false,
             into_interval_ms: 0,
             spare: spare(3000, Algorithm::FixedWindow),
+            first_ahead: 0,
             now_ms: 10_100,
             since_ms: 100,
             horizon_ms: 250,
@@ -1690,6 +1704,7 @@ mod tests {
             waited_on: false,
             into_interval_ms: 0,
             spare: u64::MAX,
+            first_ahead: 0,
             now_ms: 1000,
             since_ms: 100,
             horizon_ms: 250,
@@ -1717,6 +1732,7 @@ mod tests {
         note_hold(&mut s, true, 1);
         let later = Sizing {
             spare: u64::MAX,
+            first_ahead: 0,
             now_ms: 1100,
             ..early
         };
@@ -1732,6 +1748,7 @@ mod tests {
         s.ledger.ceiling = 130;
         let quiet = Sizing {
             spare: u64::MAX,
+            first_ahead: 0,
             now_ms: 1200,
             ..periodic
         };
@@ -1766,6 +1783,7 @@ mod tests {
             waited_on: false,
             into_interval_ms: 0,
             spare: u64::MAX,
+            first_ahead: 0,
             now_ms,
             since_ms: 100,
             horizon_ms: 1200,
@@ -1832,6 +1850,7 @@ mod tests {
             waited_on: false,
             into_interval_ms: 0,
             spare: 20,
+            first_ahead: 0,
             now_ms,
             since_ms: 1000,
             horizon_ms: 1200,
@@ -1932,6 +1951,69 @@ mod tests {
             let past = (0..34).fold(false, |_, _| commit(&mut s, Admitted::Leased, 1));
             assert!(past, "split {split}, room {room}: used up");
         }
+    }
+
+    #[test]
+    fn a_records_first_ask_takes_its_even_part_of_the_spare_budget_and_later_asks_its_demand() {
+        let sizing = Sizing {
+            parts: false,
+            interval_ms: 1000,
+            waited_on: false,
+            into_interval_ms: 0,
+            spare: 20,
+            first_ahead: 20 / 3,
+            now_ms: 10_050,
+            since_ms: 1000,
+            horizon_ms: 1200,
+            left_ms: 5000,
+            periodic: false,
+            bucket: false,
+        };
+        let mut s = state();
+        let first = |s: &mut TierState| {
+            note_demand(s, 1, Algorithm::FixedWindow);
+            note_hold(s, true, 1);
+        };
+        first(&mut s);
+        let [None, Some(ask)] = drain(&mut s, sizing) else {
+            panic!("the first request waits: its record asks")
+        };
+        assert_eq!(
+            (ask.used, ask.need, ask.want),
+            (0, 1, 1 + 6),
+            "one and its part ahead"
+        );
+        // drained once: its demand sizes what it asks ahead (one request in a second: 1)
+        s.ledger.current.used = 7;
+        s.ledger.ceiling = 7;
+        first(&mut s);
+        let [None, Some(ask)] = drain(
+            &mut s,
+            Sizing {
+                now_ms: 11_050,
+                ..sizing
+            },
+        ) else {
+            panic!("a request waits again")
+        };
+        assert_eq!(
+            (ask.need, ask.want),
+            (1, 7 + 1 + 1),
+            "its demand, not the first part"
+        );
+        // without a part to take (`first_ahead` 0), a first ask wants what its demand says
+        let mut t = state();
+        first(&mut t);
+        let [None, Some(ask)] = drain(
+            &mut t,
+            Sizing {
+                first_ahead: 0,
+                ..sizing
+            },
+        ) else {
+            panic!("the first request waits")
+        };
+        assert!(ask.want < 1 + 6, "{ask:?}");
     }
 
     #[test]
@@ -2158,6 +2240,7 @@ mod tests {
             waited_on: false,
             into_interval_ms: 0,
             spare: u64::MAX,
+            first_ahead: 0,
             now_ms: 1000,
             since_ms: 1000,
             horizon_ms: 250,

@@ -426,6 +426,8 @@ impl Accounts {
                 periodic: when.periodic,
                 bucket: counters.algorithm().is_bucket(),
                 spare: ledger::spare(tier.threshold, counters.algorithm()),
+                first_ahead: ledger::spare(tier.threshold, counters.algorithm())
+                    / self.fleet.instances().max(1),
                 parts,
                 interval_ms: settings.sync_interval.as_millis() as u64,
                 into_interval_ms: when.into_interval_ms,
