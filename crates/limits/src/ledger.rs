@@ -1732,7 +1732,6 @@ mod tests {
         note_hold(&mut s, true, 1);
         let later = Sizing {
             spare: u64::MAX,
-            first_ahead: 0,
             now_ms: 1100,
             ..early
         };
@@ -1748,7 +1747,6 @@ mod tests {
         s.ledger.ceiling = 130;
         let quiet = Sizing {
             spare: u64::MAX,
-            first_ahead: 0,
             now_ms: 1200,
             ..periodic
         };

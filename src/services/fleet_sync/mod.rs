@@ -418,6 +418,7 @@ impl Accounts {
                 e => e,
             };
             let parts = ledger::parts(tier.threshold, counters.algorithm());
+            let spare = ledger::spare(tier.threshold, counters.algorithm());
             let sizing = ledger::Sizing {
                 now_ms: when.now_ms,
                 since_ms: when.since_ms,
@@ -425,9 +426,8 @@ impl Accounts {
                 left_ms: end.saturating_sub(when.now_ms),
                 periodic: when.periodic,
                 bucket: counters.algorithm().is_bucket(),
-                spare: ledger::spare(tier.threshold, counters.algorithm()),
-                first_ahead: ledger::spare(tier.threshold, counters.algorithm())
-                    / self.fleet.instances().max(1),
+                spare,
+                first_ahead: spare / self.fleet.instances().max(1),
                 parts,
                 interval_ms: settings.sync_interval.as_millis() as u64,
                 into_interval_ms: when.into_interval_ms,
