@@ -1953,65 +1953,52 @@ mod tests {
 
     #[test]
     fn a_records_first_ask_takes_its_even_part_of_the_spare_budget_and_later_asks_its_demand() {
+        // (an early round: spare 20, the fleet 3 instances)
         let sizing = Sizing {
-            parts: false,
-            interval_ms: 1000,
-            waited_on: false,
-            into_interval_ms: 0,
-            spare: 20,
-            first_ahead: 20 / 3,
-            now_ms: 10_050,
-            since_ms: 1000,
-            horizon_ms: 1200,
-            left_ms: 5000,
             periodic: false,
-            bucket: false,
+            first_ahead: 20 / 3,
+            ..periodic_sizing(10_050, false)
         };
-        let mut s = state();
-        let first = |s: &mut TierState| {
+        // a request waits: its record's ask
+        let ask = |s: &mut TierState, sizing: Sizing| {
             note_demand(s, 1, Algorithm::FixedWindow);
             note_hold(s, true, 1);
+            match drain(s, sizing) {
+                [None, Some(ask)] => ask,
+                other => panic!("a waiting request's record asks: {other:?}"),
+            }
         };
-        first(&mut s);
-        let [None, Some(ask)] = drain(&mut s, sizing) else {
-            panic!("the first request waits: its record asks")
-        };
+        let mut s = state();
+        let a = ask(&mut s, sizing);
         assert_eq!(
-            (ask.used, ask.need, ask.want),
+            (a.used, a.need, a.want),
             (0, 1, 1 + 6),
             "one and its part ahead"
         );
         // drained once: its demand sizes what it asks ahead (one request in a second: 1)
         s.ledger.current.used = 7;
         s.ledger.ceiling = 7;
-        first(&mut s);
-        let [None, Some(ask)] = drain(
+        let a = ask(
             &mut s,
             Sizing {
                 now_ms: 11_050,
                 ..sizing
             },
-        ) else {
-            panic!("a request waits again")
-        };
+        );
         assert_eq!(
-            (ask.need, ask.want),
+            (a.need, a.want),
             (1, 7 + 1 + 1),
             "its demand, not the first part"
         );
         // without a part to take (`first_ahead` 0), a first ask wants what its demand says
-        let mut t = state();
-        first(&mut t);
-        let [None, Some(ask)] = drain(
-            &mut t,
+        let a = ask(
+            &mut state(),
             Sizing {
                 first_ahead: 0,
                 ..sizing
             },
-        ) else {
-            panic!("the first request waits")
-        };
-        assert!(ask.want < 1 + 6, "{ask:?}");
+        );
+        assert!(a.want < 1 + 6, "{a:?}");
     }
 
     #[test]
