@@ -672,10 +672,12 @@ pub struct Sizing {
     /// for requests that went elsewhere goes back at once).
     pub spare: u64,
     /// What a record never drained (a partition's first ask on this instance) asks for ahead
-    /// at least: its even part of the spare budget (`spare` over the fleet's instances). Its
-    /// demand so far is one request, and a lease of what that needs was used within an early
-    /// round's gap: the seed scenario's first window took three asks an instance before its
-    /// part, and takes two.
+    /// at least: its even part of the spare budget (`spare` over the fleet's instances, at
+    /// least `COLD_FLEET` until the heartbeats have counted them twice: instances started
+    /// together each see only themselves at first, and one taking the whole budget left the
+    /// others asking per request in the simulation). Its demand so far is one request, and a
+    /// lease of what that needs was used within an early round's gap: the seed scenario's
+    /// first window took three asks an instance before its part, and takes two.
     pub first_ahead: u64,
     /// The tier takes parts of a filling window (`parts`): an ask may also carry the steady
     /// demand until the window's end (`Ask::rest`), at `interval_ms` (the time between

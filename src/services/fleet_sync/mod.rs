@@ -427,7 +427,7 @@ impl Accounts {
                 periodic: when.periodic,
                 bucket: counters.algorithm().is_bucket(),
                 spare,
-                first_ahead: spare / self.fleet.instances().max(1),
+                first_ahead: spare / self.fleet.instances_assumed().max(1),
                 parts,
                 interval_ms: settings.sync_interval.as_millis() as u64,
                 into_interval_ms: when.into_interval_ms,
