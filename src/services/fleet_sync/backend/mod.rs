@@ -65,8 +65,16 @@ mod tests {
 
     #[test]
     fn replies_become_answers_and_plain_increments_take_their_steps() {
-        use redis::Value::{Array, Int};
-        let a = |t, c| Array(vec![Int(t), Int(c), Int(4), Int(2), Int(1), Int(0), Int(0)]);
+        use redis::Value::{BulkString, Int};
+        // (a script answers its numbers packed as doubles)
+        let a = |t: f64, c: f64| {
+            BulkString(
+                [t, c, 4.0, 2.0, 1.0, 0.0, 0.0]
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect(),
+            )
+        };
         let lease = |key: &str| {
             Update::Lease(LedgerUpdate {
                 key: key.into(),
@@ -106,7 +114,7 @@ mod tests {
         };
         let updates = [lease("a"), count(true), count(false), count(false)];
         let mut answers = vec![None; updates.len()];
-        let replies = [a(5, 9), Int(10), Int(10), Int(3)];
+        let replies = [a(5.0, 9.0), Int(10), Int(10), Int(3)];
         let mut refused = Vec::new();
         let pending = first_replies(&updates, 0..4, &replies, &mut answers, &mut refused).unwrap();
         assert!(refused.is_empty());

@@ -700,13 +700,22 @@ fn text(v: &redis::Value) -> Option<String> {
     }
 }
 
-/// One script answer: `{total, ceiling, fair, room, held, prev, grant}`, then a sliding log's
-/// steps.
+/// One script answer: total, ceiling, fair, room, held, prev and grant, then a sliding log's
+/// steps, packed as little-endian doubles in one string (whole numbers, each read as Redis
+/// would read a number a script answers: negatives as 0).
 pub fn answer(v: &redis::Value) -> Option<Answer> {
-    let redis::Value::Array(a) = v else {
+    let redis::Value::BulkString(b) = v else {
         return None;
     };
-    let n = |i: usize| a.get(i).and_then(int).map(|x| x.max(0) as u64);
+    if b.len() % 8 != 0 {
+        return None;
+    }
+    let n = |i: usize| {
+        let bytes = b.get(8 * i..8 * i + 8)?;
+        let x = f64::from_le_bytes(bytes.try_into().ok()?);
+        // (`as` saturates: NaN and negatives are 0)
+        Some(x as u64)
+    };
     Some(Answer {
         total: n(0)?,
         ceiling: n(1)?,

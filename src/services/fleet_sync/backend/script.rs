@@ -270,11 +270,14 @@ const LIBRARY: &str = r#"
 -- window (`g:`, text, the adjustment script's). A record written as text fields (`u:`,
 -- `c:`, `e:`, `d:`, `t:`, `p:` and the member: before 2026-11-28) is read too, so that an
 -- instance not yet upgraded is seen holding what it holds.
--- Read into one table per member, `r[id]`: {count, ceiling, lease's end, asked, charged,
+-- Read into one table per member, `r[field]`: {count, ceiling, lease's end, asked, charged,
 -- held before a re-split} (one table each, built whole: six tables keyed by member, each
 -- grown as the records were read, cost Redis about 8k more instructions a call of 136k,
 -- by callgrind)
 local RECORD = '<dddddd'
+-- this member's field (records are keyed by their fields' names: cutting the `m:` off each
+-- cost Redis about 2k instructions a call, by callgrind)
+local MEMBER = 'm:' .. member
 local max, min, floor, ceil = math.max, math.min, math.floor, math.ceil
 local function fields(key)
   local r, g = {}, 0
@@ -285,13 +288,13 @@ local function fields(key)
     if kind == 109 then -- m
       local x = {unpack_(RECORD, f[i + 1])}
       if x[5] < 0 then x[5] = nil end
-      r[sub(f[i], 3)] = x
+      r[f[i]] = x
     elseif kind == 103 then g = tonumber(f[i + 1]) -- g
     elseif kind ~= 98 then -- a record as text: u, c, e, d, t, p (b: a log's buckets)
       local slot = (kind == 117 and 1) or (kind == 99 and 2) or (kind == 101 and 3)
         or (kind == 100 and 4) or (kind == 116 and 5) or (kind == 112 and 6)
       if slot then
-        local id = sub(f[i], 3)
+        local id = 'm:' .. sub(f[i], 3)
         local x = r[id]
         if not x then x = {}; r[id] = x end
         x[slot] = tonumber(f[i + 1])
@@ -317,7 +320,7 @@ end
 local function others(r, mine)
   local held, active, wanted, desire = 0, 0, 0, max(want - mine, 0)
   for id, x in pairs(r) do
-    if id ~= member and x[2] and (x[3] or 0) > now_ms then
+    if id ~= MEMBER and x[2] and (x[3] or 0) > now_ms then
       active = active + 1
       local out = max(x[2], x[6] or 0) - (x[1] or 0)
       if out > 0 then held = held + out end
@@ -339,12 +342,9 @@ local function lease(me, mine, avail, held, active, wanted, split, charged)
   local pending = 0
   if split > 0 and keep > mine + split then pending, keep = keep, mine + split end
   local desire = max(want - mine, 0)
-  local function fair_part(a)
-    if active == 0 then return a end
-    return max(1, ceil(a * max(desire, 1) / (max(desire, 1) + wanted)))
-  end
   local free = avail - (keep - mine)
-  local fair = fair_part(min(avail, spare))
+  local fair = min(avail, spare)
+  if active > 0 then fair = max(1, ceil(fair * max(desire, 1) / (max(desire, 1) + wanted))) end
   local n = max(min(mine + need - keep, free), 0)
   local f = min(want - keep - n, free - n, fair - (keep - mine), spare - held - (keep - mine))
   local ceiling = keep + n + max(f, 0)
@@ -352,21 +352,26 @@ local function lease(me, mine, avail, held, active, wanted, split, charged)
   local until_ms = lease_until_ms
   if want <= mine then until_ms = now_ms end
   local record = struct.pack(RECORD, mine, ceiling, until_ms, desire, charged, pending)
-  redis.call('HSET', KEY_LEDGER, 'm:' .. member, record)
+  redis.call('HSET', KEY_LEDGER, MEMBER, record)
   return ceiling, fair, avail - (ceiling - mine)
 end
 -- the ledger's expiry (`first`: the member's first lease in it, which a ledger lost and
--- written again also is), and the answer: {total, ceiling, fair, room, held, prev, grant}
--- and (a sliding log) the previous window's first buckets still in the span (bucket, units,
--- ...)
+-- written again also is), and the answer: total, ceiling, fair, room, held, prev, grant and
+-- (a sliding log) the previous window's first buckets still in the span (bucket, units, ...),
+-- packed as doubles in one string (a table of numbers, which Redis turns into a reply element
+-- by element, cost it about 5k instructions a call more, by callgrind)
 local function answer(first, total, ceiling, fair, left, held, prev, grant, steps)
   if first then redis.call('PEXPIREAT', KEY_LEDGER, expire_at_ms) end
+  local n = min(#steps, 8)
+  if n == 0 then
+    return struct.pack('<ddddddd', total, ceiling, max(fair, 0), max(left, 0), held, prev, grant)
+  end
   local out = {total, ceiling, max(fair, 0), max(left, 0), held, prev, grant}
-  for k = 1, min(#steps, 8) do
+  for k = 1, n do
     out[#out + 1] = steps[k][1]
     out[#out + 1] = steps[k][2]
   end
-  return out
+  return struct.pack('<' .. string.rep('d', #out), unpack(out))
 end
 "#;
 
@@ -376,7 +381,7 @@ end
 /// may still report is kept out of leases.
 const WINDOWS: &str = r#"
 local r, grant = fields(KEY_LEDGER)
-local me = r[member]
+local me = r[MEMBER]
 local first = not (me and me[2])
 cap = cap + grant
 local mine, total = report(me and me[1] or 0)
@@ -396,7 +401,7 @@ local reserve = 0
 if direct_cap > 0 then
   local scripted, members = 0, 1
   for id, x in pairs(r) do
-    if id ~= member then
+    if id ~= MEMBER then
       if x[1] then scripted = scripted + x[1] end
       if x[2] then members = members + 1 end
     end
@@ -431,10 +436,10 @@ return answer(first, total, ceiling, fair, left, held, prev, grant, {})
 /// previous window's. Tokens admitted beyond what was charged are charged from `since_ms`.
 const BUCKETS: &str = r#"
 local r, grant = fields(KEY_LEDGER)
-local me = r[member]
+local me = r[MEMBER]
 local first = not (me and me[2])
 if adopt > 0 and first then
-  if not me then me = {}; r[member] = me end
+  if not me then me = {}; r[MEMBER] = me end
   me[2], me[3] = adopt, lease_until_ms
 end
 local mine, total = report(me and me[1] or 0)
@@ -463,7 +468,7 @@ return answer(first, total, ceiling, fair, left, held, 0, grant, {})
 /// lowered by what of the previous window is still in the span, its leases counted as used.
 const LOG: &str = r#"
 local r, grant = fields(KEY_LEDGER)
-local me = r[member]
+local me = r[MEMBER]
 local first = not (me and me[2])
 cap = cap + grant
 local mine = me and me[1] or 0
