@@ -1892,9 +1892,10 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // demand so far sizes it, 2.81 since a part waited on calls even with nothing to report,
     // 2.53 since a part asks again once used up, not at half (2.58 alone), and a window's last
     // two intervals take parts on one interval's demand too; 2.42 since a record's first ask
-    // takes its even part of the spare budget (`Sizing::first_ahead`)
+    // takes its even part of the spare budget (`Sizing::first_ahead`), 2.34 since a filling
+    // window's first ask takes its even part of the threshold (`Sizing::first_part`)
     assert!(
-        mean_swaying <= 2.50,
+        mean_swaying <= 2.40,
         "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
     );
     // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
@@ -1914,10 +1915,11 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // (1.87 alone), and a window's last two intervals take parts on one interval's demand too
     // (1.98 alone: a cold fleet's load starting there, seed 7 here, 26 -> 15 calls in its
     // first two seconds), 1.82 since a record's first ask takes its even part of the spare
-    // budget (each instance's first window: three asks before its part, now two)
+    // budget (each instance's first window: three asks before its part, now two), 1.66 since
+    // a filling window's first ask takes its even part of the threshold (one ask, its part)
     // (deterministic: the same seeds give the same figure)
     assert!(
-        mean <= 1.90,
+        mean <= 1.75,
         "the seed scenario asks Redis more than it did: {mean:.2} script calls a second"
     );
 }

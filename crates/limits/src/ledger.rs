@@ -679,6 +679,16 @@ pub struct Sizing {
     /// lease of what that needs was used within an early round's gap: the seed scenario's
     /// first window took three asks an instance before its part, and takes two.
     pub first_ahead: u64,
+    /// What a record never drained of a tier that takes parts (`parts`) asks for until the
+    /// window's end at least (`Ask::rest`): its even part of the threshold (the threshold over
+    /// the fleet's instances as assumed; 0 for other tiers). Its demand so far says little of
+    /// its rate: a cold fleet's first window took about 24 script calls for a tenant of
+    /// `scripts/bench-fleet`'s seed scenario where a steady window takes 12 (parts sized on
+    /// the first requests' rate, used up, sized again): 1.3 to 1.4 x the seed design's Redis
+    /// time from the first request with it, 1.8 to 2.3 x without (docs/fleet.md). A record
+    /// that needs less gives it back at a periodic round, or at once when it hears that others
+    /// wait on the window.
+    pub first_part: u64,
     /// The tier takes parts of a filling window (`parts`): an ask may also carry the steady
     /// demand until the window's end (`Ask::rest`), at `interval_ms` (the time between
     /// periodic rounds) per `Ledger::steady`, looking at most `REST_INTERVALS` intervals ahead.
@@ -829,7 +839,10 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
         forecast = forecast.max(sizing.first_ahead);
     }
     let need = l.need();
-    let rest = rest(steady(l, sizing), sizing);
+    let mut rest = rest(steady(l, sizing), sizing);
+    if l.drained_ms == 0 {
+        rest = rest.max(sizing.first_part);
+    }
     let mut want = l
         .current
         .used
@@ -1151,6 +1164,7 @@ mod tests {
             into_interval_ms: 0,
             spare: u64::MAX,
             first_ahead: 0,
+            first_part: 0,
             now_ms: 1000,
             since_ms: 1000,
             horizon_ms: 1200,
@@ -1244,6 +1258,7 @@ mod tests {
             into_interval_ms: 0,
             spare: 10,
             first_ahead: 0,
+            first_part: 0,
             now_ms: 12_000,
             since_ms: 1000,
             horizon_ms: 1200,
@@ -1497,6 +1512,7 @@ mod tests {
             into_interval_ms: 0,
             spare: spare(3000, Algorithm::FixedWindow),
             first_ahead: 0,
+            first_part: 0,
             now_ms: 1000,
             since_ms: 100,
             horizon_ms: 250,
@@ -1528,6 +1544,7 @@ mod tests {
             into_interval_ms: 0,
             spare: spare(100, Algorithm::FixedWindow),
             first_ahead: 0,
+            first_part: 0,
             now_ms: 19_990,
             since_ms: 100,
             horizon_ms: 250,
@@ -1593,6 +1610,7 @@ mod tests {
             into_interval_ms: 0,
             spare: spare(3000, Algorithm::FixedWindow),
             first_ahead: 0,
+            first_part: 0,
             now_ms: 10_100,
             since_ms: 100,
             horizon_ms: 250,
@@ -1707,6 +1725,7 @@ mod tests {
             into_interval_ms: 0,
             spare: u64::MAX,
             first_ahead: 0,
+            first_part: 0,
             now_ms: 1000,
             since_ms: 100,
             horizon_ms: 250,
@@ -1784,6 +1803,7 @@ mod tests {
             into_interval_ms: 0,
             spare: u64::MAX,
             first_ahead: 0,
+            first_part: 0,
             now_ms,
             since_ms: 100,
             horizon_ms: 1200,
@@ -1851,6 +1871,7 @@ mod tests {
             into_interval_ms: 0,
             spare: 20,
             first_ahead: 0,
+            first_part: 0,
             now_ms,
             since_ms: 1000,
             horizon_ms: 1200,
@@ -1997,10 +2018,49 @@ mod tests {
             &mut state(),
             Sizing {
                 first_ahead: 0,
+                first_part: 0,
                 ..sizing
             },
         );
         assert!(a.want < 1 + 6, "{a:?}");
+    }
+
+    #[test]
+    fn a_records_first_ask_of_a_filling_window_takes_its_even_part_of_the_threshold() {
+        // (an early round: threshold 200, the fleet 3 instances; the first request waits)
+        let sizing = Sizing {
+            periodic: false,
+            first_ahead: 20 / 3,
+            first_part: 200 / 3,
+            ..periodic_sizing(10_050, true)
+        };
+        let ask = |s: &mut TierState, sizing: Sizing| {
+            note_demand(s, 1, Algorithm::FixedWindow);
+            note_hold(s, true, 1);
+            match drain(s, sizing) {
+                [None, Some(ask)] => ask,
+                other => panic!("a waiting request's record asks: {other:?}"),
+            }
+        };
+        let mut s = state();
+        let a = ask(&mut s, sizing);
+        assert_eq!(
+            (a.need, a.rest, a.want),
+            (1, 66, 1 + 66),
+            "its part at once"
+        );
+        // drained once: its own demand says what it wants until the window's end (one
+        // request in a second, 5 seconds left: 5)
+        s.ledger.current.used = 1;
+        s.ledger.ceiling = 67;
+        let a = ask(
+            &mut s,
+            Sizing {
+                now_ms: 11_050,
+                ..sizing
+            },
+        );
+        assert!(a.rest < 66, "its demand, not the first part: {a:?}");
     }
 
     #[test]
@@ -2228,6 +2288,7 @@ mod tests {
             into_interval_ms: 0,
             spare: u64::MAX,
             first_ahead: 0,
+            first_part: 0,
             now_ms: 1000,
             since_ms: 1000,
             horizon_ms: 250,

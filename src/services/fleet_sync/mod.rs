@@ -428,6 +428,11 @@ impl Accounts {
                 bucket: counters.algorithm().is_bucket(),
                 spare,
                 first_ahead: spare / self.fleet.instances_assumed().max(1),
+                first_part: if parts {
+                    tier.threshold / self.fleet.instances_assumed().max(1)
+                } else {
+                    0
+                },
                 parts,
                 interval_ms: settings.sync_interval.as_millis() as u64,
                 into_interval_ms: when.into_interval_ms,
