@@ -835,14 +835,12 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
         return None;
     }
     let mut forecast = forecast(l.demand, horizon_ms, since_ms, sizing.spare);
-    if l.drained_ms == 0 {
-        forecast = forecast.max(sizing.first_ahead);
-    }
-    let need = l.need();
     let mut rest = rest(steady(l, sizing), sizing);
     if l.drained_ms == 0 {
+        forecast = forecast.max(sizing.first_ahead);
         rest = rest.max(sizing.first_part);
     }
+    let need = l.need();
     let mut want = l
         .current
         .used
@@ -1974,16 +1972,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_records_first_ask_takes_its_even_part_of_the_spare_budget_and_later_asks_its_demand() {
-        // (an early round: spare 20, the fleet 3 instances)
+    /// A record's first ask (a request waits), then its ask a second later with its first
+    /// lease, 7, used and one more request waiting; an early round, the fleet 3 instances.
+    fn first_then_drained(parts: bool, first_ahead: u64, first_part: u64) -> (Ask, Ask) {
         let sizing = Sizing {
             periodic: false,
-            first_ahead: 20 / 3,
-            ..periodic_sizing(10_050, false)
+            first_ahead,
+            first_part,
+            ..periodic_sizing(10_050, parts)
         };
-        // a request waits: its record's ask
-        let ask = |s: &mut TierState, sizing: Sizing| {
+        let mut s = state();
+        let ask = |s: &mut TierState, sizing| {
             note_demand(s, 1, Algorithm::FixedWindow);
             note_hold(s, true, 1);
             match drain(s, sizing) {
@@ -1991,76 +1990,46 @@ mod tests {
                 other => panic!("a waiting request's record asks: {other:?}"),
             }
         };
-        let mut s = state();
-        let a = ask(&mut s, sizing);
+        let first = ask(&mut s, sizing);
+        s.ledger.current.used = 7;
+        s.ledger.ceiling = 7;
+        let later = ask(
+            &mut s,
+            Sizing {
+                now_ms: 11_050,
+                ..sizing
+            },
+        );
+        (first, later)
+    }
+
+    #[test]
+    fn a_records_first_ask_takes_its_even_part_and_later_asks_its_demand() {
+        // spare 20: its even part, 6, ahead of the request
+        let (first, later) = first_then_drained(false, 20 / 3, 0);
         assert_eq!(
-            (a.used, a.need, a.want),
+            (first.used, first.need, first.want),
             (0, 1, 1 + 6),
             "one and its part ahead"
         );
         // drained once: its demand sizes what it asks ahead (one request in a second: 1)
-        s.ledger.current.used = 7;
-        s.ledger.ceiling = 7;
-        let a = ask(
-            &mut s,
-            Sizing {
-                now_ms: 11_050,
-                ..sizing
-            },
-        );
         assert_eq!(
-            (a.need, a.want),
+            (later.need, later.want),
             (1, 7 + 1 + 1),
             "its demand, not the first part"
         );
         // without a part to take (`first_ahead` 0), a first ask wants what its demand says
-        let a = ask(
-            &mut state(),
-            Sizing {
-                first_ahead: 0,
-                first_part: 0,
-                ..sizing
-            },
-        );
-        assert!(a.want < 1 + 6, "{a:?}");
-    }
-
-    #[test]
-    fn a_records_first_ask_of_a_filling_window_takes_its_even_part_of_the_threshold() {
-        // (an early round: threshold 200, the fleet 3 instances; the first request waits)
-        let sizing = Sizing {
-            periodic: false,
-            first_ahead: 20 / 3,
-            first_part: 200 / 3,
-            ..periodic_sizing(10_050, true)
-        };
-        let ask = |s: &mut TierState, sizing: Sizing| {
-            note_demand(s, 1, Algorithm::FixedWindow);
-            note_hold(s, true, 1);
-            match drain(s, sizing) {
-                [None, Some(ask)] => ask,
-                other => panic!("a waiting request's record asks: {other:?}"),
-            }
-        };
-        let mut s = state();
-        let a = ask(&mut s, sizing);
+        let (first, _) = first_then_drained(false, 0, 0);
+        assert!(first.want < 1 + 6, "{first:?}");
+        // a tier that takes parts (threshold 200): its even part of the threshold until the
+        // window's end, at once (`first_part`); drained once, its own demand until the end
+        let (first, later) = first_then_drained(true, 20 / 3, 200 / 3);
         assert_eq!(
-            (a.need, a.rest, a.want),
+            (first.need, first.rest, first.want),
             (1, 66, 1 + 66),
             "its part at once"
         );
-        // drained once: its own demand says what it wants until the window's end (one
-        // request in a second, 5 seconds left: 5)
-        s.ledger.current.used = 1;
-        s.ledger.ceiling = 67;
-        let a = ask(
-            &mut s,
-            Sizing {
-                now_ms: 11_050,
-                ..sizing
-            },
-        );
-        assert!(a.rest < 66, "its demand, not the first part: {a:?}");
+        assert!(later.rest < 66, "its demand, not the first part: {later:?}");
     }
 
     #[test]

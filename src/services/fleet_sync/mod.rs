@@ -409,14 +409,13 @@ impl Accounts {
         when: DrainTime,
     ) {
         let logged = counters.algorithm() == Algorithm::SlidingLog;
+        let assumed = self.fleet.instances_assumed().max(1);
         for (ti, st) in c.tiers.iter_mut().enumerate() {
             let Some(tier) = lists.get(usize::from(c.list)).and_then(|l| l.get(ti)) else {
                 continue;
             };
-            let end = match st.window_end_ms {
-                0 => tier.window_end(st.window_start_ms),
-                e => e,
-            };
+            let end = Some(st.window_end_ms).filter(|&e| e != 0);
+            let end = end.unwrap_or_else(|| tier.window_end(st.window_start_ms));
             let parts = ledger::parts(tier.threshold, counters.algorithm());
             let spare = ledger::spare(tier.threshold, counters.algorithm());
             let sizing = ledger::Sizing {
@@ -427,12 +426,8 @@ impl Accounts {
                 periodic: when.periodic,
                 bucket: counters.algorithm().is_bucket(),
                 spare,
-                first_ahead: spare / self.fleet.instances_assumed().max(1),
-                first_part: if parts {
-                    tier.threshold / self.fleet.instances_assumed().max(1)
-                } else {
-                    0
-                },
+                first_ahead: spare / assumed,
+                first_part: u64::from(parts) * tier.threshold / assumed,
                 parts,
                 interval_ms: settings.sync_interval.as_millis() as u64,
                 into_interval_ms: when.into_interval_ms,
