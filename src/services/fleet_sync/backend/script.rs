@@ -254,7 +254,8 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
 /// they can have been admitted, not from now: the refill since then covers them as it would
 /// have, had they been reported one by one, and since leases are not in the bucket's time,
 /// each member's go in behind the others' admitted tokens, not behind their leases. That errs
-/// towards admitting, by at most those tokens.
+/// towards admitting, by at most those tokens, when charges arrive in the order their tokens
+/// came; one that arrives after others' later tokens goes in behind them (docs/fleet.md).
 ///
 /// Direct records (far from the limit) report plain increments of the key and hold no lease;
 /// while the (weighted) count is under `direct_cap`, what they may still report (the cap less
