@@ -186,10 +186,7 @@ pub fn roll(
         return None;
     }
     // token buckets keep their state; their fleet ledger still counts per window
-    let old_end = match state.window_end_ms {
-        0 => tier.window_end(state.window_start_ms),
-        e => e,
-    };
+    let old_end = window_end(state, tier);
     let adjacent = old_end == start;
     state.window_end_ms = end;
     if !algorithm.is_bucket() {
@@ -334,12 +331,12 @@ pub fn commit(state: &mut TierState, tier: &Quota, algorithm: Algorithm, now_ns:
     }
 }
 
-/// The end of the state's current window (as `roll` set it, or its usual length).
-fn window_end(state: &TierState, tier: &Quota) -> u64 {
-    if state.window_end_ms > state.window_start_ms {
-        state.window_end_ms
-    } else {
-        state.window_start_ms + period_ms(tier)
+/// The end of the state's current window (as `roll` set it, or, not set yet, the tier's
+/// window that starts where it starts).
+pub fn window_end(state: &TierState, tier: &Quota) -> u64 {
+    match state.window_end_ms {
+        0 => tier.window_end(state.window_start_ms),
+        e => e,
     }
 }
 

@@ -28,7 +28,7 @@ use pingora::services::background::BackgroundService;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tollgate_limits::algorithm::{Quota, TierState};
+use tollgate_limits::algorithm::{self, Quota, TierState};
 use tollgate_limits::clock::{Clock, NANOS_PER_MS};
 use tollgate_limits::ledger::{self, Ask};
 use tollgate_limits::sliding_log;
@@ -414,8 +414,7 @@ impl Accounts {
             let Some(tier) = lists.get(usize::from(c.list)).and_then(|l| l.get(ti)) else {
                 continue;
             };
-            let end = Some(st.window_end_ms).filter(|&e| e != 0);
-            let end = end.unwrap_or_else(|| tier.window_end(st.window_start_ms));
+            let end = algorithm::window_end(st, tier);
             let parts = ledger::parts(tier.threshold, counters.algorithm());
             let spare = ledger::spare(tier.threshold, counters.algorithm());
             let sizing = ledger::Sizing {
