@@ -686,8 +686,8 @@ pub struct Sizing {
     /// `scripts/bench-fleet`'s seed scenario where a steady window takes 12 (parts sized on
     /// the first requests' rate, used up, sized again): 1.3 to 1.4 x the seed design's Redis
     /// time from the first request with it, 1.8 to 2.3 x without (docs/fleet.md). A record
-    /// that needs less gives it back at a periodic round, or at once when it hears that others
-    /// wait on the window.
+    /// that needs less gives it back at the first periodic round that saw no request for it,
+    /// and its part is re-split to its share when it hears that others wait on the window.
     pub first_part: u64,
     /// The tier takes parts of a filling window (`parts`): an ask may also carry the steady
     /// demand until the window's end (`Ask::rest`), at `interval_ms` (the time between
