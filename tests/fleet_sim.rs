@@ -1866,7 +1866,9 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // swaying: p99 954 ms, max 1,200 while holders heard of waits at their heartbeats only
     // (`FLEET_SIM_NO_PUBSUB=1`), 252 and 303 since they hear on the waits channel (302 and
     // 302 in the first 8 seeds), 302 and 302 since a window's first asks take their part on
-    // one interval's demand, 202 and 302 since a part asks again once used up, not at half
+    // one interval's demand, 202 and 302 since a part asks again once used up, not at half,
+    // 242 and 302 since a window's first ask takes its even part of the threshold, 299 and
+    // 302 since a part reports at periodic rounds only near its end (`LASTS_HALVES`)
     assert!(
         p99[1] <= 300,
         "held requests wait longer than they did: p99 {} ms",
@@ -1893,9 +1895,10 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // 2.53 since a part asks again once used up, not at half (2.58 alone), and a window's last
     // two intervals take parts on one interval's demand too; 2.42 since a record's first ask
     // takes its even part of the spare budget (`Sizing::first_ahead`), 2.34 since a filling
-    // window's first ask takes its even part of the threshold (`Sizing::first_part`)
+    // window's first ask takes its even part of the threshold (`Sizing::first_part`), 2.19
+    // since a part reports at periodic rounds only near its end (`LASTS_HALVES`)
     assert!(
-        mean_swaying <= 2.40,
+        mean_swaying <= 2.25,
         "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
     );
     // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
@@ -1916,10 +1919,11 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // (1.98 alone: a cold fleet's load starting there, seed 7 here, 26 -> 15 calls in its
     // first two seconds), 1.82 since a record's first ask takes its even part of the spare
     // budget (each instance's first window: three asks before its part, now two), 1.66 since
-    // a filling window's first ask takes its even part of the threshold (one ask, its part)
+    // a filling window's first ask takes its even part of the threshold (one ask, its part),
+    // 1.46 since a part reports at periodic rounds only near its end (`LASTS_HALVES`)
     // (deterministic: the same seeds give the same figure)
     assert!(
-        mean <= 1.75,
+        mean <= 1.55,
         "the seed scenario asks Redis more than it did: {mean:.2} script calls a second"
     );
 }
