@@ -1868,7 +1868,8 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // 302 in the first 8 seeds), 302 and 302 since a window's first asks take their part on
     // one interval's demand, 202 and 302 since a part asks again once used up, not at half,
     // 242 and 302 since a window's first ask takes its even part of the threshold, 299 and
-    // 302 since a part reports at periodic rounds only near its end (`LASTS_HALVES`)
+    // 302 since a part reports at periodic rounds only near its end (`LASTS_HALVES`), 291
+    // and 302 since a part kept whole at a call for waits lets the next go (`HEARD_GAP_MS`)
     assert!(
         p99[1] <= 300,
         "held requests wait longer than they did: p99 {} ms",
@@ -1896,9 +1897,10 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // two intervals take parts on one interval's demand too; 2.42 since a record's first ask
     // takes its even part of the spare budget (`Sizing::first_ahead`), 2.34 since a filling
     // window's first ask takes its even part of the threshold (`Sizing::first_part`), 2.19
-    // since a part reports at periodic rounds only near its end (`LASTS_HALVES`)
+    // since a part reports at periodic rounds only near its end (`LASTS_HALVES`), 1.98 since
+    // a part kept whole at a call for waits lets the next go for a while (`HEARD_GAP_MS`)
     assert!(
-        mean_swaying <= 2.25,
+        mean_swaying <= 2.10,
         "swaying demand asks Redis more than it did: {mean_swaying:.2} script calls a second"
     );
     // 13.2 before a fixed window's lease in use stayed through a quiet moment (38e30de), 10.0
@@ -1920,7 +1922,8 @@ fn the_seed_scenario_is_exact_and_asks_little_at_the_limit() {
     // first two seconds), 1.82 since a record's first ask takes its even part of the spare
     // budget (each instance's first window: three asks before its part, now two), 1.66 since
     // a filling window's first ask takes its even part of the threshold (one ask, its part),
-    // 1.46 since a part reports at periodic rounds only near its end (`LASTS_HALVES`)
+    // 1.46 since a part reports at periodic rounds only near its end (`LASTS_HALVES`), 1.42
+    // since a part kept whole at a call for waits lets the next go for a while
     // (deterministic: the same seeds give the same figure)
     assert!(
         mean <= 1.55,

@@ -138,6 +138,11 @@ pub struct Ledger {
     /// its share): Redis keeps what it held before for it until its next call, so even used
     /// up it is told when others wait on the window (`Sizing::waited_on`), and calls.
     pub resplit: bool,
+    /// When this record last called because others waited on its window (ms; 0: never):
+    /// unless that call's answer re-split its part, it does not call again for the others'
+    /// waits within `ledger::HEARD_GAP_MS` (each of a waiter's asks, 100 to 200 ms apart, made
+    /// every holder call, with nothing to give: its part no more than its share).
+    pub heard_ms: u64,
     /// How many answers in a row left this record's part of a filling window used up, waiting
     /// on the others (`short` 1) with the fleet past half its cap: it asks again after
     /// `ledger::WAIT_GAPS_MS` of that many, not at every early round.

@@ -153,7 +153,7 @@ fn waited_on(
         || now_ms >= waited.last_ms.saturating_add(backend::WAIT_MARK_MS)
         || !(l.split || parts)
         || l.drained_ms >= waited.last_ms
-        || (l.ceiling <= l.current.used && !l.resplit)
+        || !ledger::hears_waits(l, now_ms)
     {
         return false;
     }
