@@ -818,15 +818,12 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     // (a lease used since the last periodic round stays through a quiet moment after an
     // early round; each periodic round starts that span again)
     let busy = l.busy;
-    if sizing.periodic {
-        l.busy = false;
-    }
-    // others wait on this window (`Sizing::waited_on`): it calls now, with what it has not
-    // reported: Redis re-splits the part at the call (with nothing to report too: a part
-    // taken while this instance counted itself alone may be the whole window; the late
-    // joiner's requests in `tests/outcomes.rs`' `a_fleet_takes_late_charges` were refused
-    // in 36 runs of 60 while only a count to report made the call), and a call after a
-    // re-split frees what Redis kept of the part before it (`Ledger::resplit`)
+    l.busy &= !sizing.periodic;
+    // others wait on this window (`Sizing::waited_on`): it calls now, even with nothing to
+    // report (Redis re-splits the part at the call: `tests/outcomes.rs`'
+    // `a_fleet_takes_late_charges` refused in 36 runs of 60 without; the part of one that
+    // counted itself alone may be the whole window), and a call after a re-split frees what
+    // Redis kept of the part before it (`Ledger::resplit`)
     let include = l.asking
         || l.need_milli > 0
         || (sizing.periodic && periodic_cause(l, busy, sizing.waited_on))

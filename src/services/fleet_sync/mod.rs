@@ -139,7 +139,8 @@ struct DrainTime<'a> {
 /// where its tier takes parts: `parts`), and it has
 /// not drained since the heartbeat read their marks (`ledger::Sizing::waited_on`), within
 /// `WAIT_MARK_MS` of that read (later, the wait has most likely ended, and the next heartbeat
-/// tells). Only such a record's key is made to be looked up.
+/// tells), and it hears them (`ledger::hears_waits`: not within `HEARD_GAP_MS` of a call for
+/// waits whose answer kept its part whole). Only such a record's key is made to be looked up.
 fn waited_on(
     settings: &RedisSettings,
     counters: &RuleCounters,
