@@ -1892,6 +1892,15 @@ mod tests {
     }
 
     /// A periodic round's sizing, 5 s before the window's end, sync every second.
+    /// An early round's sizing of a tier that takes parts, others waiting on it or not.
+    fn early_sizing(now_ms: u64, waited_on: bool) -> Sizing {
+        Sizing {
+            periodic: false,
+            waited_on,
+            ..periodic_sizing(now_ms, true)
+        }
+    }
+
     fn periodic_sizing(now_ms: u64, parts: bool) -> Sizing {
         Sizing {
             parts,
@@ -2146,11 +2155,6 @@ mod tests {
 
     #[test]
     fn a_part_waited_on_calls_at_once_even_with_nothing_to_report() {
-        let early = |now_ms, waited_on| Sizing {
-            periodic: false,
-            waited_on,
-            ..periodic_sizing(now_ms, true)
-        };
         // a part of 66, 20 used and reported; its call re-splits it to 40 (the others' demand
         // grew): Redis keeps the 66 for it until its next call
         let mut s = state();
@@ -2158,7 +2162,7 @@ mod tests {
         s.ledger.ceiling = 66;
         s.ledger.current.used = 20;
         s.ledger.asking = true;
-        let [_, Some(ask)] = drain(&mut s, early(5000, false)) else {
+        let [_, Some(ask)] = drain(&mut s, early_sizing(5000, false)) else {
             panic!("it asks")
         };
         assert!(ask.rest > 0, "a part");
@@ -2166,10 +2170,10 @@ mod tests {
         assert!(s.ledger.resplit && s.ledger.ceiling == 40);
         assert_eq!(s.ledger.current.sent, 20, "nothing left to report");
         // nobody waits: no call
-        assert!(drain(&mut s, early(5100, false))[1].is_none());
+        assert!(drain(&mut s, early_sizing(5100, false))[1].is_none());
         // others wait on the window: it calls, with nothing to report, so that Redis lets go
         // of the 66 (and re-splits a part it has not cut yet: the call is what re-splits)
-        let [_, Some(ask)] = drain(&mut s, early(5150, true)) else {
+        let [_, Some(ask)] = drain(&mut s, early_sizing(5150, true)) else {
             panic!("a part waited on calls")
         };
         apply(&mut s, &ask, no_room(100, 40, 10), (10_000, 200));
@@ -2179,24 +2183,19 @@ mod tests {
         let mut w = state();
         w.ledger.split = true;
         w.ledger.ceiling = 6;
-        assert!(drain(&mut w, early(5000, false))[1].is_none());
-        assert!(drain(&mut w, early(5050, true))[1].is_some());
+        assert!(drain(&mut w, early_sizing(5000, false))[1].is_none());
+        assert!(drain(&mut w, early_sizing(5050, true))[1].is_some());
     }
 
     #[test]
     fn a_part_kept_whole_at_a_call_for_waits_lets_the_next_waits_go_for_a_while() {
-        let early = |now_ms, waited_on| Sizing {
-            periodic: false,
-            waited_on,
-            ..periodic_sizing(now_ms, true)
-        };
         let mut s = state();
         s.ledger.steady = 13;
         s.ledger.split = true;
         s.ledger.ceiling = 66;
         s.ledger.current.used = 50;
         assert!(hears_waits(&s.ledger, 5000), "16 unused: it hears");
-        let [_, Some(ask)] = drain(&mut s, early(5000, true)) else {
+        let [_, Some(ask)] = drain(&mut s, early_sizing(5000, true)) else {
             panic!("a part waited on calls")
         };
         // the answer keeps its 66: within its share
@@ -2210,7 +2209,7 @@ mod tests {
         assert!(hears_waits(&s.ledger, 5000 + HEARD_GAP_MS));
         // a call whose answer re-split it: the next waits are heard at once (Redis keeps the
         // part as it was until its next call)
-        let [_, Some(ask)] = drain(&mut s, early(5600, true)) else {
+        let [_, Some(ask)] = drain(&mut s, early_sizing(5600, true)) else {
             panic!("a part waited on calls")
         };
         apply(&mut s, &ask, no_room(180, 58, 20), (10_000, 200));
