@@ -930,7 +930,8 @@ pub const HEARD_GAP_MS: u64 = 500;
 /// when it holds some of it unused, unless it called for their waits within `HEARD_GAP_MS`
 /// and that answer kept its part whole (within its share: each of a waiter's asks, 100 to
 /// 200 ms apart, made every holder call again with nothing to give; `scripts/bench-fleet`'s
-/// seed run showed a tenant's window with 9 such calls in 300 ms).
+/// seed run showed a tenant's window with 6 such calls, beside the waiter's 3 asks, in
+/// 300 ms).
 pub fn hears_waits(l: &Ledger, now_ms: u64) -> bool {
     l.resplit || (l.ceiling > l.current.used && now_ms >= l.heard_ms.saturating_add(HEARD_GAP_MS))
 }
@@ -1891,7 +1892,6 @@ mod tests {
         }
     }
 
-    /// A periodic round's sizing, 5 s before the window's end, sync every second.
     /// An early round's sizing of a tier that takes parts, others waiting on it or not.
     fn early_sizing(now_ms: u64, waited_on: bool) -> Sizing {
         Sizing {
@@ -1901,6 +1901,7 @@ mod tests {
         }
     }
 
+    /// A periodic round's sizing, 5 s before the window's end, sync every second.
     fn periodic_sizing(now_ms: u64, parts: bool) -> Sizing {
         Sizing {
             parts,
