@@ -363,7 +363,7 @@ impl Limiter {
         };
         let tracked = matches!(slot, Slot::Tracked(_));
         let (states, mut logs): (&mut [TierState], Option<&mut [Log]>) = match &mut slot {
-            Slot::Tracked(c) => (&mut c.tiers, c.logs.as_deref_mut()),
+            Slot::Tracked(c) => (&mut c.tiers, c.logs.as_deref_mut().map(Vec::as_mut_slice)),
             Slot::Untracked => (&mut stand_ins, None),
         };
         let (mut violated, mut wake) = (false, false);
