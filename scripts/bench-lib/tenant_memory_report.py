@@ -6,11 +6,13 @@ bench/tenant-memory.svg and the section to BENCHMARKS.md (scripts/bench-lib/sect
     tenant_memory_report.py WRITE DAY REV LIMIT_BYTES
 """
 
+import os
 import sys
 
 from section import write_section
 
 write, day, rev, limit = sys.argv[1:]
+conns = int(os.environ.get("CONNS", "512"))
 rows = [l.split() for l in open("target/bench-tenant-memory.txt") if l.strip()]
 def marginal(m, n, c, a):
     prev = [r for r in rows if r[0] == m and int(r[1]) < int(n)]
@@ -30,8 +32,10 @@ sec = f"""<!-- tenant-memory:begin -->
 
 Written by `scripts/bench-tenant-memory` on {day}, commit {rev}.
 
-One release gateway (`threads: 2`), one rule of two tiers (100 per 10 s and 5,000 per minute)
-per tenant, wrk sending `x-org-id`s 1..N in turn; with Redis, `sync_interval: 1s`. Resident
+One release gateway (`threads: 2`), one rule of two tiers (100 per minute and 5,000 per hour)
+per tenant, wrk sending `x-org-id`s 1..N in turn over {conns} connections (with Redis, each
+tenant's first request in a window waits for a sync round, up to 50 ms: with 16 connections a
+run reached only a few thousand tenants); with Redis, `sync_interval: 1s`. Resident
 memory before (after the same run with one tenant) and after; per tenant is the difference
 over the counters tracked; each further tenant is the growth from the row above (what one
 more tenant costs, without the allocator's and the sync's fixed part, which dominates at
