@@ -2196,13 +2196,19 @@ mod tests {
         assert!(drain(&mut w, early_sizing(5050, true))[1].is_some());
     }
 
-    #[test]
-    fn a_part_kept_whole_at_a_call_for_waits_lets_the_next_waits_go_for_a_while() {
+    /// A part of 66 of a filling window (steady demand 13 an interval), `used` of it admitted.
+    fn part_of_66(used: u64) -> TierState {
         let mut s = state();
         s.ledger.steady = 13;
         s.ledger.split = true;
         s.ledger.ceiling = 66;
-        s.ledger.current.used = 50;
+        s.ledger.current.used = used;
+        s
+    }
+
+    #[test]
+    fn a_part_kept_whole_at_a_call_for_waits_lets_the_next_waits_go_for_a_while() {
+        let mut s = part_of_66(50);
         assert!(hears_waits(&s.ledger, 5000), "16 unused: it hears");
         let [_, Some(ask)] = drain(&mut s, early_sizing(5000, true)) else {
             panic!("a part waited on calls")
@@ -2234,11 +2240,7 @@ mod tests {
 
     #[test]
     fn a_used_up_part_with_unreported_counts_reports_them_when_others_wait() {
-        let mut s = state();
-        s.ledger.steady = 13;
-        s.ledger.split = true;
-        s.ledger.ceiling = 66;
-        s.ledger.current.used = 66;
+        let mut s = part_of_66(66);
         s.ledger.current.sent = 50;
         // it called for their waits a moment ago, and kept its part: all the same, its 16
         // unreported units are held for it in Redis's eyes, and the waiters wait on them
