@@ -415,6 +415,15 @@ impl Accounts {
             let Some(tier) = lists.get(usize::from(c.list)).and_then(|l| l.get(ti)) else {
                 continue;
             };
+            if st.ledger.count_full && st.ledger.drained_ms < when.adjusted_ms {
+                // an operator may have reset or granted its window since it last asked: it
+                // asks, to hear of it
+                st.ledger.asking = true;
+            }
+            // an early round carries only what asks: passed over before its sizing is made
+            if !(when.periodic || !when.waited.keys.is_empty() || ledger::asks_early(&st.ledger)) {
+                continue;
+            }
             let end = algorithm::window_end(st, tier);
             let parts = ledger::parts(tier.threshold, counters.algorithm());
             let spare = ledger::spare(tier.threshold, counters.algorithm());
@@ -438,14 +447,8 @@ impl Accounts {
                     (when.waited, when.now_ms),
                 ),
             };
-            if st.ledger.count_full && st.ledger.drained_ms < when.adjusted_ms {
-                // an operator may have reset or granted its window since it last asked: it
-                // asks, to hear of it
-                st.ledger.asking = true;
-            }
             // its part of a filling window used up (its last answer leased a part), or, holding
-            // none, its requests left waiting by the last answer (the others hold the rest:
-            // one that took its part while it counted itself alone may hold the whole window)
+            // none, its requests left waiting by the last answer (the others hold the rest)
             let part = st.ledger.split || (sizing.parts && st.ledger.short > 0);
             let asks = ledger::drain(st, sizing);
             if sizing.waited_on && asks[1].is_some() {
@@ -472,8 +475,7 @@ impl Accounts {
                     (tier, false),
                 );
                 if let Some(Update::Lease(u)) = round.updates.last().filter(|_| waits) {
-                    // requests wait on the others' parts: their heartbeats hear of it
-                    // (`Sizing::waited_on`)
+                    // requests wait on the others' parts: they hear of it (`Sizing::waited_on`)
                     round.waits.push(u.key.clone());
                 }
             }
