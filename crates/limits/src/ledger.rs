@@ -750,14 +750,26 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
 /// a gateway of 3,200 tenants at 21 early rounds a second, every request held for one: the
 /// rounds' share of its CPU 15% -> 7%; at 100,000 tenants of two tiers, 14 -> 4 ms a round).
 pub fn asks_early(l: &Ledger) -> bool {
-    l.previous.used > l.previous.sent || l.prev_held || l.asking || l.need_milli > 0
+    previous_open(l) || current_asks(l)
+}
+
+/// The previous window's record holds what Redis has not confirmed or a lease to give back
+/// (`previous_ask`: it goes in every round).
+fn previous_open(l: &Ledger) -> bool {
+    l.previous.used > l.previous.sent || l.prev_held
+}
+
+/// The current record asks of any round (`lease_ask`, `direct_ask`): a request waits, half of
+/// the lease is used, ... (`Ledger::asking`), or requests are held for its next ask.
+fn current_asks(l: &Ledger) -> bool {
+    l.asking || l.need_milli > 0
 }
 
 /// The previous window's record, while it holds what Redis has not confirmed or a lease to
 /// give back.
 fn previous_ask(state: &TierState) -> Option<Ask> {
     let l = &state.ledger;
-    (l.previous.used > l.previous.sent || l.prev_held).then_some(Ask {
+    previous_open(l).then_some(Ask {
         window_start_ms: l.previous_start_ms,
         gen: l.previous.gen,
         used: l.previous.used,
@@ -837,8 +849,7 @@ fn lease_ask(state: &mut TierState, sizing: &Sizing) -> Option<Ask> {
     // `a_fleet_takes_late_charges` refused in 36 runs of 60 without; the part of one that
     // counted itself alone may be the whole window), and a call after a re-split frees what
     // Redis kept of the part before it (`Ledger::resplit`)
-    let include = l.asking
-        || l.need_milli > 0
+    let include = current_asks(l)
         || (sizing.periodic && periodic_cause(l, busy, sizing.waited_on))
         || sizing.waited_on;
     if sizing.waited_on {
