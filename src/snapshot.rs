@@ -176,6 +176,7 @@ impl Snapshot {
             rt.fleet
                 .set_hold(crate::limits::fleet::hold_limit(r.timeout));
             rt.fleet.set_plain_increments(r.plain_increments);
+            rt.fleet.set_interval(r.sync_interval.as_millis() as u64);
         }
         let gates = config
             .upstreams

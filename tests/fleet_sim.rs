@@ -35,7 +35,7 @@ use tollgate::services::fleet_sync::backend::journal::{Journal, Marked, Repair};
 use tollgate::services::fleet_sync::backend::{
     beat_reply, Exchange, Heartbeat, RoundError, Update, WAIT_MARK_MS,
 };
-use tollgate::services::fleet_sync::{Accounts, Round, Schedule};
+use tollgate::services::fleet_sync::{Accounts, Asked, Round, Schedule};
 
 /// splitmix64: small, fast, and the same on every machine.
 struct Rng(u64);
@@ -717,6 +717,7 @@ fn simulate(s: &Scenario) -> Outcome {
             let fleet = Arc::new(Fleet::default());
             fleet.configure(true, settings.on_failure);
             fleet.set_hold(hold_limit(settings.timeout));
+            fleet.set_interval(settings.sync_interval.as_millis() as u64);
             let limiter = Limiter::build(
                 &cfg.rules,
                 &cfg.plans,
@@ -1020,7 +1021,7 @@ fn simulate(s: &Scenario) -> Outcome {
             }
             // 2. start a round when due
             if inst.flight.is_none() {
-                let asked = inst.fleet.round_requested();
+                let asked = Asked::of(&inst.fleet);
                 let healthy = inst.fleet.is_connected();
                 if step >= inst.schedule.due_ms(asked, healthy) {
                     let periodic = inst.schedule.started(step);

@@ -81,11 +81,18 @@ pub struct FleetState {
     on_failure: AtomicU8,
     /// A counter wants a round now (lease used up or nearly so), and none has begun since.
     wanted: AtomicBool,
+    /// Of those, a request waits on a record that has no answer in its window yet (its first
+    /// ask): the round starts at once, not an early round's gap after the last (`at_once`), and
+    /// whether the sync service has been told since (`ask_round`).
+    at_once: AtomicBool,
+    at_once_told: AtomicBool,
     /// When the last round ended (ms since the epoch, 0: none yet), and how long it took (us).
     last_round_end_ms: AtomicU64,
     last_round_us: AtomicU64,
     /// How long a request may wait for the fleet (`Verdict::Hold`), in ms.
     hold_ms: AtomicU64,
+    /// The fleet's `sync_interval`, in ms.
+    interval_ms: AtomicU64,
     /// Records far from the limit may report plain increments (one Redis server; a Redis
     /// Cluster leases everything: a node that does not answer may still apply what it got,
     /// which only idempotent reports survive).
@@ -102,9 +109,12 @@ impl FleetState {
             counted: AtomicU8::new(0),
             on_failure: AtomicU8::new(0),
             wanted: AtomicBool::new(false),
+            at_once: AtomicBool::new(false),
+            at_once_told: AtomicBool::new(true),
             last_round_end_ms: AtomicU64::new(0),
             last_round_us: AtomicU64::new(0),
             hold_ms: AtomicU64::new(hold_ms),
+            interval_ms: AtomicU64::new(1000),
             plain: AtomicBool::new(true),
         }
     }
@@ -121,6 +131,15 @@ impl FleetState {
 
     pub fn hold_ms(&self) -> u64 {
         self.hold_ms.load(Ordering::Relaxed)
+    }
+
+    /// The fleet's `sync_interval`: what a record's demand an interval is counted over.
+    pub fn set_interval(&self, ms: u64) {
+        self.interval_ms.store(ms.max(1), Ordering::Relaxed);
+    }
+
+    pub fn interval_ms(&self) -> u64 {
+        self.interval_ms.load(Ordering::Relaxed)
     }
 
     /// Whether records far from the limit may report plain increments (see `plain`).
@@ -194,9 +213,21 @@ impl FleetState {
         (end > 0).then(|| (end, self.last_round_us.load(Ordering::Relaxed)))
     }
 
-    /// Ask for a round now. Returns whether the ask is new (the sync service is to be woken).
+    /// Ask for a round now. Returns whether the ask is new, or newly one to start at once
+    /// (`ask_at_once`): the sync service is to be woken.
     pub fn ask_round(&self) -> bool {
-        !self.wanted.swap(true, Ordering::Relaxed)
+        let new = !self.wanted.swap(true, Ordering::Relaxed);
+        !self.at_once_told.swap(true, Ordering::Relaxed) || new
+    }
+
+    /// The round asked for next is to start at once: a request waits on a record's first ask
+    /// in its window, which waits on nothing but Redis (a round trip), where other asks wait
+    /// on the others' rounds too and come an early round's gap apart. Followed by
+    /// `ask_round`.
+    pub fn ask_at_once(&self) {
+        if !self.at_once.swap(true, Ordering::Relaxed) {
+            self.at_once_told.store(false, Ordering::Relaxed);
+        }
     }
 
     /// Whether a round was asked for (and not yet begun).
@@ -204,8 +235,15 @@ impl FleetState {
         self.wanted.load(Ordering::Relaxed)
     }
 
-    /// Whether a round was asked for since the last call (clears the request).
+    /// Whether the round asked for is to start at once (`ask_at_once`).
+    pub fn round_at_once(&self) -> bool {
+        self.at_once.load(Ordering::Relaxed)
+    }
+
+    /// Whether a round was asked for since the last call (clears the request, and its being
+    /// at once).
     pub fn take_round_request(&self) -> bool {
+        self.at_once.store(false, Ordering::Relaxed);
         self.wanted.swap(false, Ordering::Relaxed)
     }
 
@@ -329,6 +367,25 @@ mod tests {
         assert!(f.ask_round());
         assert!(!f.ask_round());
         assert!(f.take_round_request());
+        assert!(f.ask_round());
+    }
+
+    #[test]
+    fn a_round_asked_for_at_once_wakes_again_once() {
+        let f = FleetState::new(1000);
+        assert!(f.ask_round());
+        assert!(!f.round_at_once());
+        // a first ask waits while the round is in its gap: the sync service is woken again
+        f.ask_at_once();
+        assert!(f.ask_round(), "woken again, to start at once");
+        assert!(f.round_at_once());
+        f.ask_at_once();
+        assert!(!f.ask_round(), "told already");
+        assert!(f.take_round_request());
+        assert!(
+            !f.round_at_once(),
+            "the round began: the next waits its gap"
+        );
         assert!(f.ask_round());
     }
 }

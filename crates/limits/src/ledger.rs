@@ -432,6 +432,29 @@ pub fn note_full(state: &mut TierState, algorithm: Algorithm) -> bool {
     ask
 }
 
+/// Whether a request held here asks at once (`FleetState::ask_at_once`) rather than at the next
+/// early round (up to `MIN_ROUND_GAP_MS` later): the record has had no answer in its window yet,
+/// and its demand here is quiet: its steady demand an interval (`Ledger::steady`, the lesser of
+/// the last two), over a whole window of `period_ms`, is under half of this instance's even
+/// part of `threshold` (of `instances`). Such a first ask waits on nothing but Redis. A busy
+/// partition's first asks of a window still come as early rounds do, with what it held
+/// meanwhile (sized on that demand), and so do a bucket's (its lease outlives the window: a
+/// first ask at once there left some simulated fleets' buckets under 0.98 x their refill).
+pub fn asks_at_once(
+    state: &TierState,
+    algorithm: Algorithm,
+    (threshold, period_ms): (u64, u64),
+    instances: u64,
+    interval_ms: u64,
+) -> bool {
+    let l = &state.ledger;
+    if l.fair != 0 || matches!(algorithm, Algorithm::TokenBucket | Algorithm::LeakyBucket) {
+        return false;
+    }
+    let per_window = u128::from(l.steady) * u128::from(period_ms) / u128::from(interval_ms.max(1));
+    per_window * u128::from(instances.max(1)) * 2 < u128::from(threshold)
+}
+
 /// Note that a request of `units` was held because the lease is used: the next round asks for
 /// it (a direct record asks for leases from now on). `first`: the request was not held before;
 /// one that was is asked for again only when the last answer could not grant what waited, or
@@ -2330,6 +2353,61 @@ mod tests {
             !hears_waits(&s.ledger, 5100),
             "reported: nothing more to tell"
         );
+    }
+
+    #[test]
+    fn only_a_quiet_records_first_ask_in_its_window_goes_at_once() {
+        // 100 a minute on 4 instances, rounds every second: an even part is 25 a window
+        let at_once = |s: &TierState, algorithm: Algorithm| {
+            asks_at_once(s, algorithm, (100, 60_000), 4, 1000)
+        };
+        let mut s = state();
+        assert!(
+            at_once(&s, Algorithm::FixedWindow),
+            "no demand known: quiet"
+        );
+        assert!(at_once(&s, Algorithm::SlidingWindow));
+        assert!(at_once(&s, Algorithm::SlidingLog));
+        assert!(
+            !at_once(&s, Algorithm::TokenBucket),
+            "a bucket's lease outlives windows"
+        );
+        assert!(!at_once(&s, Algorithm::LeakyBucket));
+        // one unit an interval is 60 a window: 60 x 4 instances x 2 is over 100
+        s.ledger.steady = 1;
+        assert!(
+            !at_once(&s, Algorithm::FixedWindow),
+            "60 a window is no quiet demand"
+        );
+        s.ledger.steady = 0;
+        s.ledger.last_interval = 40;
+        assert!(
+            at_once(&s, Algorithm::FixedWindow),
+            "one busy interval is not steady"
+        );
+        s.ledger.fair = 3;
+        assert!(
+            !at_once(&s, Algorithm::FixedWindow),
+            "answered in its window: not a first ask"
+        );
+        // 10 a second on 10 instances, rounds every second: one unit an interval is busy
+        let mut t = state();
+        t.ledger.steady = 1;
+        assert!(!asks_at_once(
+            &t,
+            Algorithm::FixedWindow,
+            (10, 1000),
+            10,
+            1000
+        ));
+        t.ledger.steady = 0;
+        assert!(asks_at_once(
+            &t,
+            Algorithm::FixedWindow,
+            (10, 1000),
+            10,
+            1000
+        ));
     }
 
     #[test]

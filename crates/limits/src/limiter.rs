@@ -505,7 +505,17 @@ impl Limiter {
             Ceiling::LeaseUsed if shadow => {}
             Ceiling::LeaseUsed => {
                 // under the limit, but this instance's lease is used: the request waits for
-                // the next round, which asks for it (it is never refused for this)
+                // the next round, which asks for it (it is never refused for this); at once
+                // for a quiet record's first ask in its window
+                if ledger::asks_at_once(
+                    state,
+                    cx.algo,
+                    (tier.threshold, tier.period_ms),
+                    self.fleet.instances(),
+                    self.fleet.interval_ms(),
+                ) {
+                    self.fleet.ask_at_once();
+                }
                 ledger::note_hold(state, patience == Patience::First, units);
                 *held = true;
                 verdict.remaining = 0;
@@ -947,6 +957,30 @@ mod tests {
             let next = admitted_in_a_row(&r, "acme", 20);
             let expected = if algo == Algorithm::SlidingLog { 10 } else { 1 };
             assert_eq!(next, expected, "{algo}: the next window");
+        }
+    }
+
+    #[test]
+    fn a_request_held_on_a_quiet_records_first_ask_asks_for_a_round_at_once() {
+        for (algo, at_once) in [
+            (Algorithm::FixedWindow, true),
+            (Algorithm::SlidingWindow, true),
+            (Algorithm::SlidingLog, true),
+            (Algorithm::TokenBucket, false),
+        ] {
+            let r = rig_of(algo, &[("api", 10, REJECT)]);
+            let fleet = r.limiter.fleet();
+            fleet.configure(true, crate::fleet::OnFailure::LocalShare);
+            fleet.set_instances(2);
+            assert_eq!(
+                r.decide("acme").verdict,
+                Verdict::Hold,
+                "{algo}: no lease yet"
+            );
+            // (the caller asks for the round: `decide` returns that it is to)
+            assert_eq!(fleet.round_at_once(), at_once, "{algo}");
+            fleet.take_round_request();
+            assert!(!fleet.round_at_once(), "{algo}: taken with the round");
         }
     }
 

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate_limits::algorithm::{self, Quota, TierState};
 use tollgate_limits::clock::{Clock, NANOS_PER_MS};
+use tollgate_limits::fleet::FleetState;
 use tollgate_limits::ledger::{self, Ask};
 use tollgate_limits::sliding_log;
 use tollgate_limits::store::{Counter, CounterRegistry, OrphanCount, RuleCounters, SHARDS};
@@ -1161,9 +1162,33 @@ impl SyncService {
     }
 }
 
+/// What the counters asked of the next round (`FleetState::ask_round`, `ask_at_once`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asked {
+    Nothing,
+    /// An early round.
+    Early,
+    /// A round at once: a request waits on a record's first ask in its window.
+    AtOnce,
+}
+
+impl Asked {
+    /// What the fleet's counters asked for, and not yet had.
+    pub fn of(fleet: &FleetState) -> Asked {
+        match (fleet.round_requested(), fleet.round_at_once()) {
+            (false, _) => Asked::Nothing,
+            (true, false) => Asked::Early,
+            (true, true) => Asked::AtOnce,
+        }
+    }
+}
+
 /// When rounds happen: every `sync_interval`, sooner when a counter asks (at least
 /// `MIN_ROUND_GAP_MS` after the last such early round, so at most 20 of them a second besides the
-/// periodic ones, and only while Redis answers), later while Redis fails (backing off,
+/// periodic ones, and only while Redis answers; at once, after the round in flight, when a
+/// request waits on a record's first ask in its window: such an ask waits on nothing but
+/// Redis, and a request's hold is then one round trip, where the gap made every tenant's
+/// first request in a window wait up to 50 ms), later while Redis fails (backing off,
 /// doubling up to `MAX_BACKOFF`). The first round that fails after one that did not is tried
 /// again at once (`MIN_ROUND_GAP_MS` after its start): a reply lost or late once should not
 /// leave on_failure in force, nor a lease granted in it stranded, for a whole interval.
@@ -1195,18 +1220,22 @@ impl Schedule {
         self.last_early_ms.map_or(0, |l| l + MIN_ROUND_GAP_MS)
     }
 
-    /// When the next round is due: `asked`, a counter asked for one; `healthy`, Redis answered
-    /// the last round.
-    pub fn due_ms(&self, asked: bool, healthy: bool) -> u64 {
-        if asked && healthy {
-            self.next_ms.min(self.early_ms())
-        } else {
-            self.next_ms
+    /// When the next round is due: `asked`, what the counters asked of it; `healthy`, Redis
+    /// answered the last round.
+    pub fn due_ms(&self, asked: Asked, healthy: bool) -> u64 {
+        match asked {
+            _ if !healthy => self.next_ms,
+            Asked::Nothing => self.next_ms,
+            Asked::Early => self.next_ms.min(self.early_ms()),
+            Asked::AtOnce => 0,
         }
     }
 
     /// A round starts: returns whether it is the periodic one (an early round carries only the
-    /// counters that ask).
+    /// counters that ask). A round at once counts as an early round: the next comes the gap
+    /// after it (the asks that follow a first answer wait on the others' rounds, not Redis's:
+    /// asked again at once, a simulated fleet's waiting requests were refused 3 ms after their
+    /// first answer while a lease granted in a lost reply was still stranded).
     pub fn started(&mut self, now_ms: u64) -> bool {
         let periodic = now_ms >= self.next_ms;
         if !periodic {
@@ -1309,7 +1338,7 @@ impl BackgroundService for SyncService {
                 .as_ref()
                 .map_or(1000, |(s, _)| s.sync_interval.as_millis() as u64);
             let healthy = current.is_some() && fleet.is_connected();
-            let asked = fleet.round_requested();
+            let asked = Asked::of(&fleet);
             tokio::select! {
                 _ = shutdown.changed() => {
                     // Draining: the requests in flight, and those on kept-alive connections,
@@ -1333,10 +1362,9 @@ impl BackgroundService for SyncService {
                     return;
                 }
                 _ = tokio::time::sleep_until(at(schedule.due_ms(asked, healthy))) => {}
-                // a counter out of its lease asks for a round (not while backing off)
-                _ = fleet.wake.notified(), if healthy && !asked => {
-                    tokio::time::sleep_until(at(schedule.due_ms(true, healthy))).await;
-                }
+                // a counter out of its lease asks for a round, or for one at once (not while
+                // backing off): when it is due is seen again
+                _ = fleet.wake.notified(), if healthy && asked != Asked::AtOnce => continue,
             }
             let periodic = schedule.started(ms());
             let Some((settings, backend)) = &current else {
@@ -1505,30 +1533,44 @@ mod tests {
     #[test]
     fn rounds_come_every_interval_sooner_when_asked_and_back_off_on_failure() {
         let mut s = Schedule::new(0);
-        assert_eq!(s.due_ms(false, false), 0, "the first round at once");
+        assert_eq!(
+            s.due_ms(Asked::Nothing, false),
+            0,
+            "the first round at once"
+        );
         assert!(s.started(0), "periodic");
         s.finished(true, 1000, true);
-        assert_eq!(s.due_ms(false, true), 1000);
-        assert_eq!(s.due_ms(true, true), 0, "asked: at once");
-        assert_eq!(s.due_ms(true, false), 1000, "not while Redis fails");
+        assert_eq!(s.due_ms(Asked::Nothing, true), 1000);
+        assert_eq!(s.due_ms(Asked::Early, true), 0, "asked: at once");
+        assert_eq!(s.due_ms(Asked::Early, false), 1000, "not while Redis fails");
         assert!(!s.started(10), "an early round");
         s.finished(true, 1000, false);
-        assert_eq!(s.due_ms(false, true), 1000, "the periodic round stays");
         assert_eq!(
-            s.due_ms(true, true),
+            s.due_ms(Asked::Nothing, true),
+            1000,
+            "the periodic round stays"
+        );
+        assert_eq!(s.due_ms(Asked::AtOnce, true), 0, "a first ask: at once");
+        assert_eq!(
+            s.due_ms(Asked::AtOnce, false),
+            1000,
+            "not while Redis fails"
+        );
+        assert_eq!(
+            s.due_ms(Asked::Early, true),
             60,
             "the next early round after the gap"
         );
         assert!(!s.started(60));
         s.finished(false, 1000, false);
         assert_eq!(
-            s.due_ms(true, false),
+            s.due_ms(Asked::Early, false),
             110,
             "the first failure: again at once (a reply lost once)"
         );
         assert!(s.started(110), "as a periodic round");
         s.finished(false, 1000, true);
-        assert_eq!(s.due_ms(true, false), 1110, "then backing off");
+        assert_eq!(s.due_ms(Asked::Early, false), 1110, "then backing off");
         assert!(s.started(1110));
         s.finished(false, 1000, true);
         assert_eq!(s.next_ms, 3110, "doubled");
