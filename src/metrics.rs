@@ -265,7 +265,7 @@ impl Metrics {
             redis_pending: reg_gauge(
                 &r,
                 "tollgate_redis_pending_deltas",
-                "Requests counted here that Redis has not confirmed yet, after the last round (per counter, the most any of its tiers waits for)",
+                "Requests counted here that Redis has not confirmed yet, after the last periodic or failed round (per counter, the most any of its tiers waits for)",
             )?,
             fleet_held: reg_counter(
                 &r,

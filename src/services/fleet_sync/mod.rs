@@ -977,9 +977,12 @@ impl SyncService {
             match rest {
                 Some(next) if ok => from = Some(next),
                 _ => {
-                    // once a round, not per part: it reads every counter
-                    let unsent = self.accounts.outstanding();
-                    self.metrics.redis_pending.set(unsent as i64);
+                    // it reads every counter: once a periodic round or a failed one, not per
+                    // part nor per early round (a busy fleet runs hundreds of those a second)
+                    if periodic || !ok {
+                        let unsent = self.accounts.outstanding();
+                        self.metrics.redis_pending.set(unsent as i64);
+                    }
                     if ok || !refused.is_empty() {
                         self.note_refusals(settings, &refused, periodic && ok).await;
                     }
