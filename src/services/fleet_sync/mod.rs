@@ -1341,7 +1341,7 @@ impl BackgroundService for SyncService {
                 .as_ref()
                 .map_or(1000, |(s, _)| s.sync_interval.as_millis() as u64);
             let healthy = current.is_some() && fleet.is_connected();
-            let asked = Asked::of(&fleet);
+            let asked = Asked::of(fleet);
             tokio::select! {
                 _ = shutdown.changed() => {
                     // Draining: the requests in flight, and those on kept-alive connections,
