@@ -507,15 +507,7 @@ impl Limiter {
                 // under the limit, but this instance's lease is used: the request waits for
                 // the next round, which asks for it (it is never refused for this); at once
                 // for a quiet record's first ask in its window
-                if ledger::asks_at_once(
-                    state,
-                    cx.algo,
-                    (tier.threshold, tier.period_ms),
-                    self.fleet.instances(),
-                    self.fleet.interval_ms(),
-                ) {
-                    self.fleet.ask_at_once();
-                }
+                self.ask_at_once_if_first(state, algo, tier);
                 ledger::note_hold(state, patience == Patience::First, units);
                 *held = true;
                 verdict.remaining = 0;
@@ -549,6 +541,16 @@ impl Limiter {
             }
         }
         wake
+    }
+
+    /// A request is held on `state`: the round that asks for it starts at once if this is a
+    /// quiet record's first ask in its window (`ledger::asks_at_once`).
+    fn ask_at_once_if_first(&self, state: &TierState, algo: Algorithm, tier: &Quota) {
+        let (instances, interval_ms) = (self.fleet.instances(), self.fleet.interval_ms());
+        let quota = (tier.threshold, tier.period_ms);
+        if ledger::asks_at_once(state, algo, quota, instances, interval_ms) {
+            self.fleet.ask_at_once();
+        }
     }
 
     /// The verdict from the violated rules' enforcements and the fleet's state.
