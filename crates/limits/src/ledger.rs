@@ -768,10 +768,12 @@ pub fn drain(state: &mut TierState, sizing: Sizing) -> [Option<Ask>; 2] {
 /// record holds what Redis has not confirmed or a lease to give back, or the current one asks
 /// (`Ledger::asking`: a request waits, half of the lease is used, ...) or holds requests
 /// waiting. When not, `drain` asks nothing and changes nothing, and the sync passes the
-/// record over before its sizing is made: an early round visits every tracked counter, and
-/// that sizing and `drain` took most of the 69 ns a tier such a visit cost, 22 ns since (perf,
-/// a gateway of 3,200 tenants at 21 early rounds a second, every request held for one: the
-/// rounds' share of its CPU 15% -> 7%; at 100,000 tenants of two tiers, 14 -> 4 ms a round).
+/// record over before its sizing is made: an early round visited every tracked counter then,
+/// and that sizing and `drain` took most of the 69 ns a tier such a visit cost, 22 ns since
+/// (perf, a gateway of 3,200 tenants at 21 early rounds a second, every request held for one:
+/// the rounds' share of its CPU 15% -> 7%; at 100,000 tenants of two tiers, 14 -> 4 ms a
+/// round). An early round now visits only the counters reached since the last one or left
+/// asking by it (`RuleCounters::drain_in`, with this as its counters' "still asks").
 pub fn asks_early(l: &Ledger) -> bool {
     previous_open(l) || current_asks(l)
 }

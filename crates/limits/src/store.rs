@@ -34,6 +34,8 @@ use std::time::Duration;
 pub const SHARDS: usize = 32;
 /// How many counters are looked at to find one to evict.
 const EVICTION_SAMPLE: usize = 8;
+/// Counters a shard names for the sync's next early round before it visits them all.
+const TOUCHED: usize = 8;
 /// Counters are kept this long after the last window they matter for.
 pub const GRACE_MS: u64 = 1000;
 
@@ -82,6 +84,38 @@ pub struct Counter {
 
 pub struct Shard {
     map: HashMap<Box<[u8]>, Counter, RandomState>,
+    /// The counters reached since the sync's last visit (`drain_in`), or left asking by it:
+    /// an early round visits only those (a round at once after each of many quiet tenants'
+    /// first requests would otherwise read every counter of the gateway each time).
+    touched: Touched,
+}
+
+/// The counters of a shard the sync's next early round is to visit.
+#[derive(Default)]
+struct Touched {
+    /// All of them: more than `TOUCHED` were reached, or some without their hash.
+    all: bool,
+    hashes: SmallVec<[u64; TOUCHED]>,
+}
+
+impl Touched {
+    fn every() -> Touched {
+        Touched {
+            all: true,
+            hashes: SmallVec::new(),
+        }
+    }
+
+    fn note(&mut self, hash: u64) {
+        if self.all || self.hashes.contains(&hash) {
+            return;
+        }
+        if self.hashes.len() == TOUCHED {
+            *self = Touched::every();
+        } else {
+            self.hashes.push(hash);
+        }
+    }
 }
 
 impl Shard {
@@ -140,6 +174,7 @@ impl RuleCounters {
             .map(|_| {
                 Mutex::new(Shard {
                     map: HashMap::with_hasher(hasher.clone()),
+                    touched: Touched::every(),
                 })
             })
             .collect();
@@ -285,6 +320,9 @@ impl RuleCounters {
                 }
             }
         }
+        // whoever reaches a counter may change what it asks of the sync: its next early round
+        // visits it (`drain_in`)
+        shard.touched.note(hash);
         let c = match shard.map.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
             RawEntryMut::Occupied(o) => o.into_mut(),
             RawEntryMut::Vacant(v) => v.insert_hashed_nocheck(hash, key.into(), fresh()).1,
@@ -339,18 +377,58 @@ impl RuleCounters {
         }
     }
 
-    /// Visit every counter of shard `shard` (`0..SHARDS`), under its lock.
+    /// Visit every counter of shard `shard` (`0..SHARDS`), under its lock (the sync's next
+    /// early round visits them all: `drain_in`).
     pub fn for_each_in(&self, shard: usize, mut f: impl FnMut(&[u8], &mut Counter)) {
         let mut s = self.lock(shard);
+        s.touched = Touched::every();
         for (k, c) in s.map.iter_mut() {
             f(k, c);
         }
+    }
+
+    /// The sync's visit of shard `shard`: every counter when `every`, else those reached since
+    /// the last visit or left asking by it (`f` returns whether its counter still asks once
+    /// visited). Returns whether it visited any. A counter named by its hash alone: of two
+    /// keys of one shard with the same 64-bit hash, one may wait for the next periodic round.
+    pub fn drain_in(
+        &self,
+        shard: usize,
+        every: bool,
+        mut f: impl FnMut(&[u8], &mut Counter) -> bool,
+    ) -> bool {
+        let mut guard = self.shards[shard % SHARDS].lock();
+        let s = &mut *guard;
+        let touched = std::mem::take(&mut s.touched);
+        if every || touched.all {
+            for (k, c) in s.map.iter_mut() {
+                if f(k, c) {
+                    s.touched.note(self.hash_of(k));
+                }
+            }
+            return true;
+        }
+        for &hash in &touched.hashes {
+            // (the table keeps 7 bits of a hash: a candidate's key is hashed again)
+            let entry = s
+                .map
+                .raw_entry_mut()
+                .from_hash(hash, |k| self.hash_of(k) == hash);
+            if let RawEntryMut::Occupied(mut o) = entry {
+                let (k, c) = o.get_key_value_mut();
+                if f(k, c) {
+                    s.touched.note(hash);
+                }
+            }
+        }
+        !touched.hashes.is_empty()
     }
 
     /// Change the counter of `key`, if it is still tracked.
     pub fn update(&self, key: &[u8], f: impl FnOnce(&mut Counter)) -> bool {
         let hash = self.hash_of(key);
         let mut s = self.lock(Self::shard_of_hash(hash));
+        s.touched.note(hash);
         match s.map.raw_entry_mut().from_key_hashed_nocheck(hash, key) {
             RawEntryMut::Occupied(o) => {
                 f(o.into_mut());
@@ -505,6 +583,82 @@ mod tests {
                 true
             }
             Err(_) => false,
+        }
+    }
+
+    #[test]
+    fn the_sync_visits_only_counters_reached_since_or_left_asking() {
+        let reg = registry();
+        let rc = reg.get_or_create(identity("a"), quotas(), 1000);
+        let shard = RuleCounters::shard_of_hash(rc.hash_of(b"acme"));
+        // more keys of the same shard
+        let of_shard = |prefix: &str, n: usize| -> Vec<Vec<u8>> {
+            (0..)
+                .map(|i: u32| format!("{prefix}{i}").into_bytes())
+                .filter(|k| RuleCounters::shard_of_hash(rc.hash_of(k)) == shard)
+                .take(n)
+                .collect()
+        };
+        let mates = of_shard("t", 2);
+        let now = 1_000_000_000;
+        let visits = |every: bool| -> Vec<Vec<u8>> {
+            let mut seen = Vec::new();
+            for s in 0..SHARDS {
+                rc.drain_in(s, every, |k, _| {
+                    seen.push(k.to_vec());
+                    false
+                });
+            }
+            seen.sort();
+            seen
+        };
+        for k in &mates {
+            assert!(hit(&rc, k, now));
+        }
+        assert_eq!(visits(false).len(), 2, "new shards: every counter, once");
+        assert!(visits(false).is_empty(), "nothing reached since");
+        assert!(hit(&rc, b"acme", now));
+        assert_eq!(
+            visits(false),
+            vec![b"acme".to_vec()],
+            "a request reached it alone"
+        );
+        assert_eq!(visits(true).len(), 3, "every: each counter");
+        assert!(rc.update(&mates[1], |_| {}), "an answer applied");
+        // a counter still asking once visited is visited again, until it no longer asks
+        let mut seen = 0;
+        assert!(rc.drain_in(shard, false, |_, _| {
+            seen += 1;
+            true
+        }));
+        assert_eq!(seen, 1, "the answered counter");
+        assert_eq!(
+            visits(false),
+            vec![mates[1].clone()],
+            "left asking: visited"
+        );
+        assert!(visits(false).is_empty(), "then not");
+        // more counters reached than a shard names: every one of it
+        for k in of_shard("many", TOUCHED + 1) {
+            hit(&rc, &k, now);
+        }
+        assert_eq!(visits(false).len(), 3 + TOUCHED + 1);
+        rc.for_each(|_, _| {});
+        assert_eq!(
+            visits(false).len(),
+            3 + TOUCHED + 1,
+            "a visit of all: then all"
+        );
+        // each counter reached is the one visited, among many of its shard (the table keeps
+        // 7 bits of a hash: matched by them alone, another was visited in its place)
+        let crowd = of_shard("crowd", 400);
+        for k in &crowd {
+            hit(&rc, k, now);
+        }
+        visits(false);
+        for k in crowd.iter().step_by(5) {
+            hit(&rc, k, now);
+            assert_eq!(visits(false), vec![k.clone()]);
         }
     }
 

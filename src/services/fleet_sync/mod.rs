@@ -213,6 +213,9 @@ pub struct Accounts {
     /// it was first read (ms).
     adjusted_mark: AtomicU64,
     adjusted_ms: AtomicU64,
+    /// `adjusted_ms` as the last round read it: a round that reads it changed visits every
+    /// counter (`RuleCounters::drain_in`).
+    drained_adjusted_ms: AtomicU64,
     /// What the last heartbeat read of the others' waiting marks; whether it reads them (off
     /// once Redis refused the read: `Heartbeat::hear`).
     waited: parking_lot::Mutex<Arc<Waited>>,
@@ -249,6 +252,7 @@ impl Accounts {
             first_round_ms: AtomicU64::new(0),
             adjusted_mark: AtomicU64::new(0),
             adjusted_ms: AtomicU64::new(0),
+            drained_adjusted_ms: AtomicU64::new(0),
             waited: Default::default(),
             hear: AtomicBool::new(true),
             subscribed: AtomicBool::new(false),
@@ -287,7 +291,7 @@ impl Accounts {
                 .drain_into(
                     Round::empty(None, now_ms),
                     settings,
-                    periodic,
+                    (periodic, true),
                     from,
                     max_updates,
                     1000,
@@ -316,7 +320,13 @@ impl Accounts {
             now_ms,
         );
         let start = Cursor { uid: 0, shard: 0 };
-        let mut round = self.drain_into(round, settings, periodic, start, max_updates, since_ms);
+        // an early round visits only the shards locked since (or left asking): what asks,
+        // unless an operator's reset or grant was heard since the last round
+        let adjusted = self.adjusted_ms.load(Ordering::Relaxed);
+        let every =
+            periodic || self.drained_adjusted_ms.swap(adjusted, Ordering::Relaxed) != adjusted;
+        let how = (periodic, every);
+        let mut round = self.drain_into(round, settings, how, start, max_updates, since_ms);
         round.waits.append(&mut self.remark.lock());
         round.with_marks(|| self.heartbeat(settings, now_ms, false, liveness_ms))
     }
@@ -346,11 +356,13 @@ impl Accounts {
         }
     }
 
+    /// Drain the counters into `round` from `from` (`every`: each of them, not only the
+    /// shards that may ask: `RuleCounters::drain_in`).
     fn drain_into(
         &self,
         mut round: Round,
         settings: &RedisSettings,
-        periodic: bool,
+        (periodic, every): (bool, bool),
         from: Cursor,
         max_updates: usize,
         since_ms: u64,
@@ -359,6 +371,8 @@ impl Accounts {
         let horizon_ms = horizon_ms(settings);
         let max_updates = max_updates.max(1);
         let waited = Arc::clone(&self.waited.lock());
+        // (what others wait on is looked for in every counter)
+        let every = every || !waited.keys.is_empty();
         let into_interval_ms = if periodic {
             // (a round in parts goes on from where the periodic one began)
             if from.uid == 0 && from.shard == 0 {
@@ -392,8 +406,9 @@ impl Accounts {
                     adjusted_ms: self.adjusted_ms.load(Ordering::Relaxed),
                     waited: &waited,
                 };
-                rc.for_each_in(shard, |key, c| {
+                rc.drain_in(shard, every, |key, c| {
                     self.drain_counter(&mut round, settings, (&counters, &lists), (key, c), when);
+                    c.tiers.iter().any(|st| ledger::asks_early(&st.ledger))
                 });
             }
             self.push_orphans(&mut round, settings, &rc);
