@@ -34,8 +34,8 @@ Written by `scripts/bench-tenant-memory` on {day}, commit {rev}.
 
 One release gateway (`threads: 2`), one rule of two tiers (100 per minute and 5,000 per hour)
 per tenant, wrk sending `x-org-id`s 1..N in turn over {conns} connections (with Redis, each
-tenant's first request in a window waits for a sync round, up to 50 ms: with 16 connections a
-run reached only a few thousand tenants); with Redis, `sync_interval: 1s`. Resident
+tenant's first request in a window waits for a sync round: until 2026-12-07 up to 50 ms, and
+16 connections reached only a few thousand tenants; since, about a round trip); with Redis, `sync_interval: 1s`. Resident
 memory before (after the same run with one tenant) and after; per tenant is the difference
 over the counters tracked; each further tenant is the growth from the row above (what one
 more tenant costs, without the allocator's and the sync's fixed part, which dominates at
