@@ -377,6 +377,17 @@ impl RuleCounters {
         }
     }
 
+    /// Read every counter, shard by shard (each locked while read): what the sync's next early
+    /// round visits is left as it was.
+    pub fn read_each(&self, mut f: impl FnMut(&[u8], &Counter)) {
+        for shard in self.shards.iter() {
+            let s = shard.lock();
+            for (k, c) in s.map.iter() {
+                f(k, c);
+            }
+        }
+    }
+
     /// Visit every counter of shard `shard` (`0..SHARDS`), under its lock (the sync's next
     /// early round visits them all: `drain_in`).
     pub fn for_each_in(&self, shard: usize, mut f: impl FnMut(&[u8], &mut Counter)) {
@@ -643,6 +654,8 @@ mod tests {
             hit(&rc, &k, now);
         }
         assert_eq!(visits(false).len(), 3 + TOUCHED + 1);
+        rc.read_each(|_, _| {});
+        assert!(visits(false).is_empty(), "a reading leaves them");
         rc.for_each(|_, _| {});
         assert_eq!(
             visits(false).len(),

@@ -189,7 +189,7 @@ fn local_rows(
     let limit = &limiter.core.limits[rule];
     let lists = limit.counters.tiers();
     let mut rows = Vec::new();
-    limit.counters.for_each(|key, c| {
+    limit.counters.read_each(|key, c| {
         if after.is_some_and(|a| key <= a) {
             return;
         }

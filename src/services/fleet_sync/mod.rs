@@ -879,7 +879,7 @@ impl Accounts {
     pub fn outstanding(&self) -> u64 {
         let mut n = 0;
         for rc in self.registry.live() {
-            rc.for_each(|_, c| {
+            rc.read_each(|_, c| {
                 // every tier of a counter counts the same requests: the most any tier waits for
                 n += c.tiers.iter().map(|t| t.ledger.unsent()).max().unwrap_or(0);
             });
