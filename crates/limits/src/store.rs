@@ -400,14 +400,14 @@ impl RuleCounters {
 
     /// The sync's visit of shard `shard`: every counter when `every`, else those reached since
     /// the last visit or left asking by it (`f` returns whether its counter still asks once
-    /// visited). Returns whether it visited any. A counter named by its hash alone: of two
-    /// keys of one shard with the same 64-bit hash, one may wait for the next periodic round.
+    /// visited). A counter named by its hash alone: of two keys of one shard with the same
+    /// 64-bit hash, one may wait for the next periodic round.
     pub fn drain_in(
         &self,
         shard: usize,
         every: bool,
         mut f: impl FnMut(&[u8], &mut Counter) -> bool,
-    ) -> bool {
+    ) {
         let mut guard = self.shards[shard % SHARDS].lock();
         let s = &mut *guard;
         let touched = std::mem::take(&mut s.touched);
@@ -417,7 +417,7 @@ impl RuleCounters {
                     s.touched.note(self.hash_of(k));
                 }
             }
-            return true;
+            return;
         }
         for &hash in &touched.hashes {
             // (the table keeps 7 bits of a hash: a candidate's key is hashed again)
@@ -432,7 +432,6 @@ impl RuleCounters {
                 }
             }
         }
-        !touched.hashes.is_empty()
     }
 
     /// Change the counter of `key`, if it is still tracked.
@@ -638,10 +637,10 @@ mod tests {
         assert!(rc.update(&mates[1], |_| {}), "an answer applied");
         // a counter still asking once visited is visited again, until it no longer asks
         let mut seen = 0;
-        assert!(rc.drain_in(shard, false, |_, _| {
+        rc.drain_in(shard, false, |_, _| {
             seen += 1;
             true
-        }));
+        });
         assert_eq!(seen, 1, "the answered counter");
         assert_eq!(
             visits(false),

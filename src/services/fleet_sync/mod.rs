@@ -320,8 +320,8 @@ impl Accounts {
             now_ms,
         );
         let start = Cursor { uid: 0, shard: 0 };
-        // an early round visits only the shards locked since (or left asking): what asks,
-        // unless an operator's reset or grant was heard since the last round
+        // an early round visits only the counters reached since the last round or left asking
+        // by it (`RuleCounters::drain_in`), unless an operator's reset or grant was heard since
         let adjusted = self.adjusted_ms.load(Ordering::Relaxed);
         let every =
             periodic || self.drained_adjusted_ms.swap(adjusted, Ordering::Relaxed) != adjusted;
