@@ -1732,3 +1732,155 @@ fn without_plain_increments_a_count_far_from_the_limit_comes_back_after_an_outag
         redis.held("tg:{t}:*")
     );
 }
+
+/// A TCP relay to `target` whose answers each come `delay` late: a Redis a few round trips'
+/// worth of milliseconds away, for rounds that take long enough to land in.
+fn slow_link(target: u16, delay: Duration) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target)) else {
+                continue;
+            };
+            let pump = |mut from: std::net::TcpStream, mut to: std::net::TcpStream, late| {
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        if late {
+                            std::thread::sleep(delay);
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                })
+            };
+            pump(
+                client.try_clone().unwrap(),
+                server.try_clone().unwrap(),
+                false,
+            );
+            pump(server, client, true);
+        }
+    });
+    port
+}
+
+/// Every command `redis` runs from now on, as `MONITOR` prints it (`<unix time> [db addr]
+/// "COMMAND" "arg" ...`), collected by a thread of its own.
+fn monitor(redis: &RedisServer) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use std::io::{BufRead, Write};
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", redis.port)).unwrap();
+    s.write_all(b"MONITOR\r\n").unwrap();
+    let mut reader = std::io::BufReader::new(s);
+    let mut ok = String::new();
+    reader.read_line(&mut ok).unwrap();
+    assert_eq!(ok.trim(), "+OK");
+    let into = std::sync::Arc::clone(&lines);
+    std::thread::spawn(move || {
+        for line in reader.lines().map_while(Result::ok) {
+            into.lock().unwrap().push(line);
+        }
+    });
+    lines
+}
+
+/// A quiet tenant's first request in its window waits on nothing but Redis: it asks at once,
+/// and a periodic round in parts (`TOLLGATE_ROUND_PART_UPDATES`: 10 updates a part here; 1,024
+/// in a gateway, where 100,000 tenants made 16 parts and 280 ms) lets a round at once run
+/// between two of its parts rather than after its last. Each probe's ask (its script call) is
+/// in Redis with at most one part's plain increments before it, after the probe was sent (and
+/// so it is answered within a few round trips, not the periodic round's ten). Without it, a
+/// probe sent while the round's first parts were in flight saw the rest go first.
+#[test]
+fn a_quiet_tenants_first_ask_goes_between_the_parts_of_a_periodic_round() {
+    let redis = RedisServer::start();
+    let link = slow_link(redis.port, Duration::from_millis(20));
+    let up = Upstream::start("u");
+    let hour = period_with_room(3600, 90);
+    let cfg = format!(
+        r#"{head}tenant:
+  from:
+    - header: x-org-id
+      trusted: true
+  required: true
+limits:
+  - id: busy
+    pathPattern: /busy/**
+    tiers: [{{ period: {hour}, threshold: 1000000 }}]
+  - id: probe
+    pathPattern: /probe/**
+    tiers: [{{ period: {hour}, threshold: 10 }}]
+redis:
+  url: redis://127.0.0.1:{link}
+  timeout: 2s
+  sync_interval: 500ms
+  key_prefix: tg
+"#,
+        head = common::one_route_config(up.addr, 2, "")
+    );
+    let gw = Gateway::start_with_env(&cfg, &[("TOLLGATE_ROUND_PART_UPDATES", "10")]);
+    wait_connected(&gw);
+    let commands = monitor(&redis);
+    // 100 busy tenants far from their limit, each with a count to report at every periodic
+    // round: 10 parts of plain increments
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = {
+        let (stop, addr) = (std::sync::Arc::clone(&stop), gw.addr);
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for i in 0..100 {
+                    let tenant = format!("busy-{i}");
+                    let r = common::request(addr, "GET", "/busy/x", &[("x-org-id", &tenant)]);
+                    assert_eq!(r.unwrap().status, 200);
+                }
+            }
+        })
+    };
+    let increments = |lines: &[String]| {
+        lines
+            .iter()
+            .filter(|l| l.contains("\"INCRBY\" \"tg:{busy-"))
+            .count()
+    };
+    // until two periodic rounds have reported them
+    assert!(eventually(Duration::from_secs(10), || increments(
+        &commands.lock().unwrap()
+    ) >= 200));
+    let mut probes = Vec::new();
+    for k in 0..20 {
+        let sent = common::now_ms();
+        let r = gw.get("/probe/x", &[("x-org-id", &format!("probe-{k}"))]);
+        assert_eq!(r.status, 200, "{}", gw.log());
+        probes.push((k, sent));
+        // probes spread over the rounds (a pace, not a wait for something)
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    busy.join().unwrap();
+    let lines = commands.lock().unwrap().clone();
+    let at_ms = |l: &str| {
+        l.split(' ')
+            .next()
+            .and_then(|t| t.trim_start_matches('+').parse::<f64>().ok())
+            .map_or(0, |t| (t * 1000.0) as u64)
+    };
+    let mut before = Vec::new();
+    for (k, sent) in probes {
+        let key = format!("tg:{{probe-{k}}}");
+        let ask = lines
+            .iter()
+            .position(|l| l.contains("\"EVALSHA\"") && l.contains(&key))
+            .unwrap_or_else(|| panic!("probe-{k} never asked: {}", gw.log()));
+        let from = lines.iter().position(|l| at_ms(l) >= sent).unwrap_or(ask);
+        before.push(increments(&lines[from.min(ask)..ask]));
+    }
+    assert!(
+        before.iter().all(|&n| n <= 10),
+        "plain increments run between each probe and its ask: {before:?}"
+    );
+}
