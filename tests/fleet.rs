@@ -1793,9 +1793,9 @@ fn monitor(redis: &RedisServer) -> std::sync::Arc<std::sync::Mutex<Vec<String>>>
 /// and a periodic round in parts (`TOLLGATE_ROUND_PART_UPDATES`: 10 updates a part here; 1,024
 /// in a gateway, where 100,000 tenants made 16 parts and 280 ms) lets a round at once run
 /// between two of its parts rather than after its last. Each probe's ask (its script call) is
-/// in Redis with at most one part's plain increments before it, after the probe was sent (and
+/// in Redis with at most one part's plain increments before it, after the probe was held (and
 /// so it is answered within a few round trips, not the periodic round's ten). Without it, a
-/// probe sent while the round's first parts were in flight saw the rest go first.
+/// probe held while the round's first parts were in flight saw the rest go first.
 #[test]
 fn a_quiet_tenants_first_ask_goes_between_the_parts_of_a_periodic_round() {
     let redis = RedisServer::start();
@@ -1851,33 +1851,36 @@ redis:
     assert!(eventually(Duration::from_secs(10), || increments(
         &commands.lock().unwrap()
     ) >= 200));
-    let mut probes = Vec::new();
     for k in 0..20 {
-        let sent = common::now_ms();
-        let r = gw.get("/probe/x", &[("x-org-id", &format!("probe-{k}"))]);
-        assert_eq!(r.status, 200, "{}", gw.log());
-        probes.push((k, sent));
+        let held = || metric_sum(&gw.metrics(), "tollgate_fleet_held_total");
+        let (before, addr) = (held(), gw.addr);
+        let probe = std::thread::spawn(move || {
+            let tenant = format!("probe-{k}");
+            common::request(addr, "GET", "/probe/x", &[("x-org-id", &tenant)]).map(|r| r.status)
+        });
+        // once the gateway holds it (or has answered it), a mark in Redis's own order: what
+        // runs after it ran after the probe was held, however late the gateway read it
+        assert!(eventually(Duration::from_secs(5), || probe.is_finished()
+            || held() > before));
+        common::redis_cmd(redis.port, &["ECHO", &format!("held-{k}")]).unwrap();
+        assert_eq!(probe.join().unwrap().unwrap(), 200, "{}", gw.log());
         // probes spread over the rounds (a pace, not a wait for something)
         std::thread::sleep(Duration::from_millis(100));
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     busy.join().unwrap();
     let lines = commands.lock().unwrap().clone();
-    let at_ms = |l: &str| {
-        l.split(' ')
-            .next()
-            .and_then(|t| t.trim_start_matches('+').parse::<f64>().ok())
-            .map_or(0, |t| (t * 1000.0) as u64)
-    };
+    let line_of = |what: &dyn Fn(&str) -> bool| lines.iter().position(|l| what(l));
     let mut before = Vec::new();
-    for (k, sent) in probes {
-        let key = format!("tg:{{probe-{k}}}");
-        let ask = lines
-            .iter()
-            .position(|l| l.contains("\"EVALSHA\"") && l.contains(&key))
+    for k in 0..20 {
+        let (key, mark) = (
+            format!("tg:{{probe-{k}}}"),
+            format!("\"ECHO\" \"held-{k}\""),
+        );
+        let ask = line_of(&|l| l.contains("\"EVALSHA\"") && l.contains(&key))
             .unwrap_or_else(|| panic!("probe-{k} never asked: {}", gw.log()));
-        let from = lines.iter().position(|l| at_ms(l) >= sent).unwrap_or(ask);
-        before.push(increments(&lines[from.min(ask)..ask]));
+        let held = line_of(&|l| l.contains(&mark)).expect("the mark");
+        before.push(increments(&lines[held.min(ask)..ask]));
     }
     assert!(
         before.iter().all(|&n| n <= 10),
