@@ -170,11 +170,10 @@ impl RuleCounters {
         identity: RuleIdentity,
         tiers: Vec<Vec<Quota>>,
         cap: usize,
-        evictions: IntCounter,
-        untracked: IntCounter,
+        (evictions, untracked): (IntCounter, IntCounter),
         syncing: Arc<AtomicBool>,
+        hasher: RandomState,
     ) -> Self {
-        let hasher = RandomState::new();
         let shards = (0..SHARDS)
             .map(|_| {
                 Mutex::new(Shard {
@@ -485,6 +484,8 @@ pub struct CounterRegistry {
     evictions: IntCounter,
     untracked: IntCounter,
     syncing: Arc<AtomicBool>,
+    /// Keys hash with these seeds (`seeded`), not random ones.
+    hash_seed: Option<u64>,
     /// Requests in flight of `concurrency` limits, by rule.
     pub in_flight: crate::in_flight::InFlightRegistry,
 }
@@ -497,8 +498,17 @@ impl CounterRegistry {
             evictions,
             untracked,
             syncing: Arc::new(AtomicBool::new(false)),
+            hash_seed: None,
             in_flight: Default::default(),
         }
+    }
+
+    /// Keys hash with fixed seeds from `seed`, so that their shards and order are the same in
+    /// every process: the simulation's seeds replay so. A gateway keeps the random ones (a
+    /// client choosing keys that collide would slow its shard down).
+    pub fn seeded(mut self, seed: u64) -> Self {
+        self.hash_seed = Some(seed);
+        self
     }
 
     /// Tell every rule's counters whether a fleet sync is running.
@@ -528,9 +538,11 @@ impl CounterRegistry {
             identity.clone(),
             tiers,
             cap,
-            self.evictions.clone(),
-            self.untracked.clone(),
+            (self.evictions.clone(), self.untracked.clone()),
             self.syncing.clone(),
+            self.hash_seed.map_or_else(RandomState::new, |k| {
+                RandomState::with_seeds(k, k ^ 0x9E37_79B9, k.rotate_left(17), !k)
+            }),
         ));
         rules.insert(identity, Arc::clone(&rc));
         rc

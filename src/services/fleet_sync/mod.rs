@@ -84,6 +84,8 @@ pub struct Round {
     pub heard: u64,
     /// The round stopped at its size: where its next part starts draining.
     pub rest: Option<Cursor>,
+    /// Where this part began draining.
+    start: Cursor,
 }
 
 impl Round {
@@ -96,6 +98,7 @@ impl Round {
             waits: Vec::new(),
             heard: 0,
             rest: None,
+            start: Cursor::default(),
         }
     }
 
@@ -179,8 +182,8 @@ fn waited_on(
     }
 }
 
-/// Where a round in parts goes on: the rule (by `uid`) and its shard.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a round in parts goes on: the rule (by `uid`) and its shard (in that order).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Cursor {
     uid: u64,
     shard: usize,
@@ -203,6 +206,40 @@ pub fn part_updates(env: Option<&str>) -> usize {
 static PART_UPDATES: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
     part_updates(std::env::var("TOLLGATE_ROUND_PART_UPDATES").ok().as_deref())
 });
+
+/// What a round in parts tells its schedule between two parts (`SyncService::round`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BetweenParts {
+    /// A part was answered, and more are to come ([`Schedule::answered_part`]).
+    Answered,
+    /// A round asked for at once runs now, whole, before the next part
+    /// ([`Schedule::early_between`]).
+    AtOnce,
+}
+
+/// Between two parts of a round: whether a round asked for at once runs before the next part
+/// (`SyncService::round`; the simulation steps rounds in parts with it too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Between {
+    asked: bool,
+}
+
+impl Between {
+    /// Before a round's first part: a round at once asked for before a periodic round began
+    /// (which takes the ask; what asked may be in its last part).
+    pub fn before(fleet: &FleetState, periodic: bool) -> Between {
+        Between {
+            asked: periodic && fleet.round_requested() && fleet.round_at_once(),
+        }
+    }
+
+    /// After a part that leaves more to send: whether a round at once runs now, whole,
+    /// before the next part.
+    pub fn at_once(&mut self, fleet: &FleetState) -> bool {
+        let asked = fleet.round_requested() && fleet.round_at_once();
+        std::mem::take(&mut self.asked) || asked
+    }
+}
 
 /// What a finished round changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,6 +284,11 @@ pub struct Accounts {
     /// when the first of them was drained (ms).
     troubled: AtomicBool,
     trouble_from_ms: AtomicU64,
+    /// Where the next periodic round begins: where the part that failed last began (none:
+    /// at the start). A round in parts stops at a failed part, and began at the start
+    /// again, so that with a part in ten lost, the counters of its last parts were never
+    /// reached (the simulation's rounds in parts: their counts never reached Redis).
+    resume: parking_lot::Mutex<Option<Cursor>>,
 }
 
 impl Accounts {
@@ -274,6 +316,7 @@ impl Accounts {
             remark: Default::default(),
             troubled: AtomicBool::new(false),
             trouble_from_ms: AtomicU64::new(0),
+            resume: Default::default(),
         }
     }
 
@@ -305,7 +348,7 @@ impl Accounts {
                 .drain_into(
                     Round::empty(None, now_ms),
                     settings,
-                    (periodic, true),
+                    (periodic, true, false),
                     from,
                     max_updates,
                     1000,
@@ -333,13 +376,19 @@ impl Accounts {
             heartbeat.then(|| self.heartbeat(settings, now_ms, true, liveness_ms)),
             now_ms,
         );
-        let start = Cursor { uid: 0, shard: 0 };
+        // a periodic round begins where the last failed part began (it goes to the end; the
+        // counters before it were answered then, and the next periodic round begins at the
+        // start)
+        let start = match periodic {
+            true => self.resume.lock().take().unwrap_or_default(),
+            false => Cursor::default(),
+        };
         // an early round visits only the counters reached since the last round or left asking
         // by it (`RuleCounters::drain_in`), unless an operator's reset or grant was heard since
         let adjusted = self.adjusted_ms.load(Ordering::Relaxed);
         let every =
             periodic || self.drained_adjusted_ms.swap(adjusted, Ordering::Relaxed) != adjusted;
-        let how = (periodic, every);
+        let how = (periodic, every, true);
         let mut round = self.drain_into(round, settings, how, start, max_updates, since_ms);
         round.waits.append(&mut self.remark.lock());
         round.with_marks(|| self.heartbeat(settings, now_ms, false, liveness_ms))
@@ -376,12 +425,13 @@ impl Accounts {
         &self,
         mut round: Round,
         settings: &RedisSettings,
-        (periodic, every): (bool, bool),
+        (periodic, every, first): (bool, bool, bool),
         from: Cursor,
         max_updates: usize,
         since_ms: u64,
     ) -> Round {
         let now_ms = round.sent_ms;
+        round.start = from;
         let horizon_ms = horizon_ms(settings);
         let max_updates = max_updates.max(1);
         let waited = Arc::clone(&self.waited.lock());
@@ -389,7 +439,7 @@ impl Accounts {
         let every = every || !waited.keys.is_empty();
         let into_interval_ms = if periodic {
             // (a round in parts goes on from where the periodic one began)
-            if from.uid == 0 && from.shard == 0 {
+            if first {
                 self.periodic_ms.store(now_ms, Ordering::Relaxed);
             }
             0
@@ -716,6 +766,12 @@ impl Accounts {
     /// harmless because they are cumulative).
     pub fn finish(&self, round: Round, outcome: &Result<Exchange, RoundError>) -> Finished {
         let ok = outcome.is_ok();
+        if !ok {
+            // the next periodic round begins here (or before, where an earlier part failed)
+            let mut resume = self.resume.lock();
+            *resume = Some(resume.map_or(round.start, |r| r.min(round.start)))
+                .filter(|&c| c != Cursor::default());
+        }
         let now_ms = self.now_ms();
         // a round that may have been applied although no answer came (a timeout): its plain
         // increments are taken as counted (never twice; they may be lost)
@@ -987,10 +1043,12 @@ impl ReplyErrors {
 impl SyncService {
     /// One round, in parts of at most `ROUND_PART_UPDATES` updates ([`part_updates`]), one
     /// round trip each; returns whether Redis answered all of them. A part that fails ends the
-    /// round: what it did not drain stays in the counters for the next one. Between two parts, a round asked
-    /// for at once (a request waits on a quiet record's first ask in its window) runs whole,
-    /// `between` told of it first (the schedule counts it as an early round), and the requests
-    /// held for a round decide again at its end, as at any round's: at 100,000 tenants a
+    /// round: what it did not drain stays in the counters, and the next periodic round begins
+    /// where that part began (`Accounts::finish`); `between` hears of each part answered
+    /// before the last (a failure after one is a first failure, tried again at once). Between
+    /// two parts, a round asked for at once (a request waits on a quiet record's first ask in
+    /// its window) runs whole, `between` told of it first (the schedule counts it as an early
+    /// round), and the requests held for a round decide again at its end, as at any round's: at 100,000 tenants a
     /// periodic round is some 16 parts and 280 ms, which such a request waited out whole. (Not
     /// at each part's end: a request held again adds its need again when its record's last
     /// answer could not grant it, once per round, and a part may not carry its record.)
@@ -999,12 +1057,10 @@ impl SyncService {
         settings: &RedisSettings,
         backend: &dyn SyncBackend,
         periodic: bool,
-        mut between: Option<&mut (dyn FnMut() + Send)>,
+        mut between: Option<&mut (dyn FnMut(BetweenParts) + Send)>,
     ) -> bool {
         let fleet = &self.accounts.fleet;
-        // a round at once asked for before this periodic one began (which takes the ask; what
-        // asked may be in its last part)
-        let mut asked = periodic && fleet.round_requested() && fleet.round_at_once();
+        let mut at_once = Between::before(fleet, periodic);
         let mut from = None;
         let mut refused = Vec::new();
         loop {
@@ -1018,10 +1074,12 @@ impl SyncService {
                 return self.round_done(settings, periodic, ok, &refused).await;
             };
             from = Some(next);
-            asked |= fleet.round_requested() && fleet.round_at_once();
-            if let Some(tell) = between.as_deref_mut().filter(|_| asked) {
-                asked = false;
-                tell();
+            let Some(tell) = between.as_deref_mut() else {
+                continue;
+            };
+            tell(BetweenParts::Answered);
+            if at_once.at_once(fleet) {
+                tell(BetweenParts::AtOnce);
                 let began = std::time::Instant::now();
                 let _ = Box::pin(self.round(settings, backend, false, None)).await;
                 fleet.round_ended(began.elapsed());
@@ -1311,6 +1369,13 @@ impl Schedule {
         self.last_early_ms = Some(now_ms);
     }
 
+    /// Redis answered a part of the round in flight: if a later part fails, it is a first
+    /// failure (the next round, at once, begins where that part began), not one in a row
+    /// (backing off while parts are answered left the last parts' counters waiting seconds).
+    pub fn answered_part(&mut self) {
+        self.failing = false;
+    }
+
     /// A round ended. After a periodic round the next is due `interval_ms` after its start;
     /// an early round leaves the periodic one where it was.
     pub fn finished(&mut self, ok: bool, interval_ms: u64, periodic: bool) {
@@ -1438,7 +1503,10 @@ impl BackgroundService for SyncService {
                 continue;
             };
             let began = std::time::Instant::now();
-            let mut between = || schedule.early_between(ms());
+            let mut between = |e| match e {
+                BetweenParts::Answered => schedule.answered_part(),
+                BetweenParts::AtOnce => schedule.early_between(ms()),
+            };
             let ok = self
                 .round(settings, backend.as_ref(), periodic, Some(&mut between))
                 .await;
@@ -1682,6 +1750,29 @@ mod tests {
             "the next periodic round an interval after the periodic one's start"
         );
         assert_eq!(s.due_ms(Asked::AtOnce, true), 0);
+    }
+
+    #[test]
+    fn a_round_that_fails_after_a_part_was_answered_is_tried_again_at_once() {
+        let mut s = Schedule::new(0);
+        assert!(s.started(0));
+        s.finished(false, 1000, true);
+        assert!(s.started(50), "the first failure: at once");
+        s.finished(false, 1000, true);
+        assert_eq!(s.next_ms, 1050, "one in a row: backing off");
+        assert!(s.started(1050));
+        s.answered_part();
+        s.finished(false, 1000, true);
+        assert_eq!(
+            s.next_ms, 1100,
+            "a part was answered: a first failure again"
+        );
+        assert!(s.started(1100));
+        s.finished(false, 1000, true);
+        assert_eq!(
+            s.next_ms, 3100,
+            "none answered: backing off again, from where it was"
+        );
     }
 
     #[test]
