@@ -9,6 +9,13 @@ use common::{
 use std::time::{Duration, Instant};
 
 fn config(up: &Upstream, redis: &str, tiers: &str, extra_redis: &str) -> String {
+    let rule = format!("  - id: fleet\n    pathPattern: /**\n    tiers: {tiers}\n");
+    config_of(up, 1, &rule, redis, extra_redis)
+}
+
+/// A config of `threads`, tenants from `x-org-id`, the rules `limits` (YAML list items) and
+/// `redis` (its lines, the key prefix `tg`).
+fn config_of(up: &Upstream, threads: usize, limits: &str, redis: &str, extra: &str) -> String {
     format!(
         r#"{head}tenant:
   from:
@@ -16,15 +23,12 @@ fn config(up: &Upstream, redis: &str, tiers: &str, extra_redis: &str) -> String 
       trusted: true
   required: true
 limits:
-  - id: fleet
-    pathPattern: /**
-    tiers: {tiers}
-redis:
+{limits}redis:
   {redis}
   key_prefix: tg
-{extra_redis}
+{extra}
 "#,
-        head = common::one_route_config(up.addr, 1, "")
+        head = common::one_route_config(up.addr, threads, "")
     )
 }
 
@@ -1802,27 +1806,13 @@ fn a_quiet_tenants_first_ask_goes_between_the_parts_of_a_periodic_round() {
     let link = slow_link(redis.port, Duration::from_millis(20));
     let up = Upstream::start("u");
     let hour = period_with_room(3600, 90);
-    let cfg = format!(
-        r#"{head}tenant:
-  from:
-    - header: x-org-id
-      trusted: true
-  required: true
-limits:
-  - id: busy
-    pathPattern: /busy/**
-    tiers: [{{ period: {hour}, threshold: 1000000 }}]
-  - id: probe
-    pathPattern: /probe/**
-    tiers: [{{ period: {hour}, threshold: 10 }}]
-redis:
-  url: redis://127.0.0.1:{link}
-  timeout: 2s
-  sync_interval: 500ms
-  key_prefix: tg
-"#,
-        head = common::one_route_config(up.addr, 2, "")
+    let limits = format!(
+        "  - id: busy\n    pathPattern: /busy/**\n    tiers: [{{ period: {hour}, threshold: 1000000 }}]
+  - id: probe\n    pathPattern: /probe/**\n    tiers: [{{ period: {hour}, threshold: 10 }}]\n"
     );
+    let redis_lines =
+        format!("url: redis://127.0.0.1:{link}\n  timeout: 2s\n  sync_interval: 500ms");
+    let cfg = config_of(&up, 2, &limits, &redis_lines, "");
     let gw = Gateway::start_with_env(&cfg, &[("TOLLGATE_ROUND_PART_UPDATES", "10")]);
     wait_connected(&gw);
     let commands = monitor(&redis);

@@ -2200,16 +2200,12 @@ const KNOWN_PARTS: [u64; 1] = [246];
 #[test]
 fn rounds_in_parts_keep_the_bounds_with_rounds_at_once_between_them() {
     let (mut parts, mut between, mut under) = (0u64, 0u64, 0usize);
-    let failures = failing_seeds(
-        "parts",
-        seeds_of("FLEET_SIM_PARTS_SEEDS", 20, 300),
-        Scenario::draw_parts,
-        |_, o| {
-            parts += o.multi_part;
-            between += o.between;
-            under += o.false_refusals.len();
-        },
-    );
+    let seeds = seeds_of("FLEET_SIM_PARTS_SEEDS", 20, 300);
+    let failures = failing_seeds("parts", seeds.clone(), Scenario::draw_parts, |_, o| {
+        parts += o.multi_part;
+        between += o.between;
+        under += o.false_refusals.len();
+    });
     eprintln!("rounds in parts: {parts} parts past a round's first, {between} rounds at once between two parts, {under} refusals under 0.9x");
     // (known, and failing as it did: a token bucket's charges that reach Redis out of the
     // order their tokens came, docs/fleet.md, "Token buckets"; one gone, the list shrinks)
@@ -2222,7 +2218,7 @@ fn rounds_in_parts_keep_the_bounds_with_rounds_at_once_between_them() {
     let gone: Vec<u64> = KNOWN_PARTS
         .iter()
         .copied()
-        .filter(|k| seeds_of("FLEET_SIM_PARTS_SEEDS", 20, 300).contains(k) && !failures.contains(k))
+        .filter(|k| seeds.contains(k) && !failures.contains(k))
         .collect();
     assert!(
         gone.is_empty(),
