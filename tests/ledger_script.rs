@@ -542,6 +542,29 @@ fn waiting_requests_are_granted_first_and_forecasts_only_from_the_spare_budget()
 }
 
 #[test]
+fn a_text_record_in_the_previous_windows_ledger_weighs_on_a_sliding_window() {
+    let (redis, mut conn) = connected();
+    // the previous window counted 20, and an instance not yet upgraded holds a lease to 60
+    // there, written as text fields
+    let prev_key = "t:{p}:s:0:1000";
+    let prev_ledger = format!("{prev_key}:fleet");
+    redis.int(&["INCRBY", prev_key, "20"]);
+    for (kind, v) in [("u", "20"), ("c", "60"), ("e", "1000"), ("d", "40")] {
+        redis.int(&["HSET", &prev_ledger, &format!("{kind}:old.1"), v]);
+    }
+    // the next window, half of the previous one still in its span: the previous window weighs
+    // its count and the unused lease, 60, half of it now
+    let key = "t:{p}:s:1000:2000";
+    let mut up = window_update(key, "new.1", 0, 100, 100);
+    up.prev_key = prev_key.into();
+    up.prev_ledger_key = prev_ledger;
+    up.weight_ms = 500;
+    let a = eval(&mut conn, &up);
+    assert_eq!(a.prev, 60, "{a:?}");
+    assert_eq!(a.ceiling, 100 - 30, "{a:?}");
+}
+
+#[test]
 fn a_member_written_as_text_fields_by_an_earlier_version_is_seen_holding_its_lease() {
     let (redis, mut conn) = connected();
     // an instance not yet upgraded (its record as text fields, the format before 2026-11-28)

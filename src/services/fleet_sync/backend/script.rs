@@ -1,7 +1,7 @@
 //! The ledger scripts: the Lua a round runs for a lease ask, one script per algorithm family
 //! (`Family`: windows, buckets, the sliding log), each with its keys and named arguments in a
 //! documented order (`Family::keys`, `Family::args`: the script's first lines name them, made
-//! from the same lists), on a small library of functions they share (`LIBRARY`); their loading
+//! from the same lists), on sections of Lua they share (`PRELUDE`, `SECTIONS`); their loading
 //! and the call that runs one by its hash (`ledger_cmd`). Their Rust twin, the same keys and
 //! answers for the simulation, is under the tests (`tests/common/ledger_model.rs`), not in the
 //! binary; `tests/ledger_script.rs` holds the two to the same answers on a real redis-server.
@@ -32,7 +32,7 @@ enum Kind {
 }
 
 /// The `struct` format of one packed argument (`Kind::Number`; a ledger's member record is six
-/// of them, `RECORD` in `LIBRARY`).
+/// of them, `RECORD` in `PRELUDE`).
 const NUMBER: &str = "d";
 
 use Kind::{Number, Text};
@@ -160,7 +160,8 @@ impl Family {
         }
     }
 
-    /// The whole script: its keys and arguments named, the library, its body.
+    /// The whole script: its keys and arguments named, the prelude, its body with the
+    /// sections it names (`--@name`) in their places.
     pub fn source(self) -> String {
         let mut s = String::from("-- tollgate ledger script: ");
         s.push_str(match self {
@@ -187,8 +188,8 @@ impl Family {
         }
         let texts = self.args_of(Text).count();
         s.push_str(&format!("local FIRST_PAIR = {}\n", texts + 2));
-        s.push_str(LIBRARY);
-        s.push_str(self.body());
+        s.push_str(PRELUDE);
+        splice(&mut s, self.body());
         s
     }
 
@@ -201,6 +202,19 @@ impl Family {
     }
 
     pub const ALL: [Family; 3] = [Family::Windows, Family::Buckets, Family::Log];
+}
+
+/// Lua with its lines `--@name` replaced by the sections they name (`SECTIONS`, whose own
+/// such lines are replaced in turn; a name no section has stays as it is, a comment, which a
+/// test finds).
+fn splice(s: &mut String, lua: &str) {
+    for line in lua.split_inclusive('\n') {
+        let name = line.strip_prefix("--@").map(str::trim_end);
+        match SECTIONS.iter().find(|&&(n, _)| Some(n) == name) {
+            Some(&(_, section)) => splice(s, section.trim_start_matches('\n')),
+            None => s.push_str(line),
+        }
+    }
 }
 
 static SCRIPTS: LazyLock<[redis::Script; 3]> =
@@ -236,7 +250,13 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
 }
 
 /// What every family shares: reading a ledger, reporting the count, the other members'
-/// leases, the lease itself, and the answer.
+/// leases, the lease itself, and the answer: sections of Lua that `Family::source` splices
+/// into each family's body where it names them (a line `--@name`, `SECTIONS`), not functions:
+/// a script's functions are closures made again at every call, and the five the library was
+/// (with their upvalues, their calls, and `math.max` and the like called where a comparison
+/// does) cost Redis about 30k of a call's 110k instructions (callgrind, BENCHMARKS.md). The
+/// sections share their locals by name: each one's doc says what it reads and what it
+/// defines.
 ///
 /// Report a cumulative count (only its growth reaches the key: re-sending changes nothing),
 /// then lease: keep what this member holds up to what it wants, and add from what is free,
@@ -262,118 +282,207 @@ pub(super) fn no_script(values: &[redis::Value]) -> bool {
 /// what they reported: the total less the members' counts) is kept out of leases; past it,
 /// `direct_each` for each of the fleet's `instances` not yet among the members (a record that
 /// runs the script reports its direct count unsent with it, and leases from then on).
-const LIBRARY: &str = r#"
+const PRELUDE: &str = r#"
 -- the members' records in a ledger, one field each (`m:` and the member), its numbers packed
 -- as doubles (`RECORD`, Redis's `struct` library: no number is parsed from text or written as
 -- text): its count, its ceiling, its lease's end, what it asked for beyond its count, the
--- tokens charged to it (buckets; else -1, read as none), the ceiling a part held before a
--- re-split, until its holder's next call (windows); and what an operator granted to the
--- window (`g:`, text, the adjustment script's). A record written as text fields (`u:`,
--- `c:`, `e:`, `d:`, `t:`, `p:` and the member: before 2026-11-28) is read too, so that an
--- instance not yet upgraded is seen holding what it holds.
--- Read into one table per member, `r[field]`: {count, ceiling, lease's end, asked, charged,
--- held before a re-split} (one table each, built whole: six tables keyed by member, each
--- grown as the records were read, cost Redis about 8k more instructions a call of 136k,
--- by callgrind)
+-- tokens charged to it (buckets; else -1: none), the ceiling a part held before a re-split,
+-- until its holder's next call (windows); and what an operator granted to the window (`g:`,
+-- text, the adjustment script's). Records are read where they are used, each unpacked into
+-- locals (a table a record, or one per member, cost Redis about 10k instructions a call more)
 local RECORD = '<dddddd'
--- this member's field (records are keyed by their fields' names: cutting the `m:` off each
--- cost Redis about 2k instructions a call, by callgrind)
+-- this member's field
 local MEMBER = 'm:' .. member
 local max, min, floor, ceil = math.max, math.min, math.floor, math.ceil
-local function fields(key)
-  local r, g = {}, 0
-  local f = redis.call('HGETALL', key)
-  local byte, sub, unpack_ = string.byte, string.sub, struct.unpack
+local byte, unpack_ = string.byte, struct.unpack
+"#;
+
+/// The sections a family's body names (`--@name`), in the order a body uses them.
+const SECTIONS: [(&str, &str); 7] = [
+    // reads KEY_LEDGER; defines `f` (its fields), `grant`, this member's record `m1` to `m6`
+    // (none: `m2` nil, the others 0, `m5` -1), `first` (no lease of this member in the ledger
+    // yet: it gets its expiry) and `mine` (its count there)
+    ("read", READ),
+    // reads `used` and `mine`; reports the growth; defines `total`, `mine` the count written
+    ("report", REPORT),
+    // reads `f`, `mine`; defines `desire` (what this member wants beyond its count), and of
+    // the other members `held`, `active`, `wanted` (their live leases: unused, how many, what
+    // they asked for), `scripted`, `members` (all of their records: counts, and how many
+    // members with this one)
+    ("others", OTHERS),
+    // reads `avail`, `split`, `charged` (and the above); writes the record; defines
+    // `ceiling`, `fair`, `left`
+    ("lease", LEASE),
+    // reads `first`, `total`, `ceiling`, `fair`, `left`, `held`, `prev`, `grant`; defines
+    // `out`, the answer packed (a sliding log appends its steps)
+    ("answer", ANSWER),
+    // defines `packed(f)`: a ledger's fields with the text records of an earlier release
+    // packed (named where it is needed only: a function defined is a closure made at every
+    // call)
+    ("packed", PACKED),
+    // defines `unused_in(key, live)`: what a ledger's records hold leased and unused, and
+    // the grant of its window
+    ("unused_in", UNUSED_IN),
+];
+
+const PACKED: &str = r#"
+-- a ledger's fields (HGETALL) with its records written as text fields (`u:`, `c:`, `e:`,
+-- `d:`, `t:`, `p:` and the member: before 2026-11-28) packed as the others are, so that an
+-- instance not yet upgraded is seen holding what it holds (a member with a packed record
+-- too is read from that one; a text record without its ceiling is taken to hold nothing)
+local function packed(f)
+  local text, out, has = {}, {}, {}
   for i = 1, #f, 2 do
     local kind = byte(f[i])
-    if kind == 109 then -- m
-      local x = {unpack_(RECORD, f[i + 1])}
-      if x[5] < 0 then x[5] = nil end
-      r[f[i]] = x
-    elseif kind == 103 then g = tonumber(f[i + 1]) -- g
-    elseif kind ~= 98 then -- a record as text: u, c, e, d, t, p (b: a log's buckets)
-      local slot = (kind == 117 and 1) or (kind == 99 and 2) or (kind == 101 and 3)
-        or (kind == 100 and 4) or (kind == 116 and 5) or (kind == 112 and 6)
-      if slot then
-        local id = 'm:' .. sub(f[i], 3)
-        local x = r[id]
-        if not x then x = {}; r[id] = x end
-        x[slot] = tonumber(f[i + 1])
-      end
+    local slot = (kind == 117 and 1) or (kind == 99 and 2) or (kind == 101 and 3)
+      or (kind == 100 and 4) or (kind == 116 and 5) or (kind == 112 and 6)
+    if slot then
+      local id = 'm:' .. string.sub(f[i], 3)
+      local x = text[id]
+      if not x then x = {}; text[id] = x end
+      x[slot] = tonumber(f[i + 1])
+    else
+      out[#out + 1], out[#out + 2] = f[i], f[i + 1]
+      has[f[i]] = true
     end
   end
-  return r, g
+  for id, x in pairs(text) do
+    if not has[id] then
+      out[#out + 1], out[#out + 2] = id,
+        struct.pack(RECORD, x[1] or 0, x[2] or x[1] or 0, x[3] or 0, x[4] or 0, x[5] or -1, x[6] or 0)
+    end
+  end
+  return out
 end
--- report the cumulative count: only its growth reaches the count (re-sending changes
--- nothing; a count this growth created gets its expiry); returns the member's count, which
--- `lease` writes to the ledger, and the fleet's total
-local function report(mine)
-  if used <= mine then return mine, tonumber(redis.call('GET', KEY_COUNT) or '0') end
-  local total = redis.call('INCRBY', KEY_COUNT, used - mine)
+"#;
+
+const UNUSED_IN: &str = r#"
+--@packed
+-- of a ledger's records, what they hold leased and unused (`live`: only leases that last
+-- now), and what was granted to its window
+local function unused_in(key, live)
+  local f, unused, g = redis.call('HGETALL', key), 0, 0
+  for i = 1, #f, 2 do
+    local kind = byte(f[i])
+    if kind ~= 109 and kind ~= 98 and kind ~= 103 then f = packed(f); break end
+  end
+  for i = 1, #f, 2 do
+    local kind = byte(f[i])
+    if kind == 109 then
+      local x1, x2, x3 = unpack_(RECORD, f[i + 1])
+      if x2 > x1 and (x3 > now_ms or not live) then unused = unused + x2 - x1 end
+    elseif kind == 103 then g = tonumber(f[i + 1])
+    end
+  end
+  return unused, g
+end
+"#;
+
+const READ: &str = r#"
+local f = redis.call('HGETALL', KEY_LEDGER)
+local grant, me = 0, nil
+for i = 1, #f, 2 do
+  local k = f[i]
+  if k == MEMBER then me = f[i + 1]
+  elseif k == 'g:' then grant = tonumber(f[i + 1])
+  else
+    local kind = byte(k)
+    if kind ~= 109 and kind ~= 98 then
+--@packed
+      f = packed(f)
+      for j = 1, #f, 2 do if f[j] == MEMBER then me = f[j + 1] end end
+      break
+    end
+  end
+end
+local m1, m2, m3, m4, m5, m6 = 0, nil, 0, 0, -1, 0
+if me then m1, m2, m3, m4, m5, m6 = unpack_(RECORD, me) end
+local first = m2 == nil
+local mine = m1
+"#;
+
+// report the cumulative count: only its growth reaches the count (re-sending changes
+// nothing; a count this growth created gets its expiry)
+const REPORT: &str = r#"
+local total
+if used <= mine then total = tonumber(redis.call('GET', KEY_COUNT) or '0')
+else
+  total = redis.call('INCRBY', KEY_COUNT, used - mine)
   if total == used - mine then redis.call('PEXPIREAT', KEY_COUNT, expire_at_ms) end
-  return used, total
+  mine = used
 end
--- what the other members hold leased and unused while their leases last (a part re-split
--- at its holder's last call: what it held before, until its next, `p`), how many hold one,
--- and what they asked for beyond their counts, each taken to want at least `desire` (what
--- this member wants beyond its count `mine`): what a member asked last may be from before
--- its demand grew
-local function others(r, mine)
-  local held, active, wanted, desire = 0, 0, 0, max(want - mine, 0)
-  for id, x in pairs(r) do
-    if id ~= MEMBER and x[2] and (x[3] or 0) > now_ms then
+"#;
+
+// what the other members hold leased and unused while their leases last (a part re-split
+// at its holder's last call: what it held before, until its next, the record's sixth), how
+// many hold one, and what they asked for beyond their counts, each taken to want at least
+// `desire`: what a member asked last may be from before its demand grew
+const OTHERS: &str = r#"
+local desire = want - mine
+if desire < 0 then desire = 0 end
+local held, active, wanted, scripted, members = 0, 0, 0, 0, 1
+for i = 1, #f, 2 do
+  local k = f[i]
+  if k ~= MEMBER and k ~= 'g:' and byte(k) == 109 then
+    local x1, x2, x3, x4, _, x6 = unpack_(RECORD, f[i + 1])
+    scripted, members = scripted + x1, members + 1
+    if x3 > now_ms then
       active = active + 1
-      local out = max(x[2], x[6] or 0) - (x[1] or 0)
+      local out = (x2 > x6 and x2 or x6) - x1
       if out > 0 then held = held + out end
-      wanted = wanted + max(x[4] or 0, desire)
+      wanted = wanted + (x4 > desire and x4 or desire)
     end
   end
-  return held, active, wanted
 end
--- the lease out of `avail`: keep what this member holds up to what it wants, then the
--- requests waiting (`need`) from all that is free, then its part of the spare budget, or
--- (`split`, a fixed window filling) at least that much unused; written to the ledger with
--- the tokens `charged` to it (buckets; -1: none). A part larger than its share of what
--- nobody has admitted (the others' demand grew) is re-split to it, what it held kept for it
--- (its record's last number) until its next call: it may admit up to that until this answer
--- reaches it. Returns the ceiling, the fair part and what is left.
-local function lease(me, mine, avail, held, active, wanted, split, charged)
-  local keep = mine
-  if me and me[2] and (me[3] or 0) > now_ms then keep = max(mine, min(want, me[2])) end
-  local pending = 0
-  if split > 0 and keep > mine + split then pending, keep = keep, mine + split end
-  local desire = max(want - mine, 0)
-  local free = avail - (keep - mine)
-  local fair = min(avail, spare)
-  if active > 0 then fair = max(1, ceil(fair * max(desire, 1) / (max(desire, 1) + wanted))) end
-  local n = max(min(mine + need - keep, free), 0)
-  local f = min(want - keep - n, free - n, fair - (keep - mine), spare - held - (keep - mine))
-  local ceiling = keep + n + max(f, 0)
-  if split > 0 then ceiling = max(ceiling, mine + min(split, avail)) end
-  local until_ms = lease_until_ms
-  if want <= mine then until_ms = now_ms end
-  local record = struct.pack(RECORD, mine, ceiling, until_ms, desire, charged, pending)
-  redis.call('HSET', KEY_LEDGER, MEMBER, record)
-  return ceiling, fair, avail - (ceiling - mine)
+"#;
+
+// the lease out of `avail`: keep what this member holds up to what it wants, then the
+// requests waiting (`need`) from all that is free, then its part of the spare budget, or
+// (`split`, a fixed window filling) at least that much unused; written to the ledger with
+// the tokens `charged` to it (buckets; -1: none). A part larger than its share of what
+// nobody has admitted (the others' demand grew) is re-split to it, what it held kept for it
+// (its record's last number) until its next call: it may admit up to that until this answer
+// reaches it.
+const LEASE: &str = r#"
+local keep = mine
+if m2 and m3 > now_ms then
+  keep = want < m2 and want or m2
+  if keep < mine then keep = mine end
 end
--- the ledger's expiry (`first`: the member's first lease in it, which a ledger lost and
--- written again also is), and the answer: total, ceiling, fair, room, held, prev, grant and
--- (a sliding log) the previous window's first buckets still in the span (bucket, units, ...),
--- packed as doubles in one string (a table of numbers, which Redis turns into a reply element
--- by element, cost it about 5k instructions a call more, by callgrind)
-local function answer(first, total, ceiling, fair, left, held, prev, grant, steps)
-  if first then redis.call('PEXPIREAT', KEY_LEDGER, expire_at_ms) end
-  local n = min(#steps, 8)
-  if n == 0 then
-    return struct.pack('<ddddddd', total, ceiling, max(fair, 0), max(left, 0), held, prev, grant)
-  end
-  local out = {total, ceiling, max(fair, 0), max(left, 0), held, prev, grant}
-  for k = 1, n do
-    out[#out + 1] = steps[k][1]
-    out[#out + 1] = steps[k][2]
-  end
-  return struct.pack('<' .. string.rep('d', #out), unpack(out))
+local pending = 0
+if split > 0 and keep > mine + split then pending, keep = keep, mine + split end
+local free = avail - (keep - mine)
+local fair = avail < spare and avail or spare
+if active > 0 then
+  local d = desire > 1 and desire or 1
+  fair = ceil(fair * d / (d + wanted))
+  if fair < 1 then fair = 1 end
 end
+local n = mine + need - keep
+if n > free then n = free end
+if n < 0 then n = 0 end
+local more = min(want - keep - n, free - n, fair - (keep - mine), spare - held - (keep - mine))
+local ceiling = keep + n
+if more > 0 then ceiling = ceiling + more end
+if split > 0 then
+  local least = mine + (split < avail and split or avail)
+  if least > ceiling then ceiling = least end
+end
+local until_ms = lease_until_ms
+if want <= mine then until_ms = now_ms end
+redis.call('HSET', KEY_LEDGER, MEMBER,
+  struct.pack(RECORD, mine, ceiling, until_ms, desire, charged, pending))
+local left = avail - (ceiling - mine)
+"#;
+
+// the ledger's expiry (`first`: the member's first lease in it, which a ledger lost and
+// written again also is), and the answer: total, ceiling, fair, room, held, prev, grant,
+// packed as doubles in one string (a table of numbers, which Redis turns into a reply element
+// by element, cost it about 5k instructions a call more, by callgrind)
+const ANSWER: &str = r#"
+if first then redis.call('PEXPIREAT', KEY_LEDGER, expire_at_ms) end
+local out = struct.pack('<ddddddd', total, ceiling, fair > 0 and fair or 0,
+  left > 0 and left or 0, held, prev, grant)
 "#;
 
 /// Fixed and sliding windows: the cap is the threshold and what was granted to the window,
@@ -381,17 +490,15 @@ end
 /// (counting that window's leases as used, less what was granted to it); what direct records
 /// may still report is kept out of leases.
 const WINDOWS: &str = r#"
-local r, grant = fields(KEY_LEDGER)
-local me = r[MEMBER]
-local first = not (me and me[2])
+--@read
 cap = cap + grant
-local mine, total = report(me and me[1] or 0)
+--@report
+--@others
 local prev, prevw = 0, 0
 if weight_ms > 0 then
-  local pr, pg = fields(KEY_PREV_LEDGER)
-  prev = tonumber(redis.call('GET', KEY_PREV_COUNT) or '0')
-  for _, x in pairs(pr) do if x[2] then prev = prev + max(x[2] - (x[1] or 0), 0) end end
-  prev = max(prev - pg, 0)
+--@unused_in
+  local unused, pg = unused_in(KEY_PREV_LEDGER, false)
+  prev = max(tonumber(redis.call('GET', KEY_PREV_COUNT) or '0') + unused - pg, 0)
   prevw = ceil(prev * weight_ms / period_ms)
   cap = cap - prevw
 end
@@ -400,19 +507,11 @@ end
 -- instance that has not run this script in the window (still direct) may hold unreported
 local reserve = 0
 if direct_cap > 0 then
-  local scripted, members = 0, 1
-  for id, x in pairs(r) do
-    if id ~= MEMBER then
-      if x[1] then scripted = scripted + x[1] end
-      if x[2] then members = members + 1 end
-    end
-  end
   reserve = max(direct_cap - (total - scripted - mine), 0)
   if total + prevw >= direct_cap then
     reserve = min(reserve, max(instances - members, 0) * direct_each)
   end
 end
-local held, active, wanted = others(r, mine)
 -- a fixed window filling: when this member's steady demand until the window's end and the
 -- others' fill what nobody has admitted, it holds its part of that at once; each other
 -- instance is taken to want at least as much as this one (what a member asked last may be
@@ -420,15 +519,16 @@ local held, active, wanted = others(r, mine)
 -- not fill it, its own demand until the end (what is left is more than they all want)
 local split = 0
 if rest > 0 then
-  local desire = max(want - mine, 0)
   local pool = cap - total - reserve
   local demand = desire + max(instances - 1 - active, 0) * desire + wanted
   if demand >= pool and pool > 0 then split = floor(pool * desire / demand)
   elseif pool > 0 then split = desire end
 end
 local avail = cap - total - held - reserve
-local ceiling, fair, left = lease(me, mine, avail, held, active, wanted, split, me and me[5] or -1)
-return answer(first, total, ceiling, fair, left, held, prev, grant, {})
+local charged = m5
+--@lease
+--@answer
+return out
 "#;
 
 /// Token and leaky buckets: the cap is the tokens of a bucket kept in Redis (the time at which
@@ -436,43 +536,36 @@ return answer(first, total, ceiling, fair, left, held, prev, grant, {})
 /// `tolerance_us`, less what the members hold leased and unused in this window's ledger and the
 /// previous window's. Tokens admitted beyond what was charged are charged from `since_ms`.
 const BUCKETS: &str = r#"
-local r, grant = fields(KEY_LEDGER)
-local me = r[MEMBER]
-local first = not (me and me[2])
-if adopt > 0 and first then
-  if not me then me = {}; r[MEMBER] = me end
-  me[2], me[3] = adopt, lease_until_ms
-end
-local mine, total = report(me and me[1] or 0)
-local held, active, wanted = others(r, mine)
+--@read
+if adopt > 0 and first then m2, m3 = adopt, lease_until_ms end
+--@report
+--@others
 local nowus = now_ms * 1000
-local charge = mine - (me and me[5] or confirmed)
+local charge = mine - (m5 >= 0 and m5 or confirmed)
 -- admitted tokens count from when they can first have come: behind the others' tokens
 -- admitted before, not behind leases (tokens of a lease count as admitted when used)
 local from = nowus
 if since_ms > 0 then from = min(since_ms * 1000, nowus) end
 local tat = tonumber(redis.call('GET', KEY_BUCKET) or '0')
 -- leases the previous window's records hold until they move to this one
-local pr = fields(KEY_PREV_LEDGER)
-for _, x in pairs(pr) do
-  if x[2] and (x[3] or 0) > now_ms then held = held + max(x[2] - (x[1] or 0), 0) end
-end
+--@unused_in
+held = held + unused_in(KEY_PREV_LEDGER, true)
 if charge > 0 then tat = max(tat, from) + charge * bucket_us end
 local avail = floor((nowus + tolerance_us - max(tat, nowus)) / bucket_us) - held
-local ceiling, fair, left = lease(me, mine, avail, held, active, wanted, 0, mine)
+local split, charged = 0, mine
+--@lease
 redis.call('SET', KEY_BUCKET, string.format('%.0f', tat))
 redis.call('PEXPIREAT', KEY_BUCKET, string.format('%.0f', ceil(max(tat, nowus) / 1000) + period_ms + 10000))
-return answer(first, total, ceiling, fair, left, held, 0, grant, {})
+local prev = 0
+--@answer
+return out
 "#;
 
 /// The sliding log: the growth is also counted by bucket of the window (`b:`); the cap is
 /// lowered by what of the previous window is still in the span, its leases counted as used.
 const LOG: &str = r#"
-local r, grant = fields(KEY_LEDGER)
-local me = r[MEMBER]
-local first = not (me and me[2])
+--@read
 cap = cap + grant
-local mine = me and me[1] or 0
 if used > mine then
   -- (a script is not undone when a command in it fails: the sliding log's own command comes
   -- first, so that a user who may not run it gets an error before anything is written, and
@@ -488,29 +581,39 @@ if used > mine then
   end
   if g > 0 then redis.call('HINCRBY', KEY_LEDGER, 'b:' .. at, g) end
 end
-local total
-mine, total = report(mine)
+--@report
 local prev, steps = 0, {}
 if KEY_PREV_LEDGER ~= KEY_LEDGER then
   -- what of the previous window is still in the span (its buckets from `from_bucket`) and
   -- what its members hold leased, all of it
-  local f = redis.call('HGETALL', KEY_PREV_LEDGER)
-  for i = 1, #f, 2 do
-    if string.sub(f[i], 1, 2) == 'b:' and tonumber(string.sub(f[i], 3)) >= from_bucket then
-      prev = prev + tonumber(f[i + 1])
-      steps[#steps + 1] = {tonumber(string.sub(f[i], 3)), tonumber(f[i + 1])}
+  local pf = redis.call('HGETALL', KEY_PREV_LEDGER)
+  for i = 1, #pf, 2 do
+    if string.sub(pf[i], 1, 2) == 'b:' and tonumber(string.sub(pf[i], 3)) >= from_bucket then
+      prev = prev + tonumber(pf[i + 1])
+      steps[#steps + 1] = {tonumber(string.sub(pf[i], 3)), tonumber(pf[i + 1])}
     end
   end
   table.sort(steps, function(a, b) return a[1] < b[1] end)
-  local pr, pg = fields(KEY_PREV_LEDGER)
-  for _, x in pairs(pr) do if x[2] then prev = prev + max(x[2] - (x[1] or 0), 0) end end
-  prev = max(prev - pg, 0)
+--@unused_in
+  local unused, pg = unused_in(KEY_PREV_LEDGER, false)
+  prev = max(prev + unused - pg, 0)
   cap = cap - prev
 end
-local held, active, wanted = others(r, mine)
+--@others
 local avail = cap - total - held
-local ceiling, fair, left = lease(me, mine, avail, held, active, wanted, 0, me and me[5] or -1)
-return answer(first, total, ceiling, fair, left, held, prev, grant, steps)
+local charged = m5
+local split = 0
+--@lease
+--@answer
+-- and the previous window's first buckets still in the span (bucket, units, ...)
+local n = min(#steps, 8)
+if n == 0 then return out end
+local tail = {}
+for k = 1, n do
+  tail[#tail + 1] = steps[k][1]
+  tail[#tail + 1] = steps[k][2]
+end
+return out .. struct.pack('<' .. string.rep('d', #tail), unpack(tail))
 "#;
 
 /// Arguments pushed by name, in the order the family's script names them (checked in debug
@@ -702,6 +805,22 @@ mod tests {
                 if family == Family::Log { 2 } else { 0 },
                 "{family:?}"
             );
+        }
+    }
+
+    #[test]
+    fn every_section_a_body_names_is_spliced_in_and_each_is_used() {
+        for family in Family::ALL {
+            let src = family.source();
+            assert!(!src.contains("--@"), "{family:?}: a section left unnamed");
+            for (name, _) in &SECTIONS[..5] {
+                let line = format!("--@{name}\n");
+                assert_eq!(
+                    family.body().matches(&line).count(),
+                    1,
+                    "{family:?}: {name}"
+                );
+            }
         }
     }
 
