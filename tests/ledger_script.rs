@@ -541,17 +541,24 @@ fn waiting_requests_are_granted_first_and_forecasts_only_from_the_spare_budget()
     assert_eq!(c.ceiling, 660, "all that is free, and no more");
 }
 
+/// A window of `key` in which an instance not yet upgraded (its record as text fields, the
+/// format before 2026-11-28) has admitted 20 and holds a lease to 60; its ledger's key.
+fn old_member_holding_40(redis: &RedisServer, key: &str) -> String {
+    let ledger = format!("{key}:fleet");
+    redis.int(&["INCRBY", key, "20"]);
+    for (kind, v) in [("u", "20"), ("c", "60"), ("e", "1000"), ("d", "40")] {
+        redis.int(&["HSET", &ledger, &format!("{kind}:old.1"), v]);
+    }
+    ledger
+}
+
 #[test]
 fn a_text_record_in_the_previous_windows_ledger_weighs_on_a_sliding_window() {
     let (redis, mut conn) = connected();
     // the previous window counted 20, and an instance not yet upgraded holds a lease to 60
     // there, written as text fields
     let prev_key = "t:{p}:s:0:1000";
-    let prev_ledger = format!("{prev_key}:fleet");
-    redis.int(&["INCRBY", prev_key, "20"]);
-    for (kind, v) in [("u", "20"), ("c", "60"), ("e", "1000"), ("d", "40")] {
-        redis.int(&["HSET", &prev_ledger, &format!("{kind}:old.1"), v]);
-    }
+    let prev_ledger = old_member_holding_40(&redis, prev_key);
     // the next window, half of the previous one still in its span: the previous window weighs
     // its count and the unused lease, 60, half of it now
     let key = "t:{p}:s:1000:2000";
@@ -570,12 +577,7 @@ fn a_member_written_as_text_fields_by_an_earlier_version_is_seen_holding_its_lea
     // an instance not yet upgraded (its record as text fields, the format before 2026-11-28)
     // has admitted 20 of a window of 100 and holds a lease to 60
     let key = "t:{p}:o:0:1000";
-    let ledger = format!("{key}:fleet");
-    redis.int(&["INCRBY", key, "20"]);
-    let old = [("u", "20"), ("c", "60"), ("e", "1000"), ("d", "40")];
-    for (kind, v) in old {
-        redis.int(&["HSET", &ledger, &format!("{kind}:old.1"), v]);
-    }
+    let ledger = old_member_holding_40(&redis, key);
     // an upgraded one sees the 40 it holds unused, and leases only out of the rest
     let a = eval(&mut conn, &window_update(key, "new.1", 0, 100, 100));
     assert_eq!((a.total, a.held), (20, 40), "{a:?}");
