@@ -258,11 +258,19 @@ fn sliding_full(
     // (a log with no answer yet in this window knows the previous window only as a whole,
     // or as its own answers saw it: the next answer says what is still in the span, so the
     // request waits for it)
-    Some(if algorithm == Algorithm::SlidingLog && l.fair == 0 {
-        Ceiling::LeaseUsed
-    } else {
-        Ceiling::FleetFull
-    })
+    // (what the others hold unused may come back: while the fleet has admitted under 0.9 x
+    // the cap of this moment, the request waits for the rounds that may tell it so)
+    let admitted = l.base.saturating_sub(l.lease_from) + l.current.used + units;
+    let held = l.others > l.base.saturating_sub(l.lease_from);
+    Some(
+        if (algorithm == Algorithm::SlidingLog && l.fair == 0)
+            || (held && l.short < 2 && 10 * admitted < 9 * cap)
+        {
+            Ceiling::LeaseUsed
+        } else {
+            Ceiling::FleetFull
+        },
+    )
 }
 
 /// When `ceiling` said Open: how many requests, this one included, the fleet has left as this
@@ -1499,6 +1507,47 @@ mod tests {
         apply(&mut s, &ask, short(50, 0), (10_000, 100));
         apply(&mut s, &ask, short(50, 0), (10_000, 100));
         assert_eq!(s.ledger.short, 2);
+    }
+
+    /// A sliding window's cap of this moment, full within the lease only with what the others
+    /// hold unused (a lease another instance took for a spike): while the fleet has admitted
+    /// under 0.9 x that cap, the request waits for the rounds that may give it back rather
+    /// than be refused until time frees it (the simulation's parts seed 1785: 326 refusals
+    /// under 0.9 x threshold); past it, or after two answers that could not grant, refused.
+    #[test]
+    fn a_sliding_window_full_only_with_the_others_unused_leases_waits_for_them() {
+        let t = tier(1000);
+        let sliding = Algorithm::SlidingWindow;
+        let mut s = state();
+        // the last answer: the fleet counted 500, this instance's 100 of them; the others
+        // hold 300 unused (others: 400 admitted and 300 held); its lease reaches 300
+        s.ledger.base = 500;
+        s.ledger.lease_from = 100;
+        s.ledger.others = 700;
+        s.ledger.ceiling = 300;
+        s.ledger.current.used = 250;
+        s.ledger.fair = 10;
+        let at = |s: &TierState| ceiling(s, &t, sliding, 19_999, Some(3), None, 1);
+        // the cap of this moment: 1000; 250 + 700 + 1 fits
+        assert_eq!(at(&s), Ceiling::Open);
+        // 300 + 700 + 1 is past it, within the lease; the fleet has admitted 400 + 300
+        s.ledger.ceiling = 400;
+        s.ledger.current.used = 300;
+        assert_eq!(at(&s), Ceiling::LeaseUsed, "waits for the others' leases");
+        // with the others' leases used (nothing held), the moment is full
+        s.ledger.base = 800;
+        assert_eq!(at(&s), Ceiling::FleetFull);
+        // held, but the fleet past 0.9 x the cap: full too
+        s.ledger.base = 500;
+        s.ledger.others = 950;
+        s.ledger.current.used = 100 + 400;
+        s.ledger.ceiling = 600;
+        assert_eq!(at(&s), Ceiling::FleetFull, "900 admitted");
+        // and after two answers that could not grant what waited
+        s.ledger.others = 700;
+        s.ledger.current.used = 300;
+        s.ledger.short = 2;
+        assert_eq!(at(&s), Ceiling::FleetFull);
     }
 
     /// A request held as long as it may, with no answer yet in its window: a fixed window
