@@ -95,7 +95,11 @@ pub fn until_tiny_is_full(gws: [&Gateway; 2], holds: impl Fn(&str) -> i64) {
         "the tiny limit is not full: Redis holds {}",
         holds("tiny")
     );
-    assert!(holds("all") > 0, "counting before the fault");
+    // (`all` reports at the gateways' rounds: on a busy machine `tiny` can fill first)
+    assert!(
+        eventually(Duration::from_secs(5), || holds("all") > 0),
+        "counting before the fault"
+    );
 }
 
 /// After the fault and the load: wrk saw no socket error, the gateways answered no 5xx
