@@ -258,14 +258,15 @@ fn sliding_full(
     // (a log with no answer yet in this window knows the previous window only as a whole,
     // or as its own answers saw it: the next answer says what is still in the span, so the
     // request waits for it)
-    // (what the others hold unused may come back: while the fleet has admitted under 0.9 x
-    // the cap of this moment, the request waits for the rounds that may tell it so)
-    let admitted = l.base.saturating_sub(l.lease_from) + l.current.used + units;
-    let held = l.others > l.base.saturating_sub(l.lease_from);
+    let first_answer = algorithm == Algorithm::SlidingLog && l.fair == 0;
+    // what the others had admitted at the last answer (`others` less it: what they held
+    // unused, which may come back: while the fleet has admitted under 0.9 x the cap of this
+    // moment, the request waits for the rounds that may tell it so)
+    let others_admitted = l.base.saturating_sub(l.lease_from);
+    let admitted = others_admitted + l.current.used + units;
+    let held = l.others > others_admitted;
     Some(
-        if (algorithm == Algorithm::SlidingLog && l.fair == 0)
-            || (held && l.short < 2 && 10 * admitted < 9 * cap)
-        {
+        if first_answer || (held && l.short < 2 && 10 * admitted < 9 * cap) {
             Ceiling::LeaseUsed
         } else {
             Ceiling::FleetFull
