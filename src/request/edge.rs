@@ -439,7 +439,10 @@ where
 /// writing unread, the kernel answers them with a reset, and a client's next write then fails,
 /// which may end its connection before it reads the GOAWAY (`tests/abuse.rs`' delayed resets
 /// once saw the connection end without its reason in `make test`).
-async fn close(conn: &mut h2::server::Connection<Stream, bytes::Bytes>, reason: h2::Reason) {
+async fn close<T>(conn: &mut h2::server::Connection<T, bytes::Bytes>, reason: h2::Reason)
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let until = tokio::time::Instant::now() + GOAWAY_FLUSH;
     conn.abrupt_shutdown(reason);
     let _ = tokio::time::timeout_at(until, std::future::poll_fn(|cx| conn.poll_closed(cx))).await;
@@ -449,6 +452,90 @@ async fn close(conn: &mut h2::server::Connection<Stream, bytes::Bytes>, reason: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server connection over an in-memory pipe of `buffer` bytes, served for `serve` after
+    /// its handshake, then closed with GOAWAY (ENHANCE_YOUR_CALM); answers how long `close`
+    /// held it, in tokio's paused time. The client half is handed to `client`.
+    async fn closed_after<F, Fut>(buffer: usize, serve: Duration, client: F) -> Duration
+    where
+        F: FnOnce(tokio::io::DuplexStream) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (client_io, server_io) = tokio::io::duplex(buffer);
+        let server = tokio::spawn(async move {
+            let mut conn = h2::server::handshake(server_io).await.ok()?;
+            let served = std::future::poll_fn(|cx| conn.poll_closed(cx));
+            let _ = tokio::time::timeout(serve, served).await;
+            let t0 = tokio::time::Instant::now();
+            close(&mut conn, h2::Reason::ENHANCE_YOUR_CALM).await;
+            Some(t0.elapsed())
+        });
+        let c = tokio::spawn(client(client_io));
+        // (paused time: waiting for this timeout costs nothing; without the cap a close that
+        // never returned would fail the test rather than hang it)
+        let took = tokio::time::timeout(Duration::from_secs(60), server).await;
+        c.abort();
+        took.ok()
+            .and_then(|t| t.ok().flatten())
+            .unwrap_or(Duration::MAX)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_goaway_reaches_a_client_still_writing_and_the_close_lingers_for_the_flush_only() {
+        let (seen_tx, seen_rx) = tokio::sync::oneshot::channel();
+        let took = closed_after(1 << 16, Duration::ZERO, |io| async move {
+            let Ok((mut send, conn)) = h2::client::handshake(io).await else {
+                return;
+            };
+            let driver = tokio::spawn(conn);
+            // keeps opening streams while the server goes away
+            let writer = tokio::spawn(async move {
+                for _ in 0..1000 {
+                    let Ok(ready) = send.clone().ready().await else {
+                        return;
+                    };
+                    send = ready;
+                    let req = http::Request::get("http://x/").body(()).unwrap_or_default();
+                    if send.send_request(req, true).is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            });
+            let ended = driver.await;
+            writer.abort();
+            let reason = match ended {
+                Ok(Err(e)) => e.reason(),
+                _ => None,
+            };
+            let _ = seen_tx.send(reason);
+        })
+        .await;
+        assert_eq!(took, GOAWAY_FLUSH, "held exactly the flush");
+        assert_eq!(
+            seen_rx.await.ok().flatten(),
+            Some(h2::Reason::ENHANCE_YOUR_CALM),
+            "the client's connection ended with the GOAWAY's reason, not a broken pipe"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_never_reads_holds_the_close_no_longer_than_the_flush() {
+        use tokio::io::AsyncWriteExt;
+        // the preface, empty SETTINGS, then PINGs whose answers, served for 100 ms, fill a
+        // pipe of 256 bytes the client never reads: the GOAWAY cannot be written
+        let took = closed_after(256, Duration::from_millis(100), |mut io| async move {
+            let mut frames = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+            frames.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+            for i in 0..100u8 {
+                frames.extend_from_slice(&[0, 0, 8, 6, 0, 0, 0, 0, 0, i, 0, 0, 0, 0, 0, 0, 0]);
+            }
+            let _ = io.write_all(&frames).await;
+            std::future::pending::<()>().await;
+        })
+        .await;
+        assert_eq!(took, GOAWAY_FLUSH, "bounded by the flush");
+    }
 
     #[test]
     fn streams_past_the_rate_are_refused_until_time_gives_more() {
