@@ -6,13 +6,20 @@ round trip per instance per second). A connection each, kept open, as a gateway 
 `redis-cli` started every second also sends COMMAND DOCS (about 0.6 ms of Redis's time each,
 ten times the INCRBY and EXPIRE it carries), which is not the seed design's cost.
 
-  seed-design.py PORT SECONDS
+What one call costs Redis (docs/fleet.md, "Redis cost"), the same commands sent two more ways
+(run beside a load on a redis-server of its own, and read INFO commandstats after):
+
+  pipe: the seed design (the default);
+  each: one tenant's INCRBY + EXPIRE a round trip;
+  eval: one EVAL of a two-line script doing the same a round trip.
+
+  seed-design.py PORT SECONDS [pipe|each|eval]
 """
 import socket
 import sys
 import time
 
-INSTANCES, TENANTS, COUNT, WINDOW_S = 3, 25, 13, 10
+SCRIPT = "redis.call('INCRBY', KEYS[1], ARGV[1]) return redis.call('EXPIRE', KEYS[1], 10)"
 
 
 def resp(*args):
@@ -36,20 +43,28 @@ def read_replies(sock, n):
 
 def main():
     port, seconds = int(sys.argv[1]), float(sys.argv[2])
-    conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(INSTANCES)]
-    for s in conns:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    mode = sys.argv[3] if len(sys.argv) > 3 else "pipe"
+    conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+    for c in conns:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     end = time.time() + seconds
     tick = time.time()
     while tick < end:
-        w = int(time.time()) // WINDOW_S
-        for s in conns:
-            batch = b"".join(
-                resp("INCRBY", f"seed:{{t{t}}}:{w}", COUNT) + resp("EXPIRE", f"seed:{{t{t}}}:{w}", WINDOW_S)
-                for t in range(1, TENANTS + 1)
-            )
-            s.sendall(batch)
-            read_replies(s, 2 * TENANTS)
+        w = int(time.time()) // 10
+        keys = [f"seed:{{t{t}}}:{w}" for t in range(1, 26)]
+        for c in conns:
+            if mode == "pipe":
+                c.sendall(b"".join(resp("INCRBY", k, 13) + resp("EXPIRE", k, 10) for k in keys))
+                read_replies(c, 50)
+                continue
+            for k in keys:
+                if mode == "each":
+                    c.sendall(resp("INCRBY", k, 13) + resp("EXPIRE", k, 10))
+                    read_replies(c, 2)
+                else:
+                    c.sendall(resp("EVAL", SCRIPT, 1, k, 13))
+                    read_replies(c, 1)
+                time.sleep(0.0005)  # apart, as separate rounds' calls are
         tick += 1
         time.sleep(max(0.0, tick - time.time()))
 
