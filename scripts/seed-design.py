@@ -11,7 +11,12 @@ What one call costs Redis (docs/fleet.md, "Redis cost"), the same commands sent 
 
   pipe: the seed design (the default);
   each: one tenant's INCRBY + EXPIRE a round trip;
-  eval: one EVAL of a two-line script doing the same a round trip.
+  eval: one EVAL of a two-line script doing the same a round trip;
+  lease: what an exact design of plain commands would send instead (fleet.md, "Redis cost"):
+    at each 10 s window's start, per instance, every tenant's lease of its even part
+    (INCRBY of the window's leased total by 67, PEXPIRE), pipelined; 5 s in, as each tenant's
+    part runs out, one round trip each: its count (INCRBY, EXPIRE) and an ask for more
+    (INCRBY of the leased total by 1, which answers that the window is full).
 
   seed-design.py PORT SECONDS [pipe|each|eval]
 """
@@ -41,6 +46,20 @@ def read_replies(sock, n):
         raise SystemExit(buf.decode())
 
 
+def lease(c, keys, phase):
+    """One instance's second of the `lease` mode (see above)."""
+    if phase == 0:
+        c.sendall(
+            b"".join(resp("INCRBY", k + ":l", 67) + resp("PEXPIRE", k + ":l", 20000) for k in keys)
+        )
+        read_replies(c, 50)
+    elif phase == 5:
+        for k in keys:
+            c.sendall(resp("INCRBY", k, 67) + resp("EXPIRE", k, 20) + resp("INCRBY", k + ":l", 1))
+            read_replies(c, 3)
+            time.sleep(0.0005)
+
+
 def main():
     port, seconds = int(sys.argv[1]), float(sys.argv[2])
     mode = sys.argv[3] if len(sys.argv) > 3 else "pipe"
@@ -52,7 +71,11 @@ def main():
     while tick < end:
         w = int(time.time()) // 10
         keys = [f"seed:{{t{t}}}:{w}" for t in range(1, 26)]
+        phase = int(time.time()) % 10
         for c in conns:
+            if mode == "lease":
+                lease(c, keys, phase)
+                continue
             if mode == "pipe":
                 c.sendall(b"".join(resp("INCRBY", k, 13) + resp("EXPIRE", k, 10) for k in keys))
                 read_replies(c, 50)
