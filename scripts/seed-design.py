@@ -18,7 +18,7 @@ What one call costs Redis (docs/fleet.md, "Redis cost"), the same commands sent 
     part runs out, one round trip each: its count (INCRBY, EXPIRE) and an ask for more
     (INCRBY of the leased total by 1, which answers that the window is full).
 
-  seed-design.py PORT SECONDS [pipe|each|eval]
+  seed-design.py PORT SECONDS [pipe|each|eval|lease]
 """
 import socket
 import sys
@@ -63,6 +63,8 @@ def lease(c, keys, phase):
 def main():
     port, seconds = int(sys.argv[1]), float(sys.argv[2])
     mode = sys.argv[3] if len(sys.argv) > 3 else "pipe"
+    if mode not in ("pipe", "each", "eval", "lease"):
+        raise SystemExit(f"unknown mode {mode!r}: pipe, each, eval or lease")
     conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
     for c in conns:
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
