@@ -478,6 +478,9 @@ impl SimRedis {
             let marks = self.marks.get(&i).cloned().unwrap_or_default();
             if let Repair::Again(seq, again) = journal.repair(&marks, now, m.seq) {
                 for c in &again {
+                    if std::env::var("FLEET_SIM_TRACE").is_ok() {
+                        eprintln!("{now} i{i} repair count {} {}", c.key, c.delta);
+                    }
                     count_model(&mut self.strings, c);
                 }
                 self.marks.entry(i).or_default().push(seq);
@@ -750,6 +753,7 @@ fn launch(
         .collect();
     let check = inst.journal.wants_check();
     let seq = inst.journal.begin(counts, now);
+
     let probe = inst.journal.probe().map(|(p, _)| p);
     let marks = SimMarks { check, seq, probe };
     let latency = s.rtt_ms + rng.below(s.rtt_ms / 2 + 1);
@@ -1142,8 +1146,13 @@ fn simulate(s: &Scenario) -> Outcome {
                     let Some(f) = inst.flight.take() else {
                         unreachable!()
                     };
-                    if !ran {
-                        // given up on, but on its way: Redis runs it later
+                    // given up on, but on its way: Redis runs it later. Not a round that
+                    // checks the marks first: the gateway sends the rest of it (the repair,
+                    // the round) only when the read of the marks answers, and gave up before
+                    // (`SingleRedis::marked_exchange`); run late here, its repair took the
+                    // rounds begun since, still on their way, for lost and sent them twice
+                    // (parts seed 950, with other changes: Redis held 172 for 171 admitted)
+                    if !ran && !f.marks.check {
                         let (u, h) = (f.round.updates.clone(), f.round.heartbeat.clone());
                         redis.late.push((f.apply_at, i, f.marks, u, h));
                     }
@@ -1159,8 +1168,8 @@ fn simulate(s: &Scenario) -> Outcome {
                                     u.used, u.want, u.need, u.since_ms.saturating_sub(t0), u.log.units, u.log.from
                                 ),
                                 Update::Count(c) => eprintln!(
-                                    "{step} i{i} round count {} first {} -> {a:?}",
-                                    c.delta, c.first
+                                    "{step} i{i} round count {} {} first {} -> {a:?}",
+                                    c.key, c.delta, c.first
                                 ),
                             }
                         }
@@ -1182,7 +1191,8 @@ fn simulate(s: &Scenario) -> Outcome {
             if inst.flight.is_none() {
                 let asked = Asked::of(&inst.fleet);
                 let healthy = inst.fleet.is_connected();
-                if step >= inst.schedule.due_ms(asked, healthy) {
+                let ends = inst.accounts.ends_in_ms().map(|d| step + d);
+                if step >= inst.schedule.due_or_end_ms(asked, healthy, ends) {
                     let periodic = inst.schedule.started(step);
                     inst.rounds += 1;
                     let between = Between::before(&inst.fleet, periodic);
@@ -1658,8 +1668,10 @@ fn seeds_of(var: &str, debug: u64, release: u64) -> Vec<u64> {
 /// never given back), 4223, 5461, 5980 (a lease granted for requests that went elsewhere, kept
 /// past the spare budget as a forecast), 4635, 5598 (a node down across a window's change: a
 /// bucket's tokens admitted meanwhile in both records charged as of its return, not from the
-/// window's start and the last answer).
-const REPLAYED: [u64; 9] = [2458, 2523, 2571, 2595, 4223, 4635, 5461, 5598, 5980];
+/// window's start and the last answer), 3475 (failed with a sliding window's previous-window
+/// leases taken as held alone, before their holders reported at the window's end: refusals
+/// under 0.9 x threshold; docs/fleet.md, "Early rounds").
+const REPLAYED: [u64; 10] = [2458, 2523, 2571, 2595, 3475, 4223, 4635, 5461, 5598, 5980];
 
 /// The README's "Redis work" of each algorithm: at most this many Redis updates (a script call
 /// or a plain increment) per admitted request over the default seeds of the simulation.
@@ -2134,6 +2146,12 @@ fn sliding_logs_keep_the_bounds_over_many_seeds() {
     assert_none_failed("log", &failures);
 }
 
+/// Seeds past the default 500 that once failed, replayed on every run (a release build): 814
+/// (an instance idle in the previous window, its requests held, then refused while a sliding
+/// window's previous-window bound still counted the others' unused leases: docs/fleet.md,
+/// "Early rounds").
+const REPLAYED_COST: [u64; 1] = [814];
+
 /// Costs (`cost: { header }`): the same fleets and loads, each request taking 1 to `cost_max`
 /// units (up to a tenth of the threshold): every bound holds in units (the slack: one of the
 /// largest requests, whose units may not fit whole), and Redis holds exactly the units admitted.
@@ -2141,15 +2159,15 @@ fn sliding_logs_keep_the_bounds_over_many_seeds() {
 #[test]
 fn costs_keep_the_bounds_in_units_over_many_seeds() {
     let (mut units, mut under) = (0u64, 0usize);
-    let failures = failing_seeds(
-        "cost",
-        seeds_of("FLEET_SIM_COST_SEEDS", 20, 500),
-        Scenario::draw_cost,
-        |_, o| {
-            units += o.total_admitted;
-            under += o.false_refusals.len();
-        },
-    );
+    let mut seeds = seeds_of("FLEET_SIM_COST_SEEDS", 20, 500);
+    let n = seeds.len() as u64;
+    if !cfg!(debug_assertions) && std::env::var("FLEET_SIM_SEED").is_err() {
+        seeds.extend(REPLAYED_COST.iter().filter(|&&s| s > n));
+    }
+    let failures = failing_seeds("cost", seeds, Scenario::draw_cost, |_, o| {
+        units += o.total_admitted;
+        under += o.false_refusals.len();
+    });
     eprintln!("costs: {units} units admitted, {under} refusals under 0.9x");
     assert_none_failed("cost", &failures);
 }
@@ -2196,8 +2214,14 @@ const KNOWN_PARTS: [u64; 1] = [246];
 /// Seeds past the default 300 of the same family that once failed, replayed on every run:
 /// 1785 (a sliding window whose cap of the moment was full only with another instance's
 /// unused lease, taken for a spike: requests within this instance's lease refused at once
-/// with the fleet at 3,196 of 4,198, not held until that lease came back).
-const REPLAYED_PARTS: [u64; 1] = [1785];
+/// with the fleet at 3,196 of 4,198, not held until that lease came back); 1445 (a sliding
+/// window's previous window weighed with the others' unused leases until their periodic
+/// rounds: 1,177 refusals under 0.9 x threshold), 1515 (an estimate past the threshold with the
+/// first mend of 1445 alone), 950 (a late round's check, run as of its late arrival, sent the
+/// counts of rounds begun since again: a flaw of the simulation, mended), 1494 (a resumed
+/// periodic round that went to the end only: counts before where it began waited past the
+/// simulation's flush): docs/fleet.md, "Early rounds".
+const REPLAYED_PARTS: [u64; 5] = [950, 1445, 1494, 1515, 1785];
 
 /// Rounds in parts (a gateway's parts carry 1,024 updates; here 1 to 3, beside 4 to 12 other
 /// tenants of the rule): the same fleets and loads keep every bound, with periodic rounds in
