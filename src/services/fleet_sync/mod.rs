@@ -350,8 +350,8 @@ pub struct Accounts {
     /// reached (the simulation's rounds in parts: their counts never reached Redis).
     resume: parking_lot::Mutex<Option<Cursor>>,
     /// The earliest end of a window a sliding window's record holds a lease of
-    /// (`ledger::holds_to_its_end`), as the rounds' visits saw it (`u64::MAX`: none): a round is
-    /// due then (`Schedule::due_ms`).
+    /// (`ledger::holds_to_its_end`), as the rounds that visit every counter saw it (`u64::MAX`:
+    /// none): a round is due then (`Schedule::due_or_end_ms`), and it visits every counter.
     ends_ms: AtomicU64,
 }
 
@@ -461,8 +461,11 @@ impl Accounts {
         // an early round visits only the counters reached since the last round or left asking
         // by it (`RuleCounters::drain_in`), unless an operator's reset or grant was heard since
         let adjusted = self.adjusted_ms.load(Ordering::Relaxed);
-        let every =
-            periodic || self.drained_adjusted_ms.swap(adjusted, Ordering::Relaxed) != adjusted;
+        // (and so does a round at the end of a window a sliding window's record holds a lease
+        // of: `ends_in_ms`)
+        let every = periodic
+            || self.drained_adjusted_ms.swap(adjusted, Ordering::Relaxed) != adjusted
+            || self.ends_in_ms() == Some(0);
         let how = (periodic, every, true);
         let mut round = self.drain_into(round, settings, how, start, max_updates, since_ms);
         round.waits.append(&mut self.remark.lock());
@@ -507,15 +510,15 @@ impl Accounts {
     ) -> Round {
         let now_ms = round.sent_ms;
         round.start = from;
-        if from == Cursor::default() {
-            // (seen again by this round's visits)
-            self.ends_ms.store(u64::MAX, Ordering::Relaxed);
-        }
         let horizon_ms = horizon_ms(settings);
         let max_updates = max_updates.max(1);
         let waited = Arc::clone(&self.waited.lock());
         // (what others wait on is looked for in every counter)
         let every = every || !waited.keys.is_empty();
+        if every && from == Cursor::default() {
+            // (seen again by this round's visits, which reach every counter)
+            self.ends_ms.store(u64::MAX, Ordering::Relaxed);
+        }
         let into_interval_ms = if periodic {
             // (a round in parts goes on from where the periodic one began)
             if first {
@@ -588,16 +591,13 @@ impl Accounts {
                 let sliding = rc.algorithm() == Algorithm::SlidingWindow;
                 rc.drain_in(shard, every, |key, c| {
                     self.drain_counter(round, settings, (&counters, &lists), (key, c), when);
-                    let mut asks = false;
-                    for st in &c.tiers {
-                        asks |= ledger::asks_early(&st.ledger);
-                        if sliding && ledger::holds_to_its_end(&st.ledger) {
-                            // visited again by the round at its window's end
+                    for st in c.tiers.iter().filter(|_| sliding) {
+                        if ledger::holds_to_its_end(&st.ledger) {
+                            // a round at its window's end visits every counter
                             self.ends_ms.fetch_min(st.window_end_ms, Ordering::Relaxed);
-                            asks = true;
                         }
                     }
-                    asks
+                    c.tiers.iter().any(|st| ledger::asks_early(&st.ledger))
                 });
             }
             self.push_orphans(round, settings, &rc);
