@@ -1634,10 +1634,16 @@ fn check(s: &Scenario, o: &Outcome) -> Vec<String> {
 }
 
 fn seeds() -> Vec<u64> {
-    let mut seeds = seeds_of("FLEET_SIM_SEEDS", 60, 2000);
+    seeds_replaying("FLEET_SIM_SEEDS", 60, 2000, &REPLAYED)
+}
+
+/// `seeds_of`, and in a release build without `FLEET_SIM_SEED` the seeds of `replayed` past
+/// them: seeds that once failed, replayed on every run.
+fn seeds_replaying(var: &str, debug: u64, release: u64, replayed: &[u64]) -> Vec<u64> {
+    let mut seeds = seeds_of(var, debug, release);
     let n = seeds.len() as u64;
     if !cfg!(debug_assertions) && std::env::var("FLEET_SIM_SEED").is_err() {
-        seeds.extend(REPLAYED.iter().filter(|&&s| s > n));
+        seeds.extend(replayed.iter().filter(|&&s| s > n));
     }
     seeds
 }
@@ -2159,11 +2165,7 @@ const REPLAYED_COST: [u64; 1] = [814];
 #[test]
 fn costs_keep_the_bounds_in_units_over_many_seeds() {
     let (mut units, mut under) = (0u64, 0usize);
-    let mut seeds = seeds_of("FLEET_SIM_COST_SEEDS", 20, 500);
-    let n = seeds.len() as u64;
-    if !cfg!(debug_assertions) && std::env::var("FLEET_SIM_SEED").is_err() {
-        seeds.extend(REPLAYED_COST.iter().filter(|&&s| s > n));
-    }
+    let seeds = seeds_replaying("FLEET_SIM_COST_SEEDS", 20, 500, &REPLAYED_COST);
     let failures = failing_seeds("cost", seeds, Scenario::draw_cost, |_, o| {
         units += o.total_admitted;
         under += o.false_refusals.len();
@@ -2190,11 +2192,7 @@ const REPLAYED_JOIN: [u64; 9] = [353, 361, 623, 761, 1293, 1434, 1503, 2438, 269
 #[test]
 fn an_instance_that_starts_late_gets_its_share() {
     let (mut admitted, mut under) = (0u64, 0usize);
-    let mut seeds = seeds_of("FLEET_SIM_JOIN_SEEDS", 20, 300);
-    let n = seeds.len() as u64;
-    if !cfg!(debug_assertions) && std::env::var("FLEET_SIM_SEED").is_err() {
-        seeds.extend(REPLAYED_JOIN.iter().filter(|&&s| s > n));
-    }
+    let seeds = seeds_replaying("FLEET_SIM_JOIN_SEEDS", 20, 300, &REPLAYED_JOIN);
     let failures = failing_seeds("join", seeds, Scenario::draw_join, |_, o| {
         admitted += o.total_admitted;
         under += o.false_refusals.len();
@@ -2230,11 +2228,7 @@ const REPLAYED_PARTS: [u64; 5] = [950, 1445, 1494, 1515, 1785];
 #[test]
 fn rounds_in_parts_keep_the_bounds_with_rounds_at_once_between_them() {
     let (mut parts, mut between, mut under) = (0u64, 0u64, 0usize);
-    let mut seeds = seeds_of("FLEET_SIM_PARTS_SEEDS", 20, 300);
-    let n = seeds.len() as u64;
-    if !cfg!(debug_assertions) && std::env::var("FLEET_SIM_SEED").is_err() {
-        seeds.extend(REPLAYED_PARTS.iter().filter(|&&s| s > n));
-    }
+    let seeds = seeds_replaying("FLEET_SIM_PARTS_SEEDS", 20, 300, &REPLAYED_PARTS);
     let failures = failing_seeds("parts", seeds.clone(), Scenario::draw_parts, |_, o| {
         parts += o.multi_part;
         between += o.between;
