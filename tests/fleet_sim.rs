@@ -753,7 +753,6 @@ fn launch(
         .collect();
     let check = inst.journal.wants_check();
     let seq = inst.journal.begin(counts, now);
-
     let probe = inst.journal.probe().map(|(p, _)| p);
     let marks = SimMarks { check, seq, probe };
     let latency = s.rtt_ms + rng.below(s.rtt_ms / 2 + 1);
