@@ -525,3 +525,52 @@ fn a_token_bucket_refills_what_was_admitted_while_redis_was_out_of_reach() {
     f.round(&cfg);
     f.admit(&limiter, &cfg, "acme", 90);
 }
+
+/// A sliding window's record that holds a lease it has not used when its window ends is rolled
+/// and reported by the round at that end, an early round that visits every counter, though no
+/// request reached it since (docs/fleet.md, "Early rounds"): else Redis weighs the next window
+/// with its unused lease until its next periodic round (the simulation's parts seed 1445).
+#[test]
+fn a_sliding_windows_unused_lease_goes_back_in_the_round_at_its_windows_end() {
+    let mut f = Fleet::new();
+    let cfg = config(
+        "  - { id: r, pathPattern: /**, algorithm: sliding_window, tiers: [{ period: 10, threshold: 100 }] }",
+        "",
+        1000,
+    );
+    let settings = cfg.redis.as_ref().expect("redis");
+    let limiter = f.limiter(&cfg);
+    f.round(&cfg); // connected
+    let w0 = T0 / 10_000 * 10_000;
+    f.clock.set_ms(w0 + 5_000);
+    f.admit(&limiter, &cfg, "quiet", 2);
+    f.round(&cfg); // a periodic round: the lease stays, unused
+    assert_eq!(
+        f.accounts.ends_in_ms(),
+        Some(5_000),
+        "a round is due at its window's end"
+    );
+    // an early round for another tenant: quiet's record is no longer one an answer reached
+    f.clock.set_ms(w0 + 6_000);
+    f.hit(&limiter, &cfg, "busy");
+    let early = f.accounts.begin(settings, false);
+    f.answer(early);
+    // past the end, a request of another tenant: the round it asks for is early
+    f.clock.set_ms(w0 + 10_050);
+    f.hit(&limiter, &cfg, "busy");
+    assert_eq!(f.accounts.ends_in_ms(), Some(0));
+    let round = f.accounts.begin(settings, false);
+    let quiet = format!("s:{{quiet}}:r:{w0}:{}", w0 + 10_000);
+    let report = round.updates.iter().find_map(|u| match u {
+        Update::Lease(l) if l.key == quiet => Some((l.used, l.want)),
+        _ => None,
+    });
+    assert_eq!(
+        report,
+        Some((2, 2)),
+        "its count reported, its lease given back: {:?}",
+        round.updates
+    );
+    f.answer(round);
+    assert_eq!(f.held("quiet", "r", w0, 10_000), 2);
+}

@@ -1920,6 +1920,34 @@ mod tests {
     }
 
     #[test]
+    fn a_round_is_due_at_the_end_of_a_window_a_lease_is_held_of() {
+        let mut s = Schedule::new(0);
+        assert!(s.started(0));
+        s.finished(true, 1000, true);
+        let nothing = Asked::Nothing;
+        assert_eq!(s.due_or_end_ms(nothing, true, None), 1000, "no such window");
+        assert_eq!(s.due_or_end_ms(nothing, true, Some(400)), 400, "at its end");
+        assert_eq!(
+            s.due_or_end_ms(nothing, true, Some(1500)),
+            1000,
+            "the periodic round first"
+        );
+        assert_eq!(
+            s.due_or_end_ms(nothing, false, Some(400)),
+            1000,
+            "only while Redis answers"
+        );
+        // an early round just before the end: the gap first
+        assert!(!s.started(380));
+        s.finished(true, 1000, false);
+        assert_eq!(s.due_or_end_ms(nothing, true, Some(400)), 430);
+        // a round since the end rolled what held it
+        assert!(!s.started(430));
+        s.finished(true, 1000, false);
+        assert_eq!(s.due_or_end_ms(nothing, true, Some(400)), 1000);
+    }
+
+    #[test]
     fn a_resumed_round_goes_around_to_where_it_began() {
         let at = |uid, shard| Cursor {
             uid,
